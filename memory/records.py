@@ -1,0 +1,129 @@
+"""Plain records that cross the engine's boundary: messages in, hits and traces out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+DISCORD_EPOCH_MS = 1420070400000
+
+
+def snowflake_time_ms(snowflake: int) -> int:
+    """Return the creation time (unix milliseconds) encoded in a Discord snowflake."""
+    return (snowflake >> 22) + DISCORD_EPOCH_MS
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    """Convert unix milliseconds to an aware UTC datetime."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def datetime_to_ms(value: datetime) -> int:
+    """Convert a datetime (naive means UTC) to unix milliseconds."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return int(value.timestamp() * 1000)
+
+
+def jump_url(guild_id: int, channel_id: int, message_id: int) -> str:
+    """Return the discord.com link that opens a message in the client."""
+    return f"https://discord.com/channels/{guild_id}/{channel_id}/{message_id}"
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    """One Discord message as the store keeps it, independent of where it came from.
+
+    Times are unix milliseconds (UTC).  ``parent_id`` is the parent channel of a
+    thread, ``None`` for a normal channel.
+    """
+
+    id: int
+    guild_id: int
+    channel_id: int
+    author_id: int
+    created_at: int
+    content: str
+    author_name: str = ""
+    author_display_name: str = ""
+    author_is_bot: bool = False
+    guild_name: str = ""
+    channel_name: str = ""
+    channel_type: str = ""
+    parent_id: int | None = None
+    edited_at: int | None = None
+    reply_to_id: int | None = None
+    attachments: tuple[str, ...] = ()
+
+
+@dataclass
+class Hit:
+    """One search result: the message, where to find it, and every stage's score.
+
+    ``similarity`` is the cosine similarity to the closest query (``None`` when the
+    message was found by keywords only); ``keyword_score`` is BM25 (higher is
+    better, ``None`` when not matched); ``fused`` is the fusion score before boosts;
+    ``score`` is the final ranking score; ``rerank_score`` is set when reranked.
+    """
+
+    id: int
+    guild_id: int
+    channel_id: int
+    author_id: int
+    author_name: str
+    content: str
+    created_at: int
+    jump_url: str
+    channel_name: str = ""
+    reply_to_id: int | None = None
+    attachments: tuple[str, ...] = ()
+    similarity: float | None = None
+    keyword_score: float | None = None
+    dense_rank: int | None = None
+    keyword_rank: int | None = None
+    fused: float = 0.0
+    boost: float = 1.0
+    score: float = 0.0
+    rerank_score: float | None = None
+    queries_matched: int = 1
+
+    @property
+    def rerank_text(self) -> str:
+        """What the reranker judges: who said it and what they said."""
+        return f"{self.author_name}: {self.content}" if self.author_name else self.content
+
+    @property
+    def created(self) -> datetime:
+        """Creation time as an aware UTC datetime."""
+        return ms_to_datetime(self.created_at)
+
+
+@dataclass
+class Trace:
+    """How a search went: candidates per stage, the threshold, and per-stage latency."""
+
+    candidates: dict[str, int] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    threshold: float | None = None
+    threshold_mode: str = "none"
+    threshold_iterations: int = 0
+    reranked: bool = False
+    rerank_backend: str | None = None
+    rerank_fallback: str | None = None
+    pre_rerank: list[int] = field(default_factory=list)
+    post_rerank: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SearchResult:
+    """The answer to one search: hits best first, the trace, and why it is empty if it is."""
+
+    hits: list[Hit]
+    trace: Trace
+    empty_reason: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+    def __iter__(self):
+        return iter(self.hits)

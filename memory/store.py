@@ -1,0 +1,501 @@
+"""SQLite storage: messages, their FTS5 index and their sqlite-vec vectors.
+
+All SQL of the engine lives here.  Messages are written first and embedded later in
+batches (:meth:`MessageStore.pending` / :meth:`MessageStore.write_vectors`), so a
+crash between the two loses nothing: the next run finds the backlog by the
+``embedded = 0`` flag.  Filters that a search must honour are vec0 metadata and
+partition columns, so they apply inside the KNN rather than after its top-k.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memory.db import connect
+from memory.errors import EmbeddingModelMismatch, SearchInputError
+from memory.migrations import migrate
+from memory.records import MessageRecord
+
+log = logging.getLogger(__name__)
+
+MAX_KNN_K = 4096  # sqlite-vec's upper bound for k
+_META_MODEL = "embedding_model"
+_META_DIM = "embedding_dim"
+_META_PROFILE = "active_profile"
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Where a search may look.  ``None`` means "no restriction" for that field."""
+
+    guild_id: int | None = None
+    channel_ids: tuple[int, ...] | None = None
+    author_ids: tuple[int, ...] | None = None
+    after_ms: int | None = None
+    before_ms: int | None = None
+    has_attachment: bool | None = None
+
+
+@dataclass(frozen=True)
+class UpsertStats:
+    """What an upsert did: new rows, changed rows, rows left as they were."""
+
+    inserted: int = 0
+    updated: int = 0
+    unchanged: int = 0
+
+
+@dataclass(frozen=True)
+class PendingMessage:
+    """A stored message whose vector is missing, with the context to embed it."""
+
+    id: int
+    guild_id: int
+    channel_id: int
+    author_id: int
+    created_at: int
+    author: str
+    content: str
+    attachments: tuple[str, ...]
+    context_author: str | None
+    context_content: str | None
+
+
+def _split_attachments(value: str) -> tuple[str, ...]:
+    return tuple(name for name in value.split("\n") if name)
+
+
+class MessageStore:
+    """One SQLite database file holding a bot's memory.
+
+    Access is serialised by a lock (SQLite has one writer anyway); every method is
+    synchronous and safe to call from worker threads.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        """Open (creating if needed) and migrate the database at ``path``.
+
+        Raises:
+            ExtensionLoadError: sqlite-vec cannot be loaded.
+            DatabaseFileError: The file is not (or is a newer version of) this bot's database.
+        """
+        self.path = str(path)
+        self._conn = connect(path)
+        self._lock = threading.RLock()
+        try:
+            migrate(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
+        self.generation = 0  # bumped on every write; lets callers cache derived data
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+            self.generation += 1
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    # -- metadata ---------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        """Return a value from the ``meta`` table, or ``None`` when unset."""
+        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Store a value in the ``meta`` table."""
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO meta(key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    @property
+    def active_profile(self) -> str | None:
+        """The hardware profile an admin last chose for this database."""
+        return self.get_meta(_META_PROFILE)
+
+    @active_profile.setter
+    def active_profile(self, name: str) -> None:
+        self.set_meta(_META_PROFILE, name)
+
+    def embedding_model(self) -> tuple[str, int] | None:
+        """Return ``(model_id, dimension)`` the vectors were made with, if any."""
+        model, dim = self.get_meta(_META_MODEL), self.get_meta(_META_DIM)
+        return (model, int(dim)) if model and dim else None
+
+    def set_embedding_model(self, model_id: str, dimension: int) -> None:
+        """Bind this database to an embedding model, creating the vector table.
+
+        Raises:
+            EmbeddingModelMismatch: The database already holds vectors of another
+                model; run ``python bot.py reembed`` to switch.
+        """
+        current = self.embedding_model()
+        if current == (model_id, dimension):
+            return
+        if current is not None:
+            raise EmbeddingModelMismatch(
+                f"{self.path} was embedded with {current[0]} ({current[1]} dims) but the "
+                f"profile uses {model_id} ({dimension} dims); run `python bot.py reembed` "
+                "to re-embed every message with the new model"
+            )
+        self._create_vector_table(model_id, dimension)
+
+    def reset_embeddings(self, model_id: str, dimension: int) -> None:
+        """Drop every vector and bind to a new model; all messages become pending."""
+        with self._transaction() as conn:
+            conn.execute("DROP TABLE IF EXISTS message_vectors")
+            conn.execute("DELETE FROM meta WHERE key IN (?, ?)", (_META_MODEL, _META_DIM))
+            conn.execute("UPDATE messages SET embedded = 0")
+        self._create_vector_table(model_id, dimension)
+
+    def _create_vector_table(self, model_id: str, dimension: int) -> None:
+        with self._transaction() as conn:
+            conn.execute(
+                f"""CREATE VIRTUAL TABLE IF NOT EXISTS message_vectors USING vec0(
+                    message_id INTEGER PRIMARY KEY,
+                    embedding float[{int(dimension)}] distance_metric=cosine,
+                    guild_id INTEGER PARTITION KEY,
+                    channel_id INTEGER,
+                    author_id INTEGER,
+                    created_at INTEGER,
+                    has_attachment INTEGER
+                )"""
+            )
+            for key, value in ((_META_MODEL, model_id), (_META_DIM, str(dimension))):
+                conn.execute(
+                    "INSERT INTO meta(key, value) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (key, value),
+                )
+
+    # -- writes -------------------------------------------------------------------
+
+    def upsert(self, records: Iterable[MessageRecord]) -> UpsertStats:
+        """Insert new messages and update changed ones, idempotently, in one transaction.
+
+        A message whose text or attachments changed (an edit) gets its FTS entry
+        rewritten by trigger and its vector dropped; it is re-embedded with the
+        backlog.  Re-importing identical messages changes nothing.
+        """
+        records = list(records)
+        if not records:
+            return UpsertStats()
+        existing = self._existing([r.id for r in records])
+        inserted = updated = unchanged = 0
+        with self._transaction() as conn:
+            for record in records:
+                self._upsert_context(conn, record)
+                row = (record.content, record.edited_at, "\n".join(record.attachments))
+                before = existing.get(record.id)
+                if before is None:
+                    self._insert_message(conn, record)
+                    inserted += 1
+                elif before != row:
+                    self._update_message(conn, record, text_changed=before[0::2] != row[0::2])
+                    updated += 1
+                else:
+                    unchanged += 1
+                existing[record.id] = row
+        return UpsertStats(inserted, updated, unchanged)
+
+    def _existing(self, ids: list[int]) -> dict[int, tuple]:
+        found: dict[int, tuple] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self._query(
+                f"SELECT id, content, edited_at, attachments FROM messages WHERE id IN ({marks})",
+                chunk,
+            ):
+                found[row[0]] = tuple(row[1:])
+        return found
+
+    @staticmethod
+    def _upsert_context(conn: Any, r: MessageRecord) -> None:
+        conn.execute(
+            "INSERT INTO guilds(id, name) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET "
+            "name = CASE WHEN excluded.name != '' THEN excluded.name ELSE name END",
+            (r.guild_id, r.guild_name),
+        )
+        conn.execute(
+            "INSERT INTO channels(id, guild_id, parent_id, name, type) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET "
+            "parent_id = COALESCE(excluded.parent_id, parent_id), "
+            "name = CASE WHEN excluded.name != '' THEN excluded.name ELSE name END, "
+            "type = CASE WHEN excluded.type != '' THEN excluded.type ELSE type END",
+            (r.channel_id, r.guild_id, r.parent_id, r.channel_name, r.channel_type),
+        )
+        conn.execute(
+            "INSERT INTO authors(id, name, display_name, is_bot) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET "
+            "name = CASE WHEN excluded.name != '' THEN excluded.name ELSE name END, "
+            "display_name = CASE WHEN excluded.display_name != '' "
+            "THEN excluded.display_name ELSE display_name END, is_bot = excluded.is_bot",
+            (r.author_id, r.author_name, r.author_display_name, int(r.author_is_bot)),
+        )
+
+    @staticmethod
+    def _insert_message(conn: Any, r: MessageRecord) -> None:
+        conn.execute(
+            "INSERT INTO messages(id, guild_id, channel_id, author_id, created_at, edited_at, "
+            "content, reply_to_id, attachments) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                r.id, r.guild_id, r.channel_id, r.author_id, r.created_at, r.edited_at,
+                r.content, r.reply_to_id, "\n".join(r.attachments),
+            ),
+        )
+
+    def _update_message(self, conn: Any, r: MessageRecord, *, text_changed: bool) -> None:
+        conn.execute(
+            "UPDATE messages SET content = ?, edited_at = ?, attachments = ?, "
+            "embedded = CASE WHEN ? THEN 0 ELSE embedded END WHERE id = ?",
+            (r.content, r.edited_at, "\n".join(r.attachments), int(text_changed), r.id),
+        )
+        if text_changed:
+            self._delete_vectors(conn, [r.id])
+
+    def _delete_vectors(self, conn: Any, ids: Sequence[int]) -> None:
+        if self.embedding_model() is None or not ids:
+            return
+        marks = ",".join("?" * len(ids))
+        conn.execute(f"DELETE FROM message_vectors WHERE message_id IN ({marks})", list(ids))
+
+    def delete(self, ids: Iterable[int]) -> int:
+        """Remove messages from the table, the FTS index and the vectors.
+
+        Returns:
+            How many messages existed and were removed.
+        """
+        ids = list(ids)
+        removed = 0
+        with self._transaction() as conn:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                removed += conn.execute(
+                    f"DELETE FROM messages WHERE id IN ({marks})", chunk
+                ).rowcount
+                self._delete_vectors(conn, chunk)
+        return removed
+
+    # -- embedding backlog ------------------------------------------------------------
+
+    def pending_count(self) -> int:
+        """How many stored messages have no vector yet."""
+        return self._query("SELECT count(*) FROM messages WHERE embedded = 0")[0][0]
+
+    def pending(self, limit: int) -> list[PendingMessage]:
+        """Return up to ``limit`` unembedded messages, oldest first, with their context.
+
+        The context of a message is its reply target if stored, else the previous
+        message in its channel.
+        """
+        rows = self._query(
+            """SELECT m.id, m.guild_id, m.channel_id, m.author_id, m.created_at,
+                      COALESCE(NULLIF(a.display_name, ''), a.name), m.content, m.attachments,
+                      COALESCE(
+                        (SELECT r.id FROM messages r WHERE r.id = m.reply_to_id),
+                        (SELECT p.id FROM messages p WHERE p.channel_id = m.channel_id
+                           AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
+               FROM messages m JOIN authors a ON a.id = m.author_id
+               WHERE m.embedded = 0 ORDER BY m.id LIMIT ?""",
+            (limit,),
+        )
+        context = self._context_rows([row[8] for row in rows if row[8] is not None])
+        return [
+            PendingMessage(
+                *row[:6], row[6], _split_attachments(row[7]),
+                *context.get(row[8], (None, None)),
+            )
+            for row in rows
+        ]
+
+    def _context_rows(self, ids: list[int]) -> dict[int, tuple[str, str]]:
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        rows = self._query(
+            f"SELECT m.id, COALESCE(NULLIF(a.display_name, ''), a.name), m.content "
+            f"FROM messages m JOIN authors a ON a.id = m.author_id WHERE m.id IN ({marks})",
+            ids,
+        )
+        return {row[0]: (row[1], row[2]) for row in rows}
+
+    def write_vectors(self, messages: Sequence[PendingMessage], vectors: np.ndarray) -> None:
+        """Store one vector per pending message and mark them embedded, atomically."""
+        if len(messages) != len(vectors):
+            raise ValueError("one vector per message is required")
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        with self._transaction() as conn:
+            ids = [m.id for m in messages]
+            self._delete_vectors(conn, ids)  # vec0 has no INSERT OR REPLACE
+            conn.executemany(
+                "INSERT INTO message_vectors(message_id, embedding, guild_id, channel_id, "
+                "author_id, created_at, has_attachment) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (m.id, vec.tobytes(), m.guild_id, m.channel_id, m.author_id,
+                     m.created_at, int(bool(m.attachments)))
+                    for m, vec in zip(messages, vectors)
+                ],
+            )
+            conn.executemany("UPDATE messages SET embedded = 1 WHERE id = ?", [(i,) for i in ids])
+
+    # -- reads ----------------------------------------------------------------------
+
+    def knn(self, vector: np.ndarray, k: int, filters: Filters) -> list[tuple[int, float]]:
+        """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first."""
+        if self.embedding_model() is None:
+            return []
+        k = max(1, min(int(k), MAX_KNN_K))
+        clauses, params = ["embedding MATCH ?", "k = ?"], [
+            np.asarray(vector, dtype=np.float32).tobytes(), k,
+        ]
+        self._filter_sql(filters, "", clauses, params)
+        rows = self._query(
+            f"SELECT message_id, distance FROM message_vectors WHERE {' AND '.join(clauses)} "
+            "ORDER BY distance",
+            params,
+        )
+        return [(row[0], 1.0 - row[1]) for row in rows]
+
+    def keyword(self, match: str, k: int, filters: Filters) -> list[tuple[int, float]]:
+        """Return up to ``k`` ``(message_id, bm25)`` pairs for an FTS5 expression, best first.
+
+        BM25 is negated so that higher is better.
+        """
+        clauses, params = ["messages_fts MATCH ?"], [match]
+        self._filter_sql(filters, "m.", clauses, params)
+        params.append(int(k))
+        rows = self._query(
+            # CROSS JOIN keeps FTS as the outer loop: one MATCH, then a rowid lookup
+            # per hit (a plain JOIN may scan messages and re-run MATCH per row).
+            "SELECT m.id, -bm25(messages_fts, 1.0, 0.5) AS score FROM messages_fts "
+            "CROSS JOIN messages m ON m.id = messages_fts.rowid "
+            f"WHERE {' AND '.join(clauses)} ORDER BY score DESC LIMIT ?",
+            params,
+        )
+        return [(row[0], row[1]) for row in rows]
+
+    def _filter_sql(self, f: Filters, prefix: str, clauses: list[str], params: list) -> None:
+        """Append WHERE clauses for ``f``; vec0 metadata columns share the names used here."""
+        if f.guild_id is not None:
+            clauses.append(f"{prefix}guild_id = ?")
+            params.append(f.guild_id)
+        for column, values in (("channel_id", f.channel_ids), ("author_id", f.author_ids)):
+            if values is not None:
+                if not values:
+                    raise SearchInputError(f"empty {column} filter")
+                clauses.append(f"{prefix}{column} IN ({','.join('?' * len(values))})")
+                params.extend(values)
+        if f.after_ms is not None:
+            clauses.append(f"{prefix}created_at > ?")
+            params.append(f.after_ms)
+        if f.before_ms is not None:
+            clauses.append(f"{prefix}created_at < ?")
+            params.append(f.before_ms)
+        if f.has_attachment is not None:
+            if prefix:
+                clauses.append(f"({prefix}attachments != '') = ?")
+            else:
+                clauses.append("has_attachment = ?")
+            params.append(int(f.has_attachment))
+
+    def expand_channels(self, channel_ids: Sequence[int]) -> tuple[int, ...]:
+        """Return the channels plus every stored thread whose parent is one of them."""
+        marks = ",".join("?" * len(channel_ids))
+        threads = self._query(
+            f"SELECT id FROM channels WHERE parent_id IN ({marks})", list(channel_ids)
+        )
+        return tuple(dict.fromkeys([*channel_ids, *(row[0] for row in threads)]))
+
+    def channel_ids_named(self, name: str, guild_id: int | None = None) -> list[int]:
+        """Return the ids of stored channels called ``name`` (case-insensitive)."""
+        sql = "SELECT id FROM channels WHERE lower(name) = lower(?)"
+        params: list[Any] = [name]
+        if guild_id is not None:
+            sql += " AND guild_id = ?"
+            params.append(guild_id)
+        return [row[0] for row in self._query(sql, params)]
+
+    def hydrate(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Return the stored fields of messages by id (missing ids are left out)."""
+        found: dict[int, dict[str, Any]] = {}
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            for row in self._query(
+                "SELECT m.id, m.guild_id, m.channel_id, m.author_id, "
+                "COALESCE(NULLIF(a.display_name, ''), a.name), m.content, m.created_at, "
+                "c.name, m.reply_to_id, m.attachments FROM messages m "
+                "JOIN authors a ON a.id = m.author_id JOIN channels c ON c.id = m.channel_id "
+                f"WHERE m.id IN ({marks})",
+                chunk,
+            ):
+                found[row[0]] = {
+                    "id": row[0], "guild_id": row[1], "channel_id": row[2], "author_id": row[3],
+                    "author_name": row[4], "content": row[5], "created_at": row[6],
+                    "channel_name": row[7], "reply_to_id": row[8],
+                    "attachments": _split_attachments(row[9]),
+                }
+        return found
+
+    def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:
+        """Return ``(author_id, name, display_name)`` of everyone with stored messages."""
+        if guild_id is None:
+            sql, params = "SELECT id, name, display_name FROM authors", ()
+        else:
+            sql = (
+                "SELECT a.id, a.name, a.display_name FROM authors a WHERE EXISTS "
+                "(SELECT 1 FROM messages m WHERE m.author_id = a.id AND m.guild_id = ?)"
+            )
+            params = (guild_id,)
+        return [tuple(row) for row in self._query(sql, params)]
+
+    def message_count(self, guild_id: int | None = None) -> int:
+        """How many messages are stored (in one guild, or in all)."""
+        if guild_id is None:
+            return self._query("SELECT count(*) FROM messages")[0][0]
+        return self._query("SELECT count(*) FROM messages WHERE guild_id = ?", (guild_id,))[0][0]
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and metadata for the ``stats`` command."""
+        model = self.embedding_model()
+        counts = {
+            table: self._query(f"SELECT count(*) FROM {table}")[0][0]
+            for table in ("guilds", "channels", "authors", "messages")
+        }
+        return {
+            **counts,
+            "pending_embeddings": self.pending_count(),
+            "embedding_model": model[0] if model else None,
+            "embedding_dim": model[1] if model else None,
+            "active_profile": self.active_profile,
+            "schema_version": self._query("PRAGMA user_version")[0][0],
+            "path": self.path,
+        }

@@ -1,0 +1,93 @@
+"""Text shaping: what gets embedded for a message, and safe FTS5 queries from user text."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# Words that carry no topic.  Questions typed to a bot are full of them ("what did
+# she say about ..."), and OR-ing them into BM25 matches half the corpus.
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been
+    before being below between both but by can could did do does doing down during each
+    few for from further had has have having he her here hers herself him himself his how
+    i if in into is it its itself just me more most my myself no nor not now of off on
+    once only or other our ours ourselves out over own same she should so some such than
+    that the their theirs them themselves then there these they this those through to too
+    under until up very was we were what when where which while who whom why will with
+    would you your yours yourself yourselves s t d ll m re ve don didn doesn isn wasn
+    aren weren hasn haven hadn won wouldn shouldn couldn""".split()
+)
+
+_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+
+def clean(text: str) -> str:
+    """Remove NUL/control and zero-width characters and collapse whitespace."""
+    kept = [
+        ch if unicodedata.category(ch) not in ("Cc", "Cf") else " "
+        for ch in text
+    ]
+    return " ".join("".join(kept).split())
+
+
+def query_terms(text: str, max_terms: int = 32) -> list[str]:
+    """Return the distinct lower-case word tokens of ``text`` worth searching for.
+
+    Stopwords are dropped unless nothing else is left.  Tokens follow FTS5's
+    ``unicode61`` idea of a word (letters and digits), so ``C++`` gives ``c`` and
+    ``state-of-the-art`` gives ``state``, ``of``, ``the``, ``art``.
+    """
+    tokens = [t.lower() for t in _TOKEN.findall(clean(text))]
+    seen: dict[str, None] = {}
+    for token in tokens:
+        seen.setdefault(token, None)
+    terms = [t for t in seen if t not in STOPWORDS] or list(seen)
+    return terms[:max_terms]
+
+
+def fts_query(text: str) -> str | None:
+    """Build an FTS5 MATCH expression that can never raise a syntax error.
+
+    Every term is a double-quoted string (FTS5 syntax characters and keywords such
+    as ``AND``/``NEAR`` inside quotes are plain text), OR-ed together so BM25 ranks
+    messages by how many and how rare the matching words are.
+
+    Returns:
+        The expression, or ``None`` when the text has no searchable word.
+    """
+    terms = query_terms(text)
+    if not terms:
+        return None
+    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+def embedding_text(
+    display_name: str,
+    content: str,
+    attachments: tuple[str, ...] | list[str] = (),
+    context_name: str | None = None,
+    context_content: str | None = None,
+) -> str:
+    """Compose the text embedded for one message.
+
+    The author's display name goes first (questions name people); attachments are
+    named; for short chat lines the reply target or previous message follows as
+    context, after the message itself so truncation never cuts the message.
+    """
+    text = f"{display_name}: {clean(content)}" if display_name else clean(content)
+    if attachments:
+        text += " [attachments: " + ", ".join(attachments) + "]"
+    if context_content:
+        text += f" (replying to {context_name}: {clean(context_content)})"
+    return text
+
+
+def needs_context(content: str, mode: str, short_words: int) -> bool:
+    """Whether a message should be embedded with its conversational context."""
+    if mode == "always":
+        return True
+    if mode == "none":
+        return False
+    return len(content.split()) <= short_words
