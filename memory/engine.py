@@ -1,0 +1,226 @@
+"""The memory engine: one object the CLI and the Discord cog talk to.
+
+It owns the store, the embedder, the searcher and the active reranker, and exposes
+the few operations a caller needs: ingest, embed the backlog, search, delete,
+re-embed, and switch hardware profile.  Everything here is synchronous; the cog
+crosses into a worker thread once, at its boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from memory.config import Profile
+from memory.embedder import Embedder, SentenceTransformerEmbedder
+from memory.errors import EmbeddingModelMismatch, ImportFormatError
+from memory.importer import find_exports, iter_exports
+from memory.records import MessageRecord, SearchResult
+from memory.reranker.service import RerankerManager
+from memory.search import SearchRequest, Searcher
+from memory.store import MessageStore, PendingMessage, UpsertStats
+from memory.text import embedding_text, needs_context
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int], None]
+EMBED_CHUNK = 256  # messages fetched, encoded and written per step of the backlog
+
+
+@dataclass(frozen=True)
+class IngestStats:
+    """What an ingest did: the upsert counts plus how many vectors were written."""
+
+    inserted: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    embedded: int = 0
+
+
+@dataclass
+class ImportSummary:
+    """What an import of export files did."""
+
+    files: int = 0
+    inserted: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    skipped: int = 0
+    embedded: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class MemoryEngine:
+    """Store, embed and search a Discord server's messages.
+
+    Args:
+        db_path: The SQLite file (created if missing).
+        profile: The hardware profile; each component gets its own section.
+        embedder: Override the profile's embedder (tests pass a deterministic fake).
+        load_reranker: Start loading the profile's reranker in the background now.
+        check_model: Refuse a database embedded with another model (``reembed``
+            turns this off because it replaces every vector anyway).
+
+    Raises:
+        EmbeddingModelMismatch: The database was embedded with another model.
+    """
+
+    def __init__(
+        self,
+        db_path: str | Path,
+        profile: Profile,
+        embedder: Embedder | None = None,
+        *,
+        load_reranker: bool = True,
+        check_model: bool = True,
+    ) -> None:
+        self.profile = profile
+        self.store = MessageStore(db_path)
+        self.embedder = embedder or SentenceTransformerEmbedder(profile.embedder)
+        if check_model:
+            self._check_model()
+        self.rerankers = RerankerManager(profile, load=load_reranker)
+        self.searcher = Searcher(
+            self.store, self.embedder, profile.search, reranker=self.rerankers.current
+        )
+
+    def _check_model(self) -> None:
+        stored = self.store.embedding_model()
+        if stored is not None and stored[0] != self.embedder.model_id:
+            raise EmbeddingModelMismatch(
+                f"{self.store.path} was embedded with {stored[0]} but the profile uses "
+                f"{self.embedder.model_id}; run `python bot.py reembed` to re-embed every "
+                "message with the new model"
+            )
+
+    def close(self) -> None:
+        """Unload the reranker and close the database."""
+        self.rerankers.close()
+        self.store.close()
+
+    # -- writes -----------------------------------------------------------------------
+
+    def ingest(
+        self, records: Iterable[MessageRecord], *, embed: bool = True,
+        progress: Progress | None = None,
+    ) -> IngestStats:
+        """Store messages, then embed whatever is pending (the new ones and any backlog)."""
+        stats = self.store.upsert(records)
+        embedded = self.embed_pending(progress=progress) if embed else 0
+        return IngestStats(stats.inserted, stats.updated, stats.unchanged, embedded)
+
+    def import_exports(
+        self,
+        paths: Iterable[str | Path],
+        *,
+        embed: bool = True,
+        on_file: Progress | None = None,
+        on_embedded: Progress | None = None,
+    ) -> ImportSummary:
+        """Store every DiscordChatExporter file under ``paths``, then embed the backlog.
+
+        Unreadable files are reported in the summary, not raised, so one bad file
+        does not stop an import of many.
+
+        Raises:
+            ImportFormatError: A path does not exist.
+        """
+        files = find_exports(list(paths))
+        summary = ImportSummary(files=len(files))
+        for export in iter_exports(files):
+            if on_file:
+                on_file(1)
+            if isinstance(export, ImportFormatError):
+                summary.errors.append(str(export))
+                continue
+            stats = self.store.upsert(export.records)
+            summary.skipped += export.skipped
+            summary.inserted += stats.inserted
+            summary.updated += stats.updated
+            summary.unchanged += stats.unchanged
+        if embed:
+            summary.embedded = self.embed_pending(progress=on_embedded)
+        return summary
+
+    def upsert(self, records: Iterable[MessageRecord]) -> UpsertStats:
+        """Store messages without embedding them (they join the backlog)."""
+        return self.store.upsert(records)
+
+    def delete(self, message_ids: Iterable[int]) -> int:
+        """Forget messages everywhere (table, FTS index, vectors)."""
+        return self.store.delete(message_ids)
+
+    def embed_pending(self, *, progress: Progress | None = None) -> int:
+        """Embed every stored message that has no vector yet, in chunks.
+
+        Each chunk is written in its own transaction, so an interrupted run keeps
+        what it finished and the next run continues with the rest.
+
+        Returns:
+            How many messages were embedded.
+        """
+        if self.store.pending_count() == 0:
+            return 0
+        self.store.set_embedding_model(self.embedder.model_id, self.embedder.dimension)
+        done = 0
+        while batch := self.store.pending(EMBED_CHUNK):
+            vectors = self.embedder.embed([self.embedding_text(m) for m in batch])
+            self.store.write_vectors(batch, vectors)
+            done += len(batch)
+            if progress:
+                progress(len(batch))
+        log.info("embedded %d messages", done)
+        return done
+
+    def embedding_text(self, message: PendingMessage) -> str:
+        """The text embedded for a message, per the profile's context setting."""
+        cfg = self.profile.embedder
+        with_context = needs_context(message.content, cfg.context, cfg.short_words)
+        return embedding_text(
+            message.author,
+            message.content,
+            message.attachments,
+            message.context_author if with_context else None,
+            message.context_content if with_context else None,
+        )
+
+    def reembed(self, *, progress: Progress | None = None) -> int:
+        """Drop every vector, bind the store to the current embedder, embed all again."""
+        self.store.reset_embeddings(self.embedder.model_id, self.embedder.dimension)
+        return self.embed_pending(progress=progress)
+
+    # -- reads ------------------------------------------------------------------------
+
+    def search(self, request: SearchRequest | str, **options) -> SearchResult:
+        """Search memory; a plain string is one query with ``options`` as request fields.
+
+        Raises:
+            SearchInputError: The request is malformed.
+        """
+        if isinstance(request, str):
+            request = SearchRequest(queries=(request,), **options)
+        elif options:
+            request = replace(request, **options)
+        return self.searcher.search(request)
+
+    # -- profiles ---------------------------------------------------------------------
+
+    def switch_profile(self, profile: Profile) -> Future:
+        """Swap to another hardware profile's reranker and remember the choice.
+
+        The new reranker loads in the background; searches keep using the old one
+        until the swap, and the old one is unloaded once its in-flight searches end.
+        The choice is stored in the database only once the swap happened.  The
+        embedder and search settings stay (changing the embedder needs ``reembed``).
+
+        Returns:
+            A future resolving to the profile name once active (or raising why not).
+        """
+        return self.rerankers.switch(profile, on_switched=self._remember_profile)
+
+    def _remember_profile(self, profile: Profile) -> None:
+        self.profile = replace(self.profile, reranker=profile.reranker, name=profile.name)
+        self.store.active_profile = profile.name

@@ -1,0 +1,280 @@
+"""RerankerService: ranking, top-k, blending, timeouts and fallback over one backend.
+
+Backends only score (see :mod:`memory.reranker.base`).  Everything a search needs
+around that is written once here: picking how many candidates to send, sorting by
+the new score, the optional blend with the retrieval score, a minimum score, a hard
+timeout, metrics, and falling back to the retrieval order when anything goes wrong.
+:class:`RerankerManager` holds the active service and swaps it at runtime.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+from memory import metrics
+from memory.config import Profile, RerankerConfig
+from memory.errors import RerankerError
+from memory.reranker.base import RerankerBackend
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+BLEND_ORIGINAL, BLEND_RERANK = 0.4, 0.6
+
+
+def make_backend(config: RerankerConfig) -> RerankerBackend:
+    """Create (but do not load) the backend a reranker config names.
+
+    Heavy imports happen here, only for the backend in use.
+    """
+    if config.backend == "transformers":
+        from memory.reranker.qwen import QwenReranker
+
+        return QwenReranker(config)
+    if config.backend == "llama-server":
+        from memory.reranker.llama_server import LlamaServerBackend
+
+        return LlamaServerBackend(config)
+    raise RerankerError(f"reranker backend {config.backend!r} has nothing to load")
+
+
+class RerankerService:
+    """Re-scores search candidates with a cross-encoder backend.
+
+    Args:
+        config: The profile's ``[reranker]`` section.
+        backend: A ready backend (tests, benchmarks); built from ``config`` if omitted.
+    """
+
+    def __init__(self, config: RerankerConfig, backend: RerankerBackend | None = None) -> None:
+        self.config = config
+        self.backend = backend or make_backend(config)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reranker")
+        self._inflight = 0
+        self._idle = threading.Condition()
+
+    @property
+    def name(self) -> str:
+        """The backend's name, for logs, metrics and traces."""
+        return getattr(self.backend, "name", type(self.backend).__name__)
+
+    def load(self) -> None:
+        """Load the backend's model or check its server, if it has such a step."""
+        loader = getattr(self.backend, "load", None) or getattr(self.backend, "start", None)
+        if loader is not None:
+            loader()
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Score texts through the backend with the profile's timeout.
+
+        Raises:
+            RerankerError: The backend failed or did not answer in time.
+        """
+        if not texts:
+            return []
+        future = self._pool.submit(self.backend.score, query, list(texts))
+        try:
+            scores = future.result(timeout=self.config.timeout)
+        except FutureTimeout:
+            raise RerankerError(
+                f"{self.name} did not answer within {self.config.timeout:g} s"
+            ) from None
+        except RerankerError:
+            raise
+        except Exception as exc:  # a backend bug must not reach the user
+            raise RerankerError(f"{self.name} failed: {exc!r}") from exc
+        if len(scores) != len(texts):
+            raise RerankerError(f"{self.name} returned {len(scores)} scores for {len(texts)} texts")
+        return [float(s) for s in scores]
+
+    def rerank_results(
+        self,
+        query: str,
+        candidates: Sequence[T],
+        score_field: str = "content",
+        top_k: int | None = None,
+    ) -> list[T]:
+        """Return copies of ``candidates`` sorted by ``rerank_score`` (set on each copy).
+
+        Args:
+            query: The search query.
+            candidates: Objects (or dicts) with a text attribute/key ``score_field``.
+            score_field: Which attribute or key holds the text to judge.
+            top_k: Keep only the best ``top_k``; all when ``None``.
+
+        Raises:
+            RerankerError: Scoring failed (callers fall back to the original order).
+        """
+        texts = [_get(c, score_field) or "" for c in candidates]
+        scores = self.score(query, texts)
+        ranked = []
+        for cand, s in zip(candidates, scores):
+            clone = copy.copy(cand)
+            _set(clone, "rerank_score", s)
+            ranked.append(clone)
+        ranked.sort(key=lambda c: -_get(c, "rerank_score"))
+        return ranked if top_k is None else ranked[:top_k]
+
+    def rerank_search(self, query: str, hits: list, limit: int, trace: Any) -> list:
+        """Rerank the head of a search's hit list; never raises.
+
+        Sends ``limit × oversample`` candidates (capped at ``max_candidates``), applies
+        the optional blend and minimum score, and records the pre/post order, the
+        latency and any fallback in ``trace``.  On failure the hits come back in
+        their retrieval order and the trace says why.
+        """
+        count = min(len(hits), limit * self.config.oversample, self.config.max_candidates)
+        head, tail = hits[:count], hits[count:]
+        trace.rerank_backend = self.name
+        trace.pre_rerank = [h.id for h in head]
+        trace.candidates["rerank"] = len(head)
+        started = time.perf_counter()
+        with self._track():
+            try:
+                ranked = self.rerank_results(query, head, score_field="rerank_text")
+            except RerankerError as exc:
+                return self._fallback(hits, trace, str(exc))
+        elapsed = time.perf_counter() - started
+        metrics.RERANK_CALLS.labels(backend=self.name, status="ok").inc()
+        metrics.RERANK_CANDIDATES.observe(len(head))
+        metrics.RERANK_LATENCY.labels(backend=self.name).observe(elapsed)
+        ranked = self._finalise(ranked)
+        trace.reranked = True
+        trace.post_rerank = [h.id for h in ranked]
+        return ranked + tail if not self.config.min_score else ranked
+
+    def _finalise(self, ranked: list) -> list:
+        """Apply the optional blend and minimum final score."""
+        if self.config.blend and ranked:
+            lo = min(h.score for h in ranked)
+            hi = max(h.score for h in ranked)
+            for h in ranked:
+                original = (h.score - lo) / (hi - lo) if hi > lo else 1.0
+                h.score = BLEND_ORIGINAL * original + BLEND_RERANK * h.rerank_score
+            ranked.sort(key=lambda h: -h.score)
+        else:
+            for h in ranked:
+                h.score = h.rerank_score
+        if self.config.min_score:
+            ranked = [h for h in ranked if h.score >= self.config.min_score]
+        return ranked
+
+    def _fallback(self, hits: list, trace: Any, reason: str) -> list:
+        log.warning("reranking skipped, keeping retrieval order: %s", reason)
+        metrics.RERANK_CALLS.labels(backend=self.name, status="error").inc()
+        trace.rerank_fallback = reason
+        return hits
+
+    @contextmanager
+    def _track(self) -> Iterator[None]:
+        """Count a rerank as in flight so :meth:`close` can wait for it."""
+        with self._idle:
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    def close(self, wait_for_inflight: bool = True) -> None:
+        """Unload the backend, after in-flight reranks finish when asked to."""
+        if wait_for_inflight:
+            with self._idle:
+                self._idle.wait_for(lambda: self._inflight == 0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.backend.close()
+        except Exception:
+            log.exception("closing reranker backend %s failed", self.name)
+
+
+class RerankerManager:
+    """Holds the active :class:`RerankerService` and swaps it atomically at runtime."""
+
+    def __init__(self, profile: Profile, *, load: bool = True) -> None:
+        """Create the profile's service (if it has a reranker) and start loading it."""
+        self._lock = threading.Lock()
+        self._service: RerankerService | None = None
+        self.profile_name = profile.name
+        if profile.reranker.enabled:
+            self._service = RerankerService(profile.reranker)
+            if load:
+                threading.Thread(
+                    target=self._load_quietly, args=(self._service,), daemon=True,
+                    name="reranker-load",
+                ).start()
+
+    @staticmethod
+    def _load_quietly(service: RerankerService) -> None:
+        try:
+            service.load()
+        except Exception as exc:
+            log.warning("reranker %s could not be loaded yet: %s", service.name, exc)
+
+    def current(self) -> RerankerService | None:
+        """The service searches should use right now (``None`` when reranking is off)."""
+        with self._lock:
+            return self._service
+
+    def switch(
+        self, profile: Profile, on_switched: Callable[[Profile], None] | None = None
+    ) -> Future:
+        """Load ``profile``'s reranker in the background, then swap it in.
+
+        Searches already running finish on the old service, which is unloaded
+        afterwards.  If loading fails the old service stays and the future raises.
+        ``on_switched`` runs right after the swap, before the future resolves.
+
+        Returns:
+            A future that resolves to the new profile's name once it is active.
+        """
+        future: Future = Future()
+
+        def work() -> None:
+            try:
+                new = RerankerService(profile.reranker) if profile.reranker.enabled else None
+                if new is not None:
+                    new.load()
+            except Exception as exc:
+                log.error("switching to profile %s failed: %s", profile.name, exc)
+                future.set_exception(exc)
+                return
+            with self._lock:
+                old, self._service = self._service, new
+                self.profile_name = profile.name
+            log.info("reranker profile is now %s", profile.name)
+            if on_switched is not None:
+                on_switched(profile)
+            future.set_result(profile.name)
+            if old is not None:
+                old.close(wait_for_inflight=True)
+
+        threading.Thread(target=work, daemon=True, name="reranker-switch").start()
+        return future
+
+    def close(self) -> None:
+        """Unload the active service."""
+        with self._lock:
+            service, self._service = self._service, None
+        if service is not None:
+            service.close(wait_for_inflight=False)
+
+
+def _get(obj: Any, field: str) -> Any:
+    return obj[field] if isinstance(obj, dict) else getattr(obj, field)
+
+
+def _set(obj: Any, field: str, value: Any) -> None:
+    if isinstance(obj, dict):
+        obj[field] = value
+    else:
+        setattr(obj, field, value)

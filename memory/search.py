@@ -1,0 +1,421 @@
+"""Hybrid retrieval: vector KNN + FTS5 BM25, fused, thresholded, boosted, reranked.
+
+One search embeds its queries once, runs one KNN and one BM25 query per query
+text, fuses the lists, applies an adaptive similarity threshold computed over that
+one candidate pool (never re-querying), multiplies in recency and member boosts,
+optionally reranks the head with a cross-encoder, and returns the top ``limit``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+
+from memory import metrics
+from memory.config import SearchConfig
+from memory.embedder import Embedder
+from memory.errors import SearchInputError
+from memory.records import Hit, SearchResult, Trace, datetime_to_ms, jump_url
+from memory.store import Filters, MessageStore
+from memory.text import fts_query
+
+log = logging.getLogger(__name__)
+
+MAX_QUERIES = 20
+MAX_LIMIT = 100
+MODES = ("hybrid", "dense", "keyword")
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """What to search for and where.
+
+    ``threshold`` set means fixed-threshold mode; otherwise ``adaptive`` decides
+    between the adaptive loop and no threshold.  ``boosts`` turns recency and member
+    boosts on; ``rerank`` lets the reranker (if the profile has one) run.
+    """
+
+    queries: tuple[str, ...]
+    guild_id: int | None = None
+    channel_ids: tuple[int, ...] | None = None
+    author_ids: tuple[int, ...] | None = None
+    after: datetime | None = None
+    before: datetime | None = None
+    has_attachment: bool | None = None
+    limit: int = 10
+    mode: str = "hybrid"
+    threshold: float | None = None
+    adaptive: bool = True
+    boosts: bool = True
+    rerank: bool = True
+    now: datetime | None = None
+
+
+@dataclass
+class _Candidate:
+    id: int
+    similarity: float | None = None
+    keyword_score: float | None = None
+    dense_rank: int | None = None
+    keyword_rank: int | None = None
+    fused: float = 0.0
+    queries: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class ThresholdOutcome:
+    """The result of the threshold stage over one candidate pool."""
+
+    threshold: float | None
+    mode: str
+    iterations: int
+    passed: list[int]
+
+
+def adaptive_threshold(
+    similarities: Sequence[float | None],
+    limit: int,
+    config: SearchConfig,
+) -> ThresholdOutcome:
+    """Lower the threshold from ``threshold_start`` in steps until enough candidates pass.
+
+    The loop stops at the first threshold where at least ``threshold_target`` ×
+    ``limit`` vector candidates pass; if none does it keeps the best seen, the floor,
+    which passes the most.  Keyword-only matches (no similarity: BM25 found them)
+    always pass and do not count towards the target, so a pool rich in keyword hits
+    cannot hold the threshold high and starve the semantic side.  It works on the one pool it is
+    given, in O(n log n), without re-running any query.
+
+    Returns:
+        The final threshold, iterations tried and the indexes that pass.
+    """
+    need = math.ceil(config.threshold_target * limit)
+    scored = sorted(s for s in similarities if s is not None)
+    steps = _threshold_steps(config)
+    chosen, iterations = steps[-1], len(steps)
+    for iterations, threshold in enumerate(steps, start=1):
+        passing = len(scored) - bisect.bisect_left(scored, threshold - 1e-9)
+        if passing >= need:
+            chosen = threshold
+            break
+    return ThresholdOutcome(chosen, "adaptive", iterations, _passing(similarities, chosen))
+
+
+def _threshold_steps(config: SearchConfig) -> list[float]:
+    steps, t = [], config.threshold_start
+    while t >= config.threshold_floor - 1e-9:
+        steps.append(round(t, 6))
+        t -= config.threshold_step
+    return steps or [config.threshold_floor]
+
+
+def _passing(similarities: Sequence[float | None], threshold: float) -> list[int]:
+    return [i for i, s in enumerate(similarities) if s is None or s >= threshold - 1e-9]
+
+
+def recency_boost(age_days: float, config: SearchConfig) -> float:
+    """Return the recency multiplier: ``recency_max`` for brand new, decaying to ``recency_min``."""
+    age_days = max(0.0, age_days)
+    decay = math.exp(-age_days / config.recency_decay_days)
+    return config.recency_min + (config.recency_max - config.recency_min) * decay
+
+
+class Searcher:
+    """Runs searches against a :class:`MessageStore` with one embedder.
+
+    Args:
+        store: Where the messages and vectors are.
+        embedder: The model the store was embedded with.
+        config: The profile's ``[search]`` section.
+        reranker: Optional callable returning the active
+            :class:`memory.reranker.service.RerankerService` (or ``None``); a callable
+            so an admin's profile switch takes effect for the next search.
+    """
+
+    def __init__(
+        self,
+        store: MessageStore,
+        embedder: Embedder,
+        config: SearchConfig,
+        reranker: Callable[[], object | None] | None = None,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.config = config
+        self._reranker = reranker or (lambda: None)
+        self._members: tuple[int, dict[int | None, list[tuple[int, re.Pattern]]]] = (-1, {})
+
+    def search(self, request: SearchRequest) -> SearchResult:
+        """Run one search.
+
+        Raises:
+            SearchInputError: No query, more than 20 queries, a bad limit or mode.
+        """
+        queries = self._validate(request)
+        trace = Trace()
+        clock = _Clock(trace)
+        filters = self._filters(request)
+        need_dense = request.mode in ("hybrid", "dense")
+        vectors = self._embed(queries) if need_dense else None
+        clock.lap("embed")
+        k = min(request.limit * self.config.oversample, 4096)
+        per_query = [
+            self._retrieve(i, q, None if vectors is None else vectors[i], k, filters, request, trace)
+            for i, q in enumerate(queries)
+        ]
+        clock.lap("retrieve")
+        pool = self._merge(per_query, len(queries))
+        trace.candidates["fused"] = len(pool)
+        pool = self._threshold(pool, request, trace)
+        trace.candidates["passed_threshold"] = len(pool)
+        clock.lap("fuse")
+        rows = self.store.hydrate([c.id for c in pool])
+        clock.lap("hydrate")
+        hits = self._hits(self._boost(pool, rows, queries, request), rows)
+        clock.lap("boost")
+        hits = self._rerank(queries[0], hits, request, trace)
+        clock.lap("rerank")
+        hits = hits[: request.limit]
+        trace.candidates["returned"] = len(hits)
+        trace.timings_ms["total"] = round(sum(trace.timings_ms.values()), 3)
+        self._observe(trace)
+        return SearchResult(hits, trace, self._empty_reason(hits, request))
+
+    # -- stages -------------------------------------------------------------------------
+
+    def _validate(self, request: SearchRequest) -> list[str]:
+        if isinstance(request.queries, str):
+            raise SearchInputError("queries must be a list of strings, not one string")
+        queries = [q for q in (str(q).strip() for q in request.queries) if q]
+        if not queries:
+            raise SearchInputError("give at least one non-empty query")
+        if len(queries) > MAX_QUERIES:
+            raise SearchInputError(f"at most {MAX_QUERIES} queries per search, got {len(queries)}")
+        if not 1 <= request.limit <= MAX_LIMIT:
+            raise SearchInputError(f"limit must be between 1 and {MAX_LIMIT}")
+        if request.mode not in MODES:
+            raise SearchInputError(f"mode must be one of {', '.join(MODES)}")
+        if request.threshold is not None and not -1.0 <= request.threshold <= 1.0:
+            raise SearchInputError("threshold must be between -1 and 1 (cosine similarity)")
+        if request.after and request.before and request.after >= request.before:
+            raise SearchInputError("'after' must be earlier than 'before'")
+        return queries
+
+    def _filters(self, request: SearchRequest) -> Filters:
+        channels = request.channel_ids
+        if channels:
+            channels = self.store.expand_channels(channels)
+        return Filters(
+            guild_id=request.guild_id,
+            channel_ids=channels,
+            author_ids=request.author_ids,
+            after_ms=datetime_to_ms(request.after) if request.after else None,
+            before_ms=datetime_to_ms(request.before) if request.before else None,
+            has_attachment=request.has_attachment,
+        )
+
+    def _embed(self, queries: list[str]) -> np.ndarray | None:
+        if self.store.embedding_model() is None:
+            return None
+        return self.embedder.embed(queries)
+
+    def _retrieve(
+        self,
+        index: int,
+        query: str,
+        vector: np.ndarray | None,
+        k: int,
+        filters: Filters,
+        request: SearchRequest,
+        trace: Trace,
+    ) -> dict[int, _Candidate]:
+        dense = self.store.knn(vector, k, filters) if vector is not None else []
+        match = fts_query(query) if request.mode in ("hybrid", "keyword") else None
+        keyword = self.store.keyword(match, k, filters) if match else []
+        trace.candidates["dense"] = trace.candidates.get("dense", 0) + len(dense)
+        trace.candidates["keyword"] = trace.candidates.get("keyword", 0) + len(keyword)
+        pool: dict[int, _Candidate] = {}
+        for rank, (mid, sim) in enumerate(dense, start=1):
+            pool[mid] = _Candidate(mid, similarity=sim, dense_rank=rank, queries={index})
+        for rank, (mid, score) in enumerate(keyword, start=1):
+            cand = pool.setdefault(mid, _Candidate(mid, queries={index}))
+            cand.keyword_score, cand.keyword_rank = score, rank
+        self._fuse(pool, dense, keyword)
+        return pool
+
+    def _fuse(self, pool: dict[int, _Candidate], dense: list, keyword: list) -> None:
+        cfg = self.config
+        if cfg.fusion == "rrf":
+            for cand in pool.values():
+                cand.fused = sum(
+                    weight / (cfg.rrf_k + rank)
+                    for weight, rank in ((1.0, cand.dense_rank), (cfg.keyword_weight, cand.keyword_rank))
+                    if rank is not None
+                )
+            return
+        dense_norm = _normaliser([s for _, s in dense])
+        kw_norm = _normaliser([s for _, s in keyword])
+        for cand in pool.values():
+            parts = []
+            if cand.similarity is not None:
+                parts.append(dense_norm(cand.similarity))
+            if cand.keyword_score is not None:
+                parts.append(cfg.keyword_weight * kw_norm(cand.keyword_score))
+            cand.fused = sum(parts) if cfg.fusion == "score_sum" else max(parts)
+
+    def _merge(self, per_query: list[dict[int, _Candidate]], n: int) -> list[_Candidate]:
+        """Fuse the per-query pools: RRF over query ranks, boosted by how many queries agree."""
+        if n == 1:
+            return list(per_query[0].values())
+        merged: dict[int, _Candidate] = {}
+        for pool in per_query:
+            ranked = sorted(pool.values(), key=lambda c: -c.fused)
+            for rank, cand in enumerate(ranked, start=1):
+                into = merged.setdefault(cand.id, _Candidate(cand.id))
+                into.fused += 1.0 / (self.config.rrf_k + rank)
+                into.queries |= cand.queries
+                into.similarity = _max_or_none(into.similarity, cand.similarity)
+                into.keyword_score = _max_or_none(into.keyword_score, cand.keyword_score)
+                into.dense_rank = _min_or_none(into.dense_rank, cand.dense_rank)
+                into.keyword_rank = _min_or_none(into.keyword_rank, cand.keyword_rank)
+        for cand in merged.values():
+            cand.fused *= 1.0 + self.config.multi_query_boost * (len(cand.queries) - 1)
+        return list(merged.values())
+
+    def _threshold(
+        self, pool: list[_Candidate], request: SearchRequest, trace: Trace
+    ) -> list[_Candidate]:
+        if request.mode == "keyword":
+            return pool
+        sims = [c.similarity for c in pool]
+        if request.threshold is not None:
+            outcome = ThresholdOutcome(
+                request.threshold, "fixed", 1, _passing(sims, request.threshold)
+            )
+        elif request.adaptive:
+            outcome = adaptive_threshold(sims, request.limit, self.config)
+        else:
+            return pool
+        trace.threshold = outcome.threshold
+        trace.threshold_mode = outcome.mode
+        trace.threshold_iterations = outcome.iterations
+        return [pool[i] for i in outcome.passed]
+
+    def _boost(
+        self,
+        pool: list[_Candidate],
+        rows: dict[int, dict],
+        queries: list[str],
+        request: SearchRequest,
+    ) -> list[tuple[_Candidate, float]]:
+        """Pair each candidate with its recency × member boost, best final score first."""
+        pool = [c for c in pool if c.id in rows]  # deleted since retrieval
+        if not request.boosts:
+            return sorted(((c, 1.0) for c in pool), key=lambda cb: -cb[0].fused)
+        now_ms = datetime_to_ms(request.now) if request.now else int(time.time() * 1000)
+        named = self._named_members(queries, request.guild_id)
+        boosted = []
+        for cand in pool:
+            row = rows[cand.id]
+            boost = recency_boost((now_ms - row["created_at"]) / 86_400_000, self.config)
+            if row["author_id"] in named:
+                boost *= self.config.member_boost
+            boosted.append((cand, boost))
+        return sorted(boosted, key=lambda cb: -cb[0].fused * cb[1])
+
+    def _named_members(self, queries: list[str], guild_id: int | None) -> set[int]:
+        """Return ids of members whose name or display name appears in a query."""
+        generation, cache = self._members
+        if generation != self.store.generation:
+            cache = {}
+        if guild_id not in cache:
+            patterns = []
+            for author_id, name, display in self.store.members(guild_id):
+                for label in {name, display} - {""}:
+                    if len(label) >= 3:
+                        patterns.append((author_id, re.compile(rf"(?<!\w){re.escape(label)}(?!\w)", re.I)))
+            cache[guild_id] = patterns
+            self._members = (self.store.generation, cache)
+        text = "\n".join(queries)
+        return {author_id for author_id, pattern in cache[guild_id] if pattern.search(text)}
+
+    @staticmethod
+    def _hits(ranked: list[tuple[_Candidate, float]], rows: dict[int, dict]) -> list[Hit]:
+        return [
+            Hit(
+                **rows[cand.id],
+                jump_url=jump_url(rows[cand.id]["guild_id"], rows[cand.id]["channel_id"], cand.id),
+                similarity=cand.similarity,
+                keyword_score=cand.keyword_score,
+                dense_rank=cand.dense_rank,
+                keyword_rank=cand.keyword_rank,
+                fused=cand.fused,
+                boost=boost,
+                score=cand.fused * boost,
+                queries_matched=max(1, len(cand.queries)),
+            )
+            for cand, boost in ranked
+        ]
+
+    def _rerank(self, query: str, hits: list[Hit], request: SearchRequest, trace: Trace) -> list[Hit]:
+        service = self._reranker() if request.rerank else None
+        if service is None or not hits:
+            return hits
+        return service.rerank_search(query, hits, request.limit, trace)
+
+    def _empty_reason(self, hits: list[Hit], request: SearchRequest) -> str | None:
+        if hits:
+            return None
+        if self.store.message_count(request.guild_id) == 0:
+            return "nothing is stored for this server yet"
+        if request.mode != "keyword" and self.store.embedding_model() is None:
+            return "messages are stored but not embedded yet; run `python bot.py embed`"
+        return "no stored message matched the query and filters closely enough"
+
+    @staticmethod
+    def _observe(trace: Trace) -> None:
+        for stage, ms in trace.timings_ms.items():
+            metrics.SEARCH_LATENCY.labels(stage=stage).observe(ms / 1000)
+        if trace.threshold_mode == "adaptive":
+            metrics.ADAPTIVE_ITERATIONS.observe(trace.threshold_iterations)
+        if trace.threshold is not None:
+            metrics.FINAL_THRESHOLD.observe(trace.threshold)
+        metrics.RESULT_COUNT.observe(trace.candidates.get("returned", 0))
+
+
+class _Clock:
+    """Records the time since the previous lap into ``trace.timings_ms``."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.trace.timings_ms[stage] = round((now - self.last) * 1000, 3)
+        self.last = now
+
+
+def _normaliser(values: list[float]) -> Callable[[float], float]:
+    if not values:
+        return lambda v: 0.0
+    lo, hi = min(values), max(values)
+    if hi - lo < 1e-12:
+        return lambda v: 1.0
+    return lambda v: (v - lo) / (hi - lo)
+
+
+def _max_or_none(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _min_or_none(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
