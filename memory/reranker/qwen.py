@@ -1,0 +1,369 @@
+"""The in-process Qwen3-Reranker backend (transformers + torch).
+
+Qwen3-Reranker-0.6B/4B/8B are causal LMs: the relevance of a document is the
+probability that the model answers "yes" rather than "no" after the official prompt
+(:mod:`memory.reranker.prompt`).  This backend computes exactly that, but only what
+it needs: the base model runs to the last hidden state, the last *real* position of
+each sequence is gathered, and only the two lm_head rows of "yes" and "no" are
+applied, in float32.  Full-vocabulary logits are never materialised.
+
+One query is scored against many documents, and every prompt starts with the same
+head (system message, instruction and query).  With ``prefix_cache`` on, the head's
+key/value cache is computed once per call and every micro-batch runs only the
+document and suffix tokens on top of it; the tokenizer splits head and document at a
+boundary where separate tokenization is exact (see :func:`prompt.head_text`), so the
+scores are the same as for the whole prompt.
+
+Micro-batches hold candidates of similar length (sorted), right-padded, so padding
+never precedes a real token and cannot leak into a score.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memory.config import RerankerConfig, detect_accelerator
+from memory.errors import RerankerError, RerankerUnavailable
+from memory.reranker.prompt import SUFFIX, document_text, head_text
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_AUTO_DTYPE = {"cuda": torch.bfloat16, "mps": torch.float16, "cpu": torch.float32}
+
+# One layer's cached (keys, values), each [1, kv_heads, head_len, head_dim].
+_LayerKV = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EncodedQuery:
+    """Token ids of one query's prompts, split for the shared-prefix cache.
+
+    Attributes:
+        head: Ids of :func:`prompt.head_text` (system, instruction, query).
+        tails: Per text, in input order: the (possibly truncated) document ids
+            followed by the suffix ids.  ``head + tails[i]`` is the whole prompt.
+        truncated: How many texts lost tokens to ``max_length``.
+    """
+
+    head: list[int]
+    tails: list[list[int]]
+    truncated: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Prompt tokens over all texts, counting the head once per text."""
+        return sum(len(self.head) + len(t) for t in self.tails)
+
+
+def resolve_device(name: str) -> str:
+    """Return a concrete torch device name for a profile's ``device`` value."""
+    return detect_accelerator() if name == "auto" else name
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """Return the torch dtype for a profile's ``dtype`` value on ``device``.
+
+    ``auto`` is bfloat16 on CUDA, float16 on MPS and float32 on CPU.
+    """
+    if name == "auto":
+        return _AUTO_DTYPE.get(torch.device(device).type, torch.float32)
+    return _DTYPES[name]
+
+
+class QwenReranker:
+    """Qwen3-Reranker scored in-process with transformers.
+
+    The model loads lazily: :meth:`load` does the work (call it from a worker
+    thread to warm up), and :meth:`score` loads on first use.  One lock serialises
+    loading, scoring and unloading, so the object may be shared between threads.
+
+    Args:
+        config: The profile's ``[reranker]`` section; ``model`` is a hub id or a
+            local folder holding a Qwen3-Reranker checkpoint.
+    """
+
+    name = "transformers"
+
+    def __init__(self, config: RerankerConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self._lock = threading.RLock()
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._answer_rows: torch.Tensor | None = None  # float32 [2, hidden]: no, yes
+        self._answer_bias: torch.Tensor | None = None
+        self._pad_id = 0
+        self._suffix_ids: list[int] = []
+
+    @classmethod
+    def from_model(
+        cls, model: Any, tokenizer: Any, config: RerankerConfig | None = None
+    ) -> QwenReranker:
+        """Wrap an already built causal LM and tokenizer (tests, benchmarks).
+
+        The model is used on its own device and in its own dtype; ``config``
+        supplies the scoring knobs (batch size, max length, instruction, prefix
+        cache, int8).  With ``quantize = "int8"`` a quantised copy is made, so the
+        caller's model is never modified.  After :meth:`close`, a later
+        :meth:`score` loads ``config.model`` from disk or the hub.
+
+        Raises:
+            RerankerUnavailable: The tokenizer has no single "yes"/"no" tokens.
+        """
+        config = config or RerankerConfig(backend="transformers")
+        reranker = cls(config)
+        param = next(model.parameters())
+        reranker.device, reranker.dtype = str(param.device), param.dtype
+        with reranker._lock:
+            reranker._install(model, tokenizer, owned=False)
+        return reranker
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is in memory."""
+        return self._model is not None
+
+    def load(self) -> None:
+        """Load the tokenizer and model if they are not loaded yet; thread-safe.
+
+        Raises:
+            RerankerUnavailable: transformers is missing, the model cannot be
+                found or loaded, or it is not a yes/no reranker.
+        """
+        with self._lock:
+            if self._model is None:
+                model, tokenizer = self._from_pretrained()
+                self._install(model, tokenizer, owned=True)
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Return P(yes) for each text against ``query``, in input order.
+
+        Raises:
+            RerankerUnavailable: The model could not be loaded.
+            RerankerError: The forward pass failed (e.g. out of memory).
+        """
+        if not texts:
+            return []
+        with self._lock:
+            self.load()
+            encoded = self.encode(query, texts)
+            try:
+                return self._score_encoded(encoded)
+            except RuntimeError as exc:
+                raise RerankerError(
+                    f"reranker forward pass failed on {self.device}: {exc}; "
+                    "lower reranker.batch_size or reranker.max_length"
+                ) from exc
+
+    def close(self) -> None:
+        """Drop the model and tokenizer and return their memory."""
+        with self._lock:
+            if self._model is None:
+                return
+            on_cuda = torch.device(self.device).type == "cuda"
+            self._model = self._tokenizer = None
+            self._answer_rows = self._answer_bias = None
+            gc.collect()
+            if on_cuda:
+                torch.cuda.empty_cache()
+            log.info("reranker %s unloaded", self.config.model)
+
+    unload = close
+
+    def encode(self, query: str, texts: Sequence[str]) -> EncodedQuery:
+        """Tokenize the prompts of ``texts`` for ``query``; loads the model if needed.
+
+        Only documents are truncated: each keeps at most ``max_length - len(head) -
+        len(suffix)`` tokens (at least one), so query and template stay intact.
+        """
+        with self._lock:
+            self.load()
+            tok = self._tokenizer
+            head = tok(head_text(self.config.instruction, query), add_special_tokens=False)
+            head_ids = list(head["input_ids"])
+            budget = max(1, self.config.max_length - len(head_ids) - len(self._suffix_ids))
+            docs = tok([document_text(t) for t in texts], add_special_tokens=False)["input_ids"]
+        truncated = sum(len(d) > budget for d in docs)
+        if len(head_ids) + len(self._suffix_ids) >= self.config.max_length:
+            log.warning(
+                "reranker prompt head is %d tokens, over max_length %d: raise "
+                "reranker.max_length or shorten the query",
+                len(head_ids),
+                self.config.max_length,
+            )
+        tails = [list(d[:budget]) + self._suffix_ids for d in docs]
+        return EncodedQuery(head=head_ids, tails=tails, truncated=truncated)
+
+    # -- loading -------------------------------------------------------------------
+
+    def _from_pretrained(self) -> tuple[Any, Any]:
+        try:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:
+            raise RerankerUnavailable(
+                "the transformers reranker needs the transformers package: "
+                "pip install 'transformers>=4.51'"
+            ) from exc
+        name = self.config.model
+        log.info("loading reranker %s on %s as %s", name, self.device, self.dtype)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            # device_map puts the weights straight on the device, so an 8B model
+            # never needs a full copy in CPU memory first.
+            model = AutoModelForCausalLM.from_pretrained(
+                name, dtype=self.dtype, device_map=self.device
+            )
+        except Exception as exc:  # any failure here means "no reranker"; the cause is chained
+            raise RerankerUnavailable(
+                f"could not load reranker model {name!r} on {self.device}: {exc}. Set "
+                "reranker.model to a Qwen3-Reranker hub id (downloaded once with network) "
+                "or to a local folder holding one"
+            ) from exc
+        return model, tokenizer
+
+    def _install(self, model: Any, tokenizer: Any, owned: bool) -> None:
+        yes_id, no_id = _answer_token_ids(tokenizer, self.config.model)
+        lm_head = model.get_output_embeddings()
+        rows = lm_head.weight.detach()[[no_id, yes_id]].to(torch.float32)
+        bias = getattr(lm_head, "bias", None)
+        self._answer_bias = None if bias is None else bias.detach()[[no_id, yes_id]].float()
+        if self.config.quantize == "int8":
+            model = self._quantized(model if owned else copy.deepcopy(model))
+        model.eval()
+        self._answer_rows = rows.clone()
+        self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else no_id
+        self._suffix_ids = list(tokenizer(SUFFIX, add_special_tokens=False)["input_ids"])
+        self._model, self._tokenizer = model, tokenizer
+
+    def _quantized(self, model: Any) -> Any:
+        """Replace the base model's Linear layers by dynamic int8 ones (CPU only)."""
+        if torch.device(self.device).type != "cpu" or self.dtype != torch.float32:
+            raise RerankerUnavailable(
+                f"reranker.quantize = 'int8' needs device 'cpu' and dtype 'float32' or "
+                f"'auto', not {self.device}/{self.dtype}: set quantize = 'none'"
+            )
+        try:
+            from torch.ao.quantization import quantize_dynamic
+        except ImportError as exc:
+            raise RerankerUnavailable(
+                "this torch build has no torch.ao.quantization.quantize_dynamic: "
+                "set reranker.quantize = 'none'"
+            ) from exc
+        with warnings.catch_warnings():
+            # torch marks eager quantisation deprecated in favour of torchao, but
+            # 2.13 still ships it and it needs no extra dependency.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
+            model.model = quantize_dynamic(
+                model.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
+            )
+        log.info("reranker Linear layers quantised to dynamic int8")
+        return model
+
+    # -- scoring -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _score_encoded(self, encoded: EncodedQuery) -> list[float]:
+        head_kv = self._head_kv(encoded.head) if self.config.prefix_cache else None
+        scores = [0.0] * len(encoded.tails)
+        lengths = [len(t) for t in encoded.tails]
+        for chunk in micro_batches(lengths, self.config.batch_size):
+            if head_kv is None:
+                batch = [encoded.head + encoded.tails[i] for i in chunk]
+            else:
+                batch = [encoded.tails[i] for i in chunk]
+            for i, value in zip(chunk, self._score_batch(batch, head_kv), strict=True):
+                scores[i] = value
+        return scores
+
+    def _head_kv(self, head: list[int]) -> list[_LayerKV]:
+        """Run the shared head once and return each layer's keys and values."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        ids = torch.tensor([head], device=self.device)
+        self._model.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        return [(layer[0], layer[1]) for layer in cache]
+
+    def _score_batch(self, batch: list[list[int]], head_kv: list[_LayerKV] | None) -> list[float]:
+        """Score right-padded sequences, on top of the head cache when given."""
+        lengths = torch.tensor([len(s) for s in batch], device=self.device)
+        width = int(lengths.max())
+        ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
+        for row, seq in enumerate(batch):
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        ids = ids.to(self.device)
+        mask = (torch.arange(width, device=self.device) < lengths[:, None]).long()
+        kwargs: dict[str, Any] = {}
+        if head_kv is not None:
+            offset = head_kv[0][0].shape[-2]
+            kwargs["past_key_values"] = _expanded_cache(head_kv, len(batch))
+            kwargs["position_ids"] = (
+                torch.arange(offset, offset + width, device=self.device).expand(len(batch), -1)
+            )
+            kwargs["use_cache"] = True
+            mask = torch.cat([mask.new_ones(len(batch), offset), mask], dim=1)
+        out = self._model.model(input_ids=ids, attention_mask=mask, **kwargs)
+        rows = torch.arange(len(batch), device=self.device)
+        last = out.last_hidden_state[rows, lengths - 1]
+        return self._yes_probability(last)
+
+    def _yes_probability(self, hidden: torch.Tensor) -> list[float]:
+        """P(yes) over {no, yes} from final hidden states, computed in float32."""
+        logits = hidden.to(torch.float32) @ self._answer_rows.T
+        if self._answer_bias is not None:
+            logits = logits + self._answer_bias
+        return torch.log_softmax(logits, dim=-1)[:, 1].exp().tolist()
+
+
+def micro_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Split indices into micro-batches of similar length, shortest first.
+
+    Sorting by length keeps the padding of each right-padded batch small.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def _expanded_cache(head_kv: list[_LayerKV], batch: int) -> Any:
+    """A fresh cache holding the head's keys/values repeated ``batch`` times.
+
+    ``DynamicCache.update`` concatenates, so the expanded views are copied into new
+    tensors: the forward pass appends to this cache, never to ``head_kv``.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for layer, (keys, values) in enumerate(head_kv):
+        cache.update(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1), layer)
+    return cache
+
+
+def _answer_token_ids(tokenizer: Any, model_name: str) -> tuple[int, int]:
+    """Return the ids of the single tokens "yes" and "no".
+
+    Raises:
+        RerankerUnavailable: Either word is not one token of this vocabulary.
+    """
+    ids = []
+    for word in ("yes", "no"):
+        token_id = tokenizer.convert_tokens_to_ids(word)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise RerankerUnavailable(
+                f"reranker model {model_name!r} has no single token {word!r} in its "
+                "vocabulary, so it is not a Qwen3-Reranker: set reranker.model to "
+                "Qwen/Qwen3-Reranker-0.6B, -4B or -8B (or a local copy)"
+            )
+        ids.append(int(token_id))
+    return ids[0], ids[1]
