@@ -1,0 +1,285 @@
+"""A real HTTP server that speaks llama-server's reranking formats, for tests.
+
+:class:`FakeLlamaServer` runs an ``aiohttp.web`` app on 127.0.0.1 (a free port) in a
+background thread with its own event loop.  It answers ``GET /health``,
+``POST /v1/chat/completions`` (``logprobs.content[0].top_logprobs`` and
+``message.content``) and ``POST /v1/rerank`` exactly as llama-server does, with
+scores that are deterministic functions of the request: :func:`relevance` is the
+share of query words found in the document.  ``mode`` switches it into a failure
+mode, ``delay`` makes scoring requests slow, and every scoring request is recorded.
+
+Usage::
+
+    with FakeLlamaServer() as server:
+        server.mode = "loading"
+        ... RerankerConfig(backend="llama-server", url=server.url) ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+MODEL = "Qwen3-Reranker-8B-Q8_0.gguf"
+# How each mode changes the answers (all but "ok" are failure or edge modes).
+MODES = {
+    "ok": "normal answers",
+    "loading": "503 'Loading model' on every endpoint, /health included",
+    "error": "500 server_error on scoring endpoints",
+    "bad_request": "400 invalid_request_error on scoring endpoints",
+    "malformed": "200 with a truncated JSON body",
+    "missing_fields": "200 with valid JSON lacking choices/results",
+    "drop": "close the connection without answering, every time",
+    "drop_once": "close the connection without answering once, then 'ok'",
+    "odd_tokens": "answer tokens as ' Yes'/'YES'/'NO'/' no', split across duplicates",
+    "missing_no": "top_logprobs without any 'no' token",
+    "no_logprobs": "no logprobs at all, only the generated text yes/no",
+    "bad_text": "no logprobs, and the generated text is 'maybe'",
+    "rerank_short": "/v1/rerank leaves out the result of the last-ranked document",
+}
+# The model's mass on the two answers; the rest is spread over filler tokens.
+ANSWER_MASS = 0.98
+FILLERS = ["maybe", " The", "\n", "yes.", "No,", "<think>", " I", "Y", "n", "ok"] + [
+    f"tok{i}" for i in range(10)
+]
+_WORDS = re.compile(r"\w+")
+_USER_TURN = re.compile(r"<Query>: (?P<query>.*?)\n<Document>: (?P<doc>.*)\Z", re.DOTALL)
+
+
+def relevance(query: str, document: str) -> float:
+    """Return the fake model's P(yes): smoothed share of query words in the document.
+
+    ``(hits + 0.5) / (words + 1)``, strictly inside (0, 1); 0.5 for an empty query.
+    """
+    words = set(_WORDS.findall(query.lower()))
+    hits = len(words & set(_WORDS.findall(document.lower())))
+    return (hits + 0.5) / (len(words) + 1)
+
+
+def logit(p: float) -> float:
+    """Return ``log(p / (1 - p))``, what a rerank-pooled GGUF reports."""
+    return math.log(p / (1.0 - p))
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One scoring request as received: its path and decoded JSON body."""
+
+    path: str
+    body: Any
+
+
+def _answer_tokens(p: float, mode: str) -> list[tuple[str, float]]:
+    """Return (token, probability) pairs for the answers in ``mode``."""
+    yes, no = ANSWER_MASS * p, ANSWER_MASS * (1.0 - p)
+    if mode == "odd_tokens":
+        return [(" Yes", 0.7 * yes), ("YES", 0.3 * yes), ("NO", 0.6 * no), (" no", 0.4 * no)]
+    if mode == "missing_no":
+        return [("yes", yes)]
+    return [("yes", yes), ("no", no)]
+
+
+def top_logprobs(p: float, mode: str, n: int) -> list[dict[str, Any]]:
+    """Return llama-server's ``top_logprobs`` list for yes-probability ``p``."""
+    answers = _answer_tokens(p, mode)
+    fillers = FILLERS[: max(0, 20 - len(answers))]
+    filler_p = (1.0 - ANSWER_MASS) / len(fillers)
+    pairs = sorted(answers + [(t, filler_p) for t in fillers], key=lambda tp: -tp[1])
+    return [
+        {"id": 1000 + i, "token": t, "bytes": list(t.encode()), "logprob": math.log(prob)}
+        for i, (t, prob) in enumerate(pairs[:n])
+    ]
+
+
+def _error_body(code: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message, "type": kind}}, status=code)
+
+
+class FakeLlamaServer:
+    """llama-server stand-in on 127.0.0.1; see the module docstring.
+
+    Attributes:
+        url: ``http://127.0.0.1:PORT`` once started.
+        delay: Seconds every scoring request sleeps before answering.
+        requests: Scoring requests received, in arrival order.
+        health_checks: How many ``GET /health`` requests arrived.
+        in_flight: Scoring requests being handled right now.
+        max_in_flight: The most scoring requests ever handled at once.
+    """
+
+    def __init__(self, *, delay: float = 0.0) -> None:
+        self.url = ""
+        self.delay = delay
+        self.requests: list[RecordedRequest] = []
+        self.health_checks = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._mode = "ok"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def mode(self) -> str:
+        """The current behaviour, one of :data:`MODES`."""
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        if value not in MODES:
+            raise ValueError(f"unknown mode {value!r} (known: {', '.join(MODES)})")
+        self._mode = value
+
+    def bodies(self, path: str) -> list[Any]:
+        """Return the JSON bodies of the scoring requests received on ``path``."""
+        return [r.body for r in self.requests if r.path == path]
+
+    # -- lifecycle
+
+    def start(self) -> FakeLlamaServer:
+        """Start the server thread and bind a free port; returns ``self``."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="fake-llama-server", daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
+        self.url = asyncio.run_coroutine_threadsafe(self._serve(), loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and end the thread; safe to call twice."""
+        loop, thread, self._loop = self._loop, self._thread, None
+        if loop is None or thread is None:
+            return
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+    def __enter__(self) -> FakeLlamaServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def _serve(self) -> str:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/rerank", self._rerank)
+        # handler_cancellation: a client that gives up cancels the (slow) handler.
+        self._runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
+        )
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        host, port = self._runner.addresses[0][:2]
+        return f"http://{host}:{port}"
+
+    # -- handlers
+
+    async def _health(self, request: web.Request) -> web.Response:
+        self.health_checks += 1
+        if self._mode == "loading":
+            return _error_body(503, "Loading model", "unavailable_error")
+        return web.json_response({"status": "ok"})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._scoring(request, self._chat_answer)
+
+    async def _rerank(self, request: web.Request) -> web.StreamResponse:
+        return await self._scoring(request, self._rerank_answer)
+
+    async def _scoring(
+        self, request: web.Request, answer: Callable[[Any], Any]
+    ) -> web.StreamResponse:
+        """Record, count in-flight, sleep ``delay``, then fail or answer per mode."""
+        body = await request.json()
+        self.requests.append(RecordedRequest(request.path, body))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            failure = self._failure(request)
+            return failure if failure is not None else web.json_response(answer(body))
+        finally:
+            self.in_flight -= 1
+
+    def _failure(self, request: web.Request) -> web.StreamResponse | None:
+        mode = self._mode
+        if mode in ("drop", "drop_once"):
+            if mode == "drop_once":
+                self._mode = "ok"
+            assert request.transport is not None
+            request.transport.close()  # no status line, no headers: a dropped connection
+            return web.Response()  # never reaches the (closed) socket
+        if mode == "loading":
+            return _error_body(503, "Loading model", "unavailable_error")
+        if mode == "error":
+            return _error_body(500, "fake internal error", "server_error")
+        if mode == "bad_request":
+            return _error_body(400, "fake bad request", "invalid_request_error")
+        if mode == "malformed":
+            return web.Response(text='{"choices": [{"index": 0, "mess', content_type="application/json")
+        return None
+
+    def _chat_answer(self, body: Any) -> dict[str, Any]:
+        if self._mode == "missing_fields":
+            return {"object": "chat.completion", "model": MODEL}
+        match = _USER_TURN.search(body["messages"][1]["content"])
+        assert match is not None, "the user turn does not follow the Qwen3-Reranker layout"
+        p = relevance(match["query"], match["doc"])
+        choice: dict[str, Any] = {
+            "finish_reason": "length",
+            "index": 0,
+            "message": {"role": "assistant", "content": "yes" if p >= 0.5 else "no"},
+        }
+        if self._mode == "bad_text":
+            choice["message"]["content"] = "maybe"
+        elif self._mode != "no_logprobs":
+            top = top_logprobs(p, self._mode, int(body.get("top_logprobs", 20)))
+            choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
+        return {
+            "choices": [choice],
+            "created": 1_700_000_000,
+            "model": MODEL,
+            "system_fingerprint": "b6000-fake",
+            "object": "chat.completion",
+            "usage": {"completion_tokens": 1, "prompt_tokens": 100, "total_tokens": 101},
+            "id": "chatcmpl-fake",
+        }
+
+    def _rerank_answer(self, body: Any) -> dict[str, Any]:
+        if self._mode == "missing_fields":
+            return {"object": "list", "model": MODEL}
+        docs = body["documents"]
+        results = [
+            {"index": i, "relevance_score": logit(relevance(body["query"], doc))}
+            for i, doc in enumerate(docs)
+        ]
+        results.sort(key=lambda r: -r["relevance_score"])  # llama-server sorts by score
+        results = results[: int(body.get("top_n", len(docs)))]
+        if self._mode == "rerank_short":
+            results = results[:-1]
+        tokens = 10 * len(docs)
+        return {
+            "model": MODEL,
+            "object": "list",
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "results": results,
+        }
+

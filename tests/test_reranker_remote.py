@@ -1,0 +1,526 @@
+"""The llama-server reranker backend against a real local HTTP server (no mocks)."""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from memory.config import RerankerConfig
+from memory.errors import ConfigError, RerankerError, RerankerUnavailable
+from memory.metrics import REGISTRY
+from memory.reranker.base import RerankerBackend
+from memory.reranker.llama_server import (
+    LlamaServerBackend,
+    parse_chat_score,
+    parse_rerank_scores,
+    yes_probability,
+)
+from memory.reranker.prompt import SYSTEM_PROMPT, chat_messages
+from tests.fake_llama_server import FakeLlamaServer, relevance
+
+CHAT = "/v1/chat/completions"
+RERANK = "/v1/rerank"
+QUERY = "pizza oven recipe"
+DOCS = [
+    "my cat sleeps all day",
+    "the oven is broken",
+    "pizza in a wood oven",
+    "a pizza oven recipe that works",
+]
+# Generous wall-clock slack: the tests check bounds, not speed.
+SLACK = 2.0
+
+Factory = Callable[..., LlamaServerBackend]
+
+
+@pytest.fixture
+def server() -> Iterator[FakeLlamaServer]:
+    with FakeLlamaServer() as fake:
+        yield fake
+
+
+@pytest.fixture
+def make_backend(server: FakeLlamaServer) -> Iterator[Factory]:
+    """Build backends pointed at ``server`` (overridable); close them all afterwards."""
+    made: list[LlamaServerBackend] = []
+
+    def make(**overrides: Any) -> LlamaServerBackend:
+        settings: dict[str, Any] = {"backend": "llama-server", "url": server.url, "timeout": 5.0}
+        backend = LlamaServerBackend(RerankerConfig(**(settings | overrides)))
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+def errors(kind: str) -> float:
+    """Return the RERANK_SERVER_ERRORS count for ``kind``."""
+    value = REGISTRY.get_sample_value("memory_rerank_server_errors_total", {"kind": kind})
+    return value or 0.0
+
+
+def closed_port_url() -> str:
+    """Return a 127.0.0.1 URL on which nothing listens."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def wait_until(predicate: Callable[[], bool], limit: float = 5.0) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+# ------------------------------------------------------------------ happy paths
+
+
+def test_backend_satisfies_protocol(make_backend: Factory) -> None:
+    backend = make_backend()
+    assert isinstance(backend, RerankerBackend)
+    assert backend.name == "llama-server"
+    assert backend.healthy is False and backend.last_error is None
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "rerank"])
+def test_scores_follow_relevance_in_input_order(make_backend: Factory, endpoint: str) -> None:
+    backend = make_backend(endpoint=endpoint)
+    scores = backend.score(QUERY, DOCS)
+    assert scores == pytest.approx([relevance(QUERY, d) for d in DOCS])
+    assert scores == sorted(scores)  # DOCS are listed from least to most relevant
+    assert backend.healthy is True
+
+
+def test_chat_payload_is_exact(server: FakeLlamaServer, make_backend: Factory) -> None:
+    instruction = "Find messages about cooking"
+    make_backend(instruction=instruction).score(QUERY, DOCS)
+    bodies = server.bodies(CHAT)
+    assert len(bodies) == len(DOCS)
+    expected = [
+        {
+            "messages": chat_messages(instruction, QUERY, doc),
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 20,
+        }
+        for doc in DOCS
+    ]
+    assert sorted(bodies, key=str) == sorted(expected, key=str)  # sent concurrently
+    system, user, assistant = bodies[0]["messages"]
+    assert system == {"role": "system", "content": SYSTEM_PROMPT}
+    assert system["content"].startswith("Judge whether the Document meets the requirements")
+    assert user["role"] == "user"
+    assert user["content"].startswith(f"<Instruct>: {instruction}\n<Query>: {QUERY}\n<Document>: ")
+    assert assistant == {"role": "assistant", "content": "<think>\n\n</think>\n\n"}
+
+
+def test_rerank_payload_is_exact(server: FakeLlamaServer, make_backend: Factory) -> None:
+    make_backend(endpoint="rerank").score(QUERY, DOCS)
+    assert server.bodies(RERANK) == [{"query": QUERY, "documents": DOCS, "top_n": len(DOCS)}]
+    assert server.bodies(CHAT) == []
+
+
+def test_empty_texts_make_no_request(server: FakeLlamaServer, make_backend: Factory) -> None:
+    assert make_backend().score(QUERY, []) == []
+    assert server.requests == [] and server.health_checks == 0
+
+
+def test_url_is_normalised_and_validated() -> None:
+    config = RerankerConfig(backend="llama-server", url="http://10.0.0.2:8080/v1/")
+    assert LlamaServerBackend(config).base_url == "http://10.0.0.2:8080"
+    with pytest.raises(ConfigError, match="reranker.url"):
+        LlamaServerBackend(RerankerConfig(backend="llama-server", url="10.0.0.2:8080"))
+
+
+# ------------------------------------------------------------------- score math
+
+
+def tok(token: str, p: float) -> dict[str, Any]:
+    return {"token": token, "logprob": math.log(p)}
+
+
+@pytest.mark.parametrize(
+    ("top", "expected"),
+    [
+        pytest.param([tok("yes", 0.7), tok("no", 0.1)], 0.875, id="plain"),
+        pytest.param([tok("no", 0.1), tok("yes", 0.7)], 0.875, id="order-free"),
+        pytest.param([tok("yes", 0.4), tok("no", 0.4)], 0.5, id="tie"),
+        pytest.param([tok(" Yes", 0.5), tok("yes", 0.2), tok("NO", 0.1)], 0.875, id="duplicates"),
+        pytest.param([tok("YES ", 0.3), tok("\tno", 0.3), tok("maybe", 0.4)], 0.5, id="spaces"),
+        pytest.param([tok("yes.", 0.6), tok("yes", 0.1), tok("no", 0.1)], 0.5, id="no-fuzzy"),
+        pytest.param(
+            [{"token": "yes", "logprob": -1000.0}, {"token": "no", "logprob": -999.0}],
+            1 / (1 + math.e),
+            id="underflow-safe",
+        ),
+        pytest.param(
+            [{"token": "yes", "logprob": 0}, {"token": "no", "logprob": -800}], 1.0, id="int"
+        ),
+    ],
+)
+def test_yes_probability(top: list[dict[str, Any]], expected: float) -> None:
+    assert yes_probability(top) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("top", "low", "high"),
+    [
+        pytest.param([tok("yes", 0.9), tok("maybe", 0.05)], 0.95, 1.0, id="no-missing"),
+        pytest.param([tok("no", 0.9), tok("maybe", 0.05)], 0.0, 0.05, id="yes-missing"),
+        pytest.param([tok("yes", 0.9)], 0.85, 0.95, id="only-yes-uses-leftover-mass"),
+        pytest.param([tok("yes", 1e-4), tok("maybe", 0.9)], 0.5, 1.0, id="weak-yes-still-wins"),
+    ],
+)
+def test_missing_answer_token_gets_a_floor(
+    top: list[dict[str, Any]], low: float, high: float
+) -> None:
+    assert low < yes_probability(top) < high
+
+
+@pytest.mark.parametrize(
+    "top",
+    [
+        pytest.param([tok("maybe", 0.9), tok("the", 0.1)], id="neither"),
+        pytest.param([], id="empty"),
+        pytest.param([{"token": "yes"}], id="no-logprob"),
+        pytest.param([{"token": "yes", "logprob": None}], id="null-logprob"),
+        pytest.param([{"token": "yes", "logprob": float("nan")}], id="nan"),
+        pytest.param([{"logprob": -0.1}], id="no-token"),
+        pytest.param(["yes"], id="not-an-object"),
+    ],
+)
+def test_yes_probability_rejects_bad_lists(top: list[Any]) -> None:
+    with pytest.raises(ValueError):
+        yes_probability(top)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"choices": [{"message": {"content": " Yes"}}]}, 1.0),
+        ({"choices": [{"message": {"content": "no"}, "logprobs": None}]}, 0.0),
+        ({"choices": [{"message": {"content": "no"}, "logprobs": {"content": []}}]}, 0.0),
+        (
+            {"choices": [{"message": {"content": "yes"},
+                          "logprobs": {"content": [{"token": "yes", "top_logprobs": []}]}}]},
+            1.0,
+        ),
+    ],
+)
+def test_chat_falls_back_to_generated_text(body: Any, expected: float) -> None:
+    assert parse_chat_score(body) == expected
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{}, {"choices": []}, {"choices": [{}]}, {"choices": [{"message": {"content": "maybe"}}]}, []],
+)
+def test_chat_parse_rejects_incomplete_bodies(body: Any) -> None:
+    with pytest.raises(ValueError):
+        parse_chat_score(body)
+
+
+def test_rerank_parse_maps_by_index_through_a_sigmoid() -> None:
+    body = {"results": [{"index": 1, "relevance_score": 0.0},
+                        {"index": 0, "relevance_score": math.log(3)}]}
+    assert parse_rerank_scores(body, 2) == pytest.approx([0.75, 0.5])
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        [{"index": 0, "relevance_score": 1.0}],
+        [{"index": 0, "relevance_score": 1.0}, {"index": 2, "relevance_score": 1.0}],
+        [{"index": 0, "relevance_score": 1.0}, {"index": 1}],
+        [{"index": "1", "relevance_score": 1.0}, {"index": 0, "relevance_score": 1.0}],
+    ],
+    ids=["missing-index", "out-of-range", "no-score", "string-index"],
+)
+def test_rerank_parse_rejects_bad_results(results: list[Any]) -> None:
+    with pytest.raises(ValueError):
+        parse_rerank_scores({"results": results}, 2)
+
+
+@pytest.mark.parametrize("mode", ["odd_tokens", "ok"])
+def test_server_token_spellings_are_combined(
+    server: FakeLlamaServer, make_backend: Factory, mode: str
+) -> None:
+    server.mode = mode
+    scores = make_backend().score(QUERY, DOCS)
+    assert scores == pytest.approx([relevance(QUERY, d) for d in DOCS])
+
+
+def test_server_missing_no_token_keeps_the_ranking(
+    server: FakeLlamaServer, make_backend: Factory
+) -> None:
+    server.mode = "missing_no"
+    scores = make_backend().score(QUERY, DOCS)
+    assert all(0.9 < s <= 1.0 for s in scores)
+    assert scores == sorted(scores) and len(set(scores)) == len(scores)
+
+
+def test_server_without_logprobs_uses_generated_text(
+    server: FakeLlamaServer, make_backend: Factory
+) -> None:
+    server.mode = "no_logprobs"
+    assert make_backend().score(QUERY, DOCS) == [0.0, 0.0, 1.0, 1.0]
+
+
+# ------------------------------------------------------------------ concurrency
+
+
+def test_concurrency_is_bounded_across_callers(
+    server: FakeLlamaServer, make_backend: Factory
+) -> None:
+    server.delay = 0.05
+    backend = make_backend(concurrency=2)
+    results: list[list[float]] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(backend.score(QUERY, DOCS + DOCS)))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(results) == 2 and len(server.bodies(CHAT)) == 16
+    assert server.max_in_flight == 2
+
+
+# --------------------------------------------------------------------- timeouts
+
+
+def test_slow_server_times_out(server: FakeLlamaServer, make_backend: Factory) -> None:
+    backend = make_backend(timeout=0.5)
+    assert backend.start()
+    server.delay = 10.0
+    before = errors("timeout")
+    started = time.monotonic()
+    with pytest.raises(RerankerError, match="0.5 s") as caught:
+        backend.score(QUERY, DOCS[:2])
+    assert time.monotonic() - started < 0.5 + SLACK
+    assert not isinstance(caught.value, RerankerUnavailable)
+    assert errors("timeout") == before + 1
+    server.delay = 0.0  # a timeout is not an outage: the next call works
+    assert backend.healthy and len(backend.score(QUERY, DOCS)) == len(DOCS)
+
+
+def test_whole_call_is_bounded_not_just_each_request(
+    server: FakeLlamaServer, make_backend: Factory
+) -> None:
+    server.delay = 0.4  # each request fits in the timeout, four in a row do not
+    backend = make_backend(timeout=0.6, concurrency=1)
+    started = time.monotonic()
+    with pytest.raises(RerankerError, match="no answer within"):
+        backend.score(QUERY, DOCS)
+    assert time.monotonic() - started < 0.6 + SLACK
+    assert wait_until(lambda: server.in_flight == 0)
+    assert len(server.bodies(CHAT)) < len(DOCS)  # queued requests were never sent
+
+
+def test_abandoned_calls_do_not_exhaust_the_pool(
+    server: FakeLlamaServer, make_backend: Factory
+) -> None:
+    # Smoke test: httpcore 1.0 leaks a pool slot when a request is cancelled while
+    # it waits for a connection (encode/httpcore#1093), so the backend never cancels
+    # httpx requests.  That race is too timing-dependent to hit reliably here; this
+    # checks that abandoned calls leave the backend usable and still hold their
+    # concurrency slots until their requests end.
+    backend = make_backend(timeout=0.2, concurrency=2)
+    server.delay = 10.0
+    for _ in range(5):
+        with pytest.raises(RerankerError, match="no answer"):
+            backend.score(QUERY, DOCS)
+    server.delay = 0.0
+    for mode in ["error", "drop"] * 5:  # a failure abandons the sibling requests
+        server.mode = mode
+        with pytest.raises(RerankerError):
+            backend.score(QUERY, DOCS * 3)
+    server.mode = "ok"
+    assert wait_until(lambda: server.in_flight == 0)
+    assert backend.score(QUERY, DOCS) == pytest.approx([relevance(QUERY, d) for d in DOCS])
+    assert server.max_in_flight <= 2
+
+
+# ------------------------------------------------------------ health and outages
+
+
+def test_loading_server_fails_fast_then_recovers(
+    server: FakeLlamaServer, make_backend: Factory
+) -> None:
+    server.mode = "loading"
+    backend = make_backend(timeout=10.0)
+    assert backend.start() is False
+    assert backend.healthy is False and "503" in (backend.last_error or "")
+    before = errors("unavailable")
+    started = time.monotonic()
+    with pytest.raises(RerankerUnavailable, match="not ready"):
+        backend.score(QUERY, DOCS)
+    assert time.monotonic() - started < 2.0  # far below the 10 s timeout
+    assert errors("unavailable") == before + 1
+    assert server.requests == []  # only /health was asked
+    server.mode = "ok"  # the model finished loading: the next call re-checks and works
+    assert backend.score(QUERY, DOCS) == pytest.approx([relevance(QUERY, d) for d in DOCS])
+    assert backend.healthy is True and backend.last_error is None
+
+
+def test_periodic_health_check_tracks_the_server(
+    server: FakeLlamaServer, make_backend: Factory
+) -> None:
+    backend = make_backend(health_interval=0.1)
+    assert backend.start() is True
+    server.mode = "loading"
+    assert wait_until(lambda: not backend.healthy)
+    assert "Loading model" in (backend.last_error or "")
+    server.mode = "ok"
+    assert wait_until(lambda: backend.healthy)
+    assert backend.last_error is None
+
+
+def test_503_while_scoring_marks_unhealthy(
+    server: FakeLlamaServer, make_backend: Factory
+) -> None:
+    backend = make_backend()
+    assert backend.start()
+    server.mode = "loading"
+    with pytest.raises(RerankerUnavailable, match="HTTP 503"):
+        backend.score(QUERY, DOCS)
+    assert backend.healthy is False
+
+
+def test_unreachable_server_is_unavailable(make_backend: Factory) -> None:
+    url = closed_port_url()
+    backend = make_backend(url=url, timeout=10.0)
+    assert backend.start() is False
+    assert url in (backend.last_error or "")
+    started = time.monotonic()
+    with pytest.raises(RerankerUnavailable, match=url):
+        backend.score(QUERY, DOCS)
+    assert time.monotonic() - started < 2.0
+
+
+# ---------------------------------------------------------------- server errors
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "mode", "kind", "message"),
+    [
+        ("chat", "error", "http_5xx", "HTTP 500 (fake internal error)"),
+        ("rerank", "error", "http_5xx", "HTTP 500 (fake internal error)"),
+        ("chat", "bad_request", "http_4xx", "HTTP 400 (fake bad request)"),
+        ("rerank", "bad_request", "http_4xx", "HTTP 400"),
+        ("chat", "malformed", "malformed", "not valid JSON"),
+        ("rerank", "malformed", "malformed", "not valid JSON"),
+        ("chat", "missing_fields", "malformed", "missing 'choices'"),
+        ("rerank", "missing_fields", "malformed", "missing 'results'"),
+        ("rerank", "rerank_short", "malformed", "no result for document"),
+        ("chat", "bad_text", "malformed", "'maybe' is neither yes nor no"),
+        ("chat", "drop", "connection", "connection dropped"),
+        ("rerank", "drop", "connection", "connection dropped"),
+    ],
+)
+def test_server_errors_become_reranker_errors(
+    server: FakeLlamaServer,
+    make_backend: Factory,
+    endpoint: str,
+    mode: str,
+    kind: str,
+    message: str,
+) -> None:
+    backend = make_backend(endpoint=endpoint)
+    assert backend.start()
+    server.mode = mode
+    before = errors(kind)
+    with pytest.raises(RerankerError) as caught:
+        backend.score(QUERY, DOCS)
+    text = str(caught.value)
+    assert message in text and server.url + (CHAT if endpoint == "chat" else RERANK) in text
+    assert not isinstance(caught.value, RerankerUnavailable)
+    assert errors(kind) == before + 1  # one count per failed call
+    assert backend.last_error == text
+    server.mode = "ok"  # none of these marks the server down
+    assert backend.healthy and len(backend.score(QUERY, DOCS)) == len(DOCS)
+
+
+@pytest.mark.parametrize(("mode", "succeeds"), [("drop", False), ("drop_once", True)])
+def test_dropped_connection_is_retried_once(
+    server: FakeLlamaServer, make_backend: Factory, mode: str, succeeds: bool
+) -> None:
+    backend = make_backend()
+    server.mode = mode
+    if succeeds:
+        assert backend.score(QUERY, DOCS[:1]) == pytest.approx([relevance(QUERY, DOCS[0])])
+    else:
+        with pytest.raises(RerankerError, match="dropped"):
+            backend.score(QUERY, DOCS[:1])
+    assert len(server.bodies(CHAT)) == 2
+
+
+# -------------------------------------------------------------------- lifecycle
+
+
+def test_close_is_idempotent_and_stops_threads(make_backend: Factory) -> None:
+    before = set(threading.enumerate())
+    backend = make_backend(health_interval=0.1)
+    backend.score(QUERY, DOCS)
+    assert set(threading.enumerate()) - before  # the loop thread is running
+    backend.close()
+    backend.close()
+    assert set(threading.enumerate()) - before == set()
+    assert backend.healthy is False
+    with pytest.raises(RerankerError, match="closed"):
+        backend.score(QUERY, DOCS)
+    with pytest.raises(RerankerError, match="closed"):
+        backend.start()
+
+
+def test_close_before_use_starts_nothing(server: FakeLlamaServer, make_backend: Factory) -> None:
+    before = set(threading.enumerate())
+    backend = make_backend()
+    backend.close()
+    assert set(threading.enumerate()) - before == set()
+    assert server.health_checks == 0
+
+
+def test_close_fails_calls_in_flight(server: FakeLlamaServer, make_backend: Factory) -> None:
+    backend = make_backend(timeout=20.0)
+    assert backend.start()
+    server.delay = 10.0
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            backend.score(QUERY, DOCS)
+        except BaseException as exc:  # collected for the assertion below
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert wait_until(lambda: server.in_flight > 0)
+    started = time.monotonic()
+    backend.close()
+    caller.join(10)
+    assert time.monotonic() - started < SLACK
+    assert len(outcome) == 1 and isinstance(outcome[0], RerankerError)
+    assert "closed" in str(outcome[0])
+
+
+def test_context_manager_closes(server: FakeLlamaServer) -> None:
+    before = set(threading.enumerate())
+    config = RerankerConfig(backend="llama-server", url=server.url, endpoint="rerank")
+    with LlamaServerBackend(config) as backend:
+        assert len(backend.score(QUERY, DOCS)) == len(DOCS)
+    assert set(threading.enumerate()) - before == set()
