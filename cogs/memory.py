@@ -152,10 +152,13 @@ class MemoryCog(commands.Cog):
             text = text.replace(user.mention, "").replace(f"<@!{user.id}>", "")
         if not text.strip():
             return
-        result = await self._search(SearchRequest(queries=(text,), guild_id=message.guild.id, limit=3))
+        request = SearchRequest(queries=(text,), guild_id=message.guild.id, limit=4)
+        result = await self._search(request)
         if isinstance(result, str):
             await message.reply(result, mention_author=False)
             return
+        # the question itself was just stored; it is not an answer to itself
+        result.hits = [h for h in result.hits if h.id != message.id][:3]
         await message.reply(
             embed=render_hits(result, "Here is what I remember"), mention_author=False
         )

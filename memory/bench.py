@@ -91,6 +91,11 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def default_modes(profile: Profile) -> list[str]:
+    """Every retrieval mode; ``rerank`` only when the profile has a reranker."""
+    return [m for m in RETRIEVAL_MODES if m != "rerank" or profile.reranker.enabled]
+
+
 def run_retrieval_bench(
     data: str | Path,
     queries_path: str | Path | None,
@@ -109,7 +114,7 @@ def run_retrieval_bench(
         recall/hit/mrr/ndcg at k, mean_returned, p50_ms and p95_ms per mode.
     """
     queries = load_queries(queries_path or Path(data) / "queries.jsonl")
-    modes = modes or [m for m in RETRIEVAL_MODES if m != "rerank" or profile.reranker.enabled]
+    modes = modes or default_modes(profile)
     with tempfile.TemporaryDirectory(prefix="memory-bench-") as tmp:
         engine = MemoryEngine(Path(tmp) / "bench.sqlite3", profile, embedder, load_reranker=True)
         try:

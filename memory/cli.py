@@ -81,7 +81,8 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--before", type=_date, help="only messages before this date (ISO 8601)")
     p.add_argument("--has-attachment", action="store_true", help="only messages with attachments")
     p.add_argument("--limit", type=int, default=10, help="results to return (default 10)")
-    p.add_argument("--mode", choices=("hybrid", "dense", "keyword"), default="hybrid")
+    p.add_argument("--mode", choices=("hybrid", "dense", "keyword"), default="hybrid",
+                   help="retrieval: hybrid (default), dense vectors only, or keywords only")
     p.add_argument("--threshold", type=float, help="fixed similarity threshold (default adaptive)")
     p.add_argument("--no-rerank", action="store_true", help="skip the reranker")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -95,24 +96,32 @@ def _add_bench(commands: Any) -> None:
     p = kinds.add_parser("retrieval", help="recall/MRR/nDCG per mode on a labelled export set")
     p.add_argument("data", type=Path, help="folder of exports (with queries.jsonl)")
     p.add_argument("--queries", type=Path, help="queries.jsonl (default DATA/queries.jsonl)")
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--scope", choices=("guild", "channel"), default="guild")
+    p.add_argument("--k", type=int, default=10, help="results scored per query (default 10)")
+    p.add_argument("--scope", choices=("guild", "channel"), default="guild",
+                   help="search the whole guild (default) or only the evidence's channel")
     p.add_argument("--modes", help="comma-separated subset of modes")
     p.add_argument("--json", type=Path, dest="json_out", help="write results to this file")
     p.set_defaults(func=cmd_bench_retrieval)
 
     p = kinds.add_parser("search-scale", help="search latency and import throughput at scale")
-    p.add_argument("--messages", type=int, default=100_000)
-    p.add_argument("--queries", type=int, default=100)
+    p.add_argument("--messages", type=int, default=100_000,
+                   help="synthetic corpus size (default 100000)")
+    p.add_argument("--queries", type=int, default=100, help="searches timed per mode (default 100)")
     p.add_argument("--json", type=Path, dest="json_out", help="write results to this file")
     p.set_defaults(func=cmd_bench_scale)
 
     p = kinds.add_parser("rerank", help="Qwen3-Reranker-0.6B-shaped model: per-pair vs batched")
-    p.add_argument("--candidates", type=int, default=30)
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--candidates", type=int, default=30,
+                   help="documents scored for one query (default 30)")
+    p.add_argument("--repeats", type=int, default=1, help="timed repetitions per variant")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or mps (default cpu)")
     p.add_argument("--json", type=Path, dest="json_out", help="write results to this file")
     p.set_defaults(func=cmd_bench_rerank)
+
+
+def _require_db(path: Path) -> None:
+    if not Path(path).exists():
+        raise MemoryBotError(f"{path} does not exist yet; run `python bot.py import ...` first")
 
 
 def _date(text: str) -> datetime:
@@ -145,11 +154,11 @@ def open_engine(args: argparse.Namespace, db: Path | None = None, **kwargs: Any)
     return MemoryEngine(path, resolve_profile(args, stored), **kwargs)
 
 
-def progress_bar(total: int, desc: str) -> tuple[Callable[[int], None], Any]:
+def progress_bar(total: int, desc: str, unit: str = "msg") -> tuple[Callable[[int], None], Any]:
     """A tqdm bar on stderr and its update function."""
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc=desc, unit="msg", file=sys.stderr, leave=False,
+    bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
                disable=not sys.stderr.isatty() and bool(os.environ.get("CI")))
     return bar.update, bar
 
@@ -194,6 +203,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Run one search and print a table, JSON, or the trace."""
     from memory.search import SearchRequest
 
+    _require_db(args.db)
     engine = open_engine(args)
     try:
         request = SearchRequest(
@@ -295,8 +305,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """Print database counts and metadata."""
     from memory.store import MessageStore
 
-    if not args.db.exists():
-        raise MemoryBotError(f"{args.db} does not exist yet; run `python bot.py import ...` first")
+    _require_db(args.db)
     store = MessageStore(args.db)
     try:
         stats = store.stats()
@@ -348,7 +357,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_bench_retrieval(args: argparse.Namespace) -> int:
     """Score every retrieval mode on a labelled dataset."""
-    from memory.bench import RETRIEVAL_MODES, load_queries, run_retrieval_bench
+    from memory.bench import RETRIEVAL_MODES, default_modes, load_queries, run_retrieval_bench
 
     queries = args.queries or args.data / "queries.jsonl"
     modes = args.modes.split(",") if args.modes else None
@@ -356,8 +365,8 @@ def cmd_bench_retrieval(args: argparse.Namespace) -> int:
     if unknown:
         raise SearchInputError(f"unknown modes: {', '.join(sorted(unknown))}")
     profile = resolve_profile(args)
-    total = len(load_queries(queries)) * len(modes or RETRIEVAL_MODES)
-    update, bar = progress_bar(total, "queries")
+    modes = modes or default_modes(profile)
+    update, bar = progress_bar(len(load_queries(queries)) * len(modes), "searches", "query")
     result = run_retrieval_bench(args.data, queries, profile, k=args.k, scope=args.scope,
                                  modes=modes, progress=update)
     bar.close()

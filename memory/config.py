@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ class EmbedderConfig:
     device: str = field(default="cpu", metadata=_choice("cpu", "cuda", "mps", "auto"))
     batch_size: int = field(default=64, metadata=_range(1, 4096))
     context: str = field(default="short", metadata=_choice("none", "short", "always"))
-    short_words: int = field(default=12, metadata=_range(0, 1000))
+    short_words: int = field(default=25, metadata=_range(0, 1000))
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class SearchConfig:
     recency_min: float = field(default=0.8, metadata=_range(0.0, 10.0))
     recency_max: float = field(default=1.5, metadata=_range(0.0, 10.0))
     recency_decay_days: float = field(default=30.0, metadata=_range(0.001, None))
-    member_boost: float = field(default=1.3, metadata=_range(0.0, 10.0))
+    member_boost: float = field(default=2.0, metadata=_range(0.0, 10.0))
     multi_query_boost: float = field(default=0.1, metadata=_range(0.0, 10.0))
 
 
@@ -127,6 +128,8 @@ def _check_value(source: str, key: str, f: dataclasses.Field, value: Any) -> Any
         raise ConfigError(
             f"{source}: {key} must be {expected.__name__}, got {type(value).__name__} {value!r}"
         )
+    if expected is float and math.isnan(value):
+        raise ConfigError(f"{source}: {key} must be a number, got nan")
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{source}: {key} must be one of {', '.join(choices)}, got {value!r}")

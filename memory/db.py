@@ -15,13 +15,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from memory.errors import ExtensionLoadError, MemoryBotError
+from memory.errors import DatabaseFileError, ExtensionLoadError
 
 log = logging.getLogger(__name__)
-
-
-class DatabaseFileError(MemoryBotError):
-    """The database path cannot be opened as (or is not) this bot's SQLite database."""
 
 _driver: ModuleType | None = None
 

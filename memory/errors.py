@@ -16,6 +16,10 @@ class ExtensionLoadError(MemoryBotError):
     """sqlite-vec could not be loaded into any available SQLite driver."""
 
 
+class DatabaseFileError(MemoryBotError):
+    """The database path cannot be opened, is not SQLite, or is from a newer bot."""
+
+
 class ConfigError(MemoryBotError):
     """A profile file or value is invalid; the message names the file and key."""
 

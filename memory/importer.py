@@ -68,7 +68,7 @@ def read_export(path: str | Path) -> ExportFile:
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ImportFormatError(f"{path}: not a readable JSON export ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         raise ImportFormatError(f"{path}: not a DiscordChatExporter export (no messages list)")

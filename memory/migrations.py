@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from memory.db import DatabaseFileError, sqlite_driver
+from memory.db import sqlite_driver
+from memory.errors import DatabaseFileError
 
 log = logging.getLogger(__name__)
 

@@ -84,14 +84,16 @@ def adaptive_threshold(
     similarities: Sequence[float | None],
     limit: int,
     config: SearchConfig,
+    keyword: Sequence[bool] | None = None,
 ) -> ThresholdOutcome:
     """Lower the threshold from ``threshold_start`` in steps until enough candidates pass.
 
     The loop stops at the first threshold where at least ``threshold_target`` ×
     ``limit`` vector candidates pass; if none does it keeps the best seen, the floor,
-    which passes the most.  Keyword-only matches (no similarity: BM25 found them)
-    always pass and do not count towards the target, so a pool rich in keyword hits
-    cannot hold the threshold high and starve the semantic side.  It works on the one pool it is
+    which passes the most.  Keyword matches (``keyword[i]`` true, or no similarity
+    at all) always pass, however low their similarity, and do not count towards
+    the target, so a pool rich in keyword hits cannot hold the threshold high and
+    starve the semantic side.  It works on the one pool it is
     given, in O(n log n), without re-running any query.
 
     Returns:
@@ -106,7 +108,9 @@ def adaptive_threshold(
         if passing >= need:
             chosen = threshold
             break
-    return ThresholdOutcome(chosen, "adaptive", iterations, _passing(similarities, chosen))
+    return ThresholdOutcome(
+        chosen, "adaptive", iterations, _passing(similarities, chosen, keyword)
+    )
 
 
 def _threshold_steps(config: SearchConfig) -> list[float]:
@@ -117,8 +121,13 @@ def _threshold_steps(config: SearchConfig) -> list[float]:
     return steps or [config.threshold_floor]
 
 
-def _passing(similarities: Sequence[float | None], threshold: float) -> list[int]:
-    return [i for i, s in enumerate(similarities) if s is None or s >= threshold - 1e-9]
+def _passing(
+    similarities: Sequence[float | None], threshold: float, keyword: Sequence[bool] | None = None
+) -> list[int]:
+    return [
+        i for i, s in enumerate(similarities)
+        if s is None or s >= threshold - 1e-9 or (keyword is not None and keyword[i])
+    ]
 
 
 def recency_boost(age_days: float, config: SearchConfig) -> float:
@@ -194,7 +203,7 @@ class Searcher:
     def _validate(self, request: SearchRequest) -> list[str]:
         if isinstance(request.queries, str):
             raise SearchInputError("queries must be a list of strings, not one string")
-        queries = [q for q in (str(q).strip() for q in request.queries) if q]
+        queries = [q for q in (_scrub(str(q)).strip() for q in request.queries) if q]
         if not queries:
             raise SearchInputError("give at least one non-empty query")
         if len(queries) > MAX_QUERIES:
@@ -205,7 +214,9 @@ class Searcher:
             raise SearchInputError(f"mode must be one of {', '.join(MODES)}")
         if request.threshold is not None and not -1.0 <= request.threshold <= 1.0:
             raise SearchInputError("threshold must be between -1 and 1 (cosine similarity)")
-        if request.after and request.before and request.after >= request.before:
+        if request.after and request.before and (
+            datetime_to_ms(request.after) >= datetime_to_ms(request.before)
+        ):
             raise SearchInputError("'after' must be earlier than 'before'")
         return queries
 
@@ -237,32 +248,40 @@ class Searcher:
         request: SearchRequest,
         trace: Trace,
     ) -> dict[int, _Candidate]:
-        dense = self.store.knn(vector, k, filters) if vector is not None else []
         match = fts_query(query) if request.mode in ("hybrid", "keyword") else None
-        keyword = self.store.keyword(match, k, filters) if match else []
-        trace.candidates["dense"] = trace.candidates.get("dense", 0) + len(dense)
-        trace.candidates["keyword"] = trace.candidates.get("keyword", 0) + len(keyword)
+        lists = {"dense": self._dense(vector, k, filters), "keyword": self._keyword(match, k, filters)}
         pool: dict[int, _Candidate] = {}
-        for rank, (mid, sim) in enumerate(dense, start=1):
-            pool[mid] = _Candidate(mid, similarity=sim, dense_rank=rank, queries={index})
-        for rank, (mid, score) in enumerate(keyword, start=1):
-            cand = pool.setdefault(mid, _Candidate(mid, queries={index}))
-            cand.keyword_score, cand.keyword_rank = score, rank
-        self._fuse(pool, dense, keyword)
+        for name, ranked in lists.items():
+            trace.candidates[name] = trace.candidates.get(name, 0) + len(ranked)
+            for rank, (mid, score) in enumerate(ranked, start=1):
+                cand = pool.setdefault(mid, _Candidate(mid, queries={index}))
+                setattr(cand, f"{name}_rank", rank)
+                if name == "dense":
+                    cand.similarity = score
+                else:
+                    cand.keyword_score = score
+        self._fuse(pool, lists)
         return pool
 
-    def _fuse(self, pool: dict[int, _Candidate], dense: list, keyword: list) -> None:
+    def _dense(self, vector: np.ndarray | None, k: int, filters: Filters) -> list:
+        return self.store.knn(vector, k, filters) if vector is not None else []
+
+    def _keyword(self, match: str | None, k: int, filters: Filters) -> list:
+        return self.store.keyword(match, k, filters) if match else []
+
+    def _fuse(self, pool: dict[int, _Candidate], lists: dict[str, list]) -> None:
         cfg = self.config
         if cfg.fusion == "rrf":
+            weights = {"dense": 1.0, "keyword": cfg.keyword_weight}
             for cand in pool.values():
                 cand.fused = sum(
                     weight / (cfg.rrf_k + rank)
-                    for weight, rank in ((1.0, cand.dense_rank), (cfg.keyword_weight, cand.keyword_rank))
-                    if rank is not None
+                    for name, weight in weights.items()
+                    if (rank := getattr(cand, f"{name}_rank")) is not None
                 )
             return
-        dense_norm = _normaliser([s for _, s in dense])
-        kw_norm = _normaliser([s for _, s in keyword])
+        dense_norm = _normaliser([s for _, s in lists["dense"]])
+        kw_norm = _normaliser([s for _, s in lists["keyword"]])
         for cand in pool.values():
             parts = []
             if cand.similarity is not None:
@@ -296,12 +315,13 @@ class Searcher:
         if request.mode == "keyword":
             return pool
         sims = [c.similarity for c in pool]
+        keyword = [c.keyword_score is not None for c in pool]
         if request.threshold is not None:
             outcome = ThresholdOutcome(
-                request.threshold, "fixed", 1, _passing(sims, request.threshold)
+                request.threshold, "fixed", 1, _passing(sims, request.threshold, keyword)
             )
         elif request.adaptive:
-            outcome = adaptive_threshold(sims, request.limit, self.config)
+            outcome = adaptive_threshold(sims, request.limit, self.config, keyword)
         else:
             return pool
         trace.threshold = outcome.threshold
@@ -402,6 +422,11 @@ class _Clock:
         now = time.perf_counter()
         self.trace.timings_ms[stage] = round((now - self.last) * 1000, 3)
         self.last = now
+
+
+def _scrub(text: str) -> str:
+    """Replace lone surrogates (undecodable command-line bytes) that tokenizers reject."""
+    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def _normaliser(values: list[float]) -> Callable[[float], float]:

@@ -348,12 +348,19 @@ class MessageStore:
         return {row[0]: (row[1], row[2]) for row in rows}
 
     def write_vectors(self, messages: Sequence[PendingMessage], vectors: np.ndarray) -> None:
-        """Store one vector per pending message and mark them embedded, atomically."""
+        """Store one vector per pending message and mark them embedded, atomically.
+
+        A message deleted or edited since :meth:`pending` read it is skipped: its
+        vector would be an orphan or describe the old text.  An edited one stays
+        pending and is embedded again with its new text.
+        """
         if len(messages) != len(vectors):
             raise ValueError("one vector per message is required")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         with self._transaction() as conn:
-            ids = [m.id for m in messages]
+            current = self._unchanged_since_read(conn, messages)
+            rows = [(m, vec) for m, vec in zip(messages, vectors) if m.id in current]
+            ids = [m.id for m, _ in rows]
             self._delete_vectors(conn, ids)  # vec0 has no INSERT OR REPLACE
             conn.executemany(
                 "INSERT INTO message_vectors(message_id, embedding, guild_id, channel_id, "
@@ -361,10 +368,23 @@ class MessageStore:
                 [
                     (m.id, vec.tobytes(), m.guild_id, m.channel_id, m.author_id,
                      m.created_at, int(bool(m.attachments)))
-                    for m, vec in zip(messages, vectors)
+                    for m, vec in rows
                 ],
             )
             conn.executemany("UPDATE messages SET embedded = 1 WHERE id = ?", [(i,) for i in ids])
+
+    @staticmethod
+    def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
+        """Ids of ``messages`` still stored with the text and attachments they were read with."""
+        stored: dict[int, tuple[str, tuple[str, ...]]] = {}
+        for start in range(0, len(messages), 500):
+            chunk = [m.id for m in messages[start : start + 500]]
+            marks = ",".join("?" * len(chunk))
+            for mid, content, attachments in conn.execute(
+                f"SELECT id, content, attachments FROM messages WHERE id IN ({marks})", chunk
+            ):
+                stored[mid] = (content, _split_attachments(attachments))
+        return {m.id for m in messages if stored.get(m.id) == (m.content, m.attachments)}
 
     # -- reads ----------------------------------------------------------------------
 
