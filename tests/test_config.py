@@ -1,0 +1,140 @@
+"""Hardware profiles: every shipped profile loads; every mistake is a ConfigError that
+names the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memory.config import (
+    PROFILES_DIR,
+    EmbedderConfig,
+    Profile,
+    RerankerConfig,
+    SearchConfig,
+    available_profiles,
+    detect_accelerator,
+    load_profile,
+    load_profile_file,
+)
+from memory.errors import ConfigError
+
+SHIPPED = available_profiles()
+
+
+def write(tmp_path: Path, text: str, name: str = "custom.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_documented_profiles_are_shipped() -> None:
+    assert {"cpu", "cpu-fast", "cuda", "cuda-8b", "mps", "remote-llama"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_profile_loads(name: str) -> None:
+    profile = load_profile(name)
+    assert isinstance(profile, Profile)
+    assert profile.name == name
+    assert profile.source == str(PROFILES_DIR / f"{name}.toml")
+    assert isinstance(profile.embedder, EmbedderConfig)
+    assert isinstance(profile.search, SearchConfig)
+    assert isinstance(profile.reranker, RerankerConfig)
+    assert profile.search.threshold_floor <= profile.search.threshold_start
+    if profile.reranker.backend == "llama-server":
+        assert profile.reranker.url.startswith(("http://", "https://"))
+
+
+def test_a_profile_loads_by_path(tmp_path: Path) -> None:
+    path = write(tmp_path, '[search]\nfusion = "score_max"\nrrf_k = 10\nkeyword_weight = 2\n')
+    profile = load_profile(str(path))
+    assert profile.name == "custom"
+    assert profile.search.fusion == "score_max"
+    assert profile.search.keyword_weight == 2.0  # an int where a float is expected is fine
+    assert isinstance(profile.search.keyword_weight, float)
+    assert profile.embedder == EmbedderConfig()  # absent tables keep their defaults
+
+
+def test_empty_profile_is_all_defaults(tmp_path: Path) -> None:
+    profile = load_profile_file(write(tmp_path, "# nothing here\n"))
+    assert (profile.embedder, profile.search, profile.reranker) == (
+        EmbedderConfig(), SearchConfig(), RerankerConfig())
+
+
+def test_auto_resolves_to_cpu_here() -> None:
+    if detect_accelerator() != "cpu":
+        pytest.skip("this machine has an accelerator")
+    profile = load_profile("auto")
+    assert profile.name == "cpu"
+    assert profile.embedder.device == "cpu"
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        pytest.param("[embeder]\nmodel = 'x'\n", "embeder", id="unknown-table"),
+        pytest.param("top_level = 1\n", "top_level", id="unknown-top-level-key"),
+        pytest.param("[search]\noversampel = 5\n", "search.oversampel", id="unknown-key"),
+        pytest.param("[search]\noversample = '5'\n", "search.oversample", id="string-for-int"),
+        pytest.param("[search]\noversample = 5.0\n", "search.oversample", id="float-for-int"),
+        pytest.param("[search]\noversample = true\n", "search.oversample", id="bool-for-int"),
+        pytest.param("[reranker]\nprefix_cache = 1\n", "reranker.prefix_cache", id="int-for-bool"),
+        pytest.param("[reranker]\nurl = 8080\n", "reranker.url", id="int-for-str"),
+        pytest.param("[search]\nthreshold_target = 1.5\n", "search.threshold_target",
+                     id="above-max"),
+        pytest.param("[search]\noversample = 0\n", "search.oversample", id="below-min"),
+        pytest.param("[embedder]\nbatch_size = -1\n", "embedder.batch_size", id="negative"),
+        pytest.param("[reranker]\ntimeout = 0.0\n", "reranker.timeout", id="zero-timeout"),
+        pytest.param("[search]\nfusion = 'magic'\n", "search.fusion", id="bad-fusion"),
+        pytest.param("[embedder]\ndevice = 'tpu'\n", "embedder.device", id="bad-device"),
+        pytest.param("[reranker]\nbackend = 'openai'\n", "reranker.backend", id="bad-backend"),
+        pytest.param("[reranker]\ndtype = 'int4'\n", "reranker.dtype", id="bad-dtype"),
+        pytest.param("search = 5\n", "[search]", id="section-not-a-table"),
+        pytest.param("[search]\nthreshold_floor = 0.8\nthreshold_start = 0.7\n",
+                     "search.threshold_floor", id="floor-above-start"),
+        pytest.param("[search]\nrecency_min = 2.0\nrecency_max = 1.0\n", "search.recency_min",
+                     id="recency-min-above-max"),
+        pytest.param("[reranker]\nbackend = 'llama-server'\n", "reranker.url",
+                     id="llama-server-without-url"),
+        pytest.param("[reranker]\nbackend = 'llama-server'\nurl = '127.0.0.1:8080'\n",
+                     "reranker.url", id="llama-server-url-without-scheme"),
+        pytest.param("[search]\nthreshold_start = nan\n", "search.threshold_start",
+                     id="nan"),
+        pytest.param("[reranker]\ntimeout = nan\n", "reranker.timeout", id="nan-timeout"),
+    ],
+)
+def test_bad_profiles_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as excinfo:
+        load_profile_file(path)
+    message = str(excinfo.value)
+    assert str(path) in message
+    assert key in message
+
+
+def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[search\noversample = \n")
+    with pytest.raises(ConfigError, match="not valid TOML") as excinfo:
+        load_profile(str(path))
+    assert str(path) in str(excinfo.value)
+
+
+def test_missing_profile_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_profile(str(tmp_path / "nope.toml"))
+
+
+def test_unknown_profile_name_lists_the_shipped_ones() -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        load_profile("quantum")
+    message = str(excinfo.value)
+    assert "quantum" in message
+    assert all(name in message for name in SHIPPED)
+
+
+def test_profiles_are_frozen() -> None:
+    profile = load_profile("cpu")
+    with pytest.raises(AttributeError):
+        profile.search.oversample = 3  # type: ignore[misc]

@@ -1,0 +1,146 @@
+"""The one ``connect()``: sqlite-vec loaded (via pysqlite3 where needed), FTS5, WAL,
+a clear error when no driver can load extensions, and idempotent migrations."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+import memory.db
+from memory.db import connect, sqlite_driver
+from memory.errors import DatabaseFileError
+from memory.errors import ExtensionLoadError, MemoryBotError
+from memory.migrations import MIGRATIONS, migrate
+from memory.store import MessageStore
+
+
+def _stdlib_can_load_extensions() -> bool:
+    conn = sqlite3.connect(":memory:")
+    try:
+        if not hasattr(conn, "enable_load_extension"):
+            return False
+        import sqlite_vec
+
+        conn.enable_load_extension(True)
+        sqlite_vec.load(conn)
+        return True
+    except Exception:
+        return False
+    finally:
+        conn.close()
+
+
+def test_connect_loads_sqlite_vec(tmp_db: Path) -> None:
+    conn = connect(tmp_db)
+    try:
+        (version,) = conn.execute("SELECT vec_version()").fetchone()
+        assert version.startswith("v")
+        # a vec0 table answers a KNN query
+        conn.execute("CREATE VIRTUAL TABLE v USING vec0(embedding float[2])")
+        conn.execute("INSERT INTO v(rowid, embedding) VALUES (1, '[1, 0]'), (2, '[0, 1]')")
+        rows = conn.execute(
+            "SELECT rowid FROM v WHERE embedding MATCH '[0.9, 0.1]' AND k = 1"
+        ).fetchall()
+        assert rows == [(1,)]
+    finally:
+        conn.close()
+
+
+def test_connect_has_fts5_and_wal(tmp_db: Path) -> None:
+    conn = connect(tmp_db)
+    try:
+        conn.execute("CREATE VIRTUAL TABLE t USING fts5(body)")
+        conn.execute("INSERT INTO t(body) VALUES ('state of the art soldering')")
+        assert conn.execute("SELECT count(*) FROM t WHERE t MATCH 'solder*'").fetchone() == (1,)
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+        assert conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
+    finally:
+        conn.close()
+
+
+def test_driver_is_cached_and_usable() -> None:
+    driver = sqlite_driver()
+    assert sqlite_driver() is driver
+    assert driver.__name__ in ("sqlite3", "pysqlite3.dbapi2")
+
+
+def test_clear_error_when_no_driver_can_load_extensions(
+    monkeypatch: pytest.MonkeyPatch, tmp_db: Path
+) -> None:
+    if _stdlib_can_load_extensions():
+        pytest.skip("this Python's sqlite3 can load extensions itself; no fallback to test")
+    monkeypatch.setattr(memory.db, "_driver", None)
+    monkeypatch.setitem(sys.modules, "pysqlite3", None)
+    monkeypatch.setitem(sys.modules, "pysqlite3.dbapi2", None)
+    with pytest.raises(ExtensionLoadError) as excinfo:
+        connect(tmp_db)
+    message = str(excinfo.value)
+    assert "pysqlite3-binary" in message
+    assert "extension" in message
+    assert not tmp_db.exists()  # failed before touching the file
+
+
+def test_fallback_driver_is_pysqlite3_when_stdlib_cannot_load() -> None:
+    if _stdlib_can_load_extensions():
+        pytest.skip("the stdlib sqlite3 loads extensions here")
+    assert sqlite_driver().__name__ == "pysqlite3.dbapi2"
+
+
+def test_migrations_are_idempotent(tmp_db: Path) -> None:
+    first = MessageStore(tmp_db)
+    first.close()
+    second = MessageStore(tmp_db)  # opening again must not re-run anything
+    try:
+        assert second.stats()["schema_version"] == len(MIGRATIONS)
+    finally:
+        second.close()
+    conn = connect(tmp_db)
+    try:
+        assert migrate(conn) == len(MIGRATIONS)
+        assert conn.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        assert {"meta", "guilds", "channels", "authors", "messages", "messages_fts"} <= tables
+    finally:
+        conn.close()
+
+
+def test_newer_schema_is_refused(tmp_db: Path) -> None:
+    MessageStore(tmp_db).close()
+    conn = connect(tmp_db)
+    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    conn.close()
+    with pytest.raises(DatabaseFileError, match="newer"):
+        MessageStore(tmp_db)
+
+
+def test_not_a_database_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.sqlite3"
+    path.write_text("these are my notes, not a database\n" * 200)
+    with pytest.raises(MemoryBotError, match="not a usable SQLite database"):
+        MessageStore(path)
+    assert path.read_text().startswith("these are my notes")  # left untouched
+
+
+def test_foreign_database_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "other-app.sqlite3"
+    conn = connect(path)
+    conn.execute("CREATE TABLE messages (x TEXT)")
+    conn.execute("INSERT INTO messages VALUES ('keep me')")
+    conn.close()
+    with pytest.raises(DatabaseFileError, match="migration 1 failed"):
+        MessageStore(path)
+    conn = connect(path)
+    try:  # the failed migration was rolled back entirely
+        assert conn.execute("SELECT x FROM messages").fetchall() == [("keep me",)]
+        assert conn.execute("PRAGMA user_version").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'meta'").fetchone() == (0,)
+    finally:
+        conn.close()
+
+
+def test_directory_as_database_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(DatabaseFileError):
+        MessageStore(tmp_path)

@@ -1,0 +1,570 @@
+"""Hybrid search: hostile input, fusion, the adaptive threshold, boosts, multi-query,
+filters, empty-result reasons, and the shape of hits and traces.
+
+The fake embedder makes dense similarity a function of shared words, so keyword mode
+is used where a test needs ranking ties that only a boost can break.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from memory.config import SearchConfig
+from memory.engine import MemoryEngine
+from memory.errors import SearchInputError
+from memory.records import MessageRecord, SearchResult, ms_to_datetime
+from memory.search import MAX_QUERIES, SearchRequest, adaptive_threshold, recency_boost
+from tests.conftest import (
+    BASE_MS, CHANNEL, GUILD, NOW, HashEmbedder, make_profile, record_factory,
+)
+
+MakeRecord = Callable[..., MessageRecord]
+MakeEngine = Callable[..., MemoryEngine]
+CONFIG = SearchConfig()
+THREAD = CHANNEL + 1
+OTHER_CHANNEL = CHANNEL + 2
+
+HOSTILE_QUERIES = {
+    "10kB": "solder iron " * 850,
+    "10kB-one-word": "x" * 10_240,
+    "nul": "solder\x00iron\x00",
+    "only-nul": "\x00\x00",
+    "zero-width": "sol\u200bder\u200c \ufeffiron",
+    "only-zero-width": "\u200b\u200c\u200d\ufeff",
+    "c++": "C++",
+    "apostrophe": "don't",
+    "and": "AND",
+    "or-not": "OR NOT",
+    "quote": '"',
+    "unbalanced-quotes": 'he said "solder',
+    "hyphens": "state-of-the-art",
+    "near": "NEAR(a b)",
+    "near-comma": "NEAR(solder iron, 2)",
+    "star": "*",
+    "prefix-star": "sold*",
+    "column": "col:term",
+    "content-column": "content:solder",
+    "caret": "^solder",
+    "minus": "-solder +iron",
+    "parens": "((solder) OR (iron",
+    "emoji-only": "🔥🎉👍🏽",
+    "sql": "'; DROP TABLE messages; --",
+    "rtl": "\u202eevil\u202c مرحبا",
+    "combining": "e\u0301\u0301 Z\u0335\u0321",
+    "newlines": "solder\n\r\niron\t",
+    "like-wildcards": "%_%",
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryEngine]:
+    """A small read-only server: two channels, a thread, two authors."""
+    engine = MemoryEngine(tmp_path_factory.mktemp("corpus") / "m.sqlite3", make_profile(),
+                          HashEmbedder())
+    rec = record_factory()
+    engine.ingest([
+        rec("who has a spare soldering iron I could borrow"),
+        rec("Hannah has a solder iron, an old Hakko"),
+        rec("I write C++ and Rust at work"),
+        rec("state-of-the-art 3D printer arrived"),
+        rec("don't forget the AND gate kit"),
+        rec("the wifi password is on the fridge", author_id=2),
+        rec("tomatoes need more compost", channel_id=OTHER_CHANNEL, channel_name="garden"),
+        rec("repair cafe moved to saturday", channel_id=THREAD, parent_id=CHANNEL,
+            channel_type="GuildPublicThread", channel_name="repair thread"),
+    ])
+    yield engine
+    engine.close()
+
+
+# -- hostile input ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query", ["", " ", "\n\t  \r\n"], ids=["empty", "space", "whitespace"])
+def test_empty_query_is_an_input_error(corpus: MemoryEngine, query: str) -> None:
+    with pytest.raises(SearchInputError):
+        corpus.search(query, guild_id=GUILD)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "keyword"])
+@pytest.mark.parametrize("query", HOSTILE_QUERIES.values(), ids=HOSTILE_QUERIES.keys())
+def test_hostile_queries_never_raise(corpus: MemoryEngine, query: str, mode: str) -> None:
+    result = corpus.search(query, guild_id=GUILD, mode=mode)
+    assert isinstance(result, SearchResult)
+    assert len({h.id for h in result.hits}) == len(result.hits)
+    if not result.hits:
+        assert result.empty_reason
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"limit": 0}, id="limit-0"),
+        pytest.param({"limit": 101}, id="limit-101"),
+        pytest.param({"mode": "fuzzy"}, id="mode"),
+        pytest.param({"threshold": 1.5}, id="threshold"),
+        pytest.param({"after": NOW, "before": NOW - timedelta(days=1)}, id="after>=before"),
+        pytest.param({"author_ids": ()}, id="empty-authors"),
+    ],
+)
+def test_malformed_requests_are_input_errors(corpus: MemoryEngine, bad: dict) -> None:
+    with pytest.raises(SearchInputError):
+        corpus.search("solder", guild_id=GUILD, **bad)
+
+
+def test_queries_as_one_string_is_an_input_error(corpus: MemoryEngine) -> None:
+    with pytest.raises(SearchInputError):
+        corpus.search(SearchRequest(queries="solder iron", guild_id=GUILD))  # type: ignore[arg-type]
+
+
+def test_naive_and_aware_dates_mix(corpus: MemoryEngine) -> None:
+    result = corpus.search("solder", guild_id=GUILD, after=datetime(2020, 1, 1),
+                           before=datetime(2030, 1, 1, tzinfo=timezone.utc))
+    assert result.hits
+
+
+HOSTILE_CONTENT = {
+    "c++": ("I write C++ templates all day", "C++ templates"),
+    "apostrophe": ("don't unplug the kiln", "don't unplug"),
+    "and-keyword": ("wire the AND gate first", "AND gate"),
+    "or-not": ("OR NOT is a weird opcode", "OR NOT opcode"),
+    "quotes": ('he said "bring the multimeter"', '"multimeter'),
+    "hyphens": ("a state-of-the-art lathe", "state-of-the-art"),
+    "near": ("NEAR(a b) looks like fts syntax", "NEAR(a b) syntax"),
+    "star": ("rate it * * * * out of five", "* rate"),
+    "column": ("col:term is not a column filter", "col:term"),
+    "nul": ("null\x00byte inside", "null\x00byte"),
+    "zero-width": ("zero\u200bwidth joiner", "zero\u200bwidth"),
+    "sql": ("'; DROP TABLE messages; -- lol", "DROP TABLE messages"),
+    "diacritics": ("the Repair Café is open", "repair cafe"),
+}
+
+
+@pytest.mark.parametrize("content, query", HOSTILE_CONTENT.values(), ids=HOSTILE_CONTENT.keys())
+def test_hostile_content_is_stored_and_found_by_keyword(
+    engine: MemoryEngine, make_record: MakeRecord, content: str, query: str
+) -> None:
+    target = make_record(content)
+    engine.ingest([target, make_record("unrelated filler about tomatoes")])
+    assert engine.store.hydrate([target.id])[target.id]["content"] == content
+    result = engine.search(query, guild_id=GUILD, mode="keyword")
+    assert target.id in [h.id for h in result.hits]
+    assert result.hits[0].id == target.id
+    hybrid = engine.search(query, guild_id=GUILD)
+    assert target.id in [h.id for h in hybrid.hits]
+
+
+def test_emoji_only_content_is_stored_and_searchable(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    target = make_record("🔥🎉👍🏽")
+    engine.ingest([target])
+    result = engine.search("🔥🎉👍🏽", guild_id=GUILD, mode="dense", adaptive=False)
+    assert [h.id for h in result.hits] == [target.id]
+
+
+# -- fusion ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fusion", ["rrf", "score_sum", "score_max"])
+def test_fusion_modes_dedupe_and_keep_both_scores(
+    make_engine: MakeEngine, make_record: MakeRecord, fusion: str
+) -> None:
+    engine = make_engine(fusion=fusion, context="none")
+    target = make_record("the soldering iron lives in the red cabinet")
+    others = [make_record(f"chatter about gardening and tomatoes {i}") for i in range(6)]
+    engine.ingest([target, *others])
+    result = engine.search("soldering iron cabinet", guild_id=GUILD, adaptive=False,
+                           boosts=False)
+    ids = [h.id for h in result.hits]
+    assert len(ids) == len(set(ids)) == 7  # dense found all 7; the target only once
+    top = result.hits[0]
+    assert top.id == target.id
+    assert top.similarity is not None and top.keyword_score is not None
+    assert top.dense_rank == 1 and top.keyword_rank == 1
+    assert top.fused > 0 and top.score == pytest.approx(top.fused * top.boost)
+    assert all(h.keyword_score is None for h in result.hits[1:])
+    assert [h.score for h in result.hits] == sorted((h.score for h in result.hits), reverse=True)
+
+
+def test_rrf_fused_score_is_reciprocal_rank(
+    make_engine: MakeEngine, make_record: MakeRecord
+) -> None:
+    engine = make_engine(context="none")
+    target = make_record("the soldering iron lives in the red cabinet")
+    engine.ingest([target, make_record("nothing to see here")])
+    hit = engine.search("soldering iron", guild_id=GUILD, adaptive=False, boosts=False).hits[0]
+    assert hit.id == target.id
+    assert hit.fused == pytest.approx(2 / (CONFIG.rrf_k + 1))
+
+
+# -- adaptive threshold ---------------------------------------------------------------
+
+
+def _steps() -> list[float]:
+    n = round((CONFIG.threshold_start - CONFIG.threshold_floor) / CONFIG.threshold_step) + 1
+    return [round(CONFIG.threshold_start - i * CONFIG.threshold_step, 6) for i in range(n)]
+
+
+def test_threshold_steps_match_the_spec() -> None:
+    assert (CONFIG.threshold_start, CONFIG.threshold_step, CONFIG.threshold_floor,
+            CONFIG.threshold_target) == (0.75, 0.05, 0.35, 0.8)
+    assert _steps() == [0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35]
+
+
+@pytest.mark.parametrize(
+    "sims, limit, threshold, iterations, passed",
+    [
+        pytest.param([], 10, 0.35, 9, [], id="no-candidates"),
+        pytest.param([0.5] * 10, 10, 0.5, 6, list(range(10)), id="all-equal"),
+        pytest.param([0.9] * 8 + [0.1] * 2, 10, 0.75, 1, list(range(8)), id="exactly-target"),
+        pytest.param([0.75] * 8, 10, 0.75, 1, list(range(8)), id="exactly-at-start"),
+        pytest.param([0.9] * 7 + [0.72], 10, 0.7, 2, list(range(8)), id="second-step"),
+        pytest.param([0.9, 0.9, 0.4, 0.3, 0.1], 10, 0.35, 9, [0, 1, 2], id="never-keeps-floor"),
+        pytest.param([0.2] * 5, 5, 0.35, 9, [], id="all-below-floor"),
+        pytest.param([None, 0.1, None], 10, 0.35, 9, [0, 2], id="keyword-only-pass"),
+        pytest.param([None] * 20 + [0.6] * 8, 10, 0.6, 4, list(range(28)),
+                     id="keyword-only-dont-count"),
+        pytest.param([1.0, -1.0], 1, 0.75, 1, [0], id="limit-1"),
+    ],
+)
+def test_adaptive_threshold_edges(
+    sims: list[float | None], limit: int, threshold: float, iterations: int, passed: list[int]
+) -> None:
+    outcome = adaptive_threshold(sims, limit, CONFIG)
+    assert outcome.mode == "adaptive"
+    assert outcome.threshold == pytest.approx(threshold)
+    assert outcome.iterations == iterations
+    assert outcome.passed == passed
+
+
+def test_adaptive_threshold_respects_config() -> None:
+    config = replace(CONFIG, threshold_start=0.9, threshold_step=0.1, threshold_floor=0.5,
+                     threshold_target=0.5)
+    outcome = adaptive_threshold([0.85, 0.65, 0.2, 0.1], 4, config)
+    assert outcome.threshold == pytest.approx(0.6)
+    assert outcome.iterations == 4
+    assert outcome.passed == [0, 1]
+
+
+def test_engine_reports_the_adaptive_threshold(corpus: MemoryEngine) -> None:
+    result = corpus.search("soldering iron", guild_id=GUILD)
+    trace = result.trace
+    assert trace.threshold_mode == "adaptive"
+    assert trace.threshold in _steps()
+    assert 1 <= trace.threshold_iterations <= len(_steps())
+    assert trace.threshold_iterations == _steps().index(trace.threshold) + 1
+    assert trace.candidates["passed_threshold"] <= trace.candidates["fused"]
+    for hit in result.hits:
+        assert hit.similarity is None or hit.similarity >= trace.threshold - 1e-6
+
+
+def test_search_embeds_queries_once(corpus: MemoryEngine) -> None:
+    before = corpus.embedder.calls
+    corpus.search(SearchRequest(queries=("solder", "iron", "hakko"), guild_id=GUILD))
+    assert corpus.embedder.calls == before + 1
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.99])
+def test_fixed_threshold_mode(corpus: MemoryEngine, threshold: float) -> None:
+    result = corpus.search("soldering iron", guild_id=GUILD, threshold=threshold,
+                           mode="dense")
+    assert result.trace.threshold == threshold
+    assert result.trace.threshold_mode == "fixed"
+    assert result.trace.threshold_iterations == 1
+    assert all(h.similarity >= threshold - 1e-6 for h in result.hits)
+
+
+def test_no_threshold_mode(corpus: MemoryEngine) -> None:
+    result = corpus.search("soldering iron", guild_id=GUILD, adaptive=False, mode="dense")
+    assert result.trace.threshold is None
+    assert result.trace.threshold_mode == "none"
+    assert len(result.hits) == 8  # the whole guild, nothing thrown away
+
+
+def test_keyword_only_matches_survive_the_threshold(
+    make_engine: MakeEngine, make_record: MakeRecord
+) -> None:
+    engine = make_engine(oversample=1)  # k = limit: the dense pool holds only `limit` rows
+    filler = [make_record(f"raspberry cluster node {i} rebuilt today") for i in range(40)]
+    target = make_record("order number XK4471 was shipped with other stuff like paint")
+    engine.ingest([*filler, target])
+    result = engine.search("raspberry cluster node XK4471", guild_id=GUILD, limit=5)
+    hit = next(h for h in result.hits if h.id == target.id)
+    assert hit.similarity is None and hit.keyword_score is not None
+
+
+def test_exact_keyword_match_is_never_thrown_away_in_a_small_corpus(
+    make_engine: MakeEngine, make_record: MakeRecord
+) -> None:
+    engine = make_engine()
+    filler = [make_record(f"printer filament garden tomato soil compost {i}") for i in range(30)]
+    target = make_record("long chatter about printers and filament plus the order number "
+                         "XK4471 somewhere in the middle of it all")
+    engine.ingest([*filler, target])
+    result = engine.search("XK4471", guild_id=GUILD)
+    assert target.id in [h.id for h in result.hits]
+
+
+# -- boosts -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "age, expected",
+    [
+        (0.0, 1.5),
+        (-5.0, 1.5),  # clock skew: never above the maximum
+        (30.0, 0.8 + 0.7 / math.e),
+        (10_000.0, 0.8),
+    ],
+)
+def test_recency_boost_values(age: float, expected: float) -> None:
+    assert recency_boost(age, CONFIG) == pytest.approx(expected, abs=1e-9)
+
+
+def test_recency_boost_decreases_within_bounds() -> None:
+    values = [recency_boost(d, CONFIG) for d in (0, 1, 7, 30, 90, 365)]
+    assert values == sorted(values, reverse=True)
+    assert all(0.8 <= v <= 1.5 for v in values)
+    assert 0.8 < recency_boost(30, CONFIG) < 1.5
+
+
+def test_recency_boost_ranks_newer_equal_messages_first(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    old = make_record("the repair cafe is on saturday", age_days=200)
+    new = make_record("the repair cafe is on saturday", age_days=0.0)
+    engine.ingest([old, new])
+    result = engine.search("repair cafe saturday", guild_id=GUILD, mode="keyword", now=NOW)
+    assert [h.id for h in result.hits] == [new.id, old.id]
+    assert result.hits[0].boost == pytest.approx(1.5)
+    assert result.hits[1].boost == pytest.approx(recency_boost(200, CONFIG))
+    plain = engine.search("repair cafe saturday", guild_id=GUILD, mode="keyword", boosts=False)
+    assert {h.boost for h in plain.hits} == {1.0}
+
+
+@pytest.mark.parametrize("named", ["Alice", "Bobby"])
+def test_member_named_in_query_is_boosted(
+    engine: MemoryEngine, make_record: MakeRecord, named: str
+) -> None:
+    alice = make_record("the meeting moved to friday", author_id=7, author_name="alice.w",
+                        author_display_name="Alice", created_at=BASE_MS - 86_400_000)
+    bobby = make_record("the meeting moved to friday", author_id=8, author_name="bobby_t",
+                        author_display_name="Bobby", created_at=BASE_MS - 86_400_000)
+    engine.ingest([alice, bobby])
+    result = engine.search(f"what did {named} say about the meeting", guild_id=GUILD,
+                           mode="keyword", now=NOW)
+    first, second = result.hits
+    assert first.author_name == named
+    assert first.boost == pytest.approx(second.boost * CONFIG.member_boost)
+
+
+def test_member_boost_matches_username_case_insensitively(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    marta = make_record("beans go in the north bed", author_id=7, author_name="marta.gardens",
+                        author_display_name="Marta", created_at=BASE_MS)
+    other = make_record("beans go in the north bed", author_id=8, created_at=BASE_MS)
+    engine.ingest([other, marta])
+    result = engine.search("where do beans go says MARTA.GARDENS", guild_id=GUILD,
+                           mode="keyword", now=NOW)
+    assert result.hits[0].id == marta.id
+
+
+# -- multi-query --------------------------------------------------------------------
+
+
+def test_too_many_queries_is_an_input_error(corpus: MemoryEngine) -> None:
+    corpus.search(SearchRequest(queries=("solder",) * MAX_QUERIES, guild_id=GUILD))
+    with pytest.raises(SearchInputError, match=str(MAX_QUERIES)):
+        corpus.search(SearchRequest(queries=("solder",) * (MAX_QUERIES + 1), guild_id=GUILD))
+
+
+def test_blank_queries_among_others_are_ignored(corpus: MemoryEngine) -> None:
+    result = corpus.search(SearchRequest(queries=("", "  ", "soldering"), guild_id=GUILD))
+    assert result.hits
+
+
+def test_message_found_by_more_queries_ranks_higher(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    single = make_record("apple pie recipe")
+    double = make_record("zebra yak sighting")
+    engine.ingest([single, double])
+    result = engine.search(
+        SearchRequest(queries=("apple", "zebra", "yak"), guild_id=GUILD, mode="keyword",
+                      boosts=False)
+    )
+    assert [h.id for h in result.hits] == [double.id, single.id]
+    assert [h.queries_matched for h in result.hits] == [2, 1]
+    # each was rank 1 in every query that found it: only the agreement differs
+    assert result.hits[0].keyword_rank == result.hits[1].keyword_rank == 1
+
+
+def test_multi_query_dedupes_across_queries(corpus: MemoryEngine) -> None:
+    result = corpus.search(
+        SearchRequest(queries=("soldering iron", "solder iron hakko", "borrow iron"),
+                      guild_id=GUILD, adaptive=False)
+    )
+    ids = [h.id for h in result.hits]
+    assert len(ids) == len(set(ids))
+    assert max(h.queries_matched for h in result.hits) == 3
+
+
+# -- filters --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def filtered(engine: MemoryEngine, make_record: MakeRecord) -> dict[str, MessageRecord]:
+    """Messages that all mention "widget", spread over places, people, times, files."""
+    records = {
+        "channel-old": make_record("widget report from the channel", age_days=60),
+        "channel-new": make_record("widget update in the channel", age_days=1, author_id=2),
+        "thread": make_record("widget thread discussion", age_days=5, channel_id=THREAD,
+                              parent_id=CHANNEL, channel_type="GuildPublicThread"),
+        "other": make_record("widget in another channel", age_days=10,
+                             channel_id=OTHER_CHANNEL, author_id=2),
+        "file": make_record("widget photo attached", age_days=20, attachments=("w.png",),
+                            channel_id=OTHER_CHANNEL),
+        "other-guild": make_record("widget elsewhere", guild_id=GUILD + 1,
+                                   channel_id=CHANNEL + 100),
+    }
+    engine.ingest(records.values())
+    return records
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "keyword"])
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        pytest.param({}, {"channel-old", "channel-new", "thread", "other", "file"}, id="guild"),
+        pytest.param({"channel_ids": (CHANNEL,)}, {"channel-old", "channel-new", "thread"},
+                     id="parent-includes-thread"),
+        pytest.param({"channel_ids": (THREAD,)}, {"thread"}, id="thread-only"),
+        pytest.param({"channel_ids": (THREAD, OTHER_CHANNEL)}, {"thread", "other", "file"},
+                     id="several-channels"),
+        pytest.param({"author_ids": (2,)}, {"channel-new", "other"}, id="author"),
+        pytest.param({"author_ids": (1, 2), "channel_ids": (OTHER_CHANNEL,)},
+                     {"other", "file"}, id="authors+channel"),
+        pytest.param({"after": NOW - timedelta(days=7)}, {"channel-new", "thread"}, id="after"),
+        pytest.param({"before": NOW - timedelta(days=15)}, {"channel-old", "file"}, id="before"),
+        pytest.param({"after": NOW - timedelta(days=30), "before": NOW - timedelta(days=3)},
+                     {"thread", "other", "file"}, id="between"),
+        pytest.param({"has_attachment": True}, {"file"}, id="attachment"),
+        pytest.param({"has_attachment": False},
+                     {"channel-old", "channel-new", "thread", "other"}, id="no-attachment"),
+        pytest.param({"author_ids": (12345,)}, set(), id="nobody"),
+    ],
+)
+def test_filters(
+    engine: MemoryEngine, filtered: dict[str, MessageRecord], mode: str, options: dict,
+    expected: set[str],
+) -> None:
+    result = engine.search("widget", guild_id=GUILD, mode=mode, adaptive=False, now=NOW,
+                           **options)
+    names = {name for name, r in filtered.items() if r.id in {h.id for h in result.hits}}
+    assert names == expected
+
+
+def test_guild_filter_is_always_honoured(
+    engine: MemoryEngine, filtered: dict[str, MessageRecord]
+) -> None:
+    result = engine.search("widget", guild_id=GUILD + 1, adaptive=False)
+    assert [h.id for h in result.hits] == [filtered["other-guild"].id]
+
+
+# -- empty results --------------------------------------------------------------------
+
+
+def test_empty_reason_nothing_stored(engine: MemoryEngine) -> None:
+    result = engine.search("anything at all", guild_id=GUILD)
+    assert result.hits == []
+    assert "nothing is stored" in result.empty_reason
+
+
+def test_empty_reason_not_embedded_yet(engine: MemoryEngine, make_record: MakeRecord) -> None:
+    engine.upsert([make_record("stored but not embedded")])
+    result = engine.search("stored", guild_id=GUILD, mode="dense")
+    assert result.hits == []
+    assert "embed" in result.empty_reason
+    # keyword search works without vectors
+    assert len(engine.search("stored", guild_id=GUILD, mode="keyword").hits) == 1
+
+
+def test_empty_reason_nothing_passed(
+    engine: MemoryEngine, filtered: dict[str, MessageRecord]
+) -> None:
+    result = engine.search("widget", guild_id=GUILD, author_ids=(12345,))
+    assert result.hits == []
+    reason = result.empty_reason
+    assert "nothing is stored" not in reason and "embed" not in reason
+    assert "matched" in reason
+
+
+def test_other_guild_reports_nothing_stored(
+    engine: MemoryEngine, filtered: dict[str, MessageRecord]
+) -> None:
+    result = engine.search("widget", guild_id=GUILD + 999)
+    assert "nothing is stored" in result.empty_reason
+
+
+# -- hits and traces --------------------------------------------------------------------
+
+
+def test_hit_fields(engine: MemoryEngine, make_record: MakeRecord) -> None:
+    question = make_record("who can lend me a multimeter", age_days=2)
+    answer = make_record("my multimeter is in locker 4", age_days=1, author_id=5,
+                         author_name="hannah_k", author_display_name="Hannah",
+                         reply_to_id=question.id, attachments=("locker.jpg",))
+    engine.ingest([question, answer])
+    result = engine.search("multimeter locker", guild_id=GUILD, now=NOW)
+    hit = next(h for h in result.hits if h.id == answer.id)
+    assert hit.jump_url == f"https://discord.com/channels/{GUILD}/{CHANNEL}/{answer.id}"
+    assert (hit.guild_id, hit.channel_id, hit.author_id) == (GUILD, CHANNEL, 5)
+    assert hit.author_name == "Hannah"
+    assert hit.channel_name == "general"
+    assert hit.content == answer.content
+    assert hit.created_at == answer.created_at
+    assert hit.created == ms_to_datetime(answer.created_at)
+    assert hit.created.tzinfo is not None
+    assert hit.reply_to_id == question.id
+    assert hit.attachments == ("locker.jpg",)
+    assert hit.rerank_score is None
+    assert hit.rerank_text == "Hannah: my multimeter is in locker 4"
+
+
+def test_trace_has_candidates_and_timings_per_stage(corpus: MemoryEngine) -> None:
+    result = corpus.search("soldering iron", guild_id=GUILD, limit=3)
+    trace = result.trace
+    assert {"embed", "retrieve", "fuse", "hydrate", "boost", "rerank", "total"} <= set(
+        trace.timings_ms
+    )
+    assert all(v >= 0 for v in trace.timings_ms.values())
+    assert {"dense", "keyword", "fused", "passed_threshold", "returned"} <= set(trace.candidates)
+    assert trace.candidates["returned"] == len(result.hits) <= 3
+    assert trace.candidates["fused"] <= trace.candidates["dense"] + trace.candidates["keyword"]
+    assert trace.reranked is False
+
+
+def test_limit_is_respected(corpus: MemoryEngine) -> None:
+    for limit in (1, 2, 5):
+        assert len(corpus.search("iron", guild_id=GUILD, limit=limit, adaptive=False)) == limit
+
+
+@pytest.mark.usefixtures("single_torch_thread")
+def test_lone_surrogate_query_with_the_real_embedder(
+    minilm, tmp_path: Path, make_record: MakeRecord
+) -> None:
+    engine = MemoryEngine(tmp_path / "m.sqlite3", make_profile(), minilm)
+    try:
+        engine.ingest([make_record("soldering iron in the cabinet")])
+        result = engine.search("soldering \udcff iron", guild_id=GUILD)
+        assert result.hits
+    finally:
+        engine.close()

@@ -1,0 +1,354 @@
+"""RerankerService and its place in the search pipeline.
+
+Backends are real: the llama-server stand-in is an HTTP server on 127.0.0.1
+(tests/fake_llama_server.py) and the in-process path uses a tiny Qwen3 model built
+and saved locally (tests/qwen_tiny.py).  Only the trained weights are missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import pytest
+
+from memory import metrics
+from memory.config import Profile, RerankerConfig
+from memory.engine import MemoryEngine
+from memory.errors import RerankerError
+from memory.records import MessageRecord
+from memory.reranker.service import RerankerService
+from memory.search import SearchRequest
+from tests.conftest import HashEmbedder
+from tests.fake_llama_server import FakeLlamaServer, relevance
+
+GUILD = 42
+CHANNEL = 7
+BASE_MS = 1_700_000_000_000
+
+DOCS = [
+    "the raspberry pi cluster runs kubernetes now",
+    "raspberry jam recipe from grandma",
+    "my pi overheated so I added a fan",
+    "cluster of grapes on the vine",
+    "kubernetes on a raspberry pi cluster is fun",
+    "nothing to see here",
+]
+
+
+def records() -> list[MessageRecord]:
+    """Six messages that share words with the test query in different amounts."""
+    out = []
+    for i, text in enumerate(DOCS):
+        created = BASE_MS + i * 60_000
+        out.append(
+            MessageRecord(
+                id=((created - 1420070400000) << 22) | i, guild_id=GUILD, channel_id=CHANNEL,
+                author_id=100 + i % 2, created_at=created, content=text,
+                author_name=f"user{i % 2}", author_display_name=f"User{i % 2}",
+            )
+        )
+    return out
+
+
+def remote_profile(url: str, **overrides) -> Profile:
+    reranker = RerankerConfig(backend="llama-server", url=url, **{"timeout": 3.0, **overrides})
+    return Profile(name="remote-test", reranker=reranker)
+
+
+@pytest.fixture
+def server():
+    with FakeLlamaServer() as fake:
+        yield fake
+
+
+@pytest.fixture
+def remote_engine(tmp_path, server):
+    engine = MemoryEngine(tmp_path / "m.sqlite3", remote_profile(server.url), HashEmbedder())
+    engine.ingest(records())
+    yield engine
+    engine.close()
+
+
+QUERY = "raspberry pi cluster kubernetes"
+
+
+def search(engine: MemoryEngine, **options) -> object:
+    options.setdefault("limit", 3)
+    return engine.search(SearchRequest(queries=(QUERY,), guild_id=GUILD, **options))
+
+
+# -- rerank_results: the public ranking API --------------------------------------
+
+
+@dataclass
+class Doc:
+    content: str
+    rerank_score: float | None = None
+
+
+class WordOverlap:
+    """A deterministic backend: the fake server's relevance, in-process."""
+
+    name = "word-overlap"
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.closed = False
+
+    def score(self, query, texts):
+        self.calls.append(list(texts))
+        return [relevance(query, t) for t in texts]
+
+    def close(self):
+        self.closed = True
+
+
+def test_rerank_results_sorts_copies_by_score_and_keeps_originals():
+    service = RerankerService(RerankerConfig(backend="transformers"), backend=WordOverlap())
+    docs = [Doc(text) for text in DOCS]
+    ranked = service.rerank_results(QUERY, docs)
+    assert [d.rerank_score for d in ranked] == sorted(
+        (relevance(QUERY, t) for t in DOCS), reverse=True
+    )
+    assert ranked[0].content in (DOCS[0], DOCS[4])
+    assert all(d.rerank_score is None for d in docs), "inputs must not be mutated"
+    service.close()
+
+
+@pytest.mark.parametrize("top_k, expected", [(None, 6), (2, 2), (0, 0), (50, 6)])
+def test_rerank_results_top_k(top_k, expected):
+    service = RerankerService(RerankerConfig(backend="transformers"), backend=WordOverlap())
+    assert len(service.rerank_results(QUERY, [Doc(t) for t in DOCS], top_k=top_k)) == expected
+    service.close()
+
+
+def test_rerank_results_accepts_dicts_and_a_custom_field():
+    service = RerankerService(RerankerConfig(backend="transformers"), backend=WordOverlap())
+    ranked = service.rerank_results(QUERY, [{"text": t} for t in DOCS], score_field="text")
+    assert ranked[0]["rerank_score"] == max(relevance(QUERY, t) for t in DOCS)
+    service.close()
+
+
+def test_empty_candidates_make_no_backend_call():
+    backend = WordOverlap()
+    service = RerankerService(RerankerConfig(backend="transformers"), backend=backend)
+    assert service.rerank_results(QUERY, []) == []
+    assert backend.calls == []
+    service.close()
+
+
+class Broken:
+    name = "broken"
+
+    def __init__(self, result):
+        self.result = result
+
+    def score(self, query, texts):
+        if isinstance(self.result, BaseException):
+            raise self.result
+        return self.result
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    "result", [ValueError("bug"), RerankerError("down"), [0.5], "not a list of floats"]
+)
+def test_backend_failures_become_reranker_errors(result):
+    service = RerankerService(RerankerConfig(backend="transformers"), backend=Broken(result))
+    with pytest.raises(RerankerError):
+        service.rerank_results(QUERY, [Doc("a"), Doc("b")])
+    service.close()
+
+
+# -- in the search pipeline ----------------------------------------------------------
+
+
+def test_search_reranks_the_head_with_the_remote_backend(remote_engine, server):
+    plain = search(remote_engine, rerank=False)
+    result = search(remote_engine)
+    trace = result.trace
+    assert trace.reranked and trace.rerank_fallback is None
+    assert trace.rerank_backend == "llama-server"
+    # limit 3 × oversample 3 = 9, capped by the 6 candidates that exist
+    assert trace.candidates["rerank"] == len(trace.pre_rerank) <= 9
+    assert set(trace.post_rerank) == set(trace.pre_rerank)
+    scores = [h.rerank_score for h in result.hits]
+    assert scores == sorted(scores, reverse=True)
+    for hit in result.hits:
+        assert hit.rerank_score == pytest.approx(relevance(QUERY, hit.rerank_text), abs=1e-6)
+        assert hit.score == hit.rerank_score
+    assert len(result.hits) == 3 and len(plain.hits) == 3
+    sent = server.bodies("/v1/chat/completions")
+    assert len(sent) == trace.candidates["rerank"]
+    assert all(QUERY in body["messages"][1]["content"] for body in sent)
+
+
+def test_rerank_candidate_count_is_capped(tmp_path, server):
+    profile = remote_profile(server.url, oversample=2, max_candidates=3)
+    engine = MemoryEngine(tmp_path / "m.sqlite3", profile, HashEmbedder())
+    engine.ingest(records())
+    result = engine.search(SearchRequest(queries=(QUERY,), guild_id=GUILD, limit=2))
+    assert result.trace.candidates["rerank"] == 3
+    assert len(server.requests) == 3
+    assert len(result.hits) == 2
+    engine.close()
+
+
+def test_blend_mixes_normalised_retrieval_score_with_rerank(tmp_path, server):
+    engine = MemoryEngine(
+        tmp_path / "m.sqlite3", remote_profile(server.url, blend=True), HashEmbedder()
+    )
+    engine.ingest(records())
+    before = {h.id: h.score for h in search(engine, rerank=False, limit=6).hits}
+    result = search(engine, limit=6)
+    lo, hi = min(before.values()), max(before.values())
+    for hit in result.hits:
+        original = (before[hit.id] - lo) / (hi - lo)
+        assert hit.score == pytest.approx(0.4 * original + 0.6 * hit.rerank_score, abs=1e-9)
+    assert [h.score for h in result.hits] == sorted((h.score for h in result.hits), reverse=True)
+    engine.close()
+
+
+def test_min_score_drops_weak_results(tmp_path, server):
+    engine = MemoryEngine(
+        tmp_path / "m.sqlite3", remote_profile(server.url, min_score=0.5), HashEmbedder()
+    )
+    engine.ingest(records())
+    result = search(engine, limit=6)
+    assert result.hits, "the two on-topic messages pass"
+    assert all(h.rerank_score >= 0.5 for h in result.hits)
+    assert len(result.hits) < 6
+    engine.close()
+
+
+def _error_count() -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "memory_rerank_calls_total", {"backend": "llama-server", "status": "error"}
+    )
+    return value or 0.0
+
+
+@pytest.mark.parametrize("mode", ["error", "malformed", "drop", "loading", "bad_request"])
+def test_reranker_failure_falls_back_to_retrieval_order(remote_engine, server, mode, caplog):
+    expected = [h.id for h in search(remote_engine, rerank=False).hits]
+    server.mode = mode
+    errors = _error_count()
+    with caplog.at_level(logging.WARNING, logger="memory.reranker.service"):
+        result = search(remote_engine)
+    assert [h.id for h in result.hits] == expected
+    assert not result.trace.reranked
+    assert result.trace.rerank_fallback
+    assert all(h.rerank_score is None for h in result.hits)
+    assert "reranking skipped" in caplog.text
+    assert _error_count() == errors + 1
+
+
+def test_reranker_timeout_falls_back_in_bounded_time(tmp_path, server):
+    server.delay = 5.0
+    profile = remote_profile(server.url)
+    profile = replace(profile, reranker=replace(profile.reranker, timeout=0.5))
+    engine = MemoryEngine(tmp_path / "m.sqlite3", profile, HashEmbedder())
+    engine.ingest(records())
+    started = time.monotonic()
+    result = search(engine)
+    assert time.monotonic() - started < 4.0  # far below the server's 5 s delay
+    assert not result.trace.reranked and "0.5" in result.trace.rerank_fallback
+    assert len(result.hits) == 3
+    engine.close()
+
+
+def test_missing_local_model_falls_back(tmp_path):
+    reranker = RerankerConfig(backend="transformers", model=str(tmp_path / "no-such-model"))
+    engine = MemoryEngine(
+        tmp_path / "m.sqlite3", Profile(name="x", reranker=reranker), HashEmbedder()
+    )
+    engine.ingest(records())
+    result = search(engine)
+    assert len(result.hits) == 3
+    assert result.trace.rerank_fallback and not result.trace.reranked
+    engine.close()
+
+
+# -- runtime profile switching ---------------------------------------------------------
+
+
+def test_switch_profile_swaps_after_load_and_keeps_inflight_on_old(remote_engine, server):
+    with FakeLlamaServer() as second:
+        server.delay = 0.4  # the in-flight search is slow on the old backend
+        old = remote_engine.rerankers.current()
+        results: list = []
+        worker = threading.Thread(target=lambda: results.append(search(remote_engine)))
+        worker.start()
+        time.sleep(0.15)  # the search is now waiting on the old server
+        future = remote_engine.switch_profile(remote_profile(second.url, timeout=3.0))
+        assert future.result(timeout=10) == "remote-test"
+        worker.join(10)
+        assert results[0].trace.reranked, "the in-flight search finished on the old backend"
+        assert remote_engine.rerankers.current() is not old
+        old_requests = len(server.requests)
+        result = search(remote_engine)
+        assert result.trace.reranked
+        assert len(server.requests) == old_requests, "new searches use the new server"
+        assert len(second.requests) == result.trace.candidates["rerank"]
+        for _ in range(50):  # the old service is closed once idle
+            if old.backend._closed:
+                break
+            time.sleep(0.05)
+        assert old.backend._closed
+    assert remote_engine.store.active_profile == "remote-test"
+
+
+def test_failed_switch_keeps_the_old_reranker(remote_engine, tmp_path):
+    old = remote_engine.rerankers.current()
+    broken = Profile(
+        name="broken",
+        reranker=RerankerConfig(backend="transformers", model=str(tmp_path / "missing")),
+    )
+    future = remote_engine.switch_profile(broken)
+    with pytest.raises(Exception):
+        future.result(timeout=30)
+    assert remote_engine.rerankers.current() is old
+    assert remote_engine.store.active_profile != "broken"
+    assert search(remote_engine).trace.reranked
+
+
+def test_switch_to_a_profile_without_reranker(remote_engine):
+    future = remote_engine.switch_profile(Profile(name="plain"))
+    assert future.result(timeout=10) == "plain"
+    result = search(remote_engine)
+    assert remote_engine.rerankers.current() is None
+    assert not result.trace.reranked and result.trace.rerank_backend is None
+    assert remote_engine.store.active_profile == "plain"
+
+
+# -- the in-process backend end to end ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from tests.qwen_tiny import save_tiny_reranker
+
+    return save_tiny_reranker(tmp_path_factory.mktemp("tiny-qwen"))
+
+
+def test_search_reranks_in_process_with_a_locally_saved_qwen3(tmp_path, tiny_model_dir):
+    reranker = RerankerConfig(backend="transformers", model=str(tiny_model_dir), batch_size=4)
+    engine = MemoryEngine(
+        tmp_path / "m.sqlite3", Profile(name="tiny", reranker=reranker), HashEmbedder()
+    )
+    engine.ingest(records())
+    result = search(engine)
+    assert result.trace.reranked, result.trace.rerank_fallback
+    assert result.trace.rerank_backend
+    scores = [h.rerank_score for h in result.hits]
+    assert scores == sorted(scores, reverse=True)
+    assert all(0.0 <= s <= 1.0 for s in scores)
+    # the same pairs scored directly agree with what the search recorded
+    direct = engine.rerankers.current().score(QUERY, [h.rerank_text for h in result.hits])
+    assert direct == pytest.approx(scores, abs=1e-5)
+    engine.close()

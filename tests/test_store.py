@@ -1,0 +1,431 @@
+"""Storage: idempotent upserts, edits and deletes across messages, FTS5 and vectors;
+the crash-safe embedding backlog; model binding and re-embedding; filters in the KNN."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import memory.engine
+from memory.engine import MemoryEngine
+from memory.errors import EmbeddingModelMismatch, SearchInputError
+from memory.records import MessageRecord
+from memory.store import Filters, MessageStore
+from tests.conftest import CHANNEL, GUILD, HashEmbedder
+
+MakeRecord = Callable[..., MessageRecord]
+
+
+def count(store: MessageStore, sql: str, params: Sequence = ()) -> int:
+    return store._query(sql, params)[0][0]
+
+
+def row_counts(store: MessageStore) -> dict[str, int]:
+    """Rows in messages, in the FTS index itself, and in the vector table."""
+    vectors = (
+        count(store, "SELECT count(*) FROM message_vectors")
+        if store.embedding_model() else 0
+    )
+    return {
+        "messages": count(store, "SELECT count(*) FROM messages"),
+        # the docsize shadow table has one row per indexed document
+        "fts": count(store, "SELECT count(*) FROM messages_fts_docsize"),
+        "vectors": vectors,
+    }
+
+
+def fts_ids(store: MessageStore, word: str) -> set[int]:
+    return {mid for mid, _ in store.keyword(f'"{word}"', 100, Filters())}
+
+
+def fts_in_sync(store: MessageStore) -> None:
+    """FTS5's own check that the index matches the content table (raises if not)."""
+    with store._transaction() as conn:
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+
+
+def stored_vector(store: MessageStore, message_id: int) -> np.ndarray | None:
+    rows = store._query(
+        "SELECT embedding FROM message_vectors WHERE message_id = ?", (message_id,)
+    )
+    return np.frombuffer(rows[0][0], dtype=np.float32) if rows else None
+
+
+# -- upsert -------------------------------------------------------------------------
+
+
+def test_upsert_is_idempotent(engine: MemoryEngine, make_record: MakeRecord) -> None:
+    records = [make_record(f"message number {i} about widgets") for i in range(12)]
+    first = engine.ingest(records)
+    assert (first.inserted, first.updated, first.unchanged, first.embedded) == (12, 0, 0, 12)
+    before = row_counts(engine.store)
+    assert before == {"messages": 12, "fts": 12, "vectors": 12}
+    vector = stored_vector(engine.store, records[0].id)
+
+    again = engine.ingest(records)
+    assert (again.inserted, again.updated, again.unchanged, again.embedded) == (0, 0, 12, 0)
+    assert row_counts(engine.store) == before
+    assert engine.store.pending_count() == 0
+    fts_in_sync(engine.store)
+    np.testing.assert_array_equal(stored_vector(engine.store, records[0].id), vector)
+
+
+def test_duplicate_ids_within_one_batch(engine: MemoryEngine, make_record: MakeRecord) -> None:
+    record = make_record("first version")
+    stats = engine.upsert([record, record, replace(record, content="second version")])
+    assert (stats.inserted, stats.updated, stats.unchanged) == (1, 1, 1)
+    assert engine.store.hydrate([record.id])[record.id]["content"] == "second version"
+    fts_in_sync(engine.store)
+
+
+def test_empty_upsert_and_delete_are_noops(engine: MemoryEngine) -> None:
+    assert engine.upsert([]).inserted == 0
+    assert engine.delete([]) == 0
+    assert engine.delete([123456789]) == 0
+
+
+# -- edits ------------------------------------------------------------------------
+
+
+def test_edit_updates_text_fts_and_vector(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    original = make_record("the meeting is on tuesday in the workshop")
+    other = make_record("completely unrelated chatter about gardening")
+    engine.ingest([original, other])
+    old_vector = stored_vector(engine.store, original.id)
+    assert fts_ids(engine.store, "tuesday") == {original.id}
+
+    edited = replace(original, content="the meeting moved to thursday evening",
+                     edited_at=original.created_at + 60_000)
+    stats = engine.upsert([edited])
+    assert (stats.inserted, stats.updated, stats.unchanged) == (0, 1, 0)
+    # text and FTS change at once; the stale vector is gone and the message is pending
+    assert engine.store.hydrate([original.id])[original.id]["content"] == edited.content
+    assert fts_ids(engine.store, "tuesday") == set()
+    assert fts_ids(engine.store, "thursday") == {original.id}
+    assert stored_vector(engine.store, original.id) is None
+    assert engine.store.pending_count() == 1
+    fts_in_sync(engine.store)
+
+    pending = engine.store.pending(10)
+    expected = engine.embedder.embed([engine.embedding_text(p) for p in pending])[0]
+    assert "thursday" in engine.embedding_text(pending[0])
+    assert engine.embed_pending() == 1
+    new_vector = stored_vector(engine.store, original.id)
+    np.testing.assert_allclose(new_vector, expected, atol=1e-6)
+    assert not np.allclose(new_vector, old_vector)
+    assert row_counts(engine.store) == {"messages": 2, "fts": 2, "vectors": 2}
+
+
+def test_edit_of_timestamp_only_keeps_vector(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    record = make_record("same words as before")
+    engine.ingest([record])
+    vector = stored_vector(engine.store, record.id)
+    stats = engine.upsert([replace(record, edited_at=record.created_at + 1000)])
+    assert stats.updated == 1
+    assert engine.store.pending_count() == 0
+    np.testing.assert_array_equal(stored_vector(engine.store, record.id), vector)
+
+
+def test_attachment_change_counts_as_an_edit(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    record = make_record("look at this")
+    engine.ingest([record])
+    engine.upsert([replace(record, attachments=("schematic.png",))])
+    assert engine.store.pending_count() == 1
+    assert fts_ids(engine.store, "schematic") == {record.id}
+    engine.embed_pending()
+    hits = engine.store.knn(engine.embedder.embed(["look"])[0], 5,
+                            Filters(has_attachment=True))
+    assert [mid for mid, _ in hits] == [record.id]
+
+
+# -- deletes ----------------------------------------------------------------------
+
+
+def test_delete_purges_messages_fts_and_vectors(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    keep = make_record("the router password is on the fridge")
+    gone = [make_record(f"secret plan number {i}") for i in range(3)]
+    engine.ingest([keep, *gone])
+    assert engine.delete([m.id for m in gone] + [999]) == 3
+    assert row_counts(engine.store) == {"messages": 1, "fts": 1, "vectors": 1}
+    assert fts_ids(engine.store, "secret") == set()
+    fts_in_sync(engine.store)
+    vec = engine.embedder.embed(["secret plan number 1"])[0]
+    assert [mid for mid, _ in engine.store.knn(vec, 10, Filters())] == [keep.id]
+    result = engine.search("secret plan", guild_id=GUILD)
+    assert all(h.id == keep.id for h in result.hits)
+
+
+def test_delete_before_embedding(engine: MemoryEngine, make_record: MakeRecord) -> None:
+    record = make_record("never embedded")
+    engine.upsert([record])
+    assert engine.delete([record.id]) == 1
+    assert engine.store.pending_count() == 0
+    assert engine.embed_pending() == 0
+
+
+# -- crash-safe backlog -----------------------------------------------------------
+
+
+class CrashingEmbedder(HashEmbedder):
+    """Embeds ``good_calls`` batches, then fails like a killed process would."""
+
+    def __init__(self, good_calls: int) -> None:
+        super().__init__()
+        self.good_calls = good_calls
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self.calls >= self.good_calls:
+            raise RuntimeError("embedder crashed")
+        return super().embed(texts)
+
+
+def test_backlog_survives_an_embedder_crash(
+    make_engine: Callable[..., MemoryEngine],
+    make_record: MakeRecord,
+    tmp_db: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(memory.engine, "EMBED_CHUNK", 10)
+    records = [make_record(f"backlog message {i}") for i in range(25)]
+    crashing = make_engine(tmp_db, CrashingEmbedder(good_calls=1))
+    with pytest.raises(RuntimeError, match="crashed"):
+        crashing.ingest(records)
+    # every message was stored before embedding began; the first chunk's vectors persist
+    assert crashing.store.message_count() == 25
+    assert crashing.store.pending_count() == 15
+    assert row_counts(crashing.store) == {"messages": 25, "fts": 25, "vectors": 10}
+    first_chunk = sorted(r.id for r in records)[:10]
+    assert all(stored_vector(crashing.store, mid) is not None for mid in first_chunk)
+    crashing.close()
+
+    resumed = make_engine(tmp_db, HashEmbedder())  # the next run
+    assert resumed.embed_pending() == 15
+    assert resumed.store.pending_count() == 0
+    assert row_counts(resumed.store)["vectors"] == 25
+
+
+def test_messages_are_stored_even_if_the_first_batch_fails(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord
+) -> None:
+    engine = make_engine(embedder=CrashingEmbedder(good_calls=0))
+    with pytest.raises(RuntimeError):
+        engine.ingest([make_record("hello there"), make_record("general kenobi")])
+    assert engine.store.message_count() == 2
+    assert engine.store.pending_count() == 2
+    # keyword search still finds them while the vectors are missing
+    result = engine.search("kenobi", guild_id=GUILD, mode="keyword")
+    assert len(result.hits) == 1
+
+
+def test_edit_during_embedding_does_not_leave_a_stale_vector(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    # The interleaving of a background embed with a Discord edit event, step by step.
+    record = make_record("the meeting is on tuesday")
+    engine.upsert([record])
+    engine.store.set_embedding_model(engine.embedder.model_id, engine.embedder.dimension)
+    batch = engine.store.pending(10)
+    vectors = engine.embedder.embed([engine.embedding_text(m) for m in batch])
+    engine.upsert([replace(record, content="the meeting is on thursday")])  # the edit lands
+    engine.store.write_vectors(batch, vectors)  # the embed of the old text finishes
+    assert stored_vector(engine.store, record.id) is None
+    assert engine.store.pending_count() == 1
+    assert engine.embed_pending() == 1
+    (fresh,) = engine.embedder.embed(
+        [engine.embedding_text(replace(batch[0], content="the meeting is on thursday"))])
+    np.testing.assert_allclose(stored_vector(engine.store, record.id), fresh, atol=1e-6)
+
+
+def test_delete_during_embedding_leaves_no_orphan_vector(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    keep, gone = make_record("keep me"), make_record("delete me")
+    engine.upsert([keep, gone])
+    engine.store.set_embedding_model(engine.embedder.model_id, engine.embedder.dimension)
+    batch = engine.store.pending(10)
+    vectors = engine.embedder.embed([engine.embedding_text(m) for m in batch])
+    engine.delete([gone.id])  # the delete lands while the batch is being embedded
+    engine.store.write_vectors(batch, vectors)
+    assert row_counts(engine.store) == {"messages": 1, "fts": 1, "vectors": 1}
+    assert stored_vector(engine.store, gone.id) is None
+    assert engine.store.pending_count() == 0
+
+
+def test_pending_uses_reply_target_or_previous_message_as_context(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    question = make_record("does anyone have a spare soldering iron", age_days=3)
+    chatter = make_record("lunch was great", age_days=2)
+    answer = make_record("yes mine", age_days=1, reply_to_id=question.id, author_id=2)
+    follow = make_record("thanks", age_days=0.5)
+    engine.upsert([question, chatter, answer, follow])
+    pending = {p.id: p for p in engine.store.pending(10)}
+    assert pending[answer.id].context_content == question.content
+    assert pending[follow.id].context_content == answer.content  # previous in channel
+    assert pending[question.id].context_content is None
+    assert "soldering iron" in engine.embedding_text(pending[answer.id])
+
+
+# -- embedding model binding --------------------------------------------------------
+
+
+def test_model_id_and_dimension_are_recorded(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    assert engine.store.embedding_model() is None
+    engine.ingest([make_record("hello")])
+    assert engine.store.embedding_model() == ("test/hash-128", 128)
+    stats = engine.store.stats()
+    assert (stats["embedding_model"], stats["embedding_dim"]) == ("test/hash-128", 128)
+
+
+def test_model_mismatch_is_refused(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: Path
+) -> None:
+    first = make_engine(tmp_db, HashEmbedder(128))
+    first.ingest([make_record("hello")])
+    first.close()
+    with pytest.raises(EmbeddingModelMismatch, match="reembed") as excinfo:
+        make_engine(tmp_db, HashEmbedder(64))
+    assert "test/hash-128" in str(excinfo.value) and "test/hash-64" in str(excinfo.value)
+
+
+def test_same_model_id_with_another_dimension_is_refused(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    engine.ingest([make_record("hello")])
+    with pytest.raises(EmbeddingModelMismatch, match="reembed"):
+        engine.store.set_embedding_model("test/hash-128", 64)
+
+
+def test_reembed_switches_model_and_dimension(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: Path
+) -> None:
+    records = [make_record(f"note {i} about the garden") for i in range(7)]
+    first = make_engine(tmp_db, HashEmbedder(128))
+    first.ingest(records)
+    first.close()
+
+    second = make_engine(tmp_db, HashEmbedder(64, model_id="test/other-64"), check_model=False)
+    assert second.reembed() == 7
+    assert second.store.embedding_model() == ("test/other-64", 64)
+    assert second.store.pending_count() == 0
+    assert row_counts(second.store) == {"messages": 7, "fts": 7, "vectors": 7}
+    assert stored_vector(second.store, records[0].id).shape == (64,)
+    result = second.search("note 3 about the garden", guild_id=GUILD)
+    assert result.hits and result.hits[0].id == records[3].id
+    second.close()
+    # the new model is now the one the database accepts
+    make_engine(tmp_db, HashEmbedder(64, model_id="test/other-64")).close()
+
+
+# -- channels, threads and filters inside the KNN -----------------------------------
+
+
+def test_thread_parent_is_stored_and_expanded(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    thread_id = CHANNEL + 1
+    engine.upsert([
+        make_record("in the channel"),
+        make_record("in the thread", channel_id=thread_id, parent_id=CHANNEL,
+                    channel_type="GuildPublicThread", channel_name="a thread"),
+    ])
+    rows = engine.store._query("SELECT parent_id, type FROM channels WHERE id = ?", (thread_id,))
+    assert rows == [(CHANNEL, "GuildPublicThread")]
+    assert set(engine.store.expand_channels([CHANNEL])) == {CHANNEL, thread_id}
+    assert engine.store.expand_channels([thread_id]) == (thread_id,)
+    # a later record without the parent does not erase it
+    engine.upsert([make_record("more", channel_id=thread_id)])
+    assert engine.store._query("SELECT parent_id FROM channels WHERE id = ?",
+                               (thread_id,)) == [(CHANNEL,)]
+
+
+@pytest.fixture
+def crowded(engine: MemoryEngine, make_record: MakeRecord) -> tuple[MemoryEngine, list[int]]:
+    """200 messages: 190 close to "raspberry cluster" by others, 10 far ones by author 99."""
+    close = [
+        make_record(f"raspberry cluster kubernetes node {i} rebuilt", author_id=1 + i % 5,
+                    channel_id=CHANNEL + i % 3)
+        for i in range(190)
+    ]
+    far = [
+        make_record(f"tomato seedlings compost watering schedule {i}", author_id=99,
+                    channel_id=CHANNEL + 2, attachments=("photo.jpg",) if i % 2 else ())
+        for i in range(10)
+    ]
+    engine.ingest(close + far)
+    return engine, [r.id for r in far]
+
+
+def test_author_filter_applies_inside_the_knn(crowded) -> None:
+    engine, far = crowded
+    vector = engine.embedder.embed(["raspberry cluster kubernetes"])[0]
+    unfiltered = engine.store.knn(vector, 5, Filters(guild_id=GUILD))
+    assert not set(far) & {mid for mid, _ in unfiltered}
+    hits = engine.store.knn(vector, 5, Filters(guild_id=GUILD, author_ids=(99,)))
+    assert len(hits) == 5 and {mid for mid, _ in hits} <= set(far)
+    # the same through a search: dense mode, no threshold, limit 5
+    result = engine.search("raspberry cluster kubernetes", guild_id=GUILD, author_ids=(99,),
+                           limit=5, mode="dense", adaptive=False)
+    assert len(result.hits) == 5
+    assert all(h.author_id == 99 for h in result.hits)
+
+
+@pytest.mark.parametrize(
+    "filters, expected",
+    [
+        pytest.param(Filters(channel_ids=(CHANNEL + 2,), author_ids=(99,)), 5, id="channel+author"),
+        pytest.param(Filters(author_ids=(99,), has_attachment=True), 5, id="attachment"),
+        pytest.param(Filters(author_ids=(99,), has_attachment=False), 5, id="no-attachment"),
+        pytest.param(Filters(guild_id=GUILD + 1), 0, id="other-guild"),
+    ],
+)
+def test_metadata_filters_inside_the_knn(crowded, filters: Filters, expected: int) -> None:
+    engine, far = crowded
+    vector = engine.embedder.embed(["raspberry cluster kubernetes"])[0]
+    hits = engine.store.knn(vector, 5, filters)
+    assert len(hits) == expected
+    assert {mid for mid, _ in hits} <= set(far)
+
+
+def test_time_filters_inside_the_knn(engine: MemoryEngine, make_record: MakeRecord) -> None:
+    old = [make_record(f"backup disk report {i}", age_days=100 + i) for i in range(20)]
+    new = [make_record(f"pizza night {i}", age_days=1 + i / 10) for i in range(5)]
+    engine.ingest(old + new)
+    vector = engine.embedder.embed(["pizza night"])[0]
+    cutoff = old[0].created_at + 1
+    before = engine.store.knn(vector, 5, Filters(before_ms=cutoff))
+    assert len(before) == 5 and {m for m, _ in before} <= {r.id for r in old}
+    after = engine.store.knn(vector, 50, Filters(after_ms=cutoff))
+    assert {m for m, _ in after} == {r.id for r in new}
+
+
+def test_empty_id_filter_is_an_input_error(engine: MemoryEngine, make_record: MakeRecord) -> None:
+    engine.ingest([make_record("hello")])
+    with pytest.raises(SearchInputError):
+        engine.store.knn(engine.embedder.embed(["hello"])[0], 5, Filters(author_ids=()))
+
+
+def test_knn_without_vectors_is_empty(tmp_db: Path) -> None:
+    store = MessageStore(tmp_db)
+    try:
+        assert store.knn(np.ones(4, dtype=np.float32), 5, Filters()) == []
+    finally:
+        store.close()
+
+
+def test_wal_mode_on_the_store(engine: MemoryEngine) -> None:
+    assert engine.store._query("PRAGMA journal_mode")[0][0].lower() == "wal"
