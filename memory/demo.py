@@ -14,6 +14,7 @@ from pathlib import Path
 
 from memory.bench import load_queries, score_ranking
 from memory.cli import DEMO_DIR, DEMO_QUERIES, format_result, open_engine, progress_bar
+from memory.errors import MemoryBotError
 from memory.search import SearchRequest
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ def run_demo(args: argparse.Namespace, db: Path) -> int:
     engine = open_engine(args, db=db)
     try:
         _import(engine)
+        _reranker_status(engine)
         queries = load_queries(DEMO_QUERIES)
         by_id = {q.id: q for q in queries}
         for qid in SHOWCASE:
@@ -58,9 +60,26 @@ def _import(engine) -> None:
     )
 
 
+def _reranker_status(engine) -> None:
+    service = engine.rerankers.current()
+    if service is None:
+        print("reranker: off in this profile; results are the hybrid order")
+        return
+    try:
+        service.load()
+    except MemoryBotError as exc:
+        reason = str(exc).splitlines()[0][:160]
+        print(f"reranker: {service.config.model} is not available here ({reason}); "
+              "searches fall back to the hybrid order. Point reranker.model at a local "
+              "Qwen3-Reranker folder or allow a download to enable it.")
+        logging.getLogger("memory.reranker.service").setLevel(logging.ERROR)
+        return
+    print(f"reranker: {service.config.model} on {service.config.device}")
+
+
 def _filtered(engine, guild_id: int) -> None:
     text = "what is the wifi password or door code"
-    print(f"\n>>> search with filters (#general, attachments only excluded): {text}")
+    print(f"\n>>> search only #general (and its threads): {text}")
     channels = engine.store.channel_ids_named("general", guild_id)
     result = engine.search(text, guild_id=guild_id, channel_ids=tuple(channels), limit=3)
     print(format_result(result))

@@ -352,3 +352,31 @@ def test_search_reranks_in_process_with_a_locally_saved_qwen3(tmp_path, tiny_mod
     direct = engine.rerankers.current().score(QUERY, [h.rerank_text for h in result.hits])
     assert direct == pytest.approx(scores, abs=1e-5)
     engine.close()
+
+
+def test_a_failed_model_load_is_remembered_not_retried_per_search(tmp_path, monkeypatch):
+    from memory.reranker.qwen import QwenReranker
+
+    backend = QwenReranker(RerankerConfig(backend="transformers", model=str(tmp_path / "gone")))
+    with pytest.raises(RerankerError) as first:
+        backend.load()
+    calls = []
+    monkeypatch.setattr(backend, "_from_pretrained", lambda: calls.append(1))
+    with pytest.raises(RerankerError) as second:
+        backend.score(QUERY, ["a document"])
+    assert second.value is first.value and calls == []
+
+
+def test_fallback_warns_once_per_cause(tmp_path, caplog):
+    reranker = RerankerConfig(backend="transformers", model=str(tmp_path / "no-such-model"))
+    engine = MemoryEngine(
+        tmp_path / "m.sqlite3", Profile(name="x", reranker=reranker), HashEmbedder(),
+        load_reranker=False,
+    )
+    engine.ingest(records())
+    with caplog.at_level(logging.DEBUG, logger="memory.reranker.service"):
+        for _ in range(3):
+            assert search(engine).trace.rerank_fallback
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    engine.close()

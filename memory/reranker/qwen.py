@@ -24,6 +24,7 @@ import copy
 import gc
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from memory.reranker.prompt import SUFFIX, document_text, head_text
 
 log = logging.getLogger(__name__)
 
+LOAD_RETRY_S = 60.0  # how long a failed model load is answered from memory
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _AUTO_DTYPE = {"cuda": torch.bfloat16, "mps": torch.float16, "cpu": torch.float32}
 
@@ -105,6 +107,9 @@ class QwenReranker:
         self._answer_bias: torch.Tensor | None = None
         self._pad_id = 0
         self._suffix_ids: list[int] = []
+        # A failed load is remembered for a while: retrying a missing model on every
+        # search would cost a hub round-trip (or its retries) each time.
+        self._load_failure: tuple[float, RerankerUnavailable] | None = None
 
     @classmethod
     def from_model(
@@ -142,9 +147,17 @@ class QwenReranker:
                 found or loaded, or it is not a yes/no reranker.
         """
         with self._lock:
-            if self._model is None:
+            if self._model is not None:
+                return
+            if self._load_failure and time.monotonic() - self._load_failure[0] < LOAD_RETRY_S:
+                raise self._load_failure[1]
+            try:
                 model, tokenizer = self._from_pretrained()
-                self._install(model, tokenizer, owned=True)
+            except RerankerUnavailable as exc:
+                self._load_failure = (time.monotonic(), exc)
+                raise
+            self._load_failure = None
+            self._install(model, tokenizer, owned=True)
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Return P(yes) for each text against ``query``, in input order.

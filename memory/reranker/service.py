@@ -60,6 +60,7 @@ class RerankerService:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reranker")
         self._inflight = 0
         self._idle = threading.Condition()
+        self._last_warning: str | None = None
 
     @property
     def name(self) -> str:
@@ -147,6 +148,7 @@ class RerankerService:
         metrics.RERANK_CANDIDATES.observe(len(head))
         metrics.RERANK_LATENCY.labels(backend=self.name).observe(elapsed)
         ranked = self._finalise(ranked)
+        self._last_warning = None
         trace.reranked = True
         trace.post_rerank = [h.id for h in ranked]
         return ranked + tail if not self.config.min_score else ranked
@@ -168,7 +170,10 @@ class RerankerService:
         return ranked
 
     def _fallback(self, hits: list, trace: Any, reason: str) -> list:
-        log.warning("reranking skipped, keeping retrieval order: %s", reason)
+        # warn once per distinct cause; a missing model would otherwise log per search
+        level = logging.DEBUG if reason == self._last_warning else logging.WARNING
+        self._last_warning = reason
+        log.log(level, "reranking skipped, keeping retrieval order: %s", reason)
         metrics.RERANK_CALLS.labels(backend=self.name, status="error").inc()
         trace.rerank_fallback = reason
         return hits
