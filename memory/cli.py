@@ -163,6 +163,15 @@ def progress_bar(total: int, desc: str, unit: str = "msg") -> tuple[Callable[[in
     return bar.update, bar
 
 
+def embed_with_progress(engine: Any) -> int:
+    """Embed the engine's backlog behind a progress bar; returns messages embedded."""
+    update, bar = progress_bar(engine.store.pending_count(), "embedding")
+    try:
+        return engine.embed_pending(progress=update)
+    finally:
+        bar.close()
+
+
 def _emit_json(data: Any, path: Path | None = None) -> None:
     text = json.dumps(data, indent=2, ensure_ascii=False, default=str)
     if path:
@@ -184,9 +193,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         summary = engine.import_exports(files, embed=False, on_file=on_file)
         files_bar.close()
         if not args.no_embed:
-            on_embedded, bar = progress_bar(engine.store.pending_count(), "embedding")
-            summary.embedded = engine.embed_pending(progress=on_embedded)
-            bar.close()
+            summary.embedded = embed_with_progress(engine)
     finally:
         engine.close()
     print(
@@ -323,9 +330,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     """Embed the backlog of stored, unembedded messages."""
     engine = open_engine(args, load_reranker=False)
     try:
-        update, bar = progress_bar(engine.store.pending_count(), "embedding")
-        done = engine.embed_pending(progress=update)
-        bar.close()
+        done = embed_with_progress(engine)
     finally:
         engine.close()
     print(f"embedded {done} messages")

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 from memory.bench import load_queries, score_ranking
-from memory.cli import DEMO_DIR, DEMO_QUERIES, format_result, open_engine, progress_bar
+from memory.cli import (
+    DEMO_DIR, DEMO_QUERIES, embed_with_progress, format_result, open_engine, progress_bar,
+)
 from memory.errors import MemoryBotError
 from memory.search import SearchRequest
 
@@ -47,9 +49,7 @@ def _import(engine) -> None:
     on_file, bar = progress_bar(len(list(DEMO_DIR.glob("*.json"))), "reading")
     summary = engine.import_exports([DEMO_DIR], embed=False, on_file=on_file)
     bar.close()
-    on_embedded, bar = progress_bar(engine.store.pending_count(), "embedding")
-    summary.embedded = engine.embed_pending(progress=on_embedded)
-    bar.close()
+    summary.embedded = embed_with_progress(engine)
     stats = engine.store.stats()
     print(
         f"imported {summary.files} channel exports from {DEMO_DIR.name}/: "

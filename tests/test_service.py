@@ -380,3 +380,21 @@ def test_fallback_warns_once_per_cause(tmp_path, caplog):
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     engine.close()
+
+
+def test_metrics_are_exposed_over_http(remote_engine):
+    import socket
+    import urllib.request
+
+    search(remote_engine)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    metrics.serve(port)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for name in ("memory_rerank_calls_total", "memory_rerank_candidates",
+                 "memory_rerank_seconds", "memory_rerank_server_errors_total",
+                 "memory_adaptive_threshold_iterations", "memory_final_threshold",
+                 "memory_search_results", "memory_search_seconds"):
+        assert name in body
+    assert 'memory_rerank_calls_total{backend="llama-server",status="ok"}' in body
