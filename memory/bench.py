@@ -11,7 +11,6 @@ import logging
 import math
 import platform
 import random
-import statistics
 import tempfile
 import time
 from collections.abc import Callable

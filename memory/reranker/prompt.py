@@ -18,6 +18,13 @@ DEFAULT_INSTRUCTION = (
     "message contains information that answers it"
 )
 
+# The pre-tokenizer split pattern of Qwen2/Qwen3's tokenizer.json; :func:`head_text`
+# relies on it never joining ``:`` with a following space.
+QWEN_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 ASSISTANT_THINK = "<think>\n\n</think>\n\n"
