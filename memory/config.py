@@ -56,6 +56,7 @@ class SearchConfig:
     """Retrieval knobs: candidate pool, fusion, adaptive threshold and boosts."""
 
     oversample: int = field(default=5, metadata=_range(1, 100))
+    rescore: int = field(default=4, metadata=_range(1, 1000))
     fusion: str = field(default="rrf", metadata=_choice("rrf", "score_sum", "score_max"))
     rrf_k: int = field(default=60, metadata=_range(1, 10_000))
     keyword_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))

@@ -21,6 +21,8 @@ from memory.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+_DIRECT_MAX = 32  # up to this many texts skip encode()'s per-call set-up
+
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
@@ -82,6 +84,7 @@ class SentenceTransformerEmbedder:
                         f"embedder {self.model_id!r} could not be loaded: {exc}"
                     ) from exc
                 self._dimension = self._model.get_embedding_dimension()
+                self._model.eval()
         return self._model
 
     @property
@@ -96,6 +99,8 @@ class SentenceTransformerEmbedder:
         model = self._load()
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        if len(texts) <= _DIRECT_MAX:
+            return self._direct(model, list(texts))
         vectors = model.encode(
             list(texts),
             batch_size=self.config.batch_size,
@@ -104,3 +109,23 @@ class SentenceTransformerEmbedder:
             show_progress_bar=False,
         )
         return np.asarray(vectors, dtype=np.float32)
+
+    @staticmethod
+    def _direct(model, texts: list[str]) -> np.ndarray:
+        """One forward pass through the model's own modules, for a search's few queries.
+
+        ``encode`` re-checks every parameter's device and re-enters eval mode on
+        each call: about 2 ms on a 2-core CPU, paid by every search but only
+        once per batch by an import, which keeps ``encode``'s length-sorted batching.
+        """
+        import torch
+
+        features = model.preprocess(texts)
+        features = {
+            name: value.to(model.device) if isinstance(value, torch.Tensor) else value
+            for name, value in features.items()
+        }
+        with torch.inference_mode():
+            vectors = model(features)["sentence_embedding"]
+            vectors = torch.nn.functional.normalize(vectors.float(), dim=1)
+        return vectors.cpu().numpy()

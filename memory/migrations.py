@@ -71,6 +71,15 @@ MIGRATIONS: list[str] = [
         VALUES (new.id, new.content, new.attachments);
     END;
     """,
+    # 2: per guild, how often each bit of the stored 1-bit codes is set; it lets a
+    # search guess how far its k-th nearest code lies (memory.store._RadiusMemory).
+    """
+    CREATE TABLE code_stats (
+        guild_id INTEGER PRIMARY KEY,
+        vectors INTEGER NOT NULL,
+        ones BLOB NOT NULL  -- int64 per bit: how many of those codes have it set
+    );
+    """,
 ]
 
 
@@ -108,4 +117,3 @@ def migrate(conn: Any) -> int:
                 ) from exc
             raise
     return len(MIGRATIONS)
-

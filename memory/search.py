@@ -264,7 +264,10 @@ class Searcher:
         return pool
 
     def _dense(self, vector: np.ndarray | None, k: int, filters: Filters) -> list:
-        return self.store.knn(vector, k, filters) if vector is not None else []
+        return (
+            self.store.knn(vector, k, filters, rescore=self.config.rescore)
+            if vector is not None else []
+        )
 
     def _keyword(self, match: str | None, k: int, filters: Filters) -> list:
         return self.store.keyword(match, k, filters) if match else []

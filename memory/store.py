@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,98 @@ def _split_attachments(value: str) -> tuple[str, ...]:
     return tuple(name for name in value.split("\n") if name)
 
 
+def _vector_table_sql(dimension: int) -> str:
+    """The vector table: a 1-bit code to search by, the float vector to rank by, filters."""
+    bits = -(-int(dimension) // 8) * 8  # whole bytes; padding bits are 0 in every code
+    return f"""CREATE VIRTUAL TABLE IF NOT EXISTS message_vectors USING vec0(
+        message_id INTEGER PRIMARY KEY,
+        embedding_bits bit[{bits}],
+        guild_id INTEGER PARTITION KEY,
+        channel_id INTEGER,
+        author_id INTEGER,
+        created_at INTEGER,
+        has_attachment INTEGER,
+        +embedding BLOB
+    )"""
+
+
+def binary_code(vector: np.ndarray) -> bytes:
+    """The 1-bit code of a vector: one bit per dimension, set where the value is positive.
+
+    Bit order matches sqlite-vec's ``vec_quantize_binary`` (least significant first).
+    """
+    return np.packbits(np.asarray(vector) > 0, bitorder="little").tobytes()
+
+
+class _RadiusMemory:
+    """Guesses how far, in Hamming bits, a search's k-th nearest 1-bit code lies.
+
+    sqlite-vec 0.1.9 picks each 1024-code chunk's top k with up to k linear passes,
+    so a KNN for k = 400 over 100k codes spends more time selecting than measuring.
+    A ``distance <= radius`` constraint drops far codes before that selection, and
+    the tighter the radius the cheaper the search.
+
+    The guess starts from the query's expected distance to a stored code (from
+    the guild's bit frequencies, ``code_stats``): queries near the bulk of the
+    codes have near neighbours.  Earlier searches with the same filters (for new
+    filters: the guild's unfiltered searches) tell how far below that expectation
+    the k-th code lay; the guess takes a high percentile of those offsets.  A
+    search that finds fewer than k within it widens the radius and runs again,
+    the last try without any constraint, so a wrong guess costs time, never results.
+    """
+
+    def __init__(self, history: int = 32, percentile: float = 80.0, max_keys: int = 256) -> None:
+        self._history = history
+        self._percentile = percentile
+        self._max_keys = max_keys
+        self._offsets: dict[tuple[Filters, int], deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def search(
+        self,
+        run: Callable[[int | None], list[tuple]],
+        *,
+        key: tuple[Filters, int],
+        want: int,
+        bits: int,
+        expected: float = 0.0,
+    ) -> list[tuple]:
+        """Call ``run(radius)`` until it returns ``want`` rows or ran without a radius.
+
+        ``run`` returns rows nearest first with the Hamming distance at index 1;
+        ``expected`` is the query's mean distance to a stored code (0 if unknown).
+        """
+        radius, step = self._guess(key, expected)
+        while True:
+            rows = run(radius)
+            if len(rows) >= want or radius is None:
+                break
+            radius = radius + step if radius + step < bits else None
+            step *= 2
+        if len(rows) >= want:
+            self._remember(key, rows[want - 1][1] - expected)
+        return rows
+
+    def _guess(self, key: tuple[Filters, int], expected: float) -> tuple[int | None, int]:
+        filters, want = key
+        with self._lock:
+            seen = self._offsets.get(key) or self._offsets.get(
+                (Filters(guild_id=filters.guild_id), want)
+            )
+            if not seen:
+                return None, 0
+            offsets = np.fromiter(seen, dtype=np.float64)
+        radius = int(np.ceil(expected + np.percentile(offsets, self._percentile)))
+        spread = np.percentile(offsets, 95) - np.percentile(offsets, 50)
+        return max(radius, 0), max(2, int(np.ceil(spread)))
+
+    def _remember(self, key: tuple[Filters, int], offset: float) -> None:
+        with self._lock:
+            if key not in self._offsets and len(self._offsets) >= self._max_keys:
+                self._offsets.clear()
+            self._offsets.setdefault(key, deque(maxlen=self._history)).append(offset)
+
+
 class MessageStore:
     """One SQLite database file holding a bot's memory.
 
@@ -104,6 +197,45 @@ class MessageStore:
             self._conn.close()
             raise
         self.generation = 0  # bumped on every write; lets callers cache derived data
+        self._radii = _RadiusMemory()
+        self._upgrade_vector_table()
+
+    def _upgrade_vector_table(self) -> None:
+        """Move a first-release vector table (a float vec0 column) to 1-bit codes + floats.
+
+        vec0 tables cannot be altered or renamed, so the rows go through a
+        temporary copy, all in one transaction; no vector is recomputed.
+        """
+        model = self.embedding_model()
+        if model is None:
+            return
+        columns = {row[1] for row in self._query("PRAGMA table_info(message_vectors)")}
+        if "embedding_bits" in columns:
+            return
+        log.info("moving %s to 1-bit vector search (one-off)", self.path)
+        fields = "message_id, guild_id, channel_id, author_id, created_at, has_attachment"
+        with self._transaction() as conn:
+            conn.execute(
+                f"CREATE TEMP TABLE vectors_copy AS SELECT {fields}, embedding FROM message_vectors"
+            )
+            conn.execute("DROP TABLE message_vectors")
+            conn.execute(_vector_table_sql(model[1]))
+            conn.executemany(
+                f"INSERT INTO message_vectors({fields}, embedding, embedding_bits) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, vec_bit(?))",
+                (
+                    (*row, binary_code(np.frombuffer(row[-1], dtype=np.float32)))
+                    for row in conn.execute(f"SELECT {fields}, embedding FROM temp.vectors_copy")
+                ),
+            )
+            for guild_id, in conn.execute("SELECT DISTINCT guild_id FROM temp.vectors_copy").fetchall():
+                vectors = conn.execute(
+                    "SELECT embedding FROM temp.vectors_copy WHERE guild_id = ?", (guild_id,)
+                ).fetchall()
+                self._count_code_bits(conn, guild_id, np.stack(
+                    [np.frombuffer(v, dtype=np.float32) for v, in vectors]
+                ))
+            conn.execute("DROP TABLE temp.vectors_copy")
 
     def close(self) -> None:
         """Close the connection."""
@@ -178,29 +310,21 @@ class MessageStore:
         """Drop every vector and bind to a new model; all messages become pending."""
         with self._transaction() as conn:
             conn.execute("DROP TABLE IF EXISTS message_vectors")
+            conn.execute("DELETE FROM code_stats")
             conn.execute("DELETE FROM meta WHERE key IN (?, ?)", (_META_MODEL, _META_DIM))
             conn.execute("UPDATE messages SET embedded = 0")
         self._create_vector_table(model_id, dimension)
 
     def _create_vector_table(self, model_id: str, dimension: int) -> None:
         with self._transaction() as conn:
-            conn.execute(
-                f"""CREATE VIRTUAL TABLE IF NOT EXISTS message_vectors USING vec0(
-                    message_id INTEGER PRIMARY KEY,
-                    embedding float[{int(dimension)}] distance_metric=cosine,
-                    guild_id INTEGER PARTITION KEY,
-                    channel_id INTEGER,
-                    author_id INTEGER,
-                    created_at INTEGER,
-                    has_attachment INTEGER
-                )"""
-            )
+            conn.execute(_vector_table_sql(dimension))
             for key, value in ((_META_MODEL, model_id), (_META_DIM, str(dimension))):
                 conn.execute(
                     "INSERT INTO meta(key, value) VALUES (?, ?) "
                     "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                     (key, value),
                 )
+        self._radii = _RadiusMemory()  # distances learned under the old model mean nothing
 
     # -- writes -------------------------------------------------------------------
 
@@ -377,15 +501,55 @@ class MessageStore:
             ids = [m.id for m, _ in rows]
             self._delete_vectors(conn, ids)  # vec0 has no INSERT OR REPLACE
             conn.executemany(
-                "INSERT INTO message_vectors(message_id, embedding, guild_id, channel_id, "
-                "author_id, created_at, has_attachment) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO message_vectors(message_id, embedding_bits, embedding, guild_id, "
+                "channel_id, author_id, created_at, has_attachment) "
+                "VALUES (?, vec_bit(?), ?, ?, ?, ?, ?, ?)",
                 [
-                    (m.id, vec.tobytes(), m.guild_id, m.channel_id, m.author_id,
-                     m.created_at, int(bool(m.attachments)))
+                    (m.id, binary_code(vec), vec.tobytes(), m.guild_id, m.channel_id,
+                     m.author_id, m.created_at, int(bool(m.attachments)))
                     for m, vec in rows
                 ],
             )
+            for guild_id in {m.guild_id for m, _ in rows}:
+                self._count_code_bits(
+                    conn, guild_id, np.stack([vec for m, vec in rows if m.guild_id == guild_id])
+                )
             conn.executemany("UPDATE messages SET embedded = 1 WHERE id = ?", [(i,) for i in ids])
+
+    @staticmethod
+    def _count_code_bits(conn: Any, guild_id: int, vectors: np.ndarray) -> None:
+        """Add ``vectors``' code bits to the guild's ``code_stats`` row.
+
+        Deleted and replaced vectors are not subtracted: the counts only steer a
+        guess of how far a search must look (see :class:`_RadiusMemory`).
+        """
+        ones = (vectors > 0).sum(axis=0).astype(np.int64)
+        row = conn.execute(
+            "SELECT vectors, ones FROM code_stats WHERE guild_id = ?", (guild_id,)
+        ).fetchone()
+        count = len(vectors)
+        if row is not None and len(row[1]) == ones.nbytes:
+            count += row[0]
+            ones += np.frombuffer(row[1], dtype=np.int64)
+        conn.execute(
+            "INSERT INTO code_stats(guild_id, vectors, ones) VALUES (?, ?, ?) ON CONFLICT(guild_id) "
+            "DO UPDATE SET vectors = excluded.vectors, ones = excluded.ones",
+            (guild_id, count, ones.tobytes()),
+        )
+
+    def _expected_distance(self, code_bits: np.ndarray, guild_id: int | None) -> float:
+        """Mean Hamming distance from a code to the guild's stored codes (0 if unknown)."""
+        rows = self._query(
+            "SELECT vectors, ones FROM code_stats"
+            + (" WHERE guild_id = ?" if guild_id is not None else ""),
+            () if guild_id is None else (guild_id,),
+        )
+        rows = [r for r in rows if len(r[1]) == code_bits.size * 8]
+        total = sum(r[0] for r in rows)
+        if not total:
+            return 0.0
+        ones = sum(np.frombuffer(r[1], dtype=np.int64) for r in rows) / total
+        return float(np.where(code_bits, 1.0 - ones, ones).sum())
 
     @staticmethod
     def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
@@ -402,38 +566,77 @@ class MessageStore:
 
     # -- reads ----------------------------------------------------------------------
 
-    def knn(self, vector: np.ndarray, k: int, filters: Filters) -> list[tuple[int, float]]:
-        """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first."""
+    def knn(
+        self, vector: np.ndarray, k: int, filters: Filters, *, rescore: int = 4
+    ) -> list[tuple[int, float]]:
+        """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first.
+
+        The KNN runs inside vec0 over the 1-bit codes (filters included) and fetches
+        the ``k × rescore`` nearest by Hamming distance; those are ranked by exact
+        cosine from their float vectors.  sqlite-vec scans every code either way,
+        but a Hamming distance is far cheaper than a float cosine (BENCHMARKS.md);
+        a ``rescore`` large enough to fetch the whole scope makes the result exact.
+        """
         if self.embedding_model() is None:
             return []
         k = max(1, min(int(k), MAX_KNN_K))
-        clauses, params = ["embedding MATCH ?", "k = ?"], [
-            np.asarray(vector, dtype=np.float32).tobytes(), k,
-        ]
+        fetch = min(k * max(1, int(rescore)), MAX_KNN_K)
+        query = np.asarray(vector, dtype=np.float32)
+        code = binary_code(query)
+        candidates = self._radii.search(
+            lambda radius: self._code_knn(code, fetch, filters, radius),
+            key=(filters, fetch),
+            want=fetch,
+            bits=len(code) * 8,
+            expected=self._expected_distance(query > 0, filters.guild_id),
+        )
+        if not candidates:
+            return []
+        floats = np.frombuffer(b"".join(row[2] for row in candidates), dtype=np.float32)
+        floats = floats.reshape(len(candidates), -1)
+        norms = np.linalg.norm(floats, axis=1) * float(np.linalg.norm(query))
+        similarity = floats @ query / np.maximum(norms, 1e-12)
+        best = np.argsort(-similarity, kind="stable")[:k]
+        return [(candidates[i][0], float(similarity[i])) for i in best]
+
+    def _code_knn(
+        self, code: bytes, k: int, filters: Filters, radius: int | None = None
+    ) -> list[tuple[int, float, bytes]]:
+        """The ``k`` nearest codes (within ``radius`` bits, if given): id, distance, floats."""
+        clauses, params = ["embedding_bits MATCH vec_bit(?)", "k = ?"], [code, k]
+        if radius is not None:
+            clauses.append("distance <= ?")
+            params.append(radius)
         self._filter_sql(filters, "", clauses, params)
-        rows = self._query(
-            f"SELECT message_id, distance FROM message_vectors WHERE {' AND '.join(clauses)} "
-            "ORDER BY distance",
+        return self._query(
+            "SELECT message_id, distance, embedding FROM message_vectors "
+            f"WHERE {' AND '.join(clauses)} ORDER BY distance",
             params,
         )
-        return [(row[0], 1.0 - row[1]) for row in rows]
 
     def keyword(self, match: str, k: int, filters: Filters) -> list[tuple[int, float]]:
         """Return up to ``k`` ``(message_id, bm25)`` pairs for an FTS5 expression, best first.
 
-        BM25 is negated so that higher is better.
+        BM25 is negated so that higher is better.  The best ``4 × k`` matches are
+        filtered first, which spares a table lookup per match when the filters
+        pass most messages (one guild's bot, no author filter); if fewer than
+        ``k`` survive, every match is filtered.
         """
-        clauses, params = ["messages_fts MATCH ?"], [match]
+        clauses, params = ["TRUE"], []
         self._filter_sql(filters, "m.", clauses, params)
-        params.append(int(k))
-        rows = self._query(
-            # CROSS JOIN keeps FTS as the outer loop: one MATCH, then a rowid lookup
-            # per hit (a plain JOIN may scan messages and re-run MATCH per row).
-            "SELECT m.id, -bm25(messages_fts, 1.0, 0.5) AS score FROM messages_fts "
-            "CROSS JOIN messages m ON m.id = messages_fts.rowid "
-            f"WHERE {' AND '.join(clauses)} ORDER BY score DESC LIMIT ?",
-            params,
-        )
+        k = int(k)
+        for head in (4 * k, -1):  # -1: no limit
+            rows = self._query(
+                # FTS ranks inside the subquery; CROSS JOIN keeps it the outer loop
+                # (a plain JOIN may scan messages and re-run MATCH per row).
+                "SELECT m.id, f.score FROM (SELECT rowid, -bm25(messages_fts, 1.0, 0.5) AS score "
+                "FROM messages_fts WHERE messages_fts MATCH ? ORDER BY score DESC LIMIT ?) f "
+                f"CROSS JOIN messages m ON m.id = f.rowid WHERE {' AND '.join(clauses)} "
+                "ORDER BY f.score DESC LIMIT ?",
+                [match, head, *params, k],
+            )
+            if len(rows) >= k:
+                break
         return [(row[0], row[1]) for row in rows]
 
     def _filter_sql(self, f: Filters, prefix: str, clauses: list[str], params: list) -> None:

@@ -293,6 +293,13 @@ def test_bench_search_scale_runs(tmp_path: Path, capsys: pytest.CaptureFixture) 
     for timings in result["search"].values():
         assert set(timings) == {"p50_ms", "p95_ms"}
         assert timings["p95_ms"] >= timings["p50_ms"] > 0
+    # the vector stage per rescore setting; 300 messages: 16 x 50 fetches them all
+    assert list(result["knn"]) == ["1", "2", "4", "8", "16"]
+    for measured in result["knn"].values():
+        assert measured["p95_ms"] >= measured["p50_ms"] > 0
+        assert 0 <= measured["exact_top10_overlap"] <= 1
+    assert result["knn"]["16"]["exact_top10_overlap"] == 1.0
+    assert result["knn"]["16"]["exact_top50_overlap"] == 1.0
 
 
 def test_demo_runs_on_a_temporary_database(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

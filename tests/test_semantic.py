@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memory.engine import MemoryEngine
@@ -105,3 +106,14 @@ def test_hybrid_trace_on_real_embeddings(demo: MemoryEngine) -> None:
     assert all(h.keyword_score is not None or h.similarity >= result.trace.threshold - 1e-6
                for h in result.hits)
     assert any(h.similarity is not None and h.keyword_score is not None for h in result.hits)
+
+
+def test_a_few_texts_embed_the_same_as_encode_batches(minilm) -> None:
+    """Queries skip ``encode``'s per-call set-up; the vectors must not change."""
+    texts = ["pizza", "what did Caroline say about the adoption agency she visited in spring",
+             "C++ build fails 🙃", "x " * 400]  # the last one is truncated at 256 tokens
+    direct = minilm.embed(texts)
+    batched = minilm.embed(texts * 10)[: len(texts)]  # 40 texts: through encode()
+    assert direct.shape == (4, 384) and direct.dtype == np.float32
+    np.testing.assert_allclose(direct, batched, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(direct, axis=1), 1.0, atol=1e-5)

@@ -370,12 +370,13 @@ def crowded(engine: MemoryEngine, make_record: MakeRecord) -> tuple[MemoryEngine
     return engine, [r.id for r in far]
 
 
-def test_author_filter_applies_inside_the_knn(crowded) -> None:
+@pytest.mark.parametrize("rescore", [1, 8], ids=["rescore-1", "rescore-8"])
+def test_author_filter_applies_inside_the_knn(crowded, rescore: int) -> None:
     engine, far = crowded
     vector = engine.embedder.embed(["raspberry cluster kubernetes"])[0]
-    unfiltered = engine.store.knn(vector, 5, Filters(guild_id=GUILD))
+    unfiltered = engine.store.knn(vector, 5, Filters(guild_id=GUILD), rescore=rescore)
     assert not set(far) & {mid for mid, _ in unfiltered}
-    hits = engine.store.knn(vector, 5, Filters(guild_id=GUILD, author_ids=(99,)))
+    hits = engine.store.knn(vector, 5, Filters(guild_id=GUILD, author_ids=(99,)), rescore=rescore)
     assert len(hits) == 5 and {mid for mid, _ in hits} <= set(far)
     # the same through a search: dense mode, no threshold, limit 5
     result = engine.search("raspberry cluster kubernetes", guild_id=GUILD, author_ids=(99,),
@@ -393,10 +394,13 @@ def test_author_filter_applies_inside_the_knn(crowded) -> None:
         pytest.param(Filters(guild_id=GUILD + 1), 0, id="other-guild"),
     ],
 )
-def test_metadata_filters_inside_the_knn(crowded, filters: Filters, expected: int) -> None:
+@pytest.mark.parametrize("rescore", [1, 8], ids=["rescore-1", "rescore-8"])
+def test_metadata_filters_inside_the_knn(
+    crowded, filters: Filters, expected: int, rescore: int
+) -> None:
     engine, far = crowded
     vector = engine.embedder.embed(["raspberry cluster kubernetes"])[0]
-    hits = engine.store.knn(vector, 5, filters)
+    hits = engine.store.knn(vector, 5, filters, rescore=rescore)
     assert len(hits) == expected
     assert {mid for mid, _ in hits} <= set(far)
 
@@ -411,6 +415,187 @@ def test_time_filters_inside_the_knn(engine: MemoryEngine, make_record: MakeReco
     assert len(before) == 5 and {m for m, _ in before} <= {r.id for r in old}
     after = engine.store.knn(vector, 50, Filters(after_ms=cutoff))
     assert {m for m, _ in after} == {r.id for r in new}
+
+
+# -- 1-bit KNN with exact rescoring -------------------------------------------------------
+
+
+def exact_cosine(store: MessageStore, vector: np.ndarray) -> dict[int, float]:
+    rows = store._query("SELECT message_id, embedding FROM message_vectors")
+    return {
+        mid: float(np.frombuffer(blob, dtype=np.float32) @ vector
+                   / np.linalg.norm(np.frombuffer(blob, dtype=np.float32)) / np.linalg.norm(vector))
+        for mid, blob in rows
+    }
+
+
+def test_knn_that_fetches_the_whole_scope_is_exact(crowded) -> None:
+    engine, _ = crowded
+    vector = engine.embedder.embed(["tomato compost"])[0]
+    exact = exact_cosine(engine.store, vector)
+    hits = engine.store.knn(vector, 200, Filters(guild_id=GUILD), rescore=1)  # all 200 rows
+    assert dict(hits).keys() == exact.keys()
+    for mid, similarity in hits:
+        assert similarity == pytest.approx(exact[mid], abs=1e-5)
+    sims = [s for _, s in hits]
+    assert sims == sorted(sims, reverse=True)
+    top = sorted(exact.values(), reverse=True)[:10]
+    np.testing.assert_allclose(
+        [s for _, s in engine.store.knn(vector, 10, Filters(), rescore=20)], top, atol=1e-5
+    )
+
+
+def test_binary_knn_candidates_are_the_nearest_by_hamming(crowded) -> None:
+    """The rescored pool is exactly the ``k × rescore`` nearest 1-bit vectors."""
+    engine, _ = crowded
+    store = engine.store
+    vector = engine.embedder.embed(["raspberry node rebuilt"])[0]
+    bits = np.packbits(vector > 0, bitorder="little")
+    pool = [row[:2] for row in store._code_knn(bits.tobytes(), 40, Filters(guild_id=GUILD))]
+    stored = dict(store._query("SELECT message_id, embedding_bits FROM message_vectors"))
+    hamming = {m: int(np.unpackbits(np.frombuffer(b, np.uint8) ^ bits).sum()) for m, b in stored.items()}
+    assert [d for _, d in pool] == sorted(hamming.values())[:40]
+    hits = store.knn(vector, 10, Filters(guild_id=GUILD), rescore=4)
+    assert {m for m, _ in hits} <= {m for m, _ in pool}
+    sims = [s for _, s in hits]
+    assert sims == sorted(sims, reverse=True)
+
+
+def test_learned_radius_never_changes_results(crowded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a few searches the 1-bit KNN runs with a distance limit; a query whose
+    neighbours lie further out widens it, and every answer equals the unlimited one."""
+    engine, far = crowded
+    store = engine.store
+    radii: list[int | None] = []
+    original = store._code_knn
+
+    def recording(code, k, filters, radius=None):
+        radii.append(radius)
+        return original(code, k, filters, radius)
+
+    monkeypatch.setattr(store, "_code_knn", recording)
+    queries = [f"raspberry cluster node {i}" for i in range(6)] + [
+        "tomato seedlings compost watering", "completely unrelated words zebra",
+    ]
+    filters = Filters(guild_id=GUILD)
+    for text in queries:
+        vector = engine.embedder.embed([text])[0]
+        radii.clear()
+        learned = store.knn(vector, 5, filters, rescore=4)
+        tries = list(radii)
+        store._radii, saved = type(store._radii)(), store._radii  # no memory: no limit
+        assert store.knn(vector, 5, filters, rescore=4) == learned, text
+        store._radii = saved
+        if text != queries[0]:
+            assert tries[0] is not None, "a learned radius limits the KNN"
+        assert all(a < b for a, b in zip(tries, tries[1:]) if b is not None), tries
+    # an author who wrote only far-away messages: widens from the guild's radius
+    radii.clear()
+    hits = store.knn(engine.embedder.embed(["raspberry cluster"])[0], 5,
+                     Filters(guild_id=GUILD, author_ids=(99,)), rescore=4)
+    assert len(hits) == 5 and {m for m, _ in hits} <= set(far)
+    assert len(radii) > 1 and radii[0] is not None
+
+
+def test_a_vector_table_from_before_the_bits_column_is_upgraded(
+    make_engine, make_record: MakeRecord, tmp_path: Path
+) -> None:
+    db = tmp_path / "old.sqlite3"
+    engine = make_engine(db)
+    records = [make_record(f"garden note {i} about tomatoes") for i in range(30)]
+    engine.ingest(records)
+    store = engine.store
+    before = dict(store._query("SELECT message_id, embedding FROM message_vectors"))
+    # rebuild the table as the first release created it: float vectors only
+    with store._transaction() as conn:
+        conn.execute("DROP TABLE message_vectors")
+        conn.execute(
+            "CREATE VIRTUAL TABLE message_vectors USING vec0(message_id INTEGER PRIMARY KEY, "
+            "embedding float[128] distance_metric=cosine, guild_id INTEGER PARTITION KEY, "
+            "channel_id INTEGER, author_id INTEGER, created_at INTEGER, has_attachment INTEGER)"
+        )
+        conn.executemany(
+            "INSERT INTO message_vectors(message_id, embedding, guild_id, channel_id, author_id, "
+            "created_at, has_attachment) VALUES (?, ?, ?, ?, ?, ?, 0)",
+            [(r.id, before[r.id], r.guild_id, r.channel_id, r.author_id, r.created_at)
+             for r in records],
+        )
+    engine.close()
+    reopened = MessageStore(db)
+    try:
+        after = reopened._query(
+            "SELECT message_id, embedding, embedding_bits, guild_id, author_id FROM message_vectors"
+        )
+        assert {m: e for m, e, *_ in after} == before
+        for mid, embedding, bits, guild, author in after:
+            vector = np.frombuffer(embedding, dtype=np.float32)
+            assert bits == np.packbits(vector > 0, bitorder="little").tobytes()
+            assert (guild, author) == (GUILD, 1)
+        vector = np.frombuffer(before[records[3].id], dtype=np.float32)
+        assert reopened.knn(vector, 1, Filters(guild_id=GUILD), rescore=4)[0][0] == records[3].id
+    finally:
+        reopened.close()
+
+
+def test_dimensions_that_do_not_pack_into_bytes_get_padded_codes(
+    make_engine, make_record: MakeRecord
+) -> None:
+    engine = make_engine(embedder=HashEmbedder(dimension=100))
+    engine.ingest([make_record("pizza night friday"), make_record("disk backup report")])
+    codes = engine.store._query("SELECT embedding_bits FROM message_vectors")
+    assert {len(code) for code, in codes} == {13}  # 100 bits + 4 zero bits
+    result = engine.search("pizza night", guild_id=GUILD, limit=1, mode="dense")
+    assert result.hits[0].content == "pizza night friday"
+
+
+def test_code_stats_count_the_set_bits_per_guild(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    records = [make_record(f"note {i} on the garden") for i in range(12)]
+    records += [make_record(f"other server {i}", guild_id=GUILD + 1) for i in range(3)]
+    engine.ingest(records)
+    store = engine.store
+    for guild, expected_count in ((GUILD, 12), (GUILD + 1, 3)):
+        count, ones = store._query(
+            "SELECT vectors, ones FROM code_stats WHERE guild_id = ?", (guild,)
+        )[0]
+        vectors = [
+            np.frombuffer(v, dtype=np.float32)
+            for v, in store._query(
+                "SELECT embedding FROM message_vectors WHERE guild_id = ?", (guild,)
+            )
+        ]
+        assert count == expected_count
+        np.testing.assert_array_equal(
+            np.frombuffer(ones, dtype=np.int64), (np.stack(vectors) > 0).sum(axis=0)
+        )
+    # the expected distance is the mean Hamming distance to the guild's codes
+    query = engine.embedder.embed(["garden"])[0] > 0
+    codes = [
+        np.unpackbits(np.frombuffer(c, np.uint8), bitorder="little")[:128].astype(bool)
+        for c, in store._query("SELECT embedding_bits FROM message_vectors WHERE guild_id = ?",
+                               (GUILD,))
+    ]
+    mean = np.mean([(code != query).sum() for code in codes])
+    assert store._expected_distance(query, GUILD) == pytest.approx(mean)
+    assert store._expected_distance(query, GUILD + 7) == 0.0  # nothing known: no guess
+    engine.reembed()
+    assert store._query("SELECT sum(vectors) FROM code_stats")[0][0] == 15
+
+
+def test_keyword_search_filters_every_match_when_the_best_are_elsewhere(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    """The best 4 × k matches are all in another guild: the few here must still come back."""
+    loud = [make_record(f"pizza pizza {i}", guild_id=GUILD + 1) for i in range(60)]
+    quiet = [make_record(f"we could maybe order some pizza later tonight {i}") for i in range(3)]
+    engine.store.upsert(loud + quiet)
+    hits = engine.store.keyword('"pizza"', 5, Filters(guild_id=GUILD))
+    assert {mid for mid, _ in hits} == {r.id for r in quiet}
+    everywhere = engine.store.keyword('"pizza"', 5, Filters())
+    assert {mid for mid, _ in everywhere} <= {r.id for r in loud}
+    scores = [score for _, score in everywhere]
+    assert scores == sorted(scores, reverse=True)
 
 
 def test_empty_id_filter_is_an_input_error(engine: MemoryEngine, make_record: MakeRecord) -> None:
