@@ -397,7 +397,7 @@ class Searcher:
     def _empty_reason(self, hits: list[Hit], request: SearchRequest) -> str | None:
         if hits:
             return None
-        if self.store.message_count(request.guild_id) == 0:
+        if not self.store.has_messages(request.guild_id):
             return "nothing is stored for this server yet"
         if request.mode != "keyword" and self.store.embedding_model() is None:
             return "messages are stored but not embedded yet; run `python bot.py embed`"

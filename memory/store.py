@@ -720,6 +720,11 @@ class MessageStore:
             return self._query("SELECT count(*) FROM messages")[0][0]
         return self._query("SELECT count(*) FROM messages WHERE guild_id = ?", (guild_id,))[0][0]
 
+    def has_messages(self, guild_id: int | None = None) -> bool:
+        """Whether anything is stored (in one guild, or at all); cheaper than counting."""
+        where, params = ("WHERE guild_id = ?", (guild_id,)) if guild_id is not None else ("", ())
+        return bool(self._query(f"SELECT EXISTS (SELECT 1 FROM messages {where})", params)[0][0])
+
     def stats(self) -> dict[str, Any]:
         """Counts and metadata for the ``stats`` command."""
         model = self.embedding_model()

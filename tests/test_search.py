@@ -488,6 +488,16 @@ def test_empty_reason_nothing_stored(engine: MemoryEngine) -> None:
     assert "nothing is stored" in result.empty_reason
 
 
+def test_empty_reason_names_this_server_when_only_others_have_messages(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    engine.ingest([make_record("hello from elsewhere", guild_id=GUILD + 1)])
+    assert engine.store.has_messages() and engine.store.has_messages(GUILD + 1)
+    assert not engine.store.has_messages(GUILD)
+    result = engine.search("hello", guild_id=GUILD)
+    assert result.hits == [] and "nothing is stored for this server" in result.empty_reason
+
+
 def test_empty_reason_not_embedded_yet(engine: MemoryEngine, make_record: MakeRecord) -> None:
     engine.upsert([make_record("stored but not embedded")])
     result = engine.search("stored", guild_id=GUILD, mode="dense")

@@ -117,3 +117,29 @@ def test_a_few_texts_embed_the_same_as_encode_batches(minilm) -> None:
     assert direct.shape == (4, 384) and direct.dtype == np.float32
     np.testing.assert_allclose(direct, batched, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(direct, axis=1), 1.0, atol=1e-5)
+
+
+def test_queries_run_through_the_traced_forward(minilm) -> None:
+    minilm.embed(["warm"])
+    assert "_traced_forward" in minilm._forward.__qualname__
+
+
+def test_a_model_that_cannot_be_traced_keeps_the_eager_forward(
+    minilm, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch
+
+    from memory.config import EmbedderConfig
+    from memory.embedder import SentenceTransformerEmbedder
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this module cannot be traced")
+
+    monkeypatch.setattr(torch.jit, "trace", refuse)
+    embedder = SentenceTransformerEmbedder(EmbedderConfig())
+    with caplog.at_level("INFO", logger="memory.embedder"):
+        vectors = embedder.embed(["pizza night", "who fixed the printer?"])
+    assert "_eager_forward" in embedder._forward.__qualname__
+    assert "not traced (this module cannot be traced)" in caplog.text
+    np.testing.assert_allclose(vectors, minilm.embed(["pizza night", "who fixed the printer?"]),
+                               atol=1e-5)
