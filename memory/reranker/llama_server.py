@@ -248,6 +248,12 @@ def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_forever()
     finally:
         try:
+            # as asyncio.run does: tasks started while close() cancelled the others
+            # (anyio's connection attempts) must still run to their cancellation
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
