@@ -136,9 +136,10 @@ class SentenceTransformerEmbedder:
 def _features(model, texts: list[str]) -> dict:
     import torch
 
+    prepare = getattr(model, "preprocess", None) or model.tokenize  # its name before 6.0
     return {
         name: value.to(model.device) if isinstance(value, torch.Tensor) else value
-        for name, value in model.preprocess(texts).items()
+        for name, value in prepare(texts).items()
     }
 
 

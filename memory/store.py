@@ -215,6 +215,10 @@ class MessageStore:
         columns = {row[1] for row in self._query("PRAGMA table_info(message_vectors)")}
         if "embedding_bits" in columns:
             return
+        if not columns:  # the table is gone (dropped by hand?): rebuild, re-embed everything
+            log.warning("%s has no vector table; every message will be embedded again", self.path)
+            self.reset_embeddings(*model)
+            return
         log.info("moving %s to 1-bit vector search (one-off)", self.path)
         fields = "message_id, guild_id, channel_id, author_id, created_at, has_attachment"
         with self._transaction() as conn:

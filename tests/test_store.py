@@ -537,6 +537,21 @@ def test_a_vector_table_from_before_the_bits_column_is_upgraded(
         reopened.close()
 
 
+def test_a_missing_vector_table_is_rebuilt_and_everything_re_embedded(
+    make_engine, make_record: MakeRecord, tmp_path: Path
+) -> None:
+    db = tmp_path / "broken.sqlite3"
+    engine = make_engine(db)
+    engine.ingest([make_record(f"garden note {i}") for i in range(5)])
+    with engine.store._transaction() as conn:
+        conn.execute("DROP TABLE message_vectors")
+    engine.close()
+    again = make_engine(db)
+    assert again.store.pending_count() == 5
+    assert again.embed_pending() == 5
+    assert again.search("garden note", guild_id=GUILD, mode="dense").hits
+
+
 def test_dimensions_that_do_not_pack_into_bytes_get_padded_codes(
     make_engine, make_record: MakeRecord
 ) -> None:
