@@ -24,6 +24,7 @@ from memory.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _DIRECT_MAX = 32  # up to this many texts skip encode()'s per-call set-up
+_TRACING = threading.Lock()
 
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -102,7 +103,8 @@ class SentenceTransformerEmbedder:
         model = self._load()
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        if len(texts) <= _DIRECT_MAX:
+        # encode() prepends a model's default prompt; the direct path would not
+        if len(texts) <= _DIRECT_MAX and not getattr(model, "default_prompt_name", None):
             return self._direct(model, list(texts))
         vectors = model.encode(
             list(texts),
@@ -171,24 +173,25 @@ def _traced_forward(model):
     """
     import torch
 
-    probe = _features(model, ["a probe", "a longer probe, so that the batch is padded"])
-    tensors = [name for name, value in probe.items() if isinstance(value, torch.Tensor)]
-    constants = {name: value for name, value in probe.items() if name not in tensors}
-
-    class Forward(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, *values):
-            return self.model({**constants, **dict(zip(tensors, values))})["sentence_embedding"]
-
-    check = ["a check sentence with a few more words than the probe had", "check"]
     try:
+        probe = _features(model, ["a probe", "a longer probe, so that the batch is padded"])
+        tensors = [name for name, value in probe.items() if isinstance(value, torch.Tensor)]
+        constants = {name: value for name, value in probe.items() if name not in tensors}
+
+        class Forward(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, *values):
+                return self.model({**constants, **dict(zip(tensors, values))})["sentence_embedding"]
+
+        check = ["a check sentence with a few more words than the probe had", "check"]
         # the tracer reads every attribute, deprecated properties too: keep their
         # warnings (and TracerWarnings, which the check below settles) off the console
-        with warnings.catch_warnings(), _quiet("sentence_transformers", "transformers"), \
-                torch.inference_mode():
+        # (_TRACING: both change process-wide state, one tracer at a time)
+        with _TRACING, warnings.catch_warnings(), \
+                _quiet("sentence_transformers", "transformers"), torch.inference_mode():
             warnings.simplefilter("ignore")
             traced = torch.jit.trace(Forward().eval(), tuple(probe[n] for n in tensors),
                                      check_trace=False)

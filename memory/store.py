@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from memory.db import connect
-from memory.errors import EmbeddingModelMismatch, SearchInputError
+from memory.db import connect, sqlite_driver
+from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SearchInputError
 from memory.migrations import migrate
 from memory.records import MessageRecord
 
@@ -46,6 +46,12 @@ class Filters:
     after_ms: int | None = None
     before_ms: int | None = None
     has_attachment: bool | None = None
+
+    def __post_init__(self) -> None:
+        # id lists given as lists (or sets) become tuples: filters are hashable keys
+        for name in ("channel_ids", "author_ids"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,7 @@ class _RadiusMemory:
         self._percentile = percentile
         self._max_keys = max_keys
         self._offsets: dict[tuple[Filters, int], deque[float]] = {}
+        self._small: set[tuple[Filters, int]] = set()  # scopes with fewer rows than wanted
         self._lock = threading.Lock()
 
     def search(
@@ -141,25 +148,36 @@ class _RadiusMemory:
         bits: int,
         expected: float = 0.0,
     ) -> list[tuple]:
-        """Call ``run(radius)`` until it returns ``want`` rows or ran without a radius.
+        """Call ``run(radius)`` until it returns ``want`` rows; at most four tries.
 
+        Later tries widen the guess by one, then three spreads of the offsets
+        seen (their 95th minus 50th percentile); the last has no limit.
         ``run`` returns rows nearest first with the Hamming distance at index 1;
         ``expected`` is the query's mean distance to a stored code (0 if unknown).
+        A scope that held fewer than ``want`` rows is searched without a limit
+        next time, at once (it is small, so that is cheap).
         """
-        radius, step = self._guess(key, expected)
-        while True:
+        radius, spread = self._guess(key, expected)
+        tries = [None]
+        if radius is not None:
+            tries = [radius, radius + spread, radius + 3 * spread, None]
+        for radius in tries:
+            if radius is not None and radius >= bits:
+                continue
             rows = run(radius)
-            if len(rows) >= want or radius is None:
+            if len(rows) >= want:
+                self._remember(key, rows[want - 1][1] - expected)
                 break
-            radius = radius + step if radius + step < bits else None
-            step *= 2
-        if len(rows) >= want:
-            self._remember(key, rows[want - 1][1] - expected)
+        else:
+            with self._lock:
+                self._small.add(key)
         return rows
 
     def _guess(self, key: tuple[Filters, int], expected: float) -> tuple[int | None, int]:
         filters, want = key
         with self._lock:
+            if key in self._small:
+                return None, 0
             seen = self._offsets.get(key) or self._offsets.get(
                 (Filters(guild_id=filters.guild_id), want)
             )
@@ -172,8 +190,10 @@ class _RadiusMemory:
 
     def _remember(self, key: tuple[Filters, int], offset: float) -> None:
         with self._lock:
+            self._small.discard(key)
             if key not in self._offsets and len(self._offsets) >= self._max_keys:
                 self._offsets.clear()
+                self._small.clear()
             self._offsets.setdefault(key, deque(maxlen=self._history)).append(offset)
 
 
@@ -194,14 +214,14 @@ class MessageStore:
         self.path = str(path)
         self._conn = connect(path)
         self._lock = threading.RLock()
+        self.generation = 0  # bumped on every write; lets callers cache derived data
+        self._radii = _RadiusMemory()
         try:
             migrate(self._conn)
+            self._upgrade_vector_table()
         except BaseException:
             self._conn.close()
             raise
-        self.generation = 0  # bumped on every write; lets callers cache derived data
-        self._radii = _RadiusMemory()
-        self._upgrade_vector_table()
 
     def _upgrade_vector_table(self) -> None:
         """Move a first-release vector table (a float vec0 column) to 1-bit codes + floats.
@@ -220,29 +240,43 @@ class MessageStore:
             self.reset_embeddings(*model)
             return
         log.info("moving %s to 1-bit vector search (one-off)", self.path)
+        try:
+            with self._transaction() as conn:
+                self._rebuild_vector_table(conn, model[1])
+        except sqlite_driver().OperationalError as exc:
+            raise DatabaseFileError(
+                f"{self.path}: could not move the vectors to the new table ({exc}); if another "
+                "process is using the database (perhaps upgrading it), try again when it is done"
+            ) from exc
+
+    def _rebuild_vector_table(self, conn: Any, dimension: int) -> None:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(message_vectors)")}
+        if "embedding_bits" in columns:
+            return  # another process upgraded it while this one waited for the lock
         fields = "message_id, guild_id, channel_id, author_id, created_at, has_attachment"
-        with self._transaction() as conn:
-            conn.execute(
-                f"CREATE TEMP TABLE vectors_copy AS SELECT {fields}, embedding FROM message_vectors"
-            )
-            conn.execute("DROP TABLE message_vectors")
-            conn.execute(_vector_table_sql(model[1]))
-            conn.executemany(
-                f"INSERT INTO message_vectors({fields}, embedding, embedding_bits) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, vec_bit(?))",
-                (
-                    (*row, binary_code(np.frombuffer(row[-1], dtype=np.float32)))
-                    for row in conn.execute(f"SELECT {fields}, embedding FROM temp.vectors_copy")
-                ),
-            )
-            for guild_id, in conn.execute("SELECT DISTINCT guild_id FROM temp.vectors_copy").fetchall():
-                vectors = conn.execute(
-                    "SELECT embedding FROM temp.vectors_copy WHERE guild_id = ?", (guild_id,)
-                ).fetchall()
-                self._count_code_bits(conn, guild_id, np.stack(
-                    [np.frombuffer(v, dtype=np.float32) for v, in vectors]
-                ))
-            conn.execute("DROP TABLE temp.vectors_copy")
+        conn.execute(
+            f"CREATE TEMP TABLE vectors_copy AS SELECT {fields}, embedding FROM message_vectors"
+        )
+        conn.execute("DROP TABLE message_vectors")
+        conn.execute(_vector_table_sql(dimension))
+        stats: dict[int, tuple[int, np.ndarray]] = {}
+
+        def rows() -> Iterator[tuple]:
+            for row in conn.execute(f"SELECT {fields}, embedding FROM temp.vectors_copy"):
+                vector = np.frombuffer(row[-1], dtype=np.float32)
+                count, ones = stats.get(row[1], (0, np.zeros(len(vector), dtype=np.int64)))
+                stats[row[1]] = (count + 1, ones + (vector > 0))
+                yield (*row, binary_code(vector))
+
+        conn.executemany(
+            f"INSERT INTO message_vectors({fields}, embedding, embedding_bits) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, vec_bit(?))",
+            rows(),
+        )
+        conn.execute("DELETE FROM code_stats")  # recounted from every vector
+        for guild_id, (count, ones) in stats.items():
+            self._add_code_stats(conn, guild_id, count, ones)
+        conn.execute("DROP TABLE temp.vectors_copy")
 
     def close(self) -> None:
         """Close the connection."""
@@ -518,29 +552,27 @@ class MessageStore:
                 ],
             )
             for guild_id in {m.guild_id for m, _ in rows}:
-                self._count_code_bits(
-                    conn, guild_id, np.stack([vec for m, vec in rows if m.guild_id == guild_id])
-                )
+                vecs = np.stack([vec for m, vec in rows if m.guild_id == guild_id])
+                self._add_code_stats(conn, guild_id, len(vecs), (vecs > 0).sum(axis=0))
             conn.executemany("UPDATE messages SET embedded = 1 WHERE id = ?", [(i,) for i in ids])
 
     @staticmethod
-    def _count_code_bits(conn: Any, guild_id: int, vectors: np.ndarray) -> None:
-        """Add ``vectors``' code bits to the guild's ``code_stats`` row.
+    def _add_code_stats(conn: Any, guild_id: int, count: int, ones: np.ndarray) -> None:
+        """Add ``count`` codes with ``ones[i]`` of them having bit i set to the guild's row.
 
         Deleted and replaced vectors are not subtracted: the counts only steer a
         guess of how far a search must look (see :class:`_RadiusMemory`).
         """
-        ones = (vectors > 0).sum(axis=0).astype(np.int64)
+        ones = np.asarray(ones, dtype=np.int64)
         row = conn.execute(
             "SELECT vectors, ones FROM code_stats WHERE guild_id = ?", (guild_id,)
         ).fetchone()
-        count = len(vectors)
         if row is not None and len(row[1]) == ones.nbytes:
             count += row[0]
-            ones += np.frombuffer(row[1], dtype=np.int64)
+            ones = ones + np.frombuffer(row[1], dtype=np.int64)
         conn.execute(
-            "INSERT INTO code_stats(guild_id, vectors, ones) VALUES (?, ?, ?) ON CONFLICT(guild_id) "
-            "DO UPDATE SET vectors = excluded.vectors, ones = excluded.ones",
+            "INSERT INTO code_stats(guild_id, vectors, ones) VALUES (?, ?, ?) "
+            "ON CONFLICT(guild_id) DO UPDATE SET vectors = excluded.vectors, ones = excluded.ones",
             (guild_id, count, ones.tobytes()),
         )
 
@@ -581,8 +613,9 @@ class MessageStore:
         The KNN runs inside vec0 over the 1-bit codes (filters included) and fetches
         the ``k × rescore`` nearest by Hamming distance; those are ranked by exact
         cosine from their float vectors.  sqlite-vec scans every code either way,
-        but a Hamming distance is far cheaper than a float cosine (BENCHMARKS.md);
-        a ``rescore`` large enough to fetch the whole scope makes the result exact.
+        but a Hamming distance is far cheaper than a float cosine (BENCHMARKS.md).
+        A ``rescore`` that fetches the whole scope makes the result exact; the
+        fetch is capped at sqlite-vec's k limit of 4096.
         """
         if self.embedding_model() is None:
             return []

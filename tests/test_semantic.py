@@ -143,3 +143,23 @@ def test_a_model_that_cannot_be_traced_keeps_the_eager_forward(
     assert "not traced (this module cannot be traced)" in caplog.text
     np.testing.assert_allclose(vectors, minilm.embed(["pizza night", "who fixed the printer?"]),
                                atol=1e-5)
+
+
+def test_a_model_with_a_default_prompt_embeds_through_encode(minilm) -> None:
+    """encode() prepends the prompt; a direct forward would not, so it is not used."""
+    from memory.config import EmbedderConfig
+    from memory.embedder import SentenceTransformerEmbedder
+
+    embedder = SentenceTransformerEmbedder(EmbedderConfig())
+    model = embedder._load()
+    model.prompts = {"query": "query: "}
+    model.default_prompt_name = "query"
+    one = embedder.embed(["who fixed the laser cutter?"])
+    batch = embedder.embed(["who fixed the laser cutter?"] * 40)
+    np.testing.assert_allclose(one[0], batch[0], atol=1e-5)
+    np.testing.assert_allclose(
+        one, model.encode(["who fixed the laser cutter?"], normalize_embeddings=True), atol=1e-5
+    )
+    without_prompt = minilm.embed(["who fixed the laser cutter?"])
+    assert np.abs(one - without_prompt).max() > 1e-3  # the prompt did change the vector
+    assert embedder._forward is None  # the traced/eager forward was never built

@@ -3,6 +3,7 @@ the crash-safe embedding backlog; model binding and re-embedding; filters in the
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -453,7 +454,9 @@ def test_binary_knn_candidates_are_the_nearest_by_hamming(crowded) -> None:
     bits = np.packbits(vector > 0, bitorder="little")
     pool = [row[:2] for row in store._code_knn(bits.tobytes(), 40, Filters(guild_id=GUILD))]
     stored = dict(store._query("SELECT message_id, embedding_bits FROM message_vectors"))
-    hamming = {m: int(np.unpackbits(np.frombuffer(b, np.uint8) ^ bits).sum()) for m, b in stored.items()}
+    hamming = {
+        m: int(np.unpackbits(np.frombuffer(b, np.uint8) ^ bits).sum()) for m, b in stored.items()
+    }
     assert [d for _, d in pool] == sorted(hamming.values())[:40]
     hits = store.knn(vector, 10, Filters(guild_id=GUILD), rescore=4)
     assert {m for m, _ in hits} <= {m for m, _ in pool}
@@ -488,13 +491,19 @@ def test_learned_radius_never_changes_results(crowded, monkeypatch: pytest.Monke
         store._radii = saved
         if text != queries[0]:
             assert tries[0] is not None, "a learned radius limits the KNN"
-        assert all(a < b for a, b in zip(tries, tries[1:]) if b is not None), tries
+        assert all(a < b for a, b in itertools.pairwise(tries) if b is not None), tries
     # an author who wrote only far-away messages: widens from the guild's radius
     radii.clear()
     hits = store.knn(engine.embedder.embed(["raspberry cluster"])[0], 5,
                      Filters(guild_id=GUILD, author_ids=(99,)), rescore=4)
     assert len(hits) == 5 and {m for m, _ in hits} <= set(far)
-    assert len(radii) > 1 and radii[0] is not None
+    assert radii[0] is not None and radii[-1] is None and 2 <= len(radii) <= 4
+    # 10 messages cannot fill 5 x 4 candidates: next time the small scope is searched
+    # without a limit straight away, once
+    radii.clear()
+    again = store.knn(engine.embedder.embed(["raspberry cluster"])[0], 5,
+                      Filters(guild_id=GUILD, author_ids=[99]), rescore=4)  # a list works too
+    assert again == hits and radii == [None]
 
 
 def test_a_vector_table_from_before_the_bits_column_is_upgraded(
@@ -503,6 +512,7 @@ def test_a_vector_table_from_before_the_bits_column_is_upgraded(
     db = tmp_path / "old.sqlite3"
     engine = make_engine(db)
     records = [make_record(f"garden note {i} about tomatoes") for i in range(30)]
+    records += [make_record(f"other server {i}", guild_id=GUILD + 1) for i in range(4)]
     engine.ingest(records)
     store = engine.store
     before = dict(store._query("SELECT message_id, embedding FROM message_vectors"))
@@ -530,7 +540,12 @@ def test_a_vector_table_from_before_the_bits_column_is_upgraded(
         for mid, embedding, bits, guild, author in after:
             vector = np.frombuffer(embedding, dtype=np.float32)
             assert bits == np.packbits(vector > 0, bitorder="little").tobytes()
-            assert (guild, author) == (GUILD, 1)
+            assert (guild, author) == (next(r.guild_id for r in records if r.id == mid), 1)
+        stats = {g: (n, np.frombuffer(ones, np.int64))
+                 for g, n, ones in reopened._query("SELECT * FROM code_stats")}
+        assert {g: n for g, (n, _) in stats.items()} == {GUILD: 30, GUILD + 1: 4}
+        in_guild = [np.frombuffer(e, np.float32) for m, e, _, g, _ in after if g == GUILD + 1]
+        np.testing.assert_array_equal(stats[GUILD + 1][1], (np.stack(in_guild) > 0).sum(axis=0))
         vector = np.frombuffer(before[records[3].id], dtype=np.float32)
         assert reopened.knn(vector, 1, Filters(guild_id=GUILD), rescore=4)[0][0] == records[3].id
     finally:
