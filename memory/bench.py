@@ -290,7 +290,8 @@ def _time_searches(engine: MemoryEngine, count: int) -> dict[str, list[float]]:
     for i in range(count):
         text = " ".join(_words(rng, rng.randint(2, 6)))
         # the first mode to run a text finds colder caches: take turns at going first
-        for mode, fields in order[i % 3 :] + order[: i % 3]:
+        turn = i % len(order)
+        for mode, fields in order[turn:] + order[:turn]:
             request = replace(SearchRequest(queries=(text,), guild_id=SCALE_GUILD), **fields)
             started = time.perf_counter()
             engine.search(request)

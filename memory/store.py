@@ -259,23 +259,17 @@ class MessageStore:
         )
         conn.execute("DROP TABLE message_vectors")
         conn.execute(_vector_table_sql(dimension))
-        stats: dict[int, tuple[int, np.ndarray]] = {}
-
-        def rows() -> Iterator[tuple]:
-            for row in conn.execute(f"SELECT {fields}, embedding FROM temp.vectors_copy"):
-                vector = np.frombuffer(row[-1], dtype=np.float32)
-                count, ones = stats.get(row[1], (0, np.zeros(len(vector), dtype=np.int64)))
-                stats[row[1]] = (count + 1, ones + (vector > 0))
-                yield (*row, binary_code(vector))
-
+        copied = conn.execute(f"SELECT {fields}, embedding FROM temp.vectors_copy")
         conn.executemany(
             f"INSERT INTO message_vectors({fields}, embedding, embedding_bits) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, vec_bit(?))",
-            rows(),
+            ((*row, binary_code(np.frombuffer(row[-1], dtype=np.float32))) for row in copied),
         )
         conn.execute("DELETE FROM code_stats")  # recounted from every vector
-        for guild_id, (count, ones) in stats.items():
-            self._add_code_stats(conn, guild_id, count, ones)
+        self._count_codes(conn, (
+            (guild_id, np.frombuffer(blob, dtype=np.float32))
+            for guild_id, blob in conn.execute("SELECT guild_id, embedding FROM temp.vectors_copy")
+        ))
         conn.execute("DROP TABLE temp.vectors_copy")
 
     def close(self) -> None:
@@ -551,30 +545,32 @@ class MessageStore:
                     for m, vec in rows
                 ],
             )
-            for guild_id in {m.guild_id for m, _ in rows}:
-                vecs = np.stack([vec for m, vec in rows if m.guild_id == guild_id])
-                self._add_code_stats(conn, guild_id, len(vecs), (vecs > 0).sum(axis=0))
+            self._count_codes(conn, ((m.guild_id, vec) for m, vec in rows))
             conn.executemany("UPDATE messages SET embedded = 1 WHERE id = ?", [(i,) for i in ids])
 
     @staticmethod
-    def _add_code_stats(conn: Any, guild_id: int, count: int, ones: np.ndarray) -> None:
-        """Add ``count`` codes with ``ones[i]`` of them having bit i set to the guild's row.
+    def _count_codes(conn: Any, vectors: Iterable[tuple[int, np.ndarray]]) -> None:
+        """Add each ``(guild_id, vector)``'s code bits to that guild's ``code_stats`` row.
 
         Deleted and replaced vectors are not subtracted: the counts only steer a
         guess of how far a search must look (see :class:`_RadiusMemory`).
         """
-        ones = np.asarray(ones, dtype=np.int64)
-        row = conn.execute(
-            "SELECT vectors, ones FROM code_stats WHERE guild_id = ?", (guild_id,)
-        ).fetchone()
-        if row is not None and len(row[1]) == ones.nbytes:
-            count += row[0]
-            ones = ones + np.frombuffer(row[1], dtype=np.int64)
-        conn.execute(
-            "INSERT INTO code_stats(guild_id, vectors, ones) VALUES (?, ?, ?) "
-            "ON CONFLICT(guild_id) DO UPDATE SET vectors = excluded.vectors, ones = excluded.ones",
-            (guild_id, count, ones.tobytes()),
-        )
+        totals: dict[int, tuple[int, np.ndarray]] = {}
+        for guild_id, vector in vectors:
+            count, ones = totals.get(guild_id, (0, np.zeros(len(vector), dtype=np.int64)))
+            totals[guild_id] = (count + 1, ones + (vector > 0))
+        for guild_id, (count, ones) in totals.items():
+            row = conn.execute(
+                "SELECT vectors, ones FROM code_stats WHERE guild_id = ?", (guild_id,)
+            ).fetchone()
+            if row is not None and len(row[1]) == ones.nbytes:
+                count += row[0]
+                ones = ones + np.frombuffer(row[1], dtype=np.int64)
+            conn.execute(
+                "INSERT INTO code_stats(guild_id, vectors, ones) VALUES (?, ?, ?) ON CONFLICT"
+                "(guild_id) DO UPDATE SET vectors = excluded.vectors, ones = excluded.ones",
+                (guild_id, count, ones.tobytes()),
+            )
 
     def _expected_distance(self, code_bits: np.ndarray, guild_id: int | None) -> float:
         """Mean Hamming distance from a code to the guild's stored codes (0 if unknown)."""
