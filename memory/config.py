@@ -76,8 +76,11 @@ class RerankerConfig:
     """The second stage: which backend re-scores the fused candidates.
 
     ``backend`` is ``none``, ``transformers`` (in-process Qwen3-Reranker) or
-    ``llama-server`` (remote llama.cpp at ``url``; ``endpoint`` picks
-    ``/v1/chat/completions`` logprobs or ``/v1/rerank``).
+    ``llama-server`` (remote llama.cpp at ``url``).  For the remote backend,
+    ``endpoint`` picks ``/completion`` (official prompt, log-probabilities; causal
+    GGUF), ``/v1/chat/completions`` (causal GGUF, OpenAI API) or ``/v1/rerank``
+    (rank-pooled GGUF, fixed instruction), and ``parallel`` is how many requests may
+    be in flight at once: the server's ``--parallel`` slots.
     """
 
     backend: str = field(default="none", metadata=_choice("none", "transformers", "llama-server"))
@@ -97,9 +100,10 @@ class RerankerConfig:
     blend: bool = False
     min_score: float = field(default=0.0, metadata=_range(0.0, 1.0))
     url: str = ""
-    endpoint: str = field(default="chat", metadata=_choice("chat", "rerank"))
-    concurrency: int = field(default=4, metadata=_range(1, 256))
-    health_interval: float = field(default=30.0, metadata=_range(0.1, 3600.0))
+    endpoint: str = field(
+        default="completion", metadata=_choice("completion", "chat", "rerank")
+    )
+    parallel: int = field(default=4, metadata=_range(1, 256))
 
     @property
     def enabled(self) -> bool:

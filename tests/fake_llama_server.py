@@ -2,11 +2,18 @@
 
 :class:`FakeLlamaServer` runs an ``aiohttp.web`` app on 127.0.0.1 (a free port) in a
 background thread with its own event loop.  It answers ``GET /health``,
+``POST /completion`` (``completion_probabilities[0].top_logprobs`` and ``content``),
 ``POST /v1/chat/completions`` (``logprobs.content[0].top_logprobs`` and
-``message.content``) and ``POST /v1/rerank`` exactly as llama-server does, with
-scores that are deterministic functions of the request: :func:`relevance` is the
-share of query words found in the document.  ``mode`` switches it into a failure
-mode, ``delay`` makes scoring requests slow, and every scoring request is recorded.
+``message.content``), ``POST /v1/rerank`` (P(yes) per document, as llama.cpp gives
+for a Qwen3 rank GGUF) and ``POST /tokenize`` / ``/detokenize`` in llama-server's
+formats, with scores that are deterministic functions of the request:
+:func:`relevance` is the share of query words found in the document.  Like the real
+server it rejects a prompt longer than its context (``n_ctx`` tokens; here one token
+per UTF-8 byte) with HTTP 400.  ``mode`` switches it into a failure mode, ``delay``
+makes scoring requests slow, and every scoring request is recorded.
+
+The real server is what the backend must be right against: tests/test_llama_server_real.py
+checks the same backend against a real ``llama-server``.
 
 Usage::
 
@@ -43,6 +50,8 @@ MODES = {
     "missing_no": "top_logprobs without any 'no' token",
     "no_logprobs": "no logprobs at all, only the generated text yes/no",
     "bad_text": "no logprobs, and the generated text is 'maybe'",
+    "echo_think": "no logprobs, and the text echoes an empty think block before the answer",
+    "poison": "HTTP 500 for every document containing the word POISON, normal otherwise",
     "rerank_short": "/v1/rerank leaves out the result of the last-ranked document",
 }
 # The model's mass on the two answers; the rest is spread over filler tokens.
@@ -52,6 +61,12 @@ FILLERS = ["maybe", " The", "\n", "yes.", "No,", "<think>", " I", "Y", "n", "ok"
 ]
 _WORDS = re.compile(r"\w+")
 _USER_TURN = re.compile(r"<Query>: (?P<query>.*?)\n<Document>: (?P<doc>.*)\Z", re.DOTALL)
+_PROMPT = re.compile(
+    r"<Query>: (?P<query>.*?)\n<Document>: (?P<doc>.*)<\|im_end\|>\n<\|im_start\|>assistant\n"
+    r"<think>\n\n</think>\n\n\Z",
+    re.DOTALL,
+)
+THINK = "<think>\n\n</think>\n\n"
 
 
 def relevance(query: str, document: str) -> float:
@@ -62,11 +77,6 @@ def relevance(query: str, document: str) -> float:
     words = set(_WORDS.findall(query.lower()))
     hits = len(words & set(_WORDS.findall(document.lower())))
     return (hits + 0.5) / (len(words) + 1)
-
-
-def logit(p: float) -> float:
-    """Return ``log(p / (1 - p))``, what a rerank-pooled GGUF reports."""
-    return math.log(p / (1.0 - p))
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,16 @@ def top_logprobs(p: float, mode: str, n: int) -> list[dict[str, Any]]:
     ]
 
 
+def _request_text(body: Any) -> str:
+    """All the text a scoring request asks the model to read, for length checks."""
+    if "prompt" in body:
+        prompt = body["prompt"]
+        return prompt if isinstance(prompt, str) else "x" * len(prompt)
+    if "messages" in body:
+        return "".join(m["content"] for m in body["messages"])
+    return max((body["query"] + d for d in body["documents"]), key=len, default="")
+
+
 def _error_body(code: int, message: str, kind: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message, "type": kind}}, status=code)
 
@@ -109,17 +129,21 @@ class FakeLlamaServer:
     Attributes:
         url: ``http://127.0.0.1:PORT`` once started.
         delay: Seconds every scoring request sleeps before answering.
+        n_ctx: Longest prompt accepted, in tokens (one token per UTF-8 byte).
         requests: Scoring requests received, in arrival order.
         health_checks: How many ``GET /health`` requests arrived.
+        tokenize_calls: How many ``POST /tokenize`` requests arrived.
         in_flight: Scoring requests being handled right now.
         max_in_flight: The most scoring requests ever handled at once.
     """
 
-    def __init__(self, *, delay: float = 0.0) -> None:
+    def __init__(self, *, delay: float = 0.0, n_ctx: int = 4096) -> None:
         self.url = ""
         self.delay = delay
+        self.n_ctx = n_ctx
         self.requests: list[RecordedRequest] = []
         self.health_checks = 0
+        self.tokenize_calls = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self._mode = "ok"
@@ -178,7 +202,10 @@ class FakeLlamaServer:
     async def _serve(self) -> str:
         app = web.Application()
         app.router.add_get("/health", self._health)
+        app.router.add_post("/completion", self._completion)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
         app.router.add_post("/v1/rerank", self._rerank)
         # handler_cancellation: a client that gives up cancels the (slow) handler.
         self._runner = web.AppRunner(
@@ -197,6 +224,18 @@ class FakeLlamaServer:
             return _error_body(503, "Loading model", "unavailable_error")
         return web.json_response({"status": "ok"})
 
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.tokenize_calls += 1
+        return web.json_response({"tokens": list(body["content"].encode("utf-8"))})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"content": bytes(body["tokens"]).decode("utf-8", "replace")})
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        return await self._scoring(request, self._completion_answer)
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._scoring(request, self._chat_answer)
 
@@ -214,7 +253,7 @@ class FakeLlamaServer:
         try:
             if self.delay:
                 await asyncio.sleep(self.delay)
-            failure = self._failure(request)
+            failure = self._failure(request) or self._refusal(body)
             return failure if failure is not None else web.json_response(answer(body))
         finally:
             self.in_flight -= 1
@@ -237,20 +276,59 @@ class FakeLlamaServer:
             return web.Response(text='{"choices": [{"index": 0, "mess', content_type="application/json")
         return None
 
+    def _refusal(self, body: Any) -> web.Response | None:
+        """The real server's answers to a prompt it will not run: too long, or POISON."""
+        text = _request_text(body)
+        if len(text.encode("utf-8")) > self.n_ctx:
+            return _error_body(
+                400, f"request exceeds the available context size ({self.n_ctx} tokens)",
+                "exceed_context_size_error",
+            )
+        if self._mode == "poison" and "POISON" in text:
+            return _error_body(500, "fake failure on this document", "server_error")
+        return None
+
+    def _generated(self, p: float) -> str | None:
+        """The generated text, or None when the answer carries logprobs."""
+        answer = "yes" if p >= 0.5 else "no"
+        if self._mode == "bad_text":
+            return "maybe"
+        if self._mode == "echo_think":
+            return THINK + answer
+        return answer if self._mode == "no_logprobs" else None
+
+    def _completion_answer(self, body: Any) -> dict[str, Any]:
+        if self._mode == "missing_fields":
+            return {"index": 0, "model": MODEL}
+        prompt = body["prompt"]
+        if isinstance(prompt, list):  # token ids: one per byte here
+            prompt = bytes(prompt).decode("utf-8", "replace")
+        match = _PROMPT.search(prompt)
+        assert match is not None, "the prompt does not follow the Qwen3-Reranker layout"
+        p = relevance(match["query"], match["doc"])
+        text = self._generated(p)
+        answer: dict[str, Any] = {"index": 0, "content": text or ("yes" if p >= 0.5 else "no"),
+                                  "model": MODEL, "stop": True, "tokens_predicted": 1}
+        if text is None:
+            top = top_logprobs(p, self._mode, int(body.get("n_probs", 0)))
+            answer["completion_probabilities"] = [{**top[0], "top_logprobs": top}]
+        return answer
+
     def _chat_answer(self, body: Any) -> dict[str, Any]:
         if self._mode == "missing_fields":
             return {"object": "chat.completion", "model": MODEL}
-        match = _USER_TURN.search(body["messages"][1]["content"])
+        messages = body["messages"]
+        assert [m["role"] for m in messages] == ["system", "user"], "no assistant prefill"
+        match = _USER_TURN.search(messages[1]["content"])
         assert match is not None, "the user turn does not follow the Qwen3-Reranker layout"
         p = relevance(match["query"], match["doc"])
+        text = self._generated(p)
         choice: dict[str, Any] = {
             "finish_reason": "length",
             "index": 0,
-            "message": {"role": "assistant", "content": "yes" if p >= 0.5 else "no"},
+            "message": {"role": "assistant", "content": text or ("yes" if p >= 0.5 else "no")},
         }
-        if self._mode == "bad_text":
-            choice["message"]["content"] = "maybe"
-        elif self._mode != "no_logprobs":
+        if text is None:
             top = top_logprobs(p, self._mode, int(body.get("top_logprobs", 20)))
             choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
         return {
@@ -268,7 +346,7 @@ class FakeLlamaServer:
             return {"object": "list", "model": MODEL}
         docs = body["documents"]
         results = [
-            {"index": i, "relevance_score": logit(relevance(body["query"], doc))}
+            {"index": i, "relevance_score": relevance(body["query"], doc)}
             for i, doc in enumerate(docs)
         ]
         results.sort(key=lambda r: -r["relevance_score"])  # llama-server sorts by score

@@ -183,9 +183,9 @@ def test_search_reranks_the_head_with_the_remote_backend(remote_engine, server):
         assert hit.rerank_score == pytest.approx(relevance(QUERY, hit.rerank_text), abs=1e-6)
         assert hit.score == hit.rerank_score
     assert len(result.hits) == 3 and len(plain.hits) == 3
-    sent = server.bodies("/v1/chat/completions")
+    sent = server.bodies("/completion")
     assert len(sent) == trace.candidates["rerank"]
-    assert all(QUERY in body["messages"][1]["content"] for body in sent)
+    assert all(f"<Query>: {QUERY}\n" in body["prompt"] for body in sent)
 
 
 def test_rerank_candidate_count_is_capped(tmp_path, server):

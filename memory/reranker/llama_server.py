@@ -2,39 +2,53 @@
 
 ``RerankerConfig.endpoint`` picks how the server is asked:
 
-* ``chat``: one ``POST /v1/chat/completions`` per document with the official
-  Qwen3-Reranker prompt, ``max_tokens=1`` and ``top_logprobs=20``.  The score is
-  P(yes) over the two answer tokens (:func:`parse_chat_score`).
-* ``rerank``: one ``POST /v1/rerank`` for all documents (a GGUF served with
-  ``--reranking``).  Its ``relevance_score`` is a raw logit, squashed with a sigmoid
-  (:func:`parse_rerank_scores`) so both paths give comparable scores in [0, 1].
+* ``completion`` (default): one ``POST /completion`` per document whose prompt is
+  the exact official Qwen3-Reranker text (:func:`memory.reranker.prompt.full_prompt`,
+  the same text the in-process backend tokenizes), with ``n_predict=1`` and
+  ``n_probs``.  The score is P(yes) over the two answer tokens of the reported
+  log-probabilities (:func:`parse_completion_score`).  Needs a *causal* GGUF.
+* ``chat``: one ``POST /v1/chat/completions`` per document with the system and user
+  turns only and ``chat_template_kwargs.enable_thinking = false``: Qwen3's template
+  then opens the assistant turn with the empty think block itself.  (Sending that
+  block as an assistant prefill makes the server render a second one.)  For servers
+  that only expose the OpenAI API; needs a causal GGUF with its chat template.
+* ``rerank``: one ``POST /v1/rerank`` for all documents, for a *rank-pooled* GGUF
+  served with ``--reranking``.  llama.cpp already returns P(yes) (a softmax over the
+  yes/no rows), used as is.  Its instruction is the one llama.cpp's converter baked
+  into the GGUF (:data:`RERANK_INSTRUCTION`); ``reranker.instruction`` cannot reach it.
 
-The engine is synchronous and calls :meth:`LlamaServerBackend.score` from worker
-threads, while httpx's client is async.  So the backend owns a private event loop in
-a daemon thread with one ``httpx.AsyncClient``; ``score`` submits a coroutine to it
-and waits at most ``timeout`` seconds for the whole call, and each HTTP request is
-bounded by ``httpx.Timeout(timeout)``.  An ``asyncio.Semaphore(concurrency)`` shared
-by all callers bounds the requests in flight.  A call that gives up sends none of its
-queued requests, but lets the ones already sent finish (see :func:`_shielded`: httpcore
-leaks pool slots when requests are cancelled).
+Documents longer than ``max_length`` prompt tokens are cut the way the in-process
+backend cuts them: only the document loses tokens.  Token counts come from the
+server's ``/tokenize`` and only for documents whose prompt has more UTF-8 bytes than
+``max_length`` (a byte-level BPE token is at least one byte, so shorter ones fit).
 
-Every failure becomes a :class:`~memory.errors.RerankerError` (or
+The backend is synchronous, like the rest of the engine.  One ``httpx.Client`` and a
+pool of ``parallel`` worker threads, shared by every caller, send the per-document
+requests, so the server never sees more than ``parallel`` scoring requests from this
+process (match ``llama-server --parallel``).  Every call has a deadline of
+``timeout`` seconds: each request is given only the time left, and when the deadline
+passes (or the server turns out to be down) the call cancels its queued requests, so
+nothing of a call outlives it; llama-server stops a task whose client has gone.
+
+A document whose request fails (HTTP error, unusable answer) is *missing*: it gets
+the lowest score of the call, so it stays in the results behind every scored one.
+Only when every document fails does :meth:`LlamaServerBackend.score` raise.  Every
+failure is a :class:`~memory.errors.RerankerError` (or
 :class:`~memory.errors.RerankerUnavailable` when the server cannot be reached or is
-still loading its model) whose message names the URL; its ``kind`` attribute is the
-label counted in ``RERANK_SERVER_ERRORS``.  No httpx exception escapes.  The only
-retry is a single one when the server drops a connection without answering (a
-keep-alive connection closed under us); everything else fails at once and the search
-falls back to its pre-rerank order.
+still loading) whose message names the URL; its ``kind`` is the label counted in
+``RERANK_SERVER_ERRORS``.  No httpx exception escapes, and no other one either.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import math
+import re
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -43,25 +57,37 @@ import httpx
 from memory.config import RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import RERANK_SERVER_ERRORS
-from memory.reranker.prompt import chat_messages
+from memory.reranker.prompt import (
+    SUFFIX, chat_messages, document_text, full_prompt, head_text,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 HEALTH_PATH = "/health"
+COMPLETION_PATH = "/completion"
 CHAT_PATH = "/v1/chat/completions"
 RERANK_PATH = "/v1/rerank"
+TOKENIZE_PATH = "/tokenize"
+DETOKENIZE_PATH = "/detokenize"
 TOP_LOGPROBS = 20
+# The instruction llama.cpp's convert_hf_to_gguf.py writes into a Qwen3-Reranker rank
+# GGUF's "rerank" chat template; /v1/rerank always scores with it.
+RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 # /health answers at once even while the server is busy, so it needs no long wait.
 HEALTH_TIMEOUT_CAP = 5.0
-CLOSE_TIMEOUT = 5.0
+# How long a call that gave up waits for its requests already on the wire to end
+# (each is bounded by the call's deadline, so this is only scheduling slack).
+SETTLE_TIMEOUT = 1.0
 # A token missing from the top list is placed this many nats below the lowest listed one.
 MISSING_TOKEN_MARGIN = 1.0
 # Smallest leftover probability considered, so log(leftover) stays finite (about -30).
 MIN_LEFTOVER = 1e-13
 # Errors that mean the server closed the connection without a complete answer.
 _DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
 # --------------------------------------------------------------------------- math
@@ -103,7 +129,8 @@ def yes_probability(top_logprobs: Sequence[Any]) -> float:
 
     Token strings are normalised with ``strip().lower()`` (" Yes", "YES" and "yes" are
     the same answer) and duplicates are combined by log-sum-exp.  The score is the
-    softmax over the two, ``sigmoid(lp_yes - lp_no)``.  A token missing from the list
+    softmax over the two, ``sigmoid(lp_yes - lp_no)``, which is exactly what the
+    in-process backend computes from the two logits.  A token missing from the list
     gets a floor logprob (see :func:`_missing_logprob`).
 
     Args:
@@ -131,6 +158,21 @@ def yes_probability(top_logprobs: Sequence[Any]) -> float:
     return sigmoid(lp_yes - lp_no)
 
 
+def answer_from_text(text: str) -> float:
+    """Return 1.0 for a generated "yes", 0.0 for "no" (last resort without logprobs).
+
+    Any ``<think>...</think>`` block the server echoes is dropped first, so
+    ``"<think>\\n\\n</think>\\n\\nno"`` reads as "no".
+
+    Raises:
+        ValueError: What is left is neither yes nor no.
+    """
+    answer = _THINK_BLOCK.sub("", text).strip().lower()
+    if answer in ("yes", "no"):
+        return 1.0 if answer == "yes" else 0.0
+    raise ValueError(f"no logprobs, and the generated text {text!r} is neither yes nor no")
+
+
 # ------------------------------------------------------------------------ parsing
 
 
@@ -153,58 +195,79 @@ def _number(obj: Any, key: str) -> float:
     return float(value)
 
 
-def _top_logprobs(choice: dict[str, Any]) -> list[Any]:
-    """Return ``choice.logprobs.content[0].top_logprobs``, or [] when absent."""
-    logprobs = choice.get("logprobs")
-    content = logprobs.get("content") if isinstance(logprobs, dict) else None
-    if not isinstance(content, list) or not content or not isinstance(content[0], dict):
+def _first_top(entries: Any) -> list[Any]:
+    """Return ``entries[0].top_logprobs`` when it is a non-empty list, else []."""
+    if not isinstance(entries, list) or not entries or not isinstance(entries[0], dict):
         return []
-    top = content[0].get("top_logprobs")
+    top = entries[0].get("top_logprobs")
     return top if isinstance(top, list) else []
+
+
+def parse_completion_score(body: Any) -> float:
+    """Return the relevance score from one ``/completion`` response.
+
+    The score comes from ``completion_probabilities[0].top_logprobs`` (see
+    :func:`yes_probability`); without it (llama-server leaves it out when the sampled
+    token is an incomplete UTF-8 piece) the generated ``content`` decides
+    (:func:`answer_from_text`).
+
+    Raises:
+        ValueError: The response lacks the fields needed, or the answer is unusable.
+    """
+    if not isinstance(body, dict):
+        raise ValueError(f"expected an object, got {type(body).__name__}")
+    top = _first_top(body.get("completion_probabilities"))
+    if top:
+        return yes_probability(top)
+    return answer_from_text(_get(body, "content", str))
 
 
 def parse_chat_score(body: Any) -> float:
     """Return the relevance score from one ``/v1/chat/completions`` response.
 
     The score comes from ``choices[0].logprobs.content[0].top_logprobs`` (see
-    :func:`yes_probability`).  When the server sent no top logprobs (absent or empty),
-    it falls back to the generated token ``choices[0].message.content``: "yes" gives
-    1.0, "no" gives 0.0, anything else is an error.
+    :func:`yes_probability`); without top logprobs the generated
+    ``choices[0].message.content`` decides (:func:`answer_from_text`).
 
     Raises:
         ValueError: The response lacks the fields needed, or the answer is unusable.
     """
     choice = _get(_get(body, "choices", list), 0, dict)
-    top = _top_logprobs(choice)
+    logprobs = choice.get("logprobs")
+    top = _first_top(logprobs.get("content") if isinstance(logprobs, dict) else None)
     if top:
         return yes_probability(top)
-    text = _get(_get(choice, "message", dict), "content", str).strip().lower()
-    if text in ("yes", "no"):
-        return 1.0 if text == "yes" else 0.0
-    raise ValueError(f"no logprobs, and the generated text {text!r} is neither yes nor no")
+    return answer_from_text(_get(_get(choice, "message", dict), "content", str))
 
 
 def parse_rerank_scores(body: Any, count: int) -> list[float]:
     """Return one score per document, in input order, from a ``/v1/rerank`` response.
 
     Results may come in any order (llama-server sorts them by score), so they are
-    mapped back by ``index``.  ``relevance_score`` from a rerank-pooled GGUF is a raw
-    logit; a sigmoid maps it to [0, 1], the same scale as the chat path's P(yes).
+    mapped back by ``index``.  For a Qwen3-Reranker rank GGUF ``relevance_score`` is
+    already P(yes) (llama.cpp takes the softmax over the yes/no rows), so it is used
+    as is; a score outside [0, 1] means the GGUF is some other kind of reranker.
 
     Args:
         body: The decoded JSON response.
         count: How many documents were sent.
 
     Raises:
-        ValueError: A field is missing, an index is out of range, or a document has
-            no result.
+        ValueError: A field is missing, an index is out of range, a score is not a
+            probability, or a document has no result.
     """
     scores: dict[int, float] = {}
     for item in _get(body, "results", list):
         index = _get(item, "index", int)
         if not 0 <= index < count:
             raise ValueError(f"result index {index} is out of range for {count} documents")
-        scores[index] = sigmoid(_number(item, "relevance_score"))
+        score = _number(item, "relevance_score")
+        if not 0.0 <= score <= 1.0:
+            raise ValueError(
+                f"relevance_score {score:g} is not a probability: serve a Qwen3-Reranker "
+                "GGUF converted with rank pooling"
+            )
+        scores[index] = score
     missing = [i for i in range(count) if i not in scores]
     if missing:
         raise ValueError(f"no result for document index(es) {missing[:10]}")
@@ -212,6 +275,15 @@ def parse_rerank_scores(body: Any, count: int) -> list[float]:
 
 
 # ------------------------------------------------------------------------ helpers
+
+
+def clean_text(text: str) -> str:
+    """Return ``text`` as valid Unicode: each surrogate code point becomes U+FFFD.
+
+    A Python ``str`` may hold surrogates (from a broken decoder or a hostile
+    message); they cannot be encoded as UTF-8 JSON.  NUL and emoji pass unchanged.
+    """
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _error(kind: str, message: str, *, unavailable: bool = False) -> RerankerError:
@@ -241,53 +313,16 @@ def _base_url(url: str) -> str:
     return base.removesuffix("/v1")
 
 
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """Thread target: run ``loop`` until stopped, then release and close it."""
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        try:
-            # as asyncio.run does: tasks started while close() cancelled the others
-            # (anyio's connection attempts) must still run to their cancellation
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            loop.close()
+@dataclass
+class _Call:
+    """One :meth:`LlamaServerBackend.score` call: its deadline and whether it gave up."""
 
+    deadline: float
+    abandoned: threading.Event = field(default_factory=threading.Event)
 
-def _detach(request: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-    """Run ``request`` as its own task whose outcome is always retrieved.
-
-    ``asyncio.shield`` stops watching the inner task once its caller is cancelled, so
-    the failure of an abandoned request would otherwise be logged by asyncio as
-    "Task exception was never retrieved".
-    """
-    task = asyncio.ensure_future(request)
-    task.add_done_callback(_consume_outcome)
-    return task
-
-
-def _consume_outcome(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("a request nobody waits for anymore ended with %s", task.exception())
-
-
-async def _shielded(request: Coroutine[Any, Any, T]) -> T:
-    """Await ``request`` in its own task, so cancelling the caller does not cancel it.
-
-    httpcore 1.0 leaks a connection-pool slot when a request is cancelled while it
-    waits for or opens a connection (encode/httpcore#1093, #830); a few leaks and
-    every later request hangs.  So a caller that gives up (whole-call timeout, a
-    sibling request's failure) only stops waiting; the request runs on until it ends
-    or httpx's own timeout ends it.  Only :meth:`LlamaServerBackend.close` cancels
-    requests, and it discards the pool right after.
-    """
-    return await asyncio.shield(_detach(request))
+    def remaining(self) -> float:
+        """Seconds left before the deadline (never negative)."""
+        return max(0.0, self.deadline - time.monotonic())
 
 
 # ------------------------------------------------------------------------ backend
@@ -296,10 +331,13 @@ async def _shielded(request: Coroutine[Any, Any, T]) -> T:
 class LlamaServerBackend:
     """Scores documents with Qwen3-Reranker served by a llama.cpp ``llama-server``.
 
-    Thread-safe: any number of worker threads may call :meth:`score` at once.
+    Thread-safe: any number of threads may call :meth:`score` at once; they share
+    ``parallel`` request slots.
 
     Attributes:
         name: ``"llama-server"``.
+        enforces_timeout: True: :meth:`score` keeps ``config.timeout`` itself and
+            leaves no work behind, so the service calls it without a thread hop.
         base_url: The server root the paths are appended to.
         healthy: Whether the last health check (or request) found the server ready;
             False until the first check.
@@ -308,13 +346,14 @@ class LlamaServerBackend:
     """
 
     name = "llama-server"
+    enforces_timeout = True
 
     def __init__(self, config: RerankerConfig) -> None:
-        """Prepare the backend; nothing is started until :meth:`start` or first use.
+        """Prepare the backend; no connection or thread exists before first use.
 
         Args:
             config: The reranker section; uses url, endpoint, instruction, timeout,
-                concurrency and health_interval.
+                max_length and parallel.
 
         Raises:
             ConfigError: ``config.url`` is not an http(s) URL.
@@ -323,18 +362,17 @@ class LlamaServerBackend:
         self.healthy = False
         self.last_error: str | None = None
         self._config = config
-        self._health_timeout = min(config.timeout, HEALTH_TIMEOUT_CAP)
         self._lock = threading.Lock()
         self._closed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._client: httpx.AsyncClient | None = None
-        self._semaphore: asyncio.Semaphore | None = None
+        self._closing: Future[None] = Future()  # resolved by close(); wakes waiting calls
+        self._client: httpx.Client | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._suffix_ids: list[int] | None = None
 
     # -- public API
 
     def start(self) -> bool:
-        """Start the client and periodic health checks (once), and check health now.
+        """Check the server's health now.
 
         Returns:
             Whether the server is ready.  A server that is down or loading is not an
@@ -343,7 +381,8 @@ class LlamaServerBackend:
         Raises:
             RerankerError: The backend was closed.
         """
-        return self._wait(self._submit(self._check_health), self._health_timeout + 1.0)
+        self._ensure_open()
+        return self._check_health(_Call(time.monotonic() + HEALTH_TIMEOUT_CAP))
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Return one relevance score in [0, 1] per text, in input order.
@@ -353,44 +392,43 @@ class LlamaServerBackend:
             texts: The candidate documents.
 
         Returns:
-            The scores; ``[]`` for no texts (no request is made).
+            The scores; ``[]`` for no texts (no request is made).  A document the
+            server failed on gets the lowest score of the others.
 
         Raises:
             RerankerUnavailable: The server is down or still loading its model.
-            RerankerError: Timeout, HTTP error, malformed answer, dropped connection,
-                or the backend was closed.
+            RerankerError: Timeout, every document failed, or the backend was closed.
         """
-        docs = list(texts)
-        if not docs:
+        if not texts:
             return []
+        call = _Call(time.monotonic() + self._config.timeout)
         try:
-            future = self._submit(lambda: self._score(query, docs))
-            return self._wait(future, self._config.timeout)
+            return self._score(clean_text(query), [clean_text(t) for t in texts], call)
         except RerankerError as exc:
             self._record_failure(exc)
             raise
+        except Exception as exc:  # a bug here must not reach the search as a traceback
+            log.exception("llama-server reranker failed unexpectedly")
+            raise RerankerError(f"llama-server reranker failed: {_describe(exc)}") from exc
+        finally:
+            call.abandoned.set()
 
     def close(self) -> None:
-        """Stop the health task, close the HTTP client and end the loop thread.
+        """Cancel queued requests, close the HTTP client and end the worker threads.
 
-        Calls still in flight fail with RerankerError.  Safe to call more than once.
+        Calls in flight fail with RerankerError at once.  Safe to call more than once.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            loop, thread = self._loop, self._thread
+            client, pool = self._client, self._pool
         self.healthy = False
-        if loop is None or thread is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(CLOSE_TIMEOUT)
-        except Exception as exc:  # closing must not raise; the thread is stopped anyway
-            log.warning("closing the llama-server client for %s failed: %s", self.base_url, exc)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(CLOSE_TIMEOUT)
-        if thread.is_alive():
-            log.warning("the llama-server reranker thread did not stop within %s s", CLOSE_TIMEOUT)
+        self._closing.set_result(None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if client is not None:
+            client.close()
 
     def __enter__(self) -> LlamaServerBackend:
         return self
@@ -403,46 +441,219 @@ class LlamaServerBackend:
     ) -> None:
         self.close()
 
-    # -- the loop thread
+    # -- scoring
 
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        """Return the private loop, starting its thread and client on first use."""
+    def _score(self, query: str, docs: list[str], call: _Call) -> list[float]:
+        self._require_healthy(call)
+        if self._config.endpoint == "rerank":
+            return self._score_rerank(query, docs, call)
+        head = self._head_ids(query, docs, call)
+        one = self._completion_one if self._config.endpoint == "completion" else self._chat_one
+        futures = [self._submit(call, one, query, doc, head) for doc in docs]
+        return self._collect(futures, call)
+
+    def _completion_one(
+        self, call: _Call, query: str, doc: str, head: list[int] | None
+    ) -> float:
+        prompt: str | list[int] = full_prompt(self._config.instruction, query, doc)
+        if head is not None and self._too_long(prompt):
+            prompt = head + self._doc_ids(doc, len(head), call) + self._suffix(call)
+        payload = {
+            "prompt": prompt,
+            "n_predict": 1,
+            "n_probs": TOP_LOGPROBS,
+            "temperature": 0,
+            "cache_prompt": True,
+        }
+        url = self.base_url + COMPLETION_PATH
+        return self._parse(url, parse_completion_score, self._post(url, payload, call))
+
+    def _chat_one(self, call: _Call, query: str, doc: str, head: list[int] | None) -> float:
+        instruction = self._config.instruction
+        if head is not None and self._too_long(full_prompt(instruction, query, doc)):
+            doc = self._detokenize(self._doc_ids(doc, len(head), call), call)
+        payload = {
+            "messages": chat_messages(instruction, query, doc),
+            "chat_template_kwargs": {"enable_thinking": False},
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": TOP_LOGPROBS,
+        }
+        url = self.base_url + CHAT_PATH
+        return self._parse(url, parse_chat_score, self._post(url, payload, call))
+
+    def _score_rerank(self, query: str, docs: list[str], call: _Call) -> list[float]:
+        """One /v1/rerank request; the server applies the GGUF's own rerank template."""
+        long = [
+            i for i, d in enumerate(docs)
+            if self._too_long(full_prompt(RERANK_INSTRUCTION, query, d))
+        ]
+        if long:
+            head = len(self._tokenize(head_text(RERANK_INSTRUCTION, query), call))
+            docs = list(docs)
+            for i in long:
+                docs[i] = self._detokenize(self._doc_ids(docs[i], head, call), call)
+        url = self.base_url + RERANK_PATH
+        body = self._post(url, {"query": query, "documents": docs, "top_n": len(docs)}, call)
+        return self._parse(url, lambda b: parse_rerank_scores(b, len(docs)), body)
+
+    @staticmethod
+    def _parse(url: str, parse: Callable[[Any], T], body: Any) -> T:
+        try:
+            return parse(body)
+        except ValueError as exc:
+            raise _error("malformed", f"{url}: unexpected response: {exc}") from None
+
+    # -- truncation to max_length tokens, as the in-process backend does
+
+    def _too_long(self, prompt: str) -> bool:
+        # every token of a byte-level BPE covers at least one UTF-8 byte
+        return len(prompt.encode("utf-8")) > self._config.max_length
+
+    def _head_ids(self, query: str, docs: list[str], call: _Call) -> list[int] | None:
+        """Token ids of the shared prompt head, fetched only if some document may be long."""
+        instruction = self._config.instruction
+        if not any(self._too_long(full_prompt(instruction, query, d)) for d in docs):
+            return None
+        return self._tokenize(head_text(instruction, query), call)
+
+    def _suffix(self, call: _Call) -> list[int]:
+        if self._suffix_ids is None:
+            self._suffix_ids = self._tokenize(SUFFIX, call)
+        return self._suffix_ids
+
+    def _doc_ids(self, doc: str, head_len: int, call: _Call) -> list[int]:
+        """The document's token ids, cut to what ``max_length`` leaves it (at least one)."""
+        budget = max(1, self._config.max_length - head_len - len(self._suffix(call)))
+        ids = self._tokenize(document_text(doc), call)
+        if len(ids) > budget:
+            log.debug("document of %d tokens cut to %d for the reranker", len(ids), budget)
+        return ids[:budget]
+
+    def _tokenize(self, text: str, call: _Call) -> list[int]:
+        url = self.base_url + TOKENIZE_PATH
+        body = self._post(url, {"content": text, "add_special": False, "parse_special": True}, call)
+
+        def tokens(b: Any) -> list[int]:
+            ids = _get(b, "tokens", list)
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ValueError("'tokens' holds something other than token ids")
+            return ids
+
+        return self._parse(url, tokens, body)
+
+    def _detokenize(self, ids: list[int], call: _Call) -> str:
+        """Text of document ids (which start with the separating space) without that space."""
+        url = self.base_url + DETOKENIZE_PATH
+        body = self._post(url, {"tokens": ids}, call)
+        text = self._parse(url, lambda b: _get(b, "content", str), body)
+        return text.removeprefix(" ")
+
+    # -- the worker pool: bounded, shared, cancellable
+
+    def _submit(self, call: _Call, fn: Callable[..., float], *args: Any) -> Future[float]:
+        pool = self._ensure_open()[1]
+        try:
+            return pool.submit(self._run_job, call, fn, *args)
+        except RuntimeError:  # shut down between the check and the submit
+            raise self._closed_error() from None
+
+    def _run_job(self, call: _Call, fn: Callable[..., float], *args: Any) -> float:
+        """Worker side of one document: skipped if its call has already given up."""
+        if call.abandoned.is_set() or call.remaining() <= 0:
+            raise _error("timeout", "the call gave up before this document was sent")
+        return fn(call, *args)
+
+    def _collect(self, futures: list[Future[float]], call: _Call) -> list[float]:
+        """Wait for every document until the deadline; fill in missing scores.
+
+        The call gives up at its deadline, when the server turns out to be down, or
+        when the backend closes; then its queued documents are cancelled (never sent)
+        and those on the wire are waited for, as each ends by the deadline.
+        """
+        pending = set(futures)
+        while pending and call.remaining() > 0 and not self._closing.done():
+            done, pending = wait(
+                pending | {self._closing}, call.remaining(), return_when=FIRST_COMPLETED
+            )
+            pending.discard(self._closing)
+            if any(_unavailable(f) for f in done):
+                break
+        if pending:
+            call.abandoned.set()
+            for future in pending:
+                future.cancel()
+            if self._closing.done():
+                raise self._closed_error()
+            wait(pending, SETTLE_TIMEOUT)
+        return self._combine(futures, call)
+
+    def _combine(self, futures: list[Future[float]], call: _Call) -> list[float]:
+        scores: list[float | None] = []
+        failures: list[RerankerError] = []
+        for future in futures:
+            error = None if future.cancelled() or not future.done() else future.exception()
+            if future.done() and not future.cancelled() and error is None:
+                scores.append(future.result())
+                continue
+            scores.append(None)
+            failures.append(self._as_error(error, call))
+        if not failures:
+            return [s for s in scores if s is not None]
+        gave_up = call.remaining() <= 0 or any(isinstance(f, RerankerUnavailable) for f in failures)
+        if gave_up or len(failures) == len(futures):
+            raise _worst(failures)
+        return self._fill_missing(scores, failures)
+
+    def _fill_missing(
+        self, scores: list[float | None], failures: list[RerankerError]
+    ) -> list[float]:
+        floor = min(s for s in scores if s is not None)
+        for failure in failures:
+            RERANK_SERVER_ERRORS.labels(kind=failure.kind or "error").inc()
+        log.warning(
+            "llama-server could not score %d of %d documents; they rank last (%s)",
+            len(failures), len(scores), failures[0],
+        )
+        return [floor if s is None else s for s in scores]
+
+    def _as_error(self, error: BaseException | None, call: _Call) -> RerankerError:
+        if isinstance(error, RerankerError):
+            return error
+        if error is None:  # cancelled or still running: the deadline passed
+            return _error(
+                "timeout",
+                f"llama-server at {self.base_url} gave no answer within "
+                f"{self._config.timeout:g} s",
+            )
+        log.error("llama-server request failed unexpectedly", exc_info=error)
+        return RerankerError(f"llama-server request failed: {_describe(error)}", "error")
+
+    # -- lifecycle
+
+    def _ensure_open(self) -> tuple[httpx.Client, ThreadPoolExecutor]:
+        """Return the client and the worker pool, creating them on first use."""
         with self._lock:
             if self._closed:
-                raise RerankerError(f"the llama-server reranker for {self.base_url} is closed")
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=_run_loop, args=(loop,), name="llama-server-reranker", daemon=True
+                raise self._closed_error()
+            if self._client is None or self._pool is None:
+                slots = self._config.parallel
+                self._client = httpx.Client(
+                    timeout=httpx.Timeout(self._config.timeout),
+                    # the workers, plus health checks made by the calling threads
+                    limits=httpx.Limits(max_connections=slots + 2, max_keepalive_connections=slots),
+                    trust_env=False,  # a proxy from the environment would not reach a LAN server
                 )
-                thread.start()
-                asyncio.run_coroutine_threadsafe(self._open(), loop).result(CLOSE_TIMEOUT)
-                self._loop, self._thread = loop, thread
-            return self._loop
+                self._pool = ThreadPoolExecutor(slots, thread_name_prefix="llama-server")
+                log.info(
+                    "llama-server reranker at %s (endpoint %s, parallel %d)",
+                    self.base_url, self._config.endpoint, slots,
+                )
+            return self._client, self._pool
 
-    def _submit(self, make: Callable[[], Coroutine[Any, Any, T]]) -> concurrent.futures.Future[T]:
-        """Schedule ``make()`` on the private loop (the coroutine is built only then)."""
-        loop = self._ensure_loop()
-        coro = make()
-        try:
-            return asyncio.run_coroutine_threadsafe(coro, loop)
-        except RuntimeError:  # the loop closed between the check and the submit
-            coro.close()
-            raise RerankerError(f"the llama-server reranker for {self.base_url} is closed") from None
-
-    def _wait(self, future: concurrent.futures.Future[T], timeout: float) -> T:
-        """Wait for ``future``; on timeout cancel it so its queued requests are never sent."""
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise _error(
-                "timeout", f"llama-server at {self.base_url} gave no answer within {timeout:g} s"
-            ) from None
-        except concurrent.futures.CancelledError:
-            raise RerankerError(
-                f"the llama-server reranker for {self.base_url} was closed during the call"
-            ) from None
+    def _closed_error(self) -> RerankerError:
+        return RerankerError(f"the llama-server reranker for {self.base_url} is closed")
 
     def _record_failure(self, exc: RerankerError) -> None:
         kind = getattr(exc, "kind", None)
@@ -450,52 +661,22 @@ class LlamaServerBackend:
             return
         self.last_error = str(exc)
         RERANK_SERVER_ERRORS.labels(kind=kind).inc()
-        log.warning("llama-server rerank failed (%s): %s", kind, exc)
-
-    async def _open(self) -> None:
-        """Create the client, the semaphore and the periodic health task (in the loop)."""
-        slots = self._config.concurrency + 1  # one spare connection for /health
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self._config.timeout),
-            limits=httpx.Limits(max_connections=slots, max_keepalive_connections=slots),
-            trust_env=False,  # a proxy from the environment would not reach a LAN server
-        )
-        self._semaphore = asyncio.Semaphore(self._config.concurrency)
-        asyncio.get_running_loop().create_task(self._health_loop(), name="llama-server-health")
-        log.info(
-            "llama-server reranker at %s (endpoint %s, concurrency %d)",
-            self.base_url, self._config.endpoint, self._config.concurrency,
-        )
-
-    async def _shutdown(self) -> None:
-        """Cancel every task on the loop (health, calls in flight), close the client."""
-        current = asyncio.current_task()
-        tasks = [task for task in asyncio.all_tasks() if task is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
+        # The service warns once per distinct cause; repeating it here on every
+        # search while the server is down would defeat that.
+        log.debug("llama-server rerank failed (%s): %s", kind, exc)
 
     # -- health
 
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.health_interval)
-            try:
-                await self._check_health()
-            except Exception:  # keep checking; a bug here must not stop the loop
-                log.exception("health check of %s failed unexpectedly", self.base_url)
-
-    async def _check_health(self) -> bool:
+    def _check_health(self, call: _Call) -> bool:
         """GET /health: 200 means ready, 503 means loading; never raises httpx errors."""
-        assert self._client is not None
+        client = self._ensure_open()[0]
         url = self.base_url + HEALTH_PATH
-        request = self._client.get(url, timeout=self._health_timeout)
         try:
-            response = await _shielded(request)
+            response = client.get(url, timeout=min(call.remaining(), HEALTH_TIMEOUT_CAP) or 0.01)
         except httpx.HTTPError as exc:
             return self._set_health(False, f"{url}: {_describe(exc)}")
+        except RuntimeError as exc:  # the client was closed under us
+            raise self._closed_error() from exc
         if response.status_code == 200:
             return self._set_health(True, None)
         return self._set_health(
@@ -503,17 +684,18 @@ class LlamaServerBackend:
         )
 
     def _set_health(self, healthy: bool, error: str | None) -> bool:
-        if healthy and not self.healthy:
-            log.info("llama-server at %s is ready", self.base_url)
-        elif not healthy and (self.healthy or error != self.last_error):
+        # Log transitions only: one warning when the server goes away, one line when back.
+        if healthy and not self.healthy and self.last_error is not None:
+            log.info("llama-server at %s is ready again", self.base_url)
+        elif not healthy and (self.healthy or self.last_error is None):
             log.warning("llama-server at %s is not ready: %s", self.base_url, error)
         self.healthy = healthy
         self.last_error = error
         return healthy
 
-    async def _require_healthy(self) -> None:
+    def _require_healthy(self, call: _Call) -> None:
         """Fail fast while unhealthy, after one fresh check (it may have just loaded)."""
-        if self.healthy or await self._check_health():
+        if self.healthy or self._check_health(call):
             return
         raise _error(
             "unavailable",
@@ -522,89 +704,38 @@ class LlamaServerBackend:
             unavailable=True,
         )
 
-    # -- scoring
-
-    async def _score(self, query: str, docs: list[str]) -> list[float]:
-        await self._require_healthy()
-        if self._config.endpoint == "rerank":
-            return await self._score_rerank(query, docs)
-        return await self._score_chat(query, docs)
-
-    async def _score_chat(self, query: str, docs: list[str]) -> list[float]:
-        """One chat request per document, all submitted, the semaphore pacing them."""
-        tasks = [asyncio.ensure_future(self._score_one(query, doc)) for doc in docs]
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for task in tasks:  # after a failure, send none of the queued requests
-                task.cancel()
-
-    async def _score_one(self, query: str, doc: str) -> float:
-        url = self.base_url + CHAT_PATH
-        payload = {
-            "messages": chat_messages(self._config.instruction, query, doc),
-            "max_tokens": 1,
-            "temperature": 0,
-            "logprobs": True,
-            "top_logprobs": TOP_LOGPROBS,
-        }
-        body = await self._post(url, payload)
-        return self._parse(url, lambda: parse_chat_score(body))
-
-    async def _score_rerank(self, query: str, docs: list[str]) -> list[float]:
-        """One /v1/rerank request; the server applies the model's own rerank template."""
-        url = self.base_url + RERANK_PATH
-        body = await self._post(url, {"query": query, "documents": docs, "top_n": len(docs)})
-        return self._parse(url, lambda: parse_rerank_scores(body, len(docs)))
-
-    @staticmethod
-    def _parse(url: str, parse: Callable[[], T]) -> T:
-        try:
-            return parse()
-        except ValueError as exc:
-            raise _error("malformed", f"{url}: unexpected response: {exc}") from None
-
     # -- HTTP
 
-    async def _post(self, url: str, payload: dict[str, Any]) -> Any:
-        """POST ``payload`` holding a semaphore slot and return the decoded JSON body.
-
-        The slot is taken here (waiting for it is safely cancellable, so a call that
-        gives up sends nothing more) and freed when the request itself ends, so the
-        server never sees more than ``concurrency`` requests, even from abandoned calls.
-        """
-        assert self._semaphore is not None
-        semaphore = self._semaphore
-        await semaphore.acquire()
-        request = _detach(self._send(url, payload))
-        request.add_done_callback(lambda _: semaphore.release())
-        response = await asyncio.shield(request)
+    def _post(self, url: str, payload: dict[str, Any], call: _Call) -> Any:
+        """POST ``payload`` within the call's deadline and return the decoded JSON body."""
+        response = self._send(url, payload, call)
         return self._decode(url, response)
 
-    async def _send(self, url: str, payload: dict[str, Any]) -> httpx.Response:
+    def _send(self, url: str, payload: dict[str, Any], call: _Call) -> httpx.Response:
         """POST, retrying exactly once if the server dropped the connection."""
         try:
-            return await self._send_once(url, payload)
+            return self._send_once(url, payload, call)
         except _DROPPED as exc:
             log.info("%s dropped the connection (%s); retrying once", url, _describe(exc))
         try:
-            return await self._send_once(url, payload)
+            return self._send_once(url, payload, call)
         except _DROPPED as exc:
             raise self._transport_error(url, exc) from exc
 
-    async def _send_once(self, url: str, payload: dict[str, Any]) -> httpx.Response:
-        """POST once; dropped connections pass through raw, other failures translate.
-
-        The request is bounded by the client's ``httpx.Timeout(timeout)`` (connect,
-        write, pool and read each), never by cancelling it: see :func:`_shielded`.
-        """
-        assert self._client is not None
+    def _send_once(self, url: str, payload: dict[str, Any], call: _Call) -> httpx.Response:
+        """POST once with the time the call has left; dropped connections pass through."""
+        client = self._ensure_open()[0]
+        left = call.remaining()
+        if left <= 0 or call.abandoned.is_set():
+            raise _error("timeout", f"{url}: no time left of {self._config.timeout:g} s")
         try:
-            return await self._client.post(url, json=payload)
+            return client.post(url, json=payload, timeout=left)
         except _DROPPED:
             raise
         except httpx.HTTPError as exc:
             raise self._transport_error(url, exc) from exc
+        except RuntimeError as exc:  # the client was closed under us
+            raise self._closed_error() from exc
 
     def _transport_error(self, url: str, exc: BaseException) -> RerankerError:
         if isinstance(exc, httpx.TimeoutException):
@@ -627,11 +758,7 @@ class LlamaServerBackend:
         if status >= 500:
             raise _error("http_5xx", f"{url}: HTTP {status} ({_server_message(response)})")
         if status >= 400:
-            raise _error(
-                "http_4xx",
-                f"{url}: HTTP {status} ({_server_message(response)}); "
-                "check reranker.endpoint and the server's flags",
-            )
+            raise _error("http_4xx", f"{url}: HTTP {status} ({_server_message(response)})")
         if status != 200:
             raise _error("malformed", f"{url}: unexpected HTTP {status}")
         try:
@@ -640,3 +767,23 @@ class LlamaServerBackend:
             raise _error(
                 "malformed", f"{url}: response is not valid JSON ({exc}): {response.text[:200]!r}"
             ) from None
+
+
+def _unavailable(future: Future[Any]) -> bool:
+    """Whether a finished document future failed because the server is unavailable."""
+    return (
+        not future.cancelled()
+        and future.done()
+        and isinstance(future.exception(), RerankerUnavailable)
+    )
+
+
+def _worst(failures: list[RerankerError]) -> RerankerError:
+    """The error that explains a failed call best: unavailable, then timeout, then first."""
+    for failure in failures:
+        if isinstance(failure, RerankerUnavailable):
+            return failure
+    for failure in failures:
+        if failure.kind == "timeout":
+            return failure
+    return failures[0]

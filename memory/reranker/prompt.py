@@ -27,7 +27,6 @@ QWEN_SPLIT_PATTERN = (
 
 PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-ASSISTANT_THINK = "<think>\n\n</think>\n\n"
 
 
 def user_turn(instruction: str, query: str, document: str) -> str:
@@ -66,13 +65,13 @@ def document_text(document: str) -> str:
 
 
 def chat_messages(instruction: str, query: str, document: str) -> list[dict[str, str]]:
-    """Return the prompt as OpenAI-style chat messages (for llama-server).
+    """Return the prompt as OpenAI-style chat messages: the system and user turns.
 
-    The assistant turn is pre-filled with the empty think block; llama-server
-    continues a trailing assistant message instead of opening a new one.
+    The assistant turn is not pre-filled: under Qwen3's chat template, with
+    ``enable_thinking: false``, llama-server opens it with the empty think block
+    itself, so a pre-filled block would appear twice.
     """
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": user_turn(instruction, query, document)},
-        {"role": "assistant", "content": ASSISTANT_THINK},
     ]

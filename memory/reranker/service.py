@@ -81,13 +81,8 @@ class RerankerService:
         """
         if not texts:
             return []
-        future = self._pool.submit(self.backend.score, query, list(texts))
         try:
-            scores = future.result(timeout=self.config.timeout)
-        except FutureTimeout:
-            raise RerankerError(
-                f"{self.name} did not answer within {self.config.timeout:g} s"
-            ) from None
+            scores = self._scores_within_timeout(query, list(texts))
         except RerankerError:
             raise
         except Exception as exc:  # a backend bug must not reach the user
@@ -95,6 +90,27 @@ class RerankerService:
         if len(scores) != len(texts):
             raise RerankerError(f"{self.name} returned {len(scores)} scores for {len(texts)} texts")
         return [float(s) for s in scores]
+
+    def _scores_within_timeout(self, query: str, texts: list[str]) -> list[float]:
+        """Call the backend so that the search gets an answer within the timeout.
+
+        A backend that keeps ``timeout`` itself and leaves no work behind (the remote
+        one: its requests share the server's slots and are cancelled at the deadline)
+        runs in the calling thread, so parallel searches are not serialised here.  A
+        local model cannot be interrupted, so it runs in this service's one worker
+        thread and the search stops waiting after ``timeout``; a call still queued
+        then is cancelled rather than run for nobody.
+        """
+        if getattr(self.backend, "enforces_timeout", False):
+            return self.backend.score(query, texts)
+        future = self._pool.submit(self.backend.score, query, texts)
+        try:
+            return future.result(timeout=self.config.timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise RerankerError(
+                f"{self.name} did not answer within {self.config.timeout:g} s"
+            ) from None
 
     def rerank_results(
         self,
