@@ -446,11 +446,17 @@ class LlamaServerBackend:
     def _score(self, query: str, docs: list[str], call: _Call) -> list[float]:
         self._require_healthy(call)
         if self._config.endpoint == "rerank":
-            return self._score_rerank(query, docs, call)
+            future = self._submit(call, self._score_rerank, query, docs)
+            self._settle([future], call)
+            scores = self._outcome(future, call)
+            if isinstance(scores, RerankerError):
+                raise scores
+            return scores
         head = self._head_ids(query, docs, call)
         one = self._completion_one if self._config.endpoint == "completion" else self._chat_one
         futures = [self._submit(call, one, query, doc, head) for doc in docs]
-        return self._collect(futures, call)
+        self._settle(futures, call)
+        return self._combine([self._outcome(f, call) for f in futures], call)
 
     def _completion_one(
         self, call: _Call, query: str, doc: str, head: list[int] | None
@@ -483,7 +489,7 @@ class LlamaServerBackend:
         url = self.base_url + CHAT_PATH
         return self._parse(url, parse_chat_score, self._post(url, payload, call))
 
-    def _score_rerank(self, query: str, docs: list[str], call: _Call) -> list[float]:
+    def _score_rerank(self, call: _Call, query: str, docs: list[str]) -> list[float]:
         """One /v1/rerank request; the server applies the GGUF's own rerank template."""
         long = [
             i for i, d in enumerate(docs)
@@ -552,25 +558,28 @@ class LlamaServerBackend:
 
     # -- the worker pool: bounded, shared, cancellable
 
-    def _submit(self, call: _Call, fn: Callable[..., float], *args: Any) -> Future[float]:
+    def _submit(self, call: _Call, fn: Callable[..., T], *args: Any) -> Future[T]:
         pool = self._ensure_open()[1]
         try:
             return pool.submit(self._run_job, call, fn, *args)
         except RuntimeError:  # shut down between the check and the submit
             raise self._closed_error() from None
 
-    def _run_job(self, call: _Call, fn: Callable[..., float], *args: Any) -> float:
-        """Worker side of one document: skipped if its call has already given up."""
+    def _run_job(self, call: _Call, fn: Callable[..., T], *args: Any) -> T:
+        """Worker side of one request: skipped if its call has already given up."""
         if call.abandoned.is_set() or call.remaining() <= 0:
             raise _error("timeout", "the call gave up before this document was sent")
         return fn(call, *args)
 
-    def _collect(self, futures: list[Future[float]], call: _Call) -> list[float]:
-        """Wait for every document until the deadline; fill in missing scores.
+    def _settle(self, futures: list[Future[Any]], call: _Call) -> None:
+        """Wait for the call's requests until its deadline; cancel what is left.
 
         The call gives up at its deadline, when the server turns out to be down, or
-        when the backend closes; then its queued documents are cancelled (never sent)
+        when the backend closes; then its queued requests are cancelled (never sent)
         and those on the wire are waited for, as each ends by the deadline.
+
+        Raises:
+            RerankerError: The backend was closed meanwhile.
         """
         pending = set(futures)
         while pending and call.remaining() > 0 and not self._closing.done():
@@ -587,48 +596,48 @@ class LlamaServerBackend:
             if self._closing.done():
                 raise self._closed_error()
             wait(pending, SETTLE_TIMEOUT)
-        return self._combine(futures, call)
 
-    def _combine(self, futures: list[Future[float]], call: _Call) -> list[float]:
-        scores: list[float | None] = []
-        failures: list[RerankerError] = []
-        for future in futures:
-            error = None if future.cancelled() or not future.done() else future.exception()
-            if future.done() and not future.cancelled() and error is None:
-                scores.append(future.result())
-                continue
-            scores.append(None)
-            failures.append(self._as_error(error, call))
+    def _outcome(self, future: Future[T], call: _Call) -> T | RerankerError:
+        """The future's result, or the RerankerError that explains why there is none."""
+        if future.done() and not future.cancelled():
+            error = future.exception()
+            if error is None:
+                return future.result()
+            if isinstance(error, RerankerError):
+                return error
+            log.error("llama-server request failed unexpectedly", exc_info=error)
+            return RerankerError(f"llama-server request failed: {_describe(error)}", "error")
+        return _error(
+            "timeout",
+            f"llama-server at {self.base_url} gave no answer within {self._config.timeout:g} s",
+        )
+
+    def _combine(self, outcomes: list[float | RerankerError], call: _Call) -> list[float]:
+        """Per-document outcomes to scores: missing ones rank last, unless all failed.
+
+        Raises:
+            RerankerError: Every document failed, the deadline passed or the server
+                is unavailable.
+        """
+        failures = [o for o in outcomes if isinstance(o, RerankerError)]
         if not failures:
-            return [s for s in scores if s is not None]
+            return outcomes  # type: ignore[return-value]
         gave_up = call.remaining() <= 0 or any(isinstance(f, RerankerUnavailable) for f in failures)
-        if gave_up or len(failures) == len(futures):
+        if gave_up or len(failures) == len(outcomes):
             raise _worst(failures)
-        return self._fill_missing(scores, failures)
+        return self._fill_missing(outcomes, failures)
 
     def _fill_missing(
-        self, scores: list[float | None], failures: list[RerankerError]
+        self, outcomes: list[float | RerankerError], failures: list[RerankerError]
     ) -> list[float]:
-        floor = min(s for s in scores if s is not None)
+        floor = min(o for o in outcomes if not isinstance(o, RerankerError))
         for failure in failures:
             RERANK_SERVER_ERRORS.labels(kind=failure.kind or "error").inc()
         log.warning(
             "llama-server could not score %d of %d documents; they rank last (%s)",
-            len(failures), len(scores), failures[0],
+            len(failures), len(outcomes), failures[0],
         )
-        return [floor if s is None else s for s in scores]
-
-    def _as_error(self, error: BaseException | None, call: _Call) -> RerankerError:
-        if isinstance(error, RerankerError):
-            return error
-        if error is None:  # cancelled or still running: the deadline passed
-            return _error(
-                "timeout",
-                f"llama-server at {self.base_url} gave no answer within "
-                f"{self._config.timeout:g} s",
-            )
-        log.error("llama-server request failed unexpectedly", exc_info=error)
-        return RerankerError(f"llama-server request failed: {_describe(error)}", "error")
+        return [floor if isinstance(o, RerankerError) else o for o in outcomes]
 
     # -- lifecycle
 
