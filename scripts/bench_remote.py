@@ -28,21 +28,23 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
+import httpx
 
-from memory.config import RerankerConfig  # noqa: E402
-from memory.reranker.llama_server import (  # noqa: E402
-    RERANK_INSTRUCTION, LlamaServerBackend, sigmoid, yes_probability,
+from memory.config import RerankerConfig
+from memory.reranker.llama_server import (
+    RERANK_INSTRUCTION,
+    LlamaServerBackend,
+    sigmoid,
+    yes_probability,
 )
-from memory.reranker.prompt import DEFAULT_INSTRUCTION, SYSTEM_PROMPT, user_turn  # noqa: E402
-from memory.reranker.qwen import QwenReranker  # noqa: E402
-from tests.llama_server_process import LlamaServer, locate  # noqa: E402
-from tests.qwen_gguf import convert, save_checkpoint  # noqa: E402
+from memory.reranker.prompt import DEFAULT_INSTRUCTION, SYSTEM_PROMPT, user_turn
+from memory.reranker.qwen import QwenReranker
+from tests.llama_server_process import LlamaServer, locate
+from tests.qwen_gguf import convert, save_checkpoint
 
 DEMO = ROOT / "data"
 CANDIDATES = 30  # documents per query in the agreement table

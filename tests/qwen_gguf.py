@@ -200,7 +200,7 @@ def convert(checkpoint: Path, outfile: Path, llama_src: Path) -> Path:
     result = subprocess.run(
         [sys.executable, str(llama_src / CONVERTER), str(checkpoint),
          "--outfile", str(outfile), "--outtype", "f32"],
-        cwd=llama_src, env=env, capture_output=True, text=True, timeout=600,
+        cwd=llama_src, env=env, capture_output=True, text=True, timeout=600, check=False,
     )
     if result.returncode != 0 or not outfile.is_file():
         tail = (result.stdout + result.stderr)[-3000:]

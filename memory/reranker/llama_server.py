@@ -58,7 +58,11 @@ from memory.config import RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import RERANK_SERVER_ERRORS
 from memory.reranker.prompt import (
-    SUFFIX, chat_messages, document_text, full_prompt, head_text,
+    SUFFIX,
+    chat_messages,
+    document_text,
+    full_prompt,
+    head_text,
 )
 
 log = logging.getLogger(__name__)
