@@ -28,10 +28,17 @@ log = logging.getLogger("bot")
 class MemoryBot(commands.Bot):
     """A Discord bot that remembers its channels.
 
+    Only slash commands, context menus and listeners: prefix commands are off, so a
+    mention is never parsed as one.
+
     Args:
         engine: The memory engine the cog stores into and searches.
         extensions: Cog modules to load at start-up.
-        sync_commands: Push slash commands to Discord in ``setup_hook``.
+        sync: Publish slash commands in ``setup_hook``: ``"global"`` everywhere (Discord
+            takes up to an hour), a guild id to that guild only (instant, for
+            development), ``None`` not at all (the default: they persist on Discord).
+        owner_ids: Users allowed the bot-wide owner commands; ``None`` asks Discord
+            who owns the application.
     """
 
     def __init__(
@@ -39,29 +46,44 @@ class MemoryBot(commands.Bot):
         engine: MemoryEngine,
         *,
         extensions: Sequence[str] = ("cogs.memory",),
-        sync_commands: bool = True,
+        sync: str | int | None = None,
+        owner_ids: set[int] | None = None,
         **options,
     ) -> None:
         intents = discord.Intents.default()
         intents.message_content = True  # privileged: enable it in the developer portal
         intents.members = False
-        super().__init__(command_prefix=commands.when_mentioned, intents=intents, **options)
+        if owner_ids:
+            options["owner_ids"] = set(owner_ids)
+        super().__init__(
+            command_prefix=commands.when_mentioned, intents=intents, help_command=None, **options
+        )
         self.engine = engine
         self.initial_extensions = tuple(extensions)
-        self.sync_commands = sync_commands
+        self.sync = sync
 
     async def setup_hook(self) -> None:
-        """Load the cogs and register slash commands."""
+        """Load the cogs; publish slash commands only when asked to."""
         for extension in self.initial_extensions:
             await self.load_extension(extension)
-        if self.sync_commands:
+        if self.sync == "global":
             synced = await self.tree.sync()
-            log.info("synced %d application commands", len(synced))
+            log.info("synced %d application commands globally", len(synced))
+        elif self.sync is not None:
+            guild = discord.Object(int(self.sync))
+            self.tree.copy_global_to(guild=guild)
+            synced = await self.tree.sync(guild=guild)
+            log.info("synced %d application commands to guild %s", len(synced), self.sync)
+
+    async def process_commands(self, message: discord.Message) -> None:
+        """No prefix commands: mentions are answered by the memory cog instead."""
 
     async def close(self) -> None:
         """Close the Discord connection, then the engine."""
-        await super().close()
-        self.engine.close()
+        try:
+            await super().close()
+        finally:
+            self.engine.close()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
