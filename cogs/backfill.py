@@ -94,7 +94,12 @@ class Backfiller:
                     await _edit(status, f"Backfilling… {progress.line()}")
             task.result()
             await _edit(status, f"Backfill finished: {progress.line()}")
+        except discord.HTTPException as exc:
+            log.warning("backfill in guild %d stopped: %s", guild.id, exc)
+            await _edit(status, f"Backfill stopped: Discord answered {exc.status}. Run it again to "
+                                f"resume where it stopped. {progress.line()}")
         except asyncio.CancelledError:
+            task.cancel()
             await _edit(status, f"Backfill stopped (it resumes where it was): {progress.line()}")
             raise
         finally:
