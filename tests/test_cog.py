@@ -473,3 +473,41 @@ async def test_captures_are_not_queued_behind_slow_searches(harness):
     assert h.engine.store.message_count() == 1
     release.set()
     await asyncio.gather(*searches)
+
+
+def _write_from_another_process(path: str, first_id: int, batches: int) -> None:
+    """Another process (an import, a second bot) writing batches in long-ish transactions."""
+    from memory.records import MessageRecord
+    from memory.store import MessageStore
+
+    store = MessageStore(path)
+    for b in range(batches):
+        store.upsert(
+            MessageRecord(id=first_id + b * 200 + i, guild_id=G, channel_id=RANDOM,
+                          author_id=BOB, created_at=1_700_000_000_000 + i,
+                          content=f"imported line {b} {i} " + "padding " * 40)
+            for i in range(200)
+        )
+    store.close()
+
+
+async def test_two_processes_writing_while_the_bot_captures_lose_nothing(harness):
+    import multiprocessing
+
+    h = harness
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_write_from_another_process,
+                               args=(h.engine.store.path, 10_000_000 * (n + 1), 25))
+               for n in range(2)]
+    for writer in writers:
+        writer.start()
+    captured = []
+    for i in range(200):
+        captured.append(await say(h, f"live message {i}"))
+        await asyncio.sleep(0.005)
+    await asyncio.to_thread(lambda: [w.join(120) for w in writers])
+    assert all(w.exitcode == 0 for w in writers)
+    await settle(h, embed=False)
+    assert h.engine.store.message_count() == 200 + 2 * 25 * 200
+    stored = h.engine.store.hydrate([m.id for m in captured])
+    assert len(stored) == 200
