@@ -98,6 +98,20 @@ class MemoryEngine:
                 "message with the new model"
             )
 
+    def preload(self) -> None:
+        """Load the embedder and the reranker now, rather than on the first message or search.
+
+        The bot calls this before it connects, so no event-loop tick pays for a model
+        load.  A reranker that cannot load is logged; searches then run without it.
+        """
+        self.embedder.embed(["warm-up"])
+        service = self.rerankers.current()
+        if service is not None:
+            try:
+                service.load()
+            except Exception as exc:
+                log.warning("searches run without reranking until %s loads: %s", service.name, exc)
+
     def close(self) -> None:
         """Unload the reranker and close the database."""
         self.rerankers.close()

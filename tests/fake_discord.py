@@ -47,6 +47,7 @@ class FakeDiscord:
         app.router.add_get("/api/v10/channels/{cid}/users/@me/threads/archived/private",
                            self._no_threads)
         app.router.add_get("/api/v10/channels/{cid}/threads/archived/private", self._no_threads)
+        app.router.add_get("/api/v10/oauth2/applications/@me", self._application)
         app.router.add_get("/api/v10/gateway/bot", self._gateway)
         app.router.add_get("/api/v10/gateway", self._gateway)
         app.router.add_get("/ws", self._websocket)
@@ -72,6 +73,14 @@ class FakeDiscord:
             return _json({"message": "401: Unauthorized", "code": 0}, status=401)
         return _json({"id": "1000", "username": "memorybot", "discriminator": "0",
                                   "global_name": None, "avatar": None, "bot": True})
+
+    async def _application(self, request: web.Request) -> web.Response:
+        owner = {"id": "1003", "username": "owner", "discriminator": "0", "global_name": None,
+                 "avatar": None}
+        return _json({"id": "1000", "name": "memorybot", "icon": None, "description": "",
+                      "rpc_origins": [], "bot_public": True, "bot_require_code_grant": False,
+                      "owner": owner, "team": None, "verify_key": "0" * 64, "flags": 0,
+                      "summary": ""})
 
     async def _messages(self, request: web.Request) -> web.Response:
         self.requests.append((request.path, dict(request.query)))
