@@ -112,10 +112,21 @@ def everyone_can_read(channel: discord.abc.GuildChannel | discord.Thread | None)
         return False
     if not _reads(channel.permissions_for(channel.guild.default_role)):
         return False
-    for overwrite in channel.overwrites.values():
-        if overwrite.view_channel is False or overwrite.read_message_history is False:
-            return False
-    return True
+    return not _denies_reading(channel)
+
+
+_READING = discord.Permissions(view_channel=True, read_message_history=True).value
+
+
+def _denies_reading(channel: discord.abc.GuildChannel) -> bool:
+    """Whether any role or member overwrite in ``channel`` denies viewing or history."""
+    raw = getattr(channel, "_overwrites", None)
+    if raw is not None:  # discord.py's raw overwrite list: 0.2 µs instead of 40 µs for .overwrites
+        return any(entry.deny & _READING for entry in raw)
+    return any(
+        o.view_channel is False or o.read_message_history is False
+        for o in channel.overwrites.values()
+    )
 
 
 def public_reply_sources(
