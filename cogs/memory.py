@@ -208,9 +208,9 @@ class MemoryCog(commands.Cog):
         stats = await asyncio.to_thread(self.engine.store.stats)
         count = await asyncio.to_thread(self.engine.store.message_count, interaction.guild_id)
         lines = [
-            f"Messages from this server: **{count}** (all servers: {stats['messages']})",
-            f"Waiting to be embedded: {stats['pending_embeddings']}",
-            f"Embedder: {stats['embedding_model']}",
+            f"Messages from this server: **{count}** (all servers: {stats.messages})",
+            f"Waiting to be embedded: {stats.pending_embeddings}",
+            f"Embedder: {stats.embedding_model}",
             f"Hardware profile: {self.engine.rerankers.profile_name}",
         ]
         await interaction.followup.send("\n".join(lines), ephemeral=True)

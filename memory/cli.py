@@ -268,7 +268,9 @@ def result_to_dict(result: SearchResult) -> dict[str, Any]:
 
     return {
         "hits": [
-            {**asdict(h), "created": ms_to_datetime(h.created_at).isoformat()} for h in result.hits
+            {**asdict(h), "jump_url": h.jump_url,
+             "created": ms_to_datetime(h.created_at).isoformat()}
+            for h in result.hits
         ],
         "trace": asdict(result.trace),
         "empty_reason": result.empty_reason,
@@ -315,7 +317,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     _require_db(args.db)
     store = MessageStore(args.db)
     try:
-        stats = store.stats()
+        from dataclasses import asdict
+
+        stats = asdict(store.stats())
     finally:
         store.close()
     if args.json:

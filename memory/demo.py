@@ -54,9 +54,9 @@ def _import(engine) -> None:
     print(
         f"imported {summary.files} channel exports from {DEMO_DIR.name}/: "
         f"{summary.inserted} new messages ({summary.unchanged} unchanged), "
-        f"{summary.embedded} embedded with {stats['embedding_model']} "
+        f"{summary.embedded} embedded with {stats.embedding_model} "
         f"in {time.perf_counter() - started:.1f} s; "
-        f"{stats['channels']} channels, {stats['authors']} authors; profile {engine.profile.name}"
+        f"{stats.channels} channels, {stats.authors} authors; profile {engine.profile.name}"
     )
 
 
