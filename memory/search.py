@@ -25,6 +25,7 @@ from memory.embedder import Embedder
 from memory.errors import SearchInputError
 from memory.filters import Filters
 from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
+from memory.reranker.base import RerankerProvider
 from memory.store import MessageStore
 from memory.text import fts_query
 
@@ -145,9 +146,8 @@ class Searcher:
         store: Where the messages and vectors are.
         embedder: The model the store was embedded with.
         config: The profile's ``[search]`` section.
-        reranker: Optional callable returning the active
-            :class:`memory.reranker.service.RerankerService` (or ``None``); a callable
-            so an admin's profile switch takes effect for the next search.
+        reranker: Returns the reranker to use now (``None``: reranking is off); a
+            callable so an admin's profile switch takes effect for the next search.
     """
 
     def __init__(
@@ -155,12 +155,12 @@ class Searcher:
         store: MessageStore,
         embedder: Embedder,
         config: SearchConfig,
-        reranker: Callable[[], object | None] | None = None,
+        reranker: RerankerProvider | None = None,
     ) -> None:
         self.store = store
         self.embedder = embedder
         self.config = config
-        self._reranker = reranker or (lambda: None)
+        self._reranker: RerankerProvider = reranker or (lambda: None)
         self._members: tuple[int, dict[int | None, list[tuple[int, re.Pattern]]]] = (-1, {})
 
     def search(self, request: SearchRequest) -> SearchResult:
