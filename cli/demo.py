@@ -7,15 +7,16 @@ search, and the retrieval quality on the demo's own labelled questions.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from pathlib import Path
 
-from memory.bench import load_queries, score_ranking
-from memory.cli import (
-    DEMO_DIR, DEMO_QUERIES, embed_with_progress, format_result, open_engine, progress_bar,
-)
+import click
+
+from cli.bench.common import Query, load_queries, score_ranking
+from cli.context import Settings, data_dir, open_engine
+from cli.output import embed_with_progress, format_result, progress_bar
+from memory.engine import MemoryEngine
 from memory.errors import MemoryBotError
 from memory.search import SearchRequest
 
@@ -24,19 +25,29 @@ log = logging.getLogger(__name__)
 SHOWCASE = ("demo-q0", "demo-q2", "demo-q9", "demo-q12")
 
 
-def run_demo(args: argparse.Namespace, db: Path) -> int:
+def demo_dir() -> Path:
+    """The sample server's channel exports."""
+    return data_dir() / "demo-server"
+
+
+def demo_queries() -> Path:
+    """The sample server's labelled questions."""
+    return data_dir() / "demo-queries.jsonl"
+
+
+def run_demo(settings: Settings, db: Path) -> int:
     """Import the demo export into ``db`` and print searches; returns an exit status."""
-    engine = open_engine(args, db=db)
+    engine = open_engine(settings, db=db, load_reranker=False)
     try:
         _import(engine)
         _reranker_status(engine)
-        queries = load_queries(DEMO_QUERIES)
+        queries = load_queries(demo_queries())
         by_id = {q.id: q for q in queries}
         for qid in SHOWCASE:
             query = by_id[qid]
-            print(f"\n>>> search: {query.text}")
+            click.echo(f"\n>>> search: {query.text}")
             result = engine.search(query.text, guild_id=query.guild_id, limit=3)
-            print(format_result(result, debug=qid == SHOWCASE[0]))
+            click.echo(format_result(result, debug=qid == SHOWCASE[0]))
         _filtered(engine, queries[0].guild_id)
         _quality(engine, queries)
     finally:
@@ -44,15 +55,16 @@ def run_demo(args: argparse.Namespace, db: Path) -> int:
     return 0
 
 
-def _import(engine) -> None:
+def _import(engine: MemoryEngine) -> None:
     started = time.perf_counter()
-    on_file, bar = progress_bar(len(list(DEMO_DIR.glob("*.json"))), "reading")
-    summary = engine.import_exports([DEMO_DIR], embed=False, on_file=on_file)
+    folder = demo_dir()
+    on_file, bar = progress_bar(len(list(folder.glob("*.json"))), "reading")
+    summary = engine.import_exports([folder], embed=False, on_file=on_file)
     bar.close()
     summary.embedded = embed_with_progress(engine)
     stats = engine.store.stats()
-    print(
-        f"imported {summary.files} channel exports from {DEMO_DIR.name}/: "
+    click.echo(
+        f"imported {summary.files} channel exports from {folder.name}/: "
         f"{summary.inserted} new messages ({summary.unchanged} unchanged), "
         f"{summary.embedded} embedded with {stats.embedding_model} "
         f"in {time.perf_counter() - started:.1f} s; "
@@ -60,33 +72,37 @@ def _import(engine) -> None:
     )
 
 
-def _reranker_status(engine) -> None:
+def _reranker_status(engine: MemoryEngine) -> None:
+    """Say once, in one line, whether searches are reranked (and how to turn it on)."""
     service = engine.rerankers.current()
     if service is None:
-        print("reranker: off in this profile; results are the hybrid order")
+        click.echo("reranker: off in this profile; results are the hybrid order")
         return
     try:
         service.load()
     except MemoryBotError as exc:
-        reason = str(exc).splitlines()[0][:160]
-        print(f"reranker: {service.config.model} is not available here ({reason}); "
-              "searches fall back to the hybrid order. Point reranker.model at a local "
-              "Qwen3-Reranker folder or allow a download to enable it.")
+        log.info("reranker unavailable: %s", exc)
+        # said once here; the service would otherwise warn on every search
         logging.getLogger("memory.reranker.service").setLevel(logging.ERROR)
+        click.echo(
+            f"reranker: off ({service.config.model} is not available here); results are the "
+            "hybrid order. To turn it on, point reranker.model in the profile at a local "
+            "Qwen3-Reranker folder, or use a llama-server profile."
+        )
         return
-    print(f"reranker: {service.config.model} on {service.config.device}")
+    click.echo(f"reranker: {service.config.model} on {service.config.device}")
 
 
-def _filtered(engine, guild_id: int) -> None:
+def _filtered(engine: MemoryEngine, guild_id: int) -> None:
     text = "what is the wifi password or door code"
-    print(f"\n>>> search only #general (and its threads): {text}")
+    click.echo(f"\n>>> search only #general (and its threads): {text}")
     channels = engine.store.channel_ids_named("general", guild_id)
     result = engine.search(text, guild_id=guild_id, channel_ids=tuple(channels), limit=3)
-    print(format_result(result))
+    click.echo(format_result(result))
 
 
-def _quality(engine, queries) -> None:
-    print(f"\n>>> retrieval on the demo's {len(queries)} labelled questions (k=5)")
+def _quality(engine: MemoryEngine, queries: list[Query]) -> None:
+    click.echo(f"\n>>> retrieval on the demo's {len(queries)} labelled questions (k=5)")
     for mode in ("dense", "keyword", "hybrid"):
         recall = hits = 0.0
         latencies = []
@@ -101,5 +117,5 @@ def _quality(engine, queries) -> None:
             hits += scores["hit"]
         n = len(queries)
         latencies.sort()
-        print(f"  {mode:8s} recall@5 {recall / n:.2f}  hit@5 {hits / n:.2f}  "
-              f"median {latencies[n // 2]:.1f} ms")
+        click.echo(f"  {mode:8s} recall@5 {recall / n:.2f}  hit@5 {hits / n:.2f}  "
+                   f"median {latencies[n // 2]:.1f} ms")
