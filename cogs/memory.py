@@ -446,12 +446,14 @@ class MemoryCog(commands.Cog):
 
     @memory.command(name="stats", description="How much the bot remembers from this server")
     async def memory_stats(self, interaction: discord.Interaction) -> None:
-        """Counts for this guild only (and for the member), the backlog and the profile."""
+        """Counts for this guild's channels the member can read, theirs, the backlog, the profile."""
         await interaction.response.defer(ephemeral=True, thinking=True)
-        stats = await self.read(self.engine.guild_stats, interaction.guild_id, interaction.user.id)
+        readable = await self.allowed_channels(interaction.user)
+        stats = await self.read(self.engine.guild_stats, interaction.guild_id, interaction.user.id,
+                                readable)
         settings = await self.settings(interaction.guild_id)
         lines = [
-            f"Messages from this server: **{stats.messages}** in {stats.channels} channels and threads",
+            f"Messages you can search here: **{stats.messages}** in {stats.channels} channels and threads",
             f"Your messages: **{stats.member_messages}**"
             + (" (you opted out: new ones are not stored)" if not settings.remembers_author(interaction.user.id) else ""),
             f"Waiting to be embedded: {stats.pending}",
