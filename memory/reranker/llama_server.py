@@ -388,6 +388,10 @@ class LlamaServerBackend:
         self._ensure_open()
         return self._check_health(_Call(time.monotonic() + HEALTH_TIMEOUT_CAP))
 
+    def load(self) -> None:
+        """The :class:`~memory.reranker.base.RerankerBackend` start-up step: :meth:`start`."""
+        self.start()
+
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Return one relevance score in [0, 1] per text, in input order.
 
