@@ -229,7 +229,7 @@ def test_hostile_text_scores_like_in_process(
 def hits(texts: Sequence[str]) -> list[Hit]:
     return [
         Hit(id=i, guild_id=1, channel_id=2, author_id=3, author_name="", content=t,
-            created_at=0, jump_url="", score=1.0 / (i + 1))
+            created_at=0, score=1.0 / (i + 1))
         for i, t in enumerate(texts)
     ]
 

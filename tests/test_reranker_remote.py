@@ -527,7 +527,7 @@ def test_loading_server_fails_fast_then_recovers(
 
 def hit(i: int, text: str) -> Hit:
     return Hit(id=i, guild_id=1, channel_id=2, author_id=3, author_name="", content=text,
-               created_at=0, jump_url="", score=1.0 / (i + 1))
+               created_at=0, score=1.0 / (i + 1))
 
 
 def test_a_down_server_is_reported_once(
