@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memory.config import Profile
+from memory.context import Context, TokenCounter, assemble_context, token_counter_for
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.errors import EmbeddingModelMismatch, ImportFormatError
 from memory.importer import find_exports, iter_exports
@@ -86,6 +87,7 @@ class MemoryEngine:
         self.searcher = Searcher(
             self.store, self.embedder, profile.search, reranker=self.rerankers.current
         )
+        self._token_counter: TokenCounter | None = None
 
     def _check_model(self) -> None:
         stored = self.store.embedding_model()
@@ -205,6 +207,43 @@ class MemoryEngine:
         elif options:
             request = replace(request, **options)
         return self.searcher.search(request)
+
+    def context_for(
+        self,
+        query: str,
+        scope: SearchRequest | None = None,
+        budget_tokens: int | None = None,
+        *,
+        exclude_ids: Iterable[int] = (),
+    ) -> Context:
+        """Retrieve conversations about ``query`` to quote to a chat model.
+
+        Args:
+            query: The question.
+            scope: Guild, filters, limit and the permission allow-list
+                (``allowed_channel_ids``); its ``queries`` are ignored.
+            budget_tokens: Token budget of the quoted block; the profile's
+                ``llm.context_tokens`` by default.
+            exclude_ids: Messages never to show (the question itself).
+
+        Returns:
+            Windows of messages in time order, numbered for citation, with the trace.
+
+        Raises:
+            SearchInputError: The query or scope is malformed.
+        """
+        return assemble_context(
+            self.searcher, self.store, query, scope,
+            budget_tokens or self.profile.llm.context_tokens,
+            counter=self.token_counter, exclude_ids=tuple(exclude_ids),
+        )
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        """Counts prompt tokens for the profile's chat model (built on first use)."""
+        if self._token_counter is None:
+            self._token_counter = token_counter_for(self.profile.llm)
+        return self._token_counter
 
     # -- profiles ---------------------------------------------------------------------
 

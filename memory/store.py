@@ -738,6 +738,24 @@ class MessageStore:
                 }
         return found
 
+    def channel_window(
+        self, channel_id: int, message_id: int, before: int, after: int
+    ) -> list[int]:
+        """Ids of up to ``before`` messages before ``message_id`` in its channel, and
+        up to ``after`` after it, in time order (``message_id`` itself included if stored).
+
+        Only ``channel_id`` is read, whatever the neighbours' other fields say, so a
+        caller that may read that channel can show every id returned.
+        """
+        rows = self._query(
+            "SELECT id FROM (SELECT id FROM messages WHERE channel_id = ? AND id < ? "
+            "ORDER BY id DESC LIMIT ?) UNION ALL "
+            "SELECT id FROM (SELECT id FROM messages WHERE channel_id = ? AND id >= ? "
+            "ORDER BY id LIMIT ?)",
+            (channel_id, message_id, max(0, before), channel_id, message_id, max(0, after) + 1),
+        )
+        return sorted(row[0] for row in rows)
+
     def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:
         """Return ``(author_id, name, display_name)`` of everyone with stored messages."""
         if guild_id is None:
