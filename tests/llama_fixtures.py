@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 LLAMA_VERSION = os.environ.get("LLAMA_CPP_VERSION", "11434.0.0")
 LLAMA_ROOT = (
@@ -117,6 +118,27 @@ def build_tiny_chat_gguf(folder: Path) -> Path:
     return convert_to_gguf(folder / "hf", folder / f"{CHAT_MODEL}.gguf")
 
 
+_BUILT: dict[str, Path] = {}
+
+
+def tiny_chat_gguf(tmp_root: Path) -> Path:
+    """The tiny chat GGUF, built once per test session (about 30 s on 2 cores)."""
+    if "gguf" not in _BUILT or not _BUILT["gguf"].is_file():
+        _BUILT["gguf"] = build_tiny_chat_gguf(tmp_root / "tiny-chat")
+    return _BUILT["gguf"]
+
+
+@pytest.fixture(scope="module")
+def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of a real llama-server serving the tiny chat model (skips without one)."""
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    gguf = tiny_chat_gguf(tmp_path_factory.getbasetemp())
+    with llama_server(gguf) as url:
+        yield url
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
@@ -125,10 +147,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def llama_server(gguf: Path, *, ctx: int = 4096, startup_s: float = 120.0) -> Iterator[str]:
+def llama_server(
+    gguf: Path, *, ctx: int = 4096, startup_s: float = 120.0, api_key: str | None = None
+) -> Iterator[str]:
     """Run ``llama-server`` on ``gguf`` at a free local port; yields its base URL.
 
-    One slot and one thread keep it light on a shared machine.
+    One slot and one thread keep it light on a shared machine.  With ``api_key``
+    the server demands it (401 otherwise), as a hosted API would.
 
     Raises:
         RuntimeError: The server exited or did not become healthy in ``startup_s``.
@@ -140,7 +165,8 @@ def llama_server(gguf: Path, *, ctx: int = 4096, startup_s: float = 120.0) -> It
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-             "-c", str(ctx), "-np", "1", "-t", "1", "--jinja", "--alias", CHAT_MODEL],
+             "-c", str(ctx), "-np", "1", "-t", "1", "--jinja", "--alias", CHAT_MODEL,
+             *(["--api-key", api_key] if api_key else [])],
             stdout=log, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
