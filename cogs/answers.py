@@ -302,7 +302,7 @@ async def stream_answer(
         while True:
             try:
                 kind, value = await asyncio.wait_for(queue.get(), deadline - loop.time())
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 raise ChatModelTimeout(f"no answer within {client.config.timeout_s:g} s") from None
             if kind == "error":
                 raise value
