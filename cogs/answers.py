@@ -9,9 +9,8 @@ its public ``await cog.context_for(...)``:
   into one reply (edits at most about once a second), renders ``[n]`` citations as
   jump links, never pings anyone, fits Discord's 2000 characters, and falls back to
   the plain list of hits when there is no ``[llm]``, the model fails or times out;
-* :class:`AutoresponseSettings` and :func:`wants_answer` decide per guild whether a
-  message gets an answer at all (``off`` / ``mention`` / ``channels``).
-
+Whether a message gets an answer at all (the per-guild ``off`` / ``mention`` /
+``channels`` switch, cooldowns) is the cog's decision (``GuildSettings.answers_in``).
 Nothing here imports :mod:`cogs.memory`; the engine and chat client come in as
 arguments.
 """
@@ -19,21 +18,23 @@ arguments.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import discord
 
+from cogs.render import render_hits
 from memory.config import Profile
 from memory.context import Context
-from memory.errors import ChatModelError, ChatModelTimeout, ConfigError, MemoryBotError, SearchInputError
+from memory.errors import (
+    ChatModelError, ChatModelTimeout, ConfigError, MemoryBotError, SearchInputError,
+)
 from memory.llm import ChatAnswer, ChatClient, build_messages, visible_text
+from memory.records import SearchResult
 from memory.search import SearchRequest
 
 if TYPE_CHECKING:
@@ -45,78 +46,10 @@ MESSAGE_LIMIT = 2000
 MAX_PARTS = 3  # an answer longer than this many messages is trimmed
 EDIT_INTERVAL_S = 1.0
 CONTEXT_LIMIT = 5  # hits searched for; each grows into a window
+FALLBACK_HITS = 3  # hits listed when there is no model answer, as the plain mention reply
 PLACEHOLDER = "…"
-SNIPPET = 300
 NO_MENTIONS = discord.AllowedMentions.none()
-AUTORESPONSE_MODES = ("off", "mention", "channels")
 _CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
-
-
-# -- per-guild switch ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AutoresponseSettings:
-    """A guild's autoresponse switch, as stored in the ``guild_settings`` table.
-
-    ``off``: never answer.  ``mention``: answer when the bot is mentioned.
-    ``channels``: answer mentions anywhere and every message in ``channels`` (and
-    threads whose parent is listed).
-    """
-
-    mode: str = "mention"
-    channels: frozenset[int] = field(default_factory=frozenset)
-
-    def __post_init__(self) -> None:
-        if self.mode not in AUTORESPONSE_MODES:
-            raise ConfigError(
-                f"autoresponse must be one of {', '.join(AUTORESPONSE_MODES)}, got {self.mode!r}"
-            )
-
-    @classmethod
-    def from_row(cls, autoresponse: str | None, channels: str | None) -> AutoresponseSettings:
-        """Read the two ``guild_settings`` columns; a missing row means the default.
-
-        ``channels`` may be a JSON list of ids or ids separated by commas/spaces.
-
-        Raises:
-            ConfigError: An unknown mode or a channel id that is not a number.
-        """
-        ids: Iterable[Any] = ()
-        text = (channels or "").strip()
-        if text.startswith("["):
-            try:
-                ids = json.loads(text)
-            except ValueError:
-                raise ConfigError(f"autoresponse_channels is not a JSON list: {text[:80]!r}") from None
-        elif text:
-            ids = re.split(r"[,\s]+", text)
-        try:
-            parsed = frozenset(int(i) for i in ids if str(i).strip())
-        except (TypeError, ValueError):
-            raise ConfigError(f"autoresponse_channels holds a non-numeric id: {text[:80]!r}") from None
-        return cls(mode=(autoresponse or "mention").strip().lower(), channels=parsed)
-
-
-def wants_answer(
-    settings: AutoresponseSettings, message: discord.Message, bot_user: discord.abc.User | None
-) -> bool:
-    """Whether this guild message should get an answer under ``settings``.
-
-    Bots (the bot itself included) and webhooks never get one, so two bots cannot
-    answer each other forever.
-    """
-    if message.guild is None or bot_user is None or settings.mode == "off":
-        return False
-    if message.author.bot or message.webhook_id is not None or message.author.id == bot_user.id:
-        return False
-    if bot_user in message.mentions:
-        return True
-    if settings.mode != "channels":
-        return False
-    channel = message.channel
-    parent = getattr(channel, "parent_id", None) if isinstance(channel, discord.Thread) else None
-    return channel.id in settings.channels or parent in settings.channels
 
 
 # -- context for the cog and for other cogs -------------------------------------------------
@@ -226,23 +159,13 @@ def trim(text: str, limit: int = MESSAGE_LIMIT) -> str:
     return text[: cut if cut > 0 else limit - 1].rstrip() + "…"
 
 
-def hits_embed(context: Context, title: str = "Here is what I remember",
-               note: str | None = None) -> discord.Embed:
-    """The fallback reply: the retrieved hits with author, date, snippet and jump link."""
-    embed = discord.Embed(title=title[:256], colour=discord.Colour.blurple())
-    if not context.hits:
-        embed.description = f"Nothing found: {context.empty_reason or 'no match'}."
-    for rank, hit in enumerate(context.hits[:5], start=1):
-        snippet = " ".join(hit.content.split()) or "(attachment only)"
-        if len(snippet) > SNIPPET:
-            snippet = snippet[: SNIPPET - 1] + "…"
-        embed.add_field(
-            name=f"{rank}. {hit.author_name} · #{hit.channel_name} · {hit.created:%Y-%m-%d}"[:256],
-            value=f"{discord.utils.escape_mentions(snippet)}\n[jump]({hit.jump_url})"[:1024],
-            inline=False,
-        )
+def hits_embed(context: Context, guild: discord.Guild | None, *, note: str | None = None,
+               withheld: int = 0) -> discord.Embed:
+    """The fallback reply: the hits as the plain mention reply lists them, plus ``note``."""
+    result = SearchResult(context.hits[:FALLBACK_HITS], context.trace, context.empty_reason)
+    embed = render_hits(result, "Here is what I remember", guild, withheld=withheld)
     if note:
-        embed.set_footer(text=note[:2048])
+        embed.set_footer(text=f"{note} · {embed.footer.text}"[:2048])
     return embed
 
 
@@ -338,6 +261,7 @@ async def answer_mention(
     allowed_channel_ids: tuple[int, ...] | None,
     question: str | None = None,
     bot_name: str | None = None,
+    withheld: int = 0,
     throttle: EditThrottle | None = None,
 ) -> discord.Message | None:
     """Reply to a message with a grounded answer, or with the list of hits.
@@ -347,6 +271,9 @@ async def answer_mention(
     and finally shows the answer with ``[n]`` as jump links, split over up to
     three messages.  Without a client, with nothing retrieved, or on any failure
     or timeout of the model, the reply is the list of hits (never silence).
+
+    ``withheld`` (hits left out of a public reply, from the cog's search) is shown
+    in the fallback's footer.
 
     Returns:
         The reply, or ``None`` when there was no question to answer.
@@ -361,7 +288,7 @@ async def answer_mention(
     except MemoryBotError as exc:
         return await _reply(message, content=f"Search failed: {exc}")
     if client is None or not context:
-        return await _reply(message, embed=hits_embed(context))
+        return await _reply(message, embed=hits_embed(context, message.guild, withheld=withheld))
     name = bot_name or (me.display_name if me is not None else "MemoryBot")
     messages = build_messages(question, context, bot=name)
     reply = await _reply(message, content=PLACEHOLDER)
@@ -373,8 +300,9 @@ async def answer_mention(
     except Exception as exc:  # any failure, ours or not: the hits, and the reason logged
         kind = getattr(exc, "kind", type(exc).__name__)
         log.warning("chat answer failed (%s): %s; replying with the hits", kind, exc)
-        await _edit(reply, content=None, embed=hits_embed(
-            context, note=f"The chat model could not answer ({kind}); these are the matches."))
+        note = f"The chat model could not answer ({kind}); these are the matches"
+        await _edit(reply, content=None,
+                    embed=hits_embed(context, message.guild, note=note, withheld=withheld))
         return reply
     await _edit(reply, content=parts[0])
     for part in parts[1:]:

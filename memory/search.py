@@ -41,16 +41,18 @@ class SearchRequest:
     ``threshold`` set means fixed-threshold mode; otherwise ``adaptive`` decides
     between the adaptive loop and no threshold.  ``boosts`` turns recency and member
     boosts on; ``rerank`` lets the reranker (if the profile has one) run.
-    ``allowed_channel_ids`` is a permission allow-list: when set, only those
-    channel and thread ids are searched (applied inside KNN and BM25, after
-    ``channel_ids`` is expanded to its threads), and an empty intersection finds
-    nothing.  Threads are not added to it: a caller lists each readable thread.
+
+    ``allowed_channel_ids`` is a permission allow-list: when set, only messages in
+    those channels and threads can be found, whatever ``channel_ids`` asks for (a
+    channel named there is expanded to its threads first, then cut to the list).
+    It filters inside the KNN and keyword stages, so a search still fills ``limit``.
     """
 
     queries: tuple[str, ...]
     guild_id: int | None = None
     channel_ids: tuple[int, ...] | None = None
     author_ids: tuple[int, ...] | None = None
+    allowed_channel_ids: tuple[int, ...] | frozenset[int] | None = None
     after: datetime | None = None
     before: datetime | None = None
     has_attachment: bool | None = None
@@ -61,7 +63,6 @@ class SearchRequest:
     boosts: bool = True
     rerank: bool = True
     now: datetime | None = None
-    allowed_channel_ids: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -177,9 +178,9 @@ class Searcher:
         trace = Trace()
         clock = _Clock(trace)
         filters = self._filters(request)
-        if filters.channel_ids == ():  # the allow-list leaves nothing to search
-            trace.candidates["returned"] = 0
-            return SearchResult([], trace, "none of the channels in scope may be searched here")
+        if request.allowed_channel_ids is not None and not filters.channel_ids:
+            trace.timings_ms["total"] = 0.0
+            return SearchResult([], trace, "none of the channels searched are readable here")
         need_dense = request.mode in ("hybrid", "dense")
         vectors = self._embed(queries) if need_dense else None
         clock.lap("embed")
@@ -233,12 +234,10 @@ class Searcher:
         if channels:
             channels = self.store.expand_channels(channels)
         if request.allowed_channel_ids is not None:
-            allowed = set(request.allowed_channel_ids)
-            channels = tuple(
-                c for c in (request.allowed_channel_ids if channels is None else channels)
-                if c in allowed
+            allowed = frozenset(request.allowed_channel_ids)
+            channels = tuple(sorted(allowed)) if channels is None else tuple(
+                c for c in channels if c in allowed
             )
-            channels = tuple(dict.fromkeys(channels))
         return Filters(
             guild_id=request.guild_id,
             channel_ids=channels,

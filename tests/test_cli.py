@@ -151,7 +151,8 @@ def test_import_search_stats_embed_reembed(
     assert "0 new, 1 updated, 4 unchanged, 0 skipped, 0 embedded" in out
 
     code, out, _ = run_cli(capsys, *base, "embed")
-    assert (code, out.strip()) == (0, "embedded 1 messages")
+    # the edited message, and the next one, whose vector had the old text as context
+    assert (code, out.strip()) == (0, "embedded 2 messages")
 
     code, out, err = run_cli(capsys, *base, "reembed")
     assert code == 0, err

@@ -110,13 +110,15 @@ def test_edit_updates_text_fts_and_vector(
     assert fts_ids(engine.store, "tuesday") == set()
     assert fts_ids(engine.store, "thursday") == {original.id}
     assert stored_vector(engine.store, original.id) is None
-    assert engine.store.pending_count() == 1
+    # the next message was embedded with the old text as its context: it goes too
+    assert stored_vector(engine.store, other.id) is None
+    assert engine.store.pending_count() == 2
     fts_in_sync(engine.store)
 
     pending = engine.store.pending(10)
     expected = engine.embedder.embed([engine.embedding_text(p) for p in pending])[0]
     assert "thursday" in engine.embedding_text(pending[0])
-    assert engine.embed_pending() == 1
+    assert engine.embed_pending() == 2
     new_vector = stored_vector(engine.store, original.id)
     np.testing.assert_allclose(new_vector, expected, atol=1e-6)
     assert not np.allclose(new_vector, old_vector)
