@@ -18,11 +18,12 @@ arguments.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import discord
@@ -51,6 +52,10 @@ PLACEHOLDER = "…"
 NO_MENTIONS = discord.AllowedMentions.none()
 _CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
 
+# Runs a blocking engine call off the event loop: ``asyncio.to_thread`` by default; the
+# cog passes its own (a bounded search pool), e.g. ``functools.partial(cog._on, pool)``.
+Runner = Callable[..., Awaitable[Any]]
+
 
 # -- context for the cog and for other cogs -------------------------------------------------
 
@@ -72,6 +77,7 @@ async def context_for(
     allowed_channel_ids: tuple[int, ...] | None,
     budget_tokens: int | None = None,
     limit: int = CONTEXT_LIMIT,
+    run: Runner = asyncio.to_thread,
 ) -> Context:
     """Retrieve conversations about a message's (or a given) question, off the event loop.
 
@@ -85,6 +91,7 @@ async def context_for(
             reply channel can read for a public reply); ``None`` means no restriction.
         budget_tokens: Token budget of the quoted history (the profile's by default).
         limit: Hits to search for; each grows into a window of neighbours.
+        run: How to run the engine call off the loop (``run(fn, *args)``).
 
     Returns:
         The context: numbered lines with jump URLs, in time order, and the trace.
@@ -104,9 +111,8 @@ async def context_for(
         raise SearchInputError("give a question to look up")
     scope = SearchRequest(queries=(query,), guild_id=guild_id, limit=limit,
                           allowed_channel_ids=allowed_channel_ids)
-    return await asyncio.to_thread(
-        engine.context_for, query, scope, budget_tokens, exclude_ids=exclude
-    )
+    call = functools.partial(engine.context_for, exclude_ids=exclude)
+    return await run(call, query, scope, budget_tokens)
 
 
 # -- rendering ---------------------------------------------------------------------------
@@ -209,7 +215,8 @@ async def stream_answer(
     cancel = threading.Event()
 
     def put(kind: str, value: Any) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+        if not loop.is_closed():  # the reply may have given up and its loop ended
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
 
     def work() -> None:
         try:
@@ -263,6 +270,7 @@ async def answer_mention(
     bot_name: str | None = None,
     withheld: int = 0,
     throttle: EditThrottle | None = None,
+    run: Runner = asyncio.to_thread,
 ) -> discord.Message | None:
     """Reply to a message with a grounded answer, or with the list of hits.
 
@@ -284,7 +292,7 @@ async def answer_mention(
         return None
     try:
         context = await context_for(engine, message, question,
-                                    allowed_channel_ids=allowed_channel_ids)
+                                    allowed_channel_ids=allowed_channel_ids, run=run)
     except MemoryBotError as exc:
         return await _reply(message, content=f"Search failed: {exc}")
     if client is None or not context:

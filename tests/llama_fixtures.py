@@ -14,6 +14,7 @@ either is missing the ``llama`` tests skip and say how to get it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -62,6 +63,8 @@ def missing_reason() -> str | None:
                 "or set LLAMA_SERVER to a binary")
     if llama_source() is None:
         return "llama.cpp source with convert_hf_to_gguf.py not found (set LLAMA_CPP_SRC)"
+    if importlib.util.find_spec("sentencepiece") is None:
+        return "convert_hf_to_gguf.py imports sentencepiece: pip install -e .[test]"
     return None
 
 
