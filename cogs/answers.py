@@ -23,7 +23,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import discord
@@ -55,6 +55,8 @@ _CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
 # Runs a blocking engine call off the event loop: ``asyncio.to_thread`` by default; the
 # cog passes its own (a bounded search pool), e.g. ``functools.partial(cog._on, pool)``.
 Runner = Callable[..., Awaitable[Any]]
+_MASKED_LINK = re.compile(r"\]\s*\(")
+MAX_QUERY_CHARS = 500
 
 
 # -- context for the cog and for other cogs -------------------------------------------------
@@ -74,7 +76,7 @@ async def context_for(
     message_or_interaction: discord.Message | discord.Interaction,
     query: str | None = None,
     *,
-    allowed_channel_ids: tuple[int, ...] | None,
+    allowed_channel_ids: Collection[int] | None,
     budget_tokens: int | None = None,
     limit: int = CONTEXT_LIMIT,
     run: Runner = asyncio.to_thread,
@@ -109,8 +111,10 @@ async def context_for(
         exclude = (source.id,)  # the question was just stored; it is not its own answer
     if not query or not query.strip():
         raise SearchInputError("give a question to look up")
+    query = query.strip()[:MAX_QUERY_CHARS]
+    allowed = None if allowed_channel_ids is None else tuple(sorted(allowed_channel_ids))
     scope = SearchRequest(queries=(query,), guild_id=guild_id, limit=limit,
-                          allowed_channel_ids=allowed_channel_ids)
+                          allowed_channel_ids=allowed)
     call = functools.partial(engine.context_for, exclude_ids=exclude)
     return await run(call, query, scope, budget_tokens)
 
@@ -119,9 +123,11 @@ async def context_for(
 
 
 def render_answer(text: str, context: Context) -> str:
-    """The model's answer for Discord: reasoning removed, mentions defused, and each
-    ``[n]`` citation a jump link (numbers no line has stay plain text)."""
+    """The model's answer for Discord: reasoning removed, mentions defused, the model's
+    own masked links disarmed (quoted chat could talk it into a disguised link), and
+    each ``[n]`` citation a jump link (numbers no line has stay plain text)."""
     text = discord.utils.escape_mentions(visible_text(text))
+    text = _MASKED_LINK.sub(r"]\\(", text)
 
     def link(match: re.Match) -> str:
         parts = []
@@ -265,7 +271,7 @@ async def answer_mention(
     engine: MemoryEngine,
     client: ChatClient | None,
     *,
-    allowed_channel_ids: tuple[int, ...] | None,
+    allowed_channel_ids: Collection[int] | None,
     question: str | None = None,
     bot_name: str | None = None,
     withheld: int = 0,

@@ -352,6 +352,8 @@ def tiny_context(n: int = 2) -> Context:
         ("@here <@&123456789012345678> hi", "@\u200bhere <@\u200b&123456789012345678> hi"),
         ("<think>plan</think>ok [2]", "ok [[2]](<https://discord.com/channels/1/2/2>)"),
         ("", ""),
+        ("[click here](https://phish.example) [1]",
+         "[click here]\\(https://phish.example) [[1]](<https://discord.com/channels/1/2/1>)"),
     ],
 )
 def test_render_answer(text, shown):
