@@ -233,7 +233,7 @@ async def stream_answer(
     worker = loop.run_in_executor(None, work)
     throttle = throttle or EditThrottle()
     deadline = loop.time() + client.config.timeout_s + 2.0
-    text, shown = "", ""
+    text, shown = "", PLACEHOLDER
     try:
         while True:
             try:

@@ -85,6 +85,8 @@ class OpenAIStandIn:
         if scenario == "ratelimit-long":
             return _error(429, "Rate limit reached for requests", "requests",
                           **{"Retry-After": "120"})
+        if scenario == "ratelimit-always":
+            return _error(429, "Rate limit reached for requests", "requests", **{"Retry-After": "0"})
         if scenario == "ratelimit-bare":
             return _error(429, "Too many requests", "requests")
         if scenario == "server":
@@ -114,6 +116,14 @@ class OpenAIStandIn:
         if scenario == "error-event":
             await response.write(_chunk(ANSWER[0]))
             await response.write(b'data: {"error": {"message": "context overflow", "code": 500}}\n\n')
+            return response
+        if scenario == "sse-variants":  # legal SSE that a naive line parser gets wrong
+            first = _chunk(ANSWER[0]).decode().removeprefix("data: ").strip()
+            head, tail = first.split(", ", 1)
+            await response.write(f"event: message\nid: 1\ndata:{head},\ndata: {tail}\n\n".encode())
+            for part in ANSWER[1:]:
+                await response.write(_chunk(part).replace(b"\n\n", b"\r\n\r\n"))
+            await response.write(b": comment\n\n" + _chunk(finish="stop") + b"data: [DONE]")
             return response
         if scenario == "slow-stream":
             try:

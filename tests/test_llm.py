@@ -48,7 +48,7 @@ def test_a_streamed_answer_arrives_in_pieces(standin, monkeypatch):
                             "temperature": 0.2, "stream": True}
 
 
-@pytest.mark.parametrize("scenario", ["json", "no-done"])
+@pytest.mark.parametrize("scenario", ["json", "no-done", "sse-variants"])
 def test_servers_that_skip_parts_of_the_protocol_still_work(standin, scenario):
     assert client(standin, scenario).answer(MESSAGES).text == "".join(ANSWER)
 
@@ -82,6 +82,13 @@ def test_error_bodies_become_typed_errors(standin, scenario, error, words, strea
     assert len(standin.requests) == before + 1, "no retry unless Retry-After fits the timeout"
     if scenario == "ratelimit-long":
         assert caught.value.retry_after == 120 and caught.value.status == 429
+
+
+def test_a_second_429_is_not_retried_again(standin):
+    before = len(standin.requests)
+    with pytest.raises(ChatModelRateLimited):
+        client(standin, "ratelimit-always").answer(MESSAGES)
+    assert len(standin.requests) == before + 2
 
 
 def test_a_429_with_retry_after_is_retried_once(standin):
