@@ -1,27 +1,28 @@
 """Entry point: the offline CLI (``python bot.py --help``) and the Discord bot (``run``).
 
 The bot is a small ``commands.Bot`` subclass that receives its engine as an argument
-and loads the memory cog in ``setup_hook``; everything else lives in ``memory/``
-(the engine) and ``cogs/`` (the Discord glue).
+and loads the memory cog in ``setup_hook``; the engine lives in ``memory/``, the
+Discord glue in ``cogs/`` and the command line in ``cli/``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import aiohttp
+import click
 import discord
 from discord.ext import commands
 
-from memory.cli import build_parser as build_offline_parser
-from memory.cli import main as cli_main
-from memory.cli import open_engine
+from cli.app import main as cli_main
+from cli.context import Settings, open_engine
+from cli.params import SNOWFLAKE
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError
 
@@ -140,33 +141,27 @@ def run_bot(
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """Run the bot with the token from $DISCORD_TOKEN."""
+@click.command("run")
+@click.option("--sync", is_flag=True,
+              help="Publish slash commands globally at start-up (after an upgrade).")
+@click.option("--dev-guild", type=SNOWFLAKE, metavar="ID",
+              help="Publish slash commands to this guild only (instant; for development).")
+@click.option("--owner", type=SNOWFLAKE, multiple=True, metavar="USER_ID",
+              help="A user allowed the owner commands (repeatable; default: the app's owner).")
+@click.pass_obj
+def run_command(settings: Settings, sync: bool, dev_guild: int | None, owner: tuple[int, ...]) -> int:
+    """Connect to Discord and run the bot ($DISCORD_TOKEN)."""
     token = os.environ.get("DISCORD_TOKEN")
     if not token:
         raise ConfigError("set DISCORD_TOKEN to the bot token from the Discord developer portal")
-    sync = "global" if args.sync else args.dev_guild
-    return run_bot(open_engine(args), token, sync=sync, owner_ids=set(args.owner or ()) or None)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The offline CLI plus the ``run`` command."""
-    parser = build_offline_parser()
-    commands_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    run = commands_action.add_parser("run", help="connect to Discord and run the bot ($DISCORD_TOKEN)")
-    run.add_argument("--sync", action="store_true",
-                     help="publish slash commands globally at start-up (after an upgrade)")
-    run.add_argument("--dev-guild", type=int, metavar="ID",
-                     help="publish slash commands to this guild only (instant; for development)")
-    run.add_argument("--owner", type=int, action="append", metavar="USER_ID",
-                     help="a user allowed the owner commands (repeatable; default: the app's owner)")
-    run.set_defaults(func=cmd_run)
-    return parser
+    sync = "global" if sync else dev_guild
+    return run_bot(open_engine(settings), token, sync=sync, owner_ids=set(owner) or None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line."""
-    return cli_main(argv, parser=build_parser())
+    """Run the command line (the offline tools plus ``run``); returns the exit status."""
+    prog = "bot.py" if argv is not None or sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
+    return cli_main(argv, commands=[run_command], prog_name=prog)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from memory.config import LLMConfig
-from memory.records import Hit, SearchResult, Trace, jump_url, ms_to_datetime
+from memory.records import Hit, SearchResult, StoredMessage, Trace, ms_to_datetime
 from memory.search import SearchRequest, Searcher
 from memory.store import MessageStore
 from memory.text import clean
@@ -267,13 +267,12 @@ def _may_read(allowed: frozenset[int] | None, channel_id: int) -> bool:
     return allowed is None or channel_id in allowed
 
 
-def _line(row: dict, role: str) -> ContextLine:
+def _line(message: StoredMessage, role: str) -> ContextLine:
     return ContextLine(
-        id=row["id"], guild_id=row["guild_id"], channel_id=row["channel_id"],
-        channel_name=row["channel_name"], author_name=row["author_name"],
-        created_at=row["created_at"], content=row["content"],
-        jump_url=jump_url(row["guild_id"], row["channel_id"], row["id"]),
-        role=role, reply_to_id=row["reply_to_id"],
+        id=message.id, guild_id=message.guild_id, channel_id=message.channel_id,
+        channel_name=message.channel_name, author_name=message.author_name,
+        created_at=message.created_at, content=message.content, jump_url=message.jump_url,
+        role=role, reply_to_id=message.reply_to_id,
     )
 
 
@@ -296,13 +295,13 @@ def _expand(
             target = store.hydrate([hit.reply_to_id]).get(hit.reply_to_id)
             # a reply target is read only where the member may read; a cross-guild
             # or unlisted channel's message never enters the context
-            if (target and target["guild_id"] == hit.guild_id
-                    and _may_read(allowed, target["channel_id"])
-                    and target["id"] not in excluded):
+            if (target and target.guild_id == hit.guild_id
+                    and _may_read(allowed, target.channel_id)
+                    and target.id not in excluded):
                 reply = _line(target, "reply")
         lines = [
             _line(rows[i], "hit" if i == hit.id else "neighbour")
-            for i in ids if i in rows and rows[i]["channel_id"] == hit.channel_id
+            for i in ids if i in rows and rows[i].channel_id == hit.channel_id
         ]
         if reply is not None:
             lines = sorted([reply, *lines], key=lambda line: line.id)

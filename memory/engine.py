@@ -20,11 +20,11 @@ from memory.context import Context, TokenCounter, assemble_context, token_counte
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.errors import EmbeddingModelMismatch, ImportFormatError
 from memory.importer import find_exports, iter_exports
-from memory.records import MessageRecord, SearchResult, datetime_to_ms
+from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
 from memory.reranker.service import RerankerManager
 from memory.search import SearchRequest, Searcher
 from memory.settings import GuildSettings
-from memory.store import BackfillCursor, GuildStats, MessageStore, PendingMessage, UpsertStats
+from memory.store import BackfillCursor, GuildStats, MessageStore, UpsertStats
 from memory.text import embedding_text, needs_context
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class MemoryEngine:
         cfg = self.profile.embedder
         with_context = needs_context(message.content, cfg.context, cfg.short_words)
         return embedding_text(
-            message.author,
+            message.author_name,
             message.content,
             message.attachments,
             message.context_author if with_context else None,

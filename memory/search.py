@@ -23,8 +23,10 @@ from memory import metrics
 from memory.config import SearchConfig
 from memory.embedder import Embedder
 from memory.errors import SearchInputError
-from memory.records import Hit, SearchResult, Trace, datetime_to_ms, jump_url
-from memory.store import Filters, MessageStore
+from memory.filters import Filters
+from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
+from memory.reranker.base import RerankerProvider
+from memory.store import MessageStore
 from memory.text import fts_query
 
 log = logging.getLogger(__name__)
@@ -150,9 +152,8 @@ class Searcher:
         store: Where the messages and vectors are.
         embedder: The model the store was embedded with.
         config: The profile's ``[search]`` section.
-        reranker: Optional callable returning the active
-            :class:`memory.reranker.service.RerankerService` (or ``None``); a callable
-            so an admin's profile switch takes effect for the next search.
+        reranker: Returns the reranker to use now (``None``: reranking is off); a
+            callable so an admin's profile switch takes effect for the next search.
     """
 
     def __init__(
@@ -160,12 +161,12 @@ class Searcher:
         store: MessageStore,
         embedder: Embedder,
         config: SearchConfig,
-        reranker: Callable[[], object | None] | None = None,
+        reranker: RerankerProvider | None = None,
     ) -> None:
         self.store = store
         self.embedder = embedder
         self.config = config
-        self._reranker = reranker or (lambda: None)
+        self._reranker: RerankerProvider = reranker or (lambda: None)
         self._members: tuple[int, dict[int | None, list[tuple[int, re.Pattern]]]] = (-1, {})
 
     def search(self, request: SearchRequest) -> SearchResult:
@@ -349,7 +350,7 @@ class Searcher:
     def _boost(
         self,
         pool: list[_Candidate],
-        rows: dict[int, dict],
+        rows: dict[int, StoredMessage],
         queries: list[str],
         request: SearchRequest,
     ) -> list[tuple[_Candidate, float]]:
@@ -362,8 +363,8 @@ class Searcher:
         boosted = []
         for cand in pool:
             row = rows[cand.id]
-            boost = recency_boost((now_ms - row["created_at"]) / 86_400_000, self.config)
-            if row["author_id"] in named:
+            boost = recency_boost((now_ms - row.created_at) / 86_400_000, self.config)
+            if row.author_id in named:
                 boost *= self.config.member_boost
             boosted.append((cand, boost))
         return sorted(boosted, key=lambda cb: -cb[0].fused * cb[1])
@@ -385,11 +386,12 @@ class Searcher:
         return {author_id for author_id, pattern in cache[guild_id] if pattern.search(text)}
 
     @staticmethod
-    def _hits(ranked: list[tuple[_Candidate, float]], rows: dict[int, dict]) -> list[Hit]:
+    def _hits(
+        ranked: list[tuple[_Candidate, float]], rows: dict[int, StoredMessage]
+    ) -> list[Hit]:
         return [
             Hit(
-                **rows[cand.id],
-                jump_url=jump_url(rows[cand.id]["guild_id"], rows[cand.id]["channel_id"], cand.id),
+                **vars(rows[cand.id]),
                 similarity=cand.similarity,
                 keyword_score=cand.keyword_score,
                 dense_rank=cand.dense_rank,

@@ -1,23 +1,20 @@
-"""SQLite storage: messages, their FTS5 index and their sqlite-vec vectors.
+"""SQLite storage: messages, their context (guilds, channels, authors), the FTS5 index,
+the embedding backlog and the database's metadata.
 
-All SQL of the engine lives here.  Messages are written first and embedded later in
-batches (:meth:`MessageStore.pending` / :meth:`MessageStore.write_vectors`), so a
-crash between the two loses nothing: the next run finds the backlog by the
-``embedded = 0`` flag.  Filters that a search must honour are vec0 metadata and
-partition columns, so they apply inside the KNN rather than after its top-k.
-The KNN itself runs over a 1-bit code of each vector and the candidates it finds
-are ranked by exact cosine (:meth:`MessageStore.knn`): at 100k messages that is
-several times faster than sqlite-vec's float scan (BENCHMARKS.md).
+Messages are written first and embedded later in batches (:meth:`MessageStore.claim`
+/ :meth:`MessageStore.write_vectors`), so a crash between the two loses nothing: the
+next run finds the backlog by the ``embedded = 0`` flag.  The vectors themselves,
+their 1-bit KNN and the code statistics live in :mod:`memory.vectors`; the store
+holds the one connection and its lock, and writes a message and its vector in one
+transaction.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,36 +22,25 @@ from typing import Any
 
 import numpy as np
 
-from memory.db import connect, sqlite_driver
-from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SearchInputError
+from memory.db import IN_IDS, connect, id_list
+from memory.errors import EmbeddingModelMismatch
+from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
-from memory.records import MessageRecord
+from memory.records import MessageRecord, PendingMessage, StoredMessage
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
+from memory.vectors import VectorIndex, table_columns
+
+__all__ = [
+    "BackfillCursor", "Filters", "GuildStats", "MessageStore", "PendingMessage", "StoreStats",
+    "UpsertStats",
+]
 
 log = logging.getLogger(__name__)
 
-MAX_KNN_K = 4096  # sqlite-vec's upper bound for k
 _META_MODEL = "embedding_model"
 _META_DIM = "embedding_dim"
 _META_PROFILE = "active_profile"
-
-
-@dataclass(frozen=True)
-class Filters:
-    """Where a search may look.  ``None`` means "no restriction" for that field."""
-
-    guild_id: int | None = None
-    channel_ids: tuple[int, ...] | None = None
-    author_ids: tuple[int, ...] | None = None
-    after_ms: int | None = None
-    before_ms: int | None = None
-    has_attachment: bool | None = None
-
-    def __post_init__(self) -> None:
-        # id lists given as lists (or sets) become tuples: filters are hashable keys
-        for name in ("channel_ids", "author_ids"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, tuple(getattr(self, name)))
+_AUTHOR_NAME = "COALESCE(NULLIF(a.display_name, ''), a.name)"
 
 
 @dataclass(frozen=True)
@@ -76,32 +62,28 @@ class BackfillCursor:
 
 @dataclass(frozen=True)
 class GuildStats:
-    """What one guild has stored: ``member`` counts one member's messages."""
+    """What one guild has stored; ``member_messages`` counts one member's."""
 
     messages: int
     channels: int
-    member: int
+    member_messages: int
     pending: int
-
-    @property
-    def member_messages(self) -> int:
-        return self.member
 
 
 @dataclass(frozen=True)
-class PendingMessage:
-    """A stored message whose vector is missing, with the context to embed it."""
+class StoreStats:
+    """What a database holds, for the ``stats`` command."""
 
-    id: int
-    guild_id: int
-    channel_id: int
-    author_id: int
-    created_at: int
-    author: str
-    content: str
-    attachments: tuple[str, ...]
-    context_author: str | None
-    context_content: str | None
+    guilds: int
+    channels: int
+    authors: int
+    messages: int
+    pending_embeddings: int
+    embedding_model: str | None
+    embedding_dim: int | None
+    active_profile: str | None
+    schema_version: int
+    path: str
 
 
 def _context_key(r: MessageRecord) -> tuple:
@@ -129,112 +111,6 @@ def _split_attachments(value: str) -> tuple[str, ...]:
     return tuple(name for name in value.split("\n") if name)
 
 
-def _vector_table_sql(dimension: int) -> str:
-    """The vector table: a 1-bit code to search by, the float vector to rank by, filters."""
-    bits = -(-int(dimension) // 8) * 8  # whole bytes; padding bits are 0 in every code
-    return f"""CREATE VIRTUAL TABLE IF NOT EXISTS message_vectors USING vec0(
-        message_id INTEGER PRIMARY KEY,
-        embedding_bits bit[{bits}],
-        guild_id INTEGER PARTITION KEY,
-        channel_id INTEGER,
-        author_id INTEGER,
-        created_at INTEGER,
-        has_attachment INTEGER,
-        +embedding BLOB
-    )"""
-
-
-def binary_code(vector: np.ndarray) -> bytes:
-    """The 1-bit code of a vector: one bit per dimension, set where the value is positive.
-
-    Bit order matches sqlite-vec's ``vec_quantize_binary`` (least significant first).
-    """
-    return np.packbits(np.asarray(vector) > 0, bitorder="little").tobytes()
-
-
-class _RadiusMemory:
-    """Guesses how far, in Hamming bits, a search's k-th nearest 1-bit code lies.
-
-    sqlite-vec 0.1.9 picks each 1024-code chunk's top k with up to k linear passes,
-    so a KNN for k = 200 over 100k codes spends more time selecting than measuring.
-    A ``distance <= radius`` constraint drops far codes before that selection, and
-    the tighter the radius the cheaper the search.
-
-    The guess starts from the query's expected distance to a stored code (from
-    the guild's bit frequencies, ``code_stats``): queries near the bulk of the
-    codes have near neighbours.  Earlier searches with the same filters (for new
-    filters: the guild's unfiltered searches) tell how far below that expectation
-    the k-th code lay; the guess takes a high percentile of those offsets.  A
-    search that finds fewer than k within it widens the radius and runs again,
-    the last try without any constraint, so a wrong guess costs time, never results.
-    """
-
-    def __init__(self, history: int = 32, percentile: float = 80.0, max_keys: int = 256) -> None:
-        self._history = history
-        self._percentile = percentile
-        self._max_keys = max_keys
-        self._offsets: dict[tuple[Filters, int], deque[float]] = {}
-        self._small: set[tuple[Filters, int]] = set()  # scopes with fewer rows than wanted
-        self._lock = threading.Lock()
-
-    def search(
-        self,
-        run: Callable[[int | None], list[tuple]],
-        *,
-        key: tuple[Filters, int],
-        want: int,
-        bits: int,
-        expected: float = 0.0,
-    ) -> list[tuple]:
-        """Call ``run(radius)`` until it returns ``want`` rows; at most four tries.
-
-        Later tries widen the guess by one, then three spreads of the offsets
-        seen (their 95th minus 50th percentile); the last has no limit.
-        ``run`` returns rows nearest first with the Hamming distance at index 1;
-        ``expected`` is the query's mean distance to a stored code (0 if unknown).
-        A scope that held fewer than ``want`` rows is searched without a limit
-        next time, at once (it is small, so that is cheap).
-        """
-        radius, spread = self._guess(key, expected)
-        tries = [None]
-        if radius is not None:
-            tries = [radius, radius + spread, radius + 3 * spread, None]
-        for radius in tries:
-            if radius is not None and radius >= bits:
-                continue
-            rows = run(radius)
-            if len(rows) >= want:
-                self._remember(key, rows[want - 1][1] - expected)
-                break
-        else:
-            with self._lock:
-                self._small.add(key)
-        return rows
-
-    def _guess(self, key: tuple[Filters, int], expected: float) -> tuple[int | None, int]:
-        filters, want = key
-        with self._lock:
-            if key in self._small:
-                return None, 0
-            seen = self._offsets.get(key) or self._offsets.get(
-                (Filters(guild_id=filters.guild_id), want)
-            )
-            if not seen:
-                return None, 0
-            offsets = np.fromiter(seen, dtype=np.float64)
-        radius = int(np.ceil(expected + np.percentile(offsets, self._percentile)))
-        spread = np.percentile(offsets, 95) - np.percentile(offsets, 50)
-        return max(radius, 0), max(2, int(np.ceil(spread)))
-
-    def _remember(self, key: tuple[Filters, int], offset: float) -> None:
-        with self._lock:
-            self._small.discard(key)
-            if key not in self._offsets and len(self._offsets) >= self._max_keys:
-                self._offsets.clear()
-                self._small.clear()
-            self._offsets.setdefault(key, deque(maxlen=self._history)).append(offset)
-
-
 class MessageStore:
     """One SQLite database file holding a bot's memory.
 
@@ -253,62 +129,20 @@ class MessageStore:
         self._conn = connect(path)
         self._lock = threading.RLock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
-        self._radii = _RadiusMemory()
+        self.vectors = VectorIndex(self._query)
         try:
             migrate(self._conn)
-            self._upgrade_vector_table()
+            self._check_vector_table()
         except BaseException:
             self._conn.close()
             raise
 
-    def _upgrade_vector_table(self) -> None:
-        """Move a first-release vector table (a float vec0 column) to 1-bit codes + floats.
-
-        vec0 tables cannot be altered or renamed, so the rows go through a
-        temporary copy, all in one transaction; no vector is recomputed.
-        """
+    def _check_vector_table(self) -> None:
+        """Rebuild a vector table that is gone (dropped by hand?): everything is re-embedded."""
         model = self.embedding_model()
-        if model is None:
-            return
-        columns = {row[1] for row in self._query("PRAGMA table_info(message_vectors)")}
-        if "embedding_bits" in columns:
-            return
-        if not columns:  # the table is gone (dropped by hand?): rebuild, re-embed everything
+        if model is not None and not table_columns(self._conn):
             log.warning("%s has no vector table; every message will be embedded again", self.path)
             self.reset_embeddings(*model)
-            return
-        log.info("moving %s to 1-bit vector search (one-off)", self.path)
-        try:
-            with self._transaction() as conn:
-                self._rebuild_vector_table(conn, model[1])
-        except sqlite_driver().OperationalError as exc:
-            raise DatabaseFileError(
-                f"{self.path}: could not move the vectors to the new table ({exc}); if another "
-                "process is using the database (perhaps upgrading it), try again when it is done"
-            ) from exc
-
-    def _rebuild_vector_table(self, conn: Any, dimension: int) -> None:
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(message_vectors)")}
-        if "embedding_bits" in columns:
-            return  # another process upgraded it while this one waited for the lock
-        fields = "message_id, guild_id, channel_id, author_id, created_at, has_attachment"
-        conn.execute(
-            f"CREATE TEMP TABLE vectors_copy AS SELECT {fields}, embedding FROM message_vectors"
-        )
-        conn.execute("DROP TABLE message_vectors")
-        conn.execute(_vector_table_sql(dimension))
-        copied = conn.execute(f"SELECT {fields}, embedding FROM temp.vectors_copy")
-        conn.executemany(
-            f"INSERT INTO message_vectors({fields}, embedding, embedding_bits) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, vec_bit(?))",
-            ((*row, binary_code(np.frombuffer(row[-1], dtype=np.float32))) for row in copied),
-        )
-        conn.execute("DELETE FROM code_stats")  # recounted from every vector
-        self._count_codes(conn, (
-            (guild_id, np.frombuffer(blob, dtype=np.float32))
-            for guild_id, blob in conn.execute("SELECT guild_id, embedding FROM temp.vectors_copy")
-        ))
-        conn.execute("DROP TABLE temp.vectors_copy")
 
     def close(self) -> None:
         """Close the connection."""
@@ -341,11 +175,7 @@ class MessageStore:
     def set_meta(self, key: str, value: str) -> None:
         """Store a value in the ``meta`` table."""
         with self._transaction() as conn:
-            conn.execute(
-                "INSERT INTO meta(key, value) VALUES (?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
+            _set_meta(conn, key, value)
 
     @property
     def active_profile(self) -> str | None:
@@ -377,27 +207,21 @@ class MessageStore:
                 f"profile uses {model_id} ({dimension} dims); run `python bot.py reembed` "
                 "to re-embed every message with the new model"
             )
-        self._create_vector_table(model_id, dimension)
+        with self._transaction() as conn:
+            self._bind_model(conn, model_id, dimension)
 
     def reset_embeddings(self, model_id: str, dimension: int) -> None:
         """Drop every vector and bind to a new model; all messages become pending."""
         with self._transaction() as conn:
-            conn.execute("DROP TABLE IF EXISTS message_vectors")
-            conn.execute("DELETE FROM code_stats")
+            self.vectors.drop(conn)
             conn.execute("DELETE FROM meta WHERE key IN (?, ?)", (_META_MODEL, _META_DIM))
             conn.execute("UPDATE messages SET embedded = 0")
-        self._create_vector_table(model_id, dimension)
+            self._bind_model(conn, model_id, dimension)
 
-    def _create_vector_table(self, model_id: str, dimension: int) -> None:
-        with self._transaction() as conn:
-            conn.execute(_vector_table_sql(dimension))
-            for key, value in ((_META_MODEL, model_id), (_META_DIM, str(dimension))):
-                conn.execute(
-                    "INSERT INTO meta(key, value) VALUES (?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (key, value),
-                )
-        self._radii = _RadiusMemory()  # distances learned under the old model mean nothing
+    def _bind_model(self, conn: Any, model_id: str, dimension: int) -> None:
+        self.vectors.create(conn, dimension)
+        _set_meta(conn, _META_MODEL, model_id)
+        _set_meta(conn, _META_DIM, str(dimension))
 
     # -- writes -------------------------------------------------------------------
 
@@ -439,10 +263,9 @@ class MessageStore:
         """Leave out deleted messages (tombstoned) and members who opted out."""
         if not records:
             return records
-        ids = json.dumps([r.id for r in records])
         gone = {row[0] for row in self._query(
-            "SELECT message_id FROM tombstones WHERE message_id IN (SELECT value FROM json_each(?))",
-            (ids,),
+            f"SELECT message_id FROM tombstones WHERE message_id {IN_IDS}",
+            (id_list(r.id for r in records),),
         )}
         opted_out = {tuple(row) for row in self._query("SELECT guild_id, author_id FROM member_optouts")}
         return [
@@ -451,16 +274,11 @@ class MessageStore:
         ]
 
     def _existing(self, ids: list[int]) -> dict[int, tuple]:
-        found: dict[int, tuple] = {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            for row in self._query(
-                f"SELECT id, content, edited_at, attachments FROM messages WHERE id IN ({marks})",
-                chunk,
-            ):
-                found[row[0]] = tuple(row[1:])
-        return found
+        rows = self._query(
+            f"SELECT id, content, edited_at, attachments FROM messages WHERE id {IN_IDS}",
+            (id_list(ids),),
+        )
+        return {row[0]: tuple(row[1:]) for row in rows}
 
     @staticmethod
     def _upsert_context(conn: Any, r: MessageRecord) -> None:
@@ -504,14 +322,8 @@ class MessageStore:
             (r.content, r.edited_at, "\n".join(r.attachments), int(text_changed), r.id),
         )
         if text_changed:
-            self._delete_vectors(conn, [r.id])
+            self.vectors.delete(conn, [r.id])
             self._reembed_dependents(conn, [r.id])
-
-    def _delete_vectors(self, conn: Any, ids: Sequence[int]) -> None:
-        if self.embedding_model() is None or not ids:
-            return
-        # one primary-key lookup each: vec0 would scan the table for an IN list
-        conn.executemany("DELETE FROM message_vectors WHERE message_id = ?", [(i,) for i in ids])
 
     def delete(self, ids: Iterable[int]) -> int:
         """Remove messages from the table, the FTS index and the vectors, for good.
@@ -540,11 +352,8 @@ class MessageStore:
             [(i, now) for i in ids],
         )
         self._reembed_dependents(conn, ids)
-        removed = conn.execute(
-            "DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(list(ids)),)
-        ).rowcount
-        self._delete_vectors(conn, ids)
-        return removed
+        self.vectors.delete(conn, ids)
+        return conn.execute(f"DELETE FROM messages WHERE id {IN_IDS}", (id_list(ids),)).rowcount
 
     def _reembed_dependents(self, conn: Any, ids: Sequence[int]) -> None:
         """Send back to the backlog the messages whose embedded context includes ``ids``.
@@ -553,7 +362,7 @@ class MessageStore:
         in its channel (:meth:`pending`); when that one is edited or deleted, the
         old text must not live on inside its neighbour's vector.
         """
-        batch = json.dumps(list(ids))
+        batch = id_list(ids)
         dependents = [row[0] for row in conn.execute(
             """SELECT id FROM messages WHERE reply_to_id IN (SELECT value FROM json_each(?1))
                UNION
@@ -565,10 +374,9 @@ class MessageStore:
         dependents = [i for i in dependents if i not in set(ids)]
         if dependents:
             conn.execute(
-                "UPDATE messages SET embedded = 0 WHERE id IN (SELECT value FROM json_each(?))",
-                (json.dumps(dependents),),
+                f"UPDATE messages SET embedded = 0 WHERE id {IN_IDS}", (id_list(dependents),)
             )
-            self._delete_vectors(conn, dependents)
+            self.vectors.delete(conn, dependents)
 
     def _forget_where(self, where: str, params: Sequence[Any]) -> int:
         """Forget every message matching a WHERE clause over ``messages``."""
@@ -585,11 +393,10 @@ class MessageStore:
         channel_ids = list(channel_ids)
         if not channel_ids:
             return 0
-        places = json.dumps(list(self.expand_channels(channel_ids)))
-        removed = self._forget_where("channel_id IN (SELECT value FROM json_each(?))", (places,))
+        places = id_list(self.expand_channels(channel_ids))
+        removed = self._forget_where(f"channel_id {IN_IDS}", (places,))
         with self._transaction() as conn:
-            conn.execute("DELETE FROM backfill_cursors WHERE channel_id IN "
-                         "(SELECT value FROM json_each(?))", (places,))
+            conn.execute(f"DELETE FROM backfill_cursors WHERE channel_id {IN_IDS}", (places,))
         return removed
 
     def purge_guild(self, guild_id: int) -> int:
@@ -726,33 +533,28 @@ class MessageStore:
         message in its channel.
         """
         rows = self._query(
-            """SELECT m.id, m.guild_id, m.channel_id, m.author_id, m.created_at,
-                      COALESCE(NULLIF(a.display_name, ''), a.name), m.content, m.attachments,
+            f"""SELECT m.id, m.guild_id, m.channel_id, m.author_id, {_AUTHOR_NAME}, m.content,
+                      m.created_at, c.name, m.reply_to_id, m.attachments,
                       COALESCE(
                         (SELECT r.id FROM messages r WHERE r.id = m.reply_to_id),
                         (SELECT p.id FROM messages p WHERE p.channel_id = m.channel_id
                            AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
                FROM messages m JOIN authors a ON a.id = m.author_id
+               JOIN channels c ON c.id = m.channel_id
                WHERE m.embedded = 0 ORDER BY m.id LIMIT ?""",
             (limit,),
         )
-        context = self._context_rows([row[8] for row in rows if row[8] is not None])
+        context = self._context_rows([row[10] for row in rows if row[10] is not None])
         return [
-            PendingMessage(
-                *row[:6], row[6], _split_attachments(row[7]),
-                *context.get(row[8], (None, None)),
-            )
+            PendingMessage(*row[:9], _split_attachments(row[9]), *context.get(row[10], (None, None)))
             for row in rows
         ]
 
     def _context_rows(self, ids: list[int]) -> dict[int, tuple[str, str]]:
-        if not ids:
-            return {}
-        marks = ",".join("?" * len(ids))
         rows = self._query(
-            f"SELECT m.id, COALESCE(NULLIF(a.display_name, ''), a.name), m.content "
-            f"FROM messages m JOIN authors a ON a.id = m.author_id WHERE m.id IN ({marks})",
-            ids,
+            f"SELECT m.id, {_AUTHOR_NAME}, m.content FROM messages m "
+            f"JOIN authors a ON a.id = m.author_id WHERE m.id {IN_IDS}",
+            (id_list(ids),),
         )
         return {row[0]: (row[1], row[2]) for row in rows}
 
@@ -768,71 +570,26 @@ class MessageStore:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         with self._transaction() as conn:
             current = self._unchanged_since_read(conn, messages)
-            rows = [(m, vec) for m, vec in zip(messages, vectors) if m.id in current]
-            ids = [m.id for m, _ in rows]
-            self._delete_vectors(conn, ids)  # vec0 has no INSERT OR REPLACE
-            conn.executemany(
-                "INSERT INTO message_vectors(message_id, embedding_bits, embedding, guild_id, "
-                "channel_id, author_id, created_at, has_attachment) "
-                "VALUES (?, vec_bit(?), ?, ?, ?, ?, ?, ?)",
-                [
-                    (m.id, binary_code(vec), vec.tobytes(), m.guild_id, m.channel_id,
-                     m.author_id, m.created_at, int(bool(m.attachments)))
-                    for m, vec in rows
-                ],
-            )
-            self._count_codes(conn, ((m.guild_id, vec) for m, vec in rows))
-            conn.executemany("UPDATE messages SET embedded = 1 WHERE id = ?", [(i,) for i in ids])
-
-    @staticmethod
-    def _count_codes(conn: Any, vectors: Iterable[tuple[int, np.ndarray]]) -> None:
-        """Add each ``(guild_id, vector)``'s code bits to that guild's ``code_stats`` row.
-
-        Deleted and replaced vectors are not subtracted: the counts only steer a
-        guess of how far a search must look (see :class:`_RadiusMemory`).
-        """
-        totals: dict[int, tuple[int, np.ndarray]] = {}
-        for guild_id, vector in vectors:
-            count, ones = totals.get(guild_id, (0, np.zeros(len(vector), dtype=np.int64)))
-            totals[guild_id] = (count + 1, ones + (vector > 0))
-        for guild_id, (count, ones) in totals.items():
-            row = conn.execute(
-                "SELECT vectors, ones FROM code_stats WHERE guild_id = ?", (guild_id,)
-            ).fetchone()
-            if row is not None and len(row[1]) == ones.nbytes:
-                count += row[0]
-                ones = ones + np.frombuffer(row[1], dtype=np.int64)
+            rows = [
+                (m.id, m.guild_id, m.channel_id, m.author_id, m.created_at, bool(m.attachments), v)
+                for m, v in zip(messages, vectors) if m.id in current
+            ]
+            self.vectors.write(conn, rows)
             conn.execute(
-                "INSERT INTO code_stats(guild_id, vectors, ones) VALUES (?, ?, ?) ON CONFLICT"
-                "(guild_id) DO UPDATE SET vectors = excluded.vectors, ones = excluded.ones",
-                (guild_id, count, ones.tobytes()),
+                f"UPDATE messages SET embedded = 1 WHERE id {IN_IDS}",
+                (id_list(row[0] for row in rows),),
             )
-
-    def _expected_distance(self, code_bits: np.ndarray, guild_id: int | None) -> float:
-        """Mean Hamming distance from a code to the guild's stored codes (0 if unknown)."""
-        rows = self._query(
-            "SELECT vectors, ones FROM code_stats"
-            + (" WHERE guild_id = ?" if guild_id is not None else ""),
-            () if guild_id is None else (guild_id,),
-        )
-        rows = [r for r in rows if len(r[1]) == code_bits.size * 8]
-        total = sum(r[0] for r in rows)
-        if not total:
-            return 0.0
-        ones = sum(np.frombuffer(r[1], dtype=np.int64) for r in rows) / total
-        return float(np.where(code_bits, 1.0 - ones, ones).sum())
 
     @staticmethod
     def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
         """Ids of ``messages`` still stored with the text and attachments they were read with."""
-        stored: dict[int, tuple[str, tuple[str, ...]]] = {}
-        for start in range(0, len(messages), 500):
-            chunk = [m.id for m in messages[start : start + 500]]
-            marks = ",".join("?" * len(chunk))
+        stored = {
+            mid: (content, _split_attachments(attachments))
             for mid, content, attachments in conn.execute(
-                f"SELECT id, content, attachments FROM messages WHERE id IN ({marks})", chunk
-            ):
-                stored[mid] = (content, _split_attachments(attachments))
+                f"SELECT id, content, attachments FROM messages WHERE id {IN_IDS}",
+                (id_list(m.id for m in messages),),
+            )
+        }
         return {m.id for m in messages if stored.get(m.id) == (m.content, m.attachments)}
 
     # -- reads ----------------------------------------------------------------------
@@ -842,49 +599,11 @@ class MessageStore:
     ) -> list[tuple[int, float]]:
         """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first.
 
-        The KNN runs inside vec0 over the 1-bit codes (filters included) and fetches
-        the ``k × rescore`` nearest by Hamming distance; those are ranked by exact
-        cosine from their float vectors.  sqlite-vec scans every code either way,
-        but a Hamming distance is far cheaper than a float cosine (BENCHMARKS.md).
-        A ``rescore`` that fetches the whole scope makes the result exact; the
-        fetch is capped at sqlite-vec's k limit of 4096.
+        See :meth:`memory.vectors.VectorIndex.knn`; empty before anything is embedded.
         """
         if self.embedding_model() is None:
             return []
-        k = max(1, min(int(k), MAX_KNN_K))
-        fetch = min(k * max(1, int(rescore)), MAX_KNN_K)
-        query = np.asarray(vector, dtype=np.float32)
-        code = binary_code(query)
-        candidates = self._radii.search(
-            lambda radius: self._code_knn(code, fetch, filters, radius),
-            key=(filters, fetch),
-            want=fetch,
-            bits=len(code) * 8,
-            expected=self._expected_distance(query > 0, filters.guild_id),
-        )
-        if not candidates:
-            return []
-        floats = np.frombuffer(b"".join(row[2] for row in candidates), dtype=np.float32)
-        floats = floats.reshape(len(candidates), -1)
-        norms = np.linalg.norm(floats, axis=1) * float(np.linalg.norm(query))
-        similarity = floats @ query / np.maximum(norms, 1e-12)
-        best = np.argsort(-similarity, kind="stable")[:k]
-        return [(candidates[i][0], float(similarity[i])) for i in best]
-
-    def _code_knn(
-        self, code: bytes, k: int, filters: Filters, radius: int | None = None
-    ) -> list[tuple[int, float, bytes]]:
-        """The ``k`` nearest codes (within ``radius`` bits, if given): id, distance, floats."""
-        clauses, params = ["embedding_bits MATCH vec_bit(?)", "k = ?"], [code, k]
-        if radius is not None:
-            clauses.append("distance <= ?")
-            params.append(radius)
-        self._filter_sql(filters, "", clauses, params)
-        return self._query(
-            "SELECT message_id, distance, embedding FROM message_vectors "
-            f"WHERE {' AND '.join(clauses)} ORDER BY distance",
-            params,
-        )
+        return self.vectors.knn(vector, k, filters, rescore=rescore)
 
     def keyword(self, match: str, k: int, filters: Filters) -> list[tuple[int, float]]:
         """Return up to ``k`` ``(message_id, bm25)`` pairs for an FTS5 expression, best first.
@@ -895,7 +614,7 @@ class MessageStore:
         ``k`` survive, every match is filtered.
         """
         clauses, params = ["TRUE"], []
-        self._filter_sql(filters, "m.", clauses, params)
+        filter_sql(filters, "m.", clauses, params)
         k = int(k)
         for head in (4 * k, -1):  # -1: no limit
             rows = self._query(
@@ -910,30 +629,6 @@ class MessageStore:
             if len(rows) >= k:
                 break
         return [(row[0], row[1]) for row in rows]
-
-    def _filter_sql(self, f: Filters, prefix: str, clauses: list[str], params: list) -> None:
-        """Append WHERE clauses for ``f``; vec0 metadata columns share the names used here."""
-        if f.guild_id is not None:
-            clauses.append(f"{prefix}guild_id = ?")
-            params.append(f.guild_id)
-        for column, values in (("channel_id", f.channel_ids), ("author_id", f.author_ids)):
-            if values is not None:
-                if not values:
-                    raise SearchInputError(f"empty {column} filter")
-                clauses.append(f"{prefix}{column} IN ({','.join('?' * len(values))})")
-                params.extend(values)
-        if f.after_ms is not None:
-            clauses.append(f"{prefix}created_at > ?")
-            params.append(f.after_ms)
-        if f.before_ms is not None:
-            clauses.append(f"{prefix}created_at < ?")
-            params.append(f.before_ms)
-        if f.has_attachment is not None:
-            if prefix:
-                clauses.append(f"({prefix}attachments != '') = ?")
-            else:
-                clauses.append("has_attachment = ?")
-            params.append(int(f.has_attachment))
 
     def expand_channels(self, channel_ids: Sequence[int]) -> tuple[int, ...]:
         """Return the channels plus every stored thread whose parent is one of them."""
@@ -959,27 +654,16 @@ class MessageStore:
             params.append(guild_id)
         return [row[0] for row in self._query(sql, params)]
 
-    def hydrate(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """Return the stored fields of messages by id (missing ids are left out)."""
-        found: dict[int, dict[str, Any]] = {}
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start : start + 500])
-            marks = ",".join("?" * len(chunk))
-            for row in self._query(
-                "SELECT m.id, m.guild_id, m.channel_id, m.author_id, "
-                "COALESCE(NULLIF(a.display_name, ''), a.name), m.content, m.created_at, "
-                "c.name, m.reply_to_id, m.attachments FROM messages m "
-                "JOIN authors a ON a.id = m.author_id JOIN channels c ON c.id = m.channel_id "
-                f"WHERE m.id IN ({marks})",
-                chunk,
-            ):
-                found[row[0]] = {
-                    "id": row[0], "guild_id": row[1], "channel_id": row[2], "author_id": row[3],
-                    "author_name": row[4], "content": row[5], "created_at": row[6],
-                    "channel_name": row[7], "reply_to_id": row[8],
-                    "attachments": _split_attachments(row[9]),
-                }
-        return found
+    def hydrate(self, ids: Sequence[int]) -> dict[int, StoredMessage]:
+        """Return the stored messages by id (missing ids are left out)."""
+        rows = self._query(
+            f"SELECT m.id, m.guild_id, m.channel_id, m.author_id, {_AUTHOR_NAME}, m.content, "
+            "m.created_at, c.name, m.reply_to_id, m.attachments FROM messages m "
+            "JOIN authors a ON a.id = m.author_id JOIN channels c ON c.id = m.channel_id "
+            f"WHERE m.id {IN_IDS}",
+            (id_list(ids),),
+        )
+        return {row[0]: StoredMessage(*row[:9], _split_attachments(row[9])) for row in rows}
 
     def channel_window(
         self, channel_id: int, message_id: int, before: int, after: int
@@ -1022,19 +706,27 @@ class MessageStore:
         where, params = ("WHERE guild_id = ?", (guild_id,)) if guild_id is not None else ("", ())
         return bool(self._query(f"SELECT EXISTS (SELECT 1 FROM messages {where})", params)[0][0])
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> StoreStats:
         """Counts and metadata for the ``stats`` command."""
         model = self.embedding_model()
         counts = {
             table: self._query(f"SELECT count(*) FROM {table}")[0][0]
             for table in ("guilds", "channels", "authors", "messages")
         }
-        return {
+        return StoreStats(
             **counts,
-            "pending_embeddings": self.pending_count(),
-            "embedding_model": model[0] if model else None,
-            "embedding_dim": model[1] if model else None,
-            "active_profile": self.active_profile,
-            "schema_version": self._query("PRAGMA user_version")[0][0],
-            "path": self.path,
-        }
+            pending_embeddings=self.pending_count(),
+            embedding_model=model[0] if model else None,
+            embedding_dim=model[1] if model else None,
+            active_profile=self.active_profile,
+            schema_version=self._query("PRAGMA user_version")[0][0],
+            path=self.path,
+        )
+
+
+def _set_meta(conn: Any, key: str, value: str) -> None:
+    conn.execute(
+        "INSERT INTO meta(key, value) VALUES (?, ?) "
+        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        (key, value),
+    )

@@ -383,7 +383,7 @@ def test_a_line_without_spaces_is_cut_hard():
 def test_hits_embed_escapes_mentions():
     ctx = tiny_context()
     ctx.hits = [Hit(id=1, guild_id=1, channel_id=2, author_id=3, author_name="eve",
-                    content="@everyone look", created_at=0, jump_url="https://x/1",
+                    content="@everyone look", created_at=0,
                     channel_name="c")]
     embed = hits_embed(ctx, None, note="why")
     assert "@\u200beveryone" in embed.fields[0].value

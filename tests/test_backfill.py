@@ -124,7 +124,7 @@ async def test_backfill_and_live_capture_agree(setup):
     await backfill(h)
     assert h.engine.store.message_count() == 19  # the deleted one stays deleted
     rows = h.engine.store.hydrate([int(payloads[5]["id"])])
-    assert rows[int(payloads[5]["id"])]["content"] == "edited live"
+    assert rows[int(payloads[5]["id"])].content == "edited live"
 
 
 async def test_start_up_catches_up_from_the_newest_stored_message(setup):

@@ -78,6 +78,6 @@ def test_no_route_to_discord_is_one_line_and_exit_2(engine, capsys, monkeypatch)
 def test_the_bot_registers_no_prefix_commands_and_syncs_only_when_asked(engine):
     memory_bot = bot.MemoryBot(engine)
     assert memory_bot.sync is None and memory_bot.help_command is None
-    parser = bot.build_parser()
-    args = parser.parse_args(["run", "--dev-guild", "123", "--owner", "5", "--owner", "6"])
-    assert (args.sync, args.dev_guild, args.owner) == (False, 123, [5, 6])
+    context = bot.run_command.make_context(
+        "run", ["--dev-guild", "123", "--owner", "5", "--owner", "6"])
+    assert context.params == {"sync": False, "dev_guild": 123, "owner": (5, 6)}

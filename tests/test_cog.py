@@ -147,7 +147,7 @@ async def test_an_older_copy_never_overwrites_a_newer_edit(harness):
     await h.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
     await settle(h)
     h.engine.upsert([record_from_message(msg)])  # a backfill page read before the edit
-    assert h.engine.store.hydrate([msg.id])[msg.id]["content"] == "second version"
+    assert h.engine.store.hydrate([msg.id])[msg.id].content == "second version"
 
 
 async def test_editing_or_deleting_a_message_re_embeds_its_neighbour(harness):
