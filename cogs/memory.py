@@ -316,11 +316,19 @@ class MemoryCog(commands.Cog):
         With ``reply_channel`` (a reply others will read), only sources everyone who
         can read that channel can read too.
         """
-        threads = [StoredThread(*row) for row in await self.read(self.engine.store.threads, member.guild.id)]
+        readable, safe = await self._scopes(member, reply_channel)
+        return readable if safe is None else safe
+
+    async def _scopes(
+        self, member: discord.Member, reply_channel: discord.abc.GuildChannel | discord.Thread | None
+    ) -> tuple[frozenset[int], frozenset[int] | None]:
+        """What ``member`` can read, and what a reply in ``reply_channel`` may quote (if any)."""
+        rows = await self.read(self.engine.store.threads, member.guild.id)
+        threads = [StoredThread(*row) for row in rows]
         readable = readable_channel_ids(member, threads)
         if reply_channel is None:
-            return readable
-        return public_reply_sources(reply_channel, readable, threads)
+            return readable, None
+        return readable, public_reply_sources(reply_channel, readable, threads)
 
     async def member_search(
         self,
@@ -335,11 +343,8 @@ class MemoryCog(commands.Cog):
         are left out, and a second, cheaper search (no reranking) counts how many of
         the member's own top results that withheld.
         """
-        readable = await self.allowed_channels(member)
-        safe = readable
-        if reply_channel is not None:
-            threads = [StoredThread(*row) for row in await self.read(self.engine.store.threads, member.guild.id)]
-            safe = public_reply_sources(reply_channel, readable, threads)
+        readable, public = await self._scopes(member, reply_channel)
+        safe = readable if public is None else public
         request = replace(request, guild_id=member.guild.id, allowed_channel_ids=safe)
         result = await self.search(request)
         withheld = 0
@@ -446,12 +451,14 @@ class MemoryCog(commands.Cog):
 
     @memory.command(name="stats", description="How much the bot remembers from this server")
     async def memory_stats(self, interaction: discord.Interaction) -> None:
-        """Counts for this guild only (and for the member), the backlog and the profile."""
+        """Counts for this guild's channels the member can read, theirs, the backlog, the profile."""
         await interaction.response.defer(ephemeral=True, thinking=True)
-        stats = await self.read(self.engine.guild_stats, interaction.guild_id, interaction.user.id)
+        readable = await self.allowed_channels(interaction.user)
+        stats = await self.read(self.engine.guild_stats, interaction.guild_id, interaction.user.id,
+                                readable)
         settings = await self.settings(interaction.guild_id)
         lines = [
-            f"Messages from this server: **{stats.messages}** in {stats.channels} channels and threads",
+            f"Messages you can search here: **{stats.messages}** in {stats.channels} channels and threads",
             f"Your messages: **{stats.member_messages}**"
             + (" (you opted out: new ones are not stored)" if not settings.remembers_author(interaction.user.id) else ""),
             f"Waiting to be embedded: {stats.pending}",

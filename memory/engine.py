@@ -195,9 +195,11 @@ class MemoryEngine:
         """Change a guild's settings; see :meth:`MessageStore.update_guild_settings`."""
         return self.store.update_guild_settings(guild_id, **changes)
 
-    def guild_stats(self, guild_id: int, author_id: int | None = None) -> GuildStats:
-        """Stored counts for one guild (and one member in it)."""
-        return self.store.guild_stats(guild_id, author_id)
+    def guild_stats(
+        self, guild_id: int, author_id: int | None = None, channel_ids: Iterable[int] | None = None
+    ) -> GuildStats:
+        """Stored counts for one guild (and one member in it), optionally only in some channels."""
+        return self.store.guild_stats(guild_id, author_id, channel_ids)
 
     def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:
         """How far a backfill of a channel got."""

@@ -506,14 +506,21 @@ class MessageStore:
         """The newest stored message id in a channel (or thread), ``None`` when none is."""
         return self._query("SELECT max(id) FROM messages WHERE channel_id = ?", (channel_id,))[0][0]
 
-    def guild_stats(self, guild_id: int, author_id: int | None = None) -> GuildStats:
-        """Counts for one guild only (and one member in it)."""
-        messages, channels = self._query(
-            "SELECT count(*), count(DISTINCT channel_id) FROM messages WHERE guild_id = ?",
-            (guild_id,),
+    def guild_stats(
+        self,
+        guild_id: int,
+        author_id: int | None = None,
+        channel_ids: Iterable[int] | None = None,
+    ) -> GuildStats:
+        """Counts for one guild only (and one member in it), optionally only in ``channel_ids``."""
+        where, params = "guild_id = ?", [guild_id]
+        if channel_ids is not None:
+            where += f" AND channel_id {IN_IDS}"
+            params.append(id_list(channel_ids))
+        messages, channels, pending = self._query(
+            "SELECT count(*), count(DISTINCT channel_id), coalesce(sum(embedded = 0), 0) "
+            f"FROM messages WHERE {where}", params,
         )[0]
-        pending = self._query(
-            "SELECT count(*) FROM messages WHERE guild_id = ? AND embedded = 0", (guild_id,))[0][0]
         mine = 0
         if author_id is not None:
             mine = self._query("SELECT count(*) FROM messages WHERE guild_id = ? AND author_id = ?",

@@ -308,7 +308,7 @@ async def test_memory_stats_counts_this_guild_only(harness):
     await settle(h, embed=False)
     await h.slash("memory stats", invoker=alice(), where=GENERAL)
     content = h.adapter.followups[0]["content"]
-    assert "Messages from this server: **1**" in content and "Your messages: **1**" in content
+    assert "Messages you can search here: **1**" in content and "Your messages: **1**" in content
     assert "2" not in content.split("\n")[0]
 
 
