@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from memory.db import IN_IDS, connect, id_list
-from memory.errors import EmbeddingModelMismatch
+from memory.db import IN_IDS, connect, id_list, not_writable
+from memory.errors import DatabaseFileError, EmbeddingModelMismatch
 from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
 from memory.records import MessageRecord, PendingMessage, StoredMessage
@@ -82,21 +82,29 @@ class MessageStore:
     synchronous and safe to call from worker threads.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool | None = None) -> None:
         """Open (creating if needed) and migrate the database at ``path``.
+
+        Args:
+            path: The database file.
+            read_only: Open read-only (searches and stats work, writes raise
+                :class:`DatabaseFileError`); by default, when this process cannot
+                write the file.
 
         Raises:
             ExtensionLoadError: sqlite-vec cannot be loaded.
             DatabaseFileError: The file is not (or is a newer version of) this bot's database.
         """
         self.path = str(path)
-        self._conn = connect(path)
+        self.read_only = not_writable(path) if read_only is None else read_only
+        self._conn = connect(path, read_only=self.read_only)
         self._lock = threading.RLock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
         self.vectors = VectorIndex(self._query)
         try:
-            migrate(self._conn)
-            self._check_vector_table()
+            migrate(self._conn, read_only=self.read_only)
+            if not self.read_only:
+                self._check_vector_table()
         except BaseException:
             self._conn.close()
             raise
@@ -115,6 +123,11 @@ class MessageStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
+        if self.read_only:
+            raise DatabaseFileError(
+                f"{self.path} is open read-only (this process cannot write it): searching "
+                "works, changing it needs write access to the file and its folder"
+            )
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
