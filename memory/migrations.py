@@ -86,10 +86,23 @@ MIGRATIONS: list[Migration] = [
         ones BLOB NOT NULL  -- int64 per bit: how many of those codes have it set
     );
     """,
-    # 3 (to become 4 once the guild-settings migration lands before it): first-release
-    # vector tables (float vec0 column) move to 1-bit codes + floats (memory.vectors).
-    upgrade_float_table,
+    # 3 (to become 4 once the guild-settings migration lands before it): see below.
+    lambda conn: _bits_and_claims(conn),
 ]
+
+
+def _bits_and_claims(conn: Any) -> None:
+    """First-release vector tables (a float vec0 column) move to 1-bit codes + floats
+    (:func:`memory.vectors.upgrade_float_table`), and embedders claim their batches
+    (:meth:`memory.store.MessageStore.claim`) so that two never embed one message."""
+    upgrade_float_table(conn)
+    conn.execute(
+        """CREATE TABLE embedding_claims (
+            message_id INTEGER PRIMARY KEY,
+            owner TEXT NOT NULL,
+            expires_at INTEGER NOT NULL  -- unix ms; an expired claim is free again
+        )"""
+    )
 
 
 def statements(script: str) -> Iterator[str]:

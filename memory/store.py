@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -310,8 +311,38 @@ class MessageStore:
         """Return up to ``limit`` unembedded messages, oldest first, with their context.
 
         The context of a message is its reply target if stored, else the previous
-        message in its channel.
+        message in its channel.  Nothing is claimed: an embedder uses :meth:`claim`.
         """
+        return self._pending_where("m.embedded = 0 ORDER BY m.id LIMIT ?", (limit,))
+
+    def claim(self, limit: int, *, owner: str, ttl_s: float = 600.0) -> list[PendingMessage]:
+        """Claim up to ``limit`` unembedded messages for ``owner`` and return them.
+
+        A message claimed by another embedder is left out until its claim is
+        released (:meth:`write_vectors`, :meth:`release`) or expires after
+        ``ttl_s`` (its embedder died), so concurrent embedders share the backlog
+        instead of repeating each other's work.
+        """
+        now = _now_ms()
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM embedding_claims WHERE expires_at <= ?", (now,))
+            ids = [row[0] for row in conn.execute(
+                "SELECT m.id FROM messages m WHERE m.embedded = 0 AND NOT EXISTS "
+                "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
+                "ORDER BY m.id LIMIT ?", (limit,))]
+            conn.executemany(
+                "INSERT INTO embedding_claims(message_id, owner, expires_at) VALUES (?, ?, ?)",
+                [(mid, owner, now + int(ttl_s * 1000)) for mid in ids],
+            )
+        return self._pending_where(f"m.id {IN_IDS} ORDER BY m.id", (id_list(ids),))
+
+    def release(self, owner: str) -> None:
+        """Give up every claim ``owner`` still holds (its messages stay pending)."""
+        if not self.read_only:
+            with self._transaction() as conn:
+                conn.execute("DELETE FROM embedding_claims WHERE owner = ?", (owner,))
+
+    def _pending_where(self, where: str, params: Sequence[Any]) -> list[PendingMessage]:
         rows = self._query(
             f"""SELECT m.id, m.guild_id, m.channel_id, m.author_id, {_AUTHOR_NAME}, m.content,
                       m.created_at, c.name, m.reply_to_id, m.attachments,
@@ -321,8 +352,8 @@ class MessageStore:
                            AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
                FROM messages m JOIN authors a ON a.id = m.author_id
                JOIN channels c ON c.id = m.channel_id
-               WHERE m.embedded = 0 ORDER BY m.id LIMIT ?""",
-            (limit,),
+               WHERE {where}""",
+            params,
         )
         context = self._context_rows([row[10] for row in rows if row[10] is not None])
         return [
@@ -338,18 +369,24 @@ class MessageStore:
         )
         return {row[0]: (row[1], row[2]) for row in rows}
 
-    def write_vectors(self, messages: Sequence[PendingMessage], vectors: np.ndarray) -> None:
+    def write_vectors(
+        self, messages: Sequence[PendingMessage], vectors: np.ndarray, *, owner: str | None = None
+    ) -> None:
         """Store one vector per pending message and mark them embedded, atomically.
 
-        A message deleted or edited since :meth:`pending` read it is skipped: its
-        vector would be an orphan or describe the old text.  An edited one stays
-        pending and is embedded again with its new text.
+        A message deleted or edited since it was read is skipped: its vector would
+        be an orphan or describe the old text.  An edited one stays pending and is
+        embedded again with its new text.  With ``owner``, a message another
+        embedder has claimed meanwhile (``owner``'s claim expired) is skipped too,
+        and ``owner``'s claims on these messages are released.
         """
         if len(messages) != len(vectors):
             raise ValueError("one vector per message is required")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         with self._transaction() as conn:
             current = self._unchanged_since_read(conn, messages)
+            if owner is not None:
+                current -= self._claimed_by_others(conn, messages, owner)
             rows = [
                 (m.id, m.guild_id, m.channel_id, m.author_id, m.created_at, bool(m.attachments), v)
                 for m, v in zip(messages, vectors) if m.id in current
@@ -359,6 +396,19 @@ class MessageStore:
                 f"UPDATE messages SET embedded = 1 WHERE id {IN_IDS}",
                 (id_list(row[0] for row in rows),),
             )
+            if owner is not None:
+                conn.execute(
+                    f"DELETE FROM embedding_claims WHERE owner = ? AND message_id {IN_IDS}",
+                    (owner, id_list(m.id for m in messages)),
+                )
+
+    @staticmethod
+    def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str) -> set[int]:
+        return {row[0] for row in conn.execute(
+            f"SELECT message_id FROM embedding_claims WHERE owner != ? AND expires_at > ? "
+            f"AND message_id {IN_IDS}",
+            (owner, _now_ms(), id_list(m.id for m in messages)),
+        )}
 
     @staticmethod
     def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
@@ -477,6 +527,10 @@ class MessageStore:
             schema_version=self._query("PRAGMA user_version")[0][0],
             path=self.path,
         )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _set_meta(conn: Any, key: str, value: str) -> None:
