@@ -19,10 +19,14 @@ from typing import Any
 import click
 
 from cli.bench import bench
-from cli.output import (
-    embed_with_progress, emit_json, format_result, progress_bar, result_to_dict,
-)
 from cli.context import Settings, default_db, open_engine, require_db
+from cli.output import (
+    embed_with_progress,
+    emit_json,
+    format_result,
+    progress_bar,
+    result_to_dict,
+)
 from cli.params import ID_OR_NAME, ISO_DATE, LOG_LEVEL, PORT, SNOWFLAKE
 from memory.config import available_profiles
 from memory.engine import MemoryEngine

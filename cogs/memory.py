@@ -152,6 +152,8 @@ class MemoryCog(commands.Cog):
             text = text.replace(user.mention, "").replace(f"<@!{user.id}>", "")
         if not text.strip():
             return
+        if message.guild is None:
+            return
         request = SearchRequest(queries=(text,), guild_id=message.guild.id, limit=4)
         result = await self._search(request)
         if isinstance(result, str):
@@ -238,4 +240,4 @@ class MemoryCog(commands.Cog):
 
 async def setup(bot: commands.Bot) -> None:
     """Extension entry point: the bot must carry an ``engine`` attribute."""
-    await bot.add_cog(MemoryCog(bot, bot.engine))
+    await bot.add_cog(MemoryCog(bot, bot.engine))  # type: ignore[attr-defined]

@@ -80,8 +80,10 @@ def sqlite_driver() -> ModuleType:
             return module
     raise ExtensionLoadError(
         "sqlite-vec could not be loaded: this Python's sqlite3 cannot load extensions. "
-        "Install pysqlite3-binary (`pip install pysqlite3-binary`) or use a Python built "
-        "with --enable-loadable-sqlite-extensions."
+        "On x86-64 Linux install pysqlite3-binary (`pip install pysqlite3-binary`); it has "
+        "no wheels for other platforms (Linux on ARM, macOS), where you need a Python "
+        "whose sqlite3 loads extensions (python.org, Homebrew or conda builds, or one "
+        "built with --enable-loadable-sqlite-extensions)."
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -110,7 +110,7 @@ class ExportStream:
                 _skip(event, events)
 
 
-def find_exports(paths: list[str | Path]) -> list[Path]:
+def find_exports(paths: Sequence[str | Path]) -> list[Path]:
     """Expand files and folders (recursively) into a sorted list of ``.json`` files.
 
     Raises:
@@ -238,7 +238,7 @@ def _value(event: str, value: Any, events: Events) -> Any:
 
 def _skip(event: str, events: Events) -> None:
     """Consume the rest of the value that started with ``event``."""
-    depth = event in ("start_map", "start_array")
+    depth = int(event in ("start_map", "start_array"))
     while depth:
         inner_event, _ = next(events)
         depth += inner_event in ("start_map", "start_array")
@@ -284,8 +284,10 @@ def _record(raw: Any, ctx: _ChannelContext) -> MessageRecord | None:
     )
     if not content.strip() and not attachments:
         return None
-    author = raw.get("author") if isinstance(raw.get("author"), dict) else {}
-    reference = raw.get("reference") if isinstance(raw.get("reference"), dict) else {}
+    author: dict[str, Any] = raw["author"] if isinstance(raw.get("author"), dict) else {}
+    reference: dict[str, Any] = (
+        raw["reference"] if isinstance(raw.get("reference"), dict) else {}
+    )
     return MessageRecord(
         id=message_id,
         guild_id=ctx.guild_id,
@@ -341,7 +343,7 @@ def _time_ms(value: Any) -> int | None:
         return None
 
 
-def iter_exports(paths: list[str | Path]) -> Iterator[ExportStream | ImportFormatError]:
+def iter_exports(paths: Sequence[str | Path]) -> Iterator[ExportStream | ImportFormatError]:
     """Yield a stream for each export found under ``paths``; a bad file yields its error."""
     for path in find_exports(paths):
         try:

@@ -357,7 +357,8 @@ class MessageStore:
         )
         context = self._context_rows([row[10] for row in rows if row[10] is not None])
         return [
-            PendingMessage(*row[:9], _split_attachments(row[9]), *context.get(row[10], (None, None)))
+            PendingMessage(**_message_fields(row), context_author=context.get(row[10], (None, None))[0],
+                           context_content=context.get(row[10], (None, None))[1])
             for row in rows
         ]
 
@@ -443,7 +444,8 @@ class MessageStore:
         pass most messages (one guild's bot, no author filter); if fewer than
         ``k`` survive, every match is filtered.
         """
-        clauses, params = ["TRUE"], []
+        clauses: list[str] = ["TRUE"]
+        params: list[Any] = []
         filter_sql(filters, "m.", clauses, params)
         k = int(k)
         for head in (4 * k, -1):  # -1: no limit
@@ -486,18 +488,18 @@ class MessageStore:
             f"WHERE m.id {IN_IDS}",
             (id_list(ids),),
         )
-        return {row[0]: StoredMessage(*row[:9], _split_attachments(row[9])) for row in rows}
+        return {row[0]: StoredMessage(**_message_fields(row)) for row in rows}
 
     def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:
         """Return ``(author_id, name, display_name)`` of everyone with stored messages."""
         if guild_id is None:
-            sql, params = "SELECT id, name, display_name FROM authors", ()
+            sql, params = "SELECT id, name, display_name FROM authors", []
         else:
             sql = (
                 "SELECT a.id, a.name, a.display_name FROM authors a WHERE EXISTS "
                 "(SELECT 1 FROM messages m WHERE m.author_id = a.id AND m.guild_id = ?)"
             )
-            params = (guild_id,)
+            params = [guild_id]
         return [tuple(row) for row in self._query(sql, params)]
 
     def message_count(self, guild_id: int | None = None) -> int:
@@ -508,7 +510,7 @@ class MessageStore:
 
     def has_messages(self, guild_id: int | None = None) -> bool:
         """Whether anything is stored (in one guild, or at all); cheaper than counting."""
-        where, params = ("WHERE guild_id = ?", (guild_id,)) if guild_id is not None else ("", ())
+        where, params = ("WHERE guild_id = ?", [guild_id]) if guild_id is not None else ("", [])
         return bool(self._query(f"SELECT EXISTS (SELECT 1 FROM messages {where})", params)[0][0])
 
     def stats(self) -> StoreStats:
@@ -527,6 +529,13 @@ class MessageStore:
             schema_version=self._query("PRAGMA user_version")[0][0],
             path=self.path,
         )
+
+
+def _message_fields(row: Sequence[Any]) -> dict[str, Any]:
+    """A :class:`StoredMessage`'s fields from the first ten columns of a message query."""
+    names = ("id", "guild_id", "channel_id", "author_id", "author_name", "content",
+             "created_at", "channel_name", "reply_to_id")
+    return {**dict(zip(names, row[:9])), "attachments": _split_attachments(row[9])}
 
 
 def _now_ms() -> int:

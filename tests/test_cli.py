@@ -304,6 +304,7 @@ def test_errors_are_one_line_and_exit_2(
     code, out, err = run_cli(capsys, "--db", empty_db, *argv)
     assert code == 2, err
     assert needle in error_line(err)
+    assert out == ""
     assert "Traceback" not in err
 
 
@@ -384,7 +385,7 @@ def test_bench_retrieval_lists_rerank_only_when_a_reranker_ran(
 
 def test_bench_search_scale_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out_file = tmp_path / "scale.json"
-    code, out, err = run_cli(capsys, *PROFILE, "bench", "search-scale", "--messages", "300",
+    code, _, err = run_cli(capsys, *PROFILE, "bench", "search-scale", "--messages", "300",
                              "--queries", "5", "--json", out_file)
     assert code == 0, err
     result = json.loads(out_file.read_text(encoding="utf-8"))

@@ -12,10 +12,9 @@ import pytest
 
 import memory.db
 from memory.db import connect, sqlite_driver
-from memory.errors import DatabaseFileError
-from memory.errors import ExtensionLoadError, MemoryBotError
-from memory.migrations import MIGRATIONS, migrate
+from memory.errors import DatabaseFileError, ExtensionLoadError, MemoryBotError
 from memory.filters import Filters
+from memory.migrations import MIGRATIONS, migrate
 from memory.store import MessageStore
 from tests.conftest import HashEmbedder
 

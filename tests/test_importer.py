@@ -4,6 +4,7 @@ odd exports, bad files reported per file, and idempotent re-imports."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,6 @@ from memory.engine import MemoryEngine
 from memory.errors import ImportFormatError
 from memory.importer import find_exports, read_export
 from memory.records import datetime_to_ms, snowflake_time_ms
-from datetime import datetime, timezone
 
 DEMO = Path(__file__).resolve().parent.parent / "data" / "demo-server"
 DEMO_GUILD = 820703368577024001
@@ -278,8 +278,8 @@ def test_same_file_given_twice_is_read_once(tmp_path: Path) -> None:
                      "guild.id or channel.id", id="bad-guild-id"),
         pytest.param('{"guild": "900", "channel": {"id": "2"}, "messages": []}',
                      "guild.id or channel.id", id="guild-not-object"),
-        pytest.param('{"guild": {"id": "900"}, "channel": {"id": "%d"}, "messages": []}'
-                     % 2**64, "guild.id or channel.id", id="huge-channel-id"),
+        pytest.param(f'{{"guild": {{"id": "900"}}, "channel": {{"id": "{2**64}"}}, "messages": []}}',
+                     "guild.id or channel.id", id="huge-channel-id"),
     ],
 )
 def test_malformed_file_is_an_import_format_error(
