@@ -194,6 +194,7 @@ async def _stall_during(work: Awaitable[Any]) -> tuple[Any, dict[str, float]]:
         "seconds": round(time.perf_counter() - started, 2),
         "max_stall_ms": round(max(lags, default=0.0), 1),
         "p99_stall_ms": round(percentile(lags, 99), 1) if lags else 0.0,
+        "stalls_over_50ms": sum(1 for lag in lags if lag > 50),
         "ticks": len(lags),
     }
 
