@@ -196,7 +196,12 @@ class MemoryCog(commands.Cog):
         cached = self._settings.get(guild_id)
         if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
             return cached[1]
-        settings = await self.read(self.engine.settings, guild_id)
+        try:
+            settings = await self.read(self.engine.settings, guild_id)
+        except Exception as exc:  # never drop a message over a settings read
+            log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
+            # opt-outs are enforced again where messages are written
+            return cached[1] if cached is not None else GuildSettings(guild_id)
         self._settings[guild_id] = (time.monotonic(), settings)
         return settings
 
