@@ -86,23 +86,58 @@ MIGRATIONS: list[Migration] = [
         ones BLOB NOT NULL  -- int64 per bit: how many of those codes have it set
     );
     """,
-    # 3 (to become 4 once the guild-settings migration lands before it): see below.
-    lambda conn: _bits_and_claims(conn),
+    # 3: what a guild chose to be remembered, what must stay forgotten, backfill progress.
+    """
+    CREATE TABLE tombstones (  -- deleted messages: a late insert or re-import skips them
+        message_id INTEGER PRIMARY KEY,
+        deleted_at INTEGER NOT NULL
+    );
+    CREATE TABLE guild_settings (
+        guild_id INTEGER PRIMARY KEY,
+        channel_mode TEXT NOT NULL DEFAULT 'all'
+            CHECK (channel_mode IN ('all', 'include', 'exclude')),
+        retention_days INTEGER CHECK (retention_days IS NULL OR retention_days > 0),
+        autoresponse TEXT NOT NULL DEFAULT 'mention'
+            CHECK (autoresponse IN ('off', 'mention', 'channels'))
+    );
+    CREATE TABLE channel_rules (  -- the include/exclude list of guild_settings.channel_mode
+        guild_id INTEGER NOT NULL,
+        channel_id INTEGER NOT NULL,
+        PRIMARY KEY (guild_id, channel_id)
+    );
+    CREATE TABLE autoresponse_channels (
+        guild_id INTEGER NOT NULL,
+        channel_id INTEGER NOT NULL,
+        PRIMARY KEY (guild_id, channel_id)
+    );
+    CREATE TABLE member_optouts (
+        guild_id INTEGER NOT NULL,
+        author_id INTEGER NOT NULL,
+        PRIMARY KEY (guild_id, author_id)
+    );
+    CREATE TABLE backfill_cursors (
+        channel_id INTEGER PRIMARY KEY,
+        guild_id INTEGER NOT NULL,
+        before_id INTEGER,  -- the oldest message read so far; the walk goes on before it
+        complete INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX messages_by_author ON messages(guild_id, author_id);
+    CREATE INDEX messages_by_reply ON messages(reply_to_id) WHERE reply_to_id IS NOT NULL;
+    CREATE INDEX messages_by_age ON messages(guild_id, created_at);
+    """,
+    # 4: first-release vector tables (a float vec0 column) move to 1-bit codes + floats
+    # (memory.vectors).
+    upgrade_float_table,
+    # 5: embedders claim their batches (memory.store.MessageStore.claim), so that two
+    # never embed the same message; an expired claim (its embedder died) is free again.
+    """
+    CREATE TABLE embedding_claims (
+        message_id INTEGER PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at INTEGER NOT NULL  -- unix ms
+    );
+    """,
 ]
-
-
-def _bits_and_claims(conn: Any) -> None:
-    """First-release vector tables (a float vec0 column) move to 1-bit codes + floats
-    (:func:`memory.vectors.upgrade_float_table`), and embedders claim their batches
-    (:meth:`memory.store.MessageStore.claim`) so that two never embed one message."""
-    upgrade_float_table(conn)
-    conn.execute(
-        """CREATE TABLE embedding_claims (
-            message_id INTEGER PRIMARY KEY,
-            owner TEXT NOT NULL,
-            expires_at INTEGER NOT NULL  -- unix ms; an expired claim is free again
-        )"""
-    )
 
 
 def statements(script: str) -> Iterator[str]:

@@ -43,12 +43,18 @@ class SearchRequest:
     ``threshold`` set means fixed-threshold mode; otherwise ``adaptive`` decides
     between the adaptive loop and no threshold.  ``boosts`` turns recency and member
     boosts on; ``rerank`` lets the reranker (if the profile has one) run.
+
+    ``allowed_channel_ids`` is a permission allow-list: when set, only messages in
+    those channels and threads can be found, whatever ``channel_ids`` asks for (a
+    channel named there is expanded to its threads first, then cut to the list).
+    It filters inside the KNN and keyword stages, so a search still fills ``limit``.
     """
 
     queries: tuple[str, ...]
     guild_id: int | None = None
     channel_ids: tuple[int, ...] | None = None
     author_ids: tuple[int, ...] | None = None
+    allowed_channel_ids: tuple[int, ...] | frozenset[int] | None = None
     after: datetime | None = None
     before: datetime | None = None
     has_attachment: bool | None = None
@@ -173,6 +179,9 @@ class Searcher:
         trace = Trace()
         clock = _Clock(trace)
         filters = self._filters(request)
+        if request.allowed_channel_ids is not None and not filters.channel_ids:
+            trace.timings_ms["total"] = 0.0
+            return SearchResult([], trace, "none of the channels searched are readable here")
         need_dense = request.mode in ("hybrid", "dense")
         vectors = self._embed(queries) if need_dense else None
         clock.lap("embed")
@@ -225,6 +234,11 @@ class Searcher:
         channels = request.channel_ids
         if channels:
             channels = self.store.expand_channels(channels)
+        if request.allowed_channel_ids is not None:
+            allowed = frozenset(request.allowed_channel_ids)
+            channels = tuple(sorted(allowed)) if channels is None else tuple(
+                c for c in channels if c in allowed
+            )
         return Filters(
             guild_id=request.guild_id,
             channel_ids=channels,

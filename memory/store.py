@@ -27,9 +27,13 @@ from memory.errors import DatabaseFileError, EmbeddingModelMismatch
 from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
 from memory.records import MessageRecord, PendingMessage, StoredMessage
+from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 from memory.vectors import VectorIndex, table_columns
 
-__all__ = ["Filters", "MessageStore", "PendingMessage", "StoreStats", "UpsertStats"]
+__all__ = [
+    "BackfillCursor", "Filters", "GuildStats", "MessageStore", "PendingMessage", "StoreStats",
+    "UpsertStats",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,24 @@ class UpsertStats:
     inserted: int = 0
     updated: int = 0
     unchanged: int = 0
+
+
+@dataclass(frozen=True)
+class BackfillCursor:
+    """A channel's backfill position: read back to ``before_id``; ``complete`` at its start."""
+
+    before_id: int | None
+    complete: bool
+
+
+@dataclass(frozen=True)
+class GuildStats:
+    """What one guild has stored; ``member_messages`` counts one member's."""
+
+    messages: int
+    channels: int
+    member_messages: int
+    pending: int
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,19 @@ def _context_key(r: MessageRecord) -> tuple:
         r.guild_id, r.guild_name, r.channel_id, r.parent_id, r.channel_name, r.channel_type,
         r.author_id, r.author_name, r.author_display_name, r.author_is_bot,
     )
+
+
+_SETTING_LISTS = {
+    "add_channel": ("channel_rules", "channel_id"),
+    "remove_channel": ("channel_rules", "channel_id"),
+    "opt_out": ("member_optouts", "author_id"),
+    "opt_in": ("member_optouts", "author_id"),
+}
+
+
+def _older_edit(incoming: int | None, stored: int | None) -> bool:
+    """Whether an incoming copy of a message predates the edit already stored."""
+    return stored is not None and (incoming is None or incoming < stored)
 
 
 def _split_attachments(value: str) -> tuple[str, ...]:
@@ -210,7 +245,7 @@ class MessageStore:
         rewritten by trigger and its vector dropped; it is re-embedded with the
         backlog.  Re-importing identical messages changes nothing.
         """
-        records = list(records)
+        records = self._admissible(list(records))
         if not records:
             return UpsertStats()
         existing = self._existing([r.id for r in records])
@@ -229,13 +264,27 @@ class MessageStore:
                 if before is None:
                     self._insert_message(conn, record)
                     inserted += 1
-                elif before != row:
+                elif before != row and not _older_edit(record.edited_at, before[1]):
                     self._update_message(conn, record, text_changed=before[0::2] != row[0::2])
                     updated += 1
                 else:
                     unchanged += 1
                 existing[record.id] = row
         return UpsertStats(inserted, updated, unchanged)
+
+    def _admissible(self, records: list[MessageRecord]) -> list[MessageRecord]:
+        """Leave out deleted messages (tombstoned) and members who opted out."""
+        if not records:
+            return records
+        gone = {row[0] for row in self._query(
+            f"SELECT message_id FROM tombstones WHERE message_id {IN_IDS}",
+            (id_list(r.id for r in records),),
+        )}
+        opted_out = {tuple(row) for row in self._query("SELECT guild_id, author_id FROM member_optouts")}
+        return [
+            r for r in records
+            if r.id not in gone and (r.guild_id, r.author_id) not in opted_out
+        ]
 
     def _existing(self, ids: list[int]) -> dict[int, tuple]:
         rows = self._query(
@@ -287,19 +336,209 @@ class MessageStore:
         )
         if text_changed:
             self.vectors.delete(conn, [r.id])
+            self._reembed_dependents(conn, [r.id])
 
     def delete(self, ids: Iterable[int]) -> int:
-        """Remove messages from the table, the FTS index and the vectors.
+        """Remove messages from the table, the FTS index and the vectors, for good.
+
+        Each id gets a tombstone, so a late insert (a gateway event racing the
+        delete, a backfill page, a re-import of an old export) cannot bring the
+        message back; messages whose vectors carried its text as context are
+        re-embedded.
 
         Returns:
             How many messages existed and were removed.
         """
-        ids = list(ids)
+        ids = sorted(set(ids))
         if not ids:
             return 0
         with self._transaction() as conn:
-            self.vectors.delete(conn, ids)
-            return conn.execute(f"DELETE FROM messages WHERE id {IN_IDS}", (id_list(ids),)).rowcount
+            return self._forget(conn, ids)
+
+    def _forget(self, conn: Any, ids: Sequence[int]) -> int:
+        """Delete ``ids`` everywhere inside the caller's transaction; tombstone them."""
+        if not ids:
+            return 0
+        now = int(time.time() * 1000)
+        conn.executemany(
+            "INSERT OR IGNORE INTO tombstones(message_id, deleted_at) VALUES (?, ?)",
+            [(i, now) for i in ids],
+        )
+        self._reembed_dependents(conn, ids)
+        self.vectors.delete(conn, ids)
+        return conn.execute(f"DELETE FROM messages WHERE id {IN_IDS}", (id_list(ids),)).rowcount
+
+    def _reembed_dependents(self, conn: Any, ids: Sequence[int]) -> None:
+        """Send back to the backlog the messages whose embedded context includes ``ids``.
+
+        A message is embedded with its reply target, or else the message before it
+        in its channel (:meth:`pending`); when that one is edited or deleted, the
+        old text must not live on inside its neighbour's vector.
+        """
+        batch = id_list(ids)
+        dependents = [row[0] for row in conn.execute(
+            """SELECT id FROM messages WHERE reply_to_id IN (SELECT value FROM json_each(?1))
+               UNION
+               SELECT (SELECT n.id FROM messages n WHERE n.channel_id = x.channel_id AND n.id > x.id
+                       ORDER BY n.id LIMIT 1)
+               FROM messages x WHERE x.id IN (SELECT value FROM json_each(?1))""",
+            (batch,),
+        ) if row[0] is not None]
+        dependents = [i for i in dependents if i not in set(ids)]
+        if dependents:
+            conn.execute(
+                f"UPDATE messages SET embedded = 0 WHERE id {IN_IDS}", (id_list(dependents),)
+            )
+            self.vectors.delete(conn, dependents)
+
+    def _forget_where(self, where: str, params: Sequence[Any]) -> int:
+        """Forget every message matching a WHERE clause over ``messages``."""
+        with self._transaction() as conn:
+            ids = [row[0] for row in conn.execute(f"SELECT id FROM messages WHERE {where}", params)]
+            return self._forget(conn, ids)
+
+    def purge_channels(self, channel_ids: Iterable[int]) -> int:
+        """Forget every message in these channels and in their threads.
+
+        Returns:
+            How many messages were removed.
+        """
+        channel_ids = list(channel_ids)
+        if not channel_ids:
+            return 0
+        places = id_list(self.expand_channels(channel_ids))
+        removed = self._forget_where(f"channel_id {IN_IDS}", (places,))
+        with self._transaction() as conn:
+            conn.execute(f"DELETE FROM backfill_cursors WHERE channel_id {IN_IDS}", (places,))
+        return removed
+
+    def purge_guild(self, guild_id: int) -> int:
+        """Forget a guild entirely: messages, channels, settings, opt-outs, cursors."""
+        removed = self._forget_where("guild_id = ?", (guild_id,))
+        with self._transaction() as conn:
+            for table in ("channel_rules", "autoresponse_channels", "member_optouts",
+                          "backfill_cursors", "guild_settings", "code_stats"):
+                conn.execute(f"DELETE FROM {table} WHERE guild_id = ?", (guild_id,))
+            conn.execute("DELETE FROM channels WHERE guild_id = ?", (guild_id,))
+            conn.execute("DELETE FROM guilds WHERE id = ?", (guild_id,))
+        return removed
+
+    def forget_author(self, guild_id: int, author_id: int) -> int:
+        """Forget every message one member wrote in one guild."""
+        return self._forget_where("guild_id = ? AND author_id = ?", (guild_id, author_id))
+
+    def purge_older_than(self, guild_id: int, cutoff_ms: int) -> int:
+        """Forget a guild's messages created before ``cutoff_ms`` (unix milliseconds)."""
+        return self._forget_where("guild_id = ? AND created_at < ?", (guild_id, cutoff_ms))
+
+    # -- guild settings and backfill progress ----------------------------------------------
+
+    def guild_settings(self, guild_id: int) -> GuildSettings:
+        """A guild's settings (defaults when it never changed any)."""
+        row = self._query(
+            "SELECT channel_mode, retention_days, autoresponse FROM guild_settings "
+            "WHERE guild_id = ?", (guild_id,),
+        )
+        mode, retention, autoresponse = row[0] if row else ("all", None, "mention")
+
+        def ids(table: str, column: str) -> frozenset[int]:
+            return frozenset(r[0] for r in self._query(
+                f"SELECT {column} FROM {table} WHERE guild_id = ?", (guild_id,)))
+
+        return GuildSettings(
+            guild_id=guild_id, channel_mode=mode, channels=ids("channel_rules", "channel_id"),
+            retention_days=retention, autoresponse=autoresponse,
+            autoresponse_channels=ids("autoresponse_channels", "channel_id"),
+            opted_out=ids("member_optouts", "author_id"),
+        )
+
+    def update_guild_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
+        """Change a guild's settings; returns them as they are now.
+
+        Keywords: ``channel_mode``, ``retention_days`` (``None`` = keep), ``autoresponse``,
+        ``add_channel`` / ``remove_channel`` (the channel list), ``toggle_autoresponse_channel``,
+        ``opt_out`` / ``opt_in`` (a member id).
+
+        Raises:
+            SearchInputError: An unknown setting or value.
+        """
+        columns = {"channel_mode": CHANNEL_MODES, "autoresponse": AUTORESPONSE_MODES}
+        with self._transaction() as conn:
+            conn.execute("INSERT OR IGNORE INTO guild_settings(guild_id) VALUES (?)", (guild_id,))
+            for key, value in changes.items():
+                if value is None and key != "retention_days":
+                    continue
+                if key in columns:
+                    if value not in columns[key]:
+                        raise SearchInputError(f"{key} must be one of {', '.join(columns[key])}")
+                    conn.execute(f"UPDATE guild_settings SET {key} = ? WHERE guild_id = ?",
+                                 (value, guild_id))
+                elif key == "retention_days":
+                    if value is not None and int(value) <= 0:
+                        raise SearchInputError("retention must be a positive number of days")
+                    conn.execute("UPDATE guild_settings SET retention_days = ? WHERE guild_id = ?",
+                                 (value, guild_id))
+                elif key in ("add_channel", "opt_out"):
+                    table, column = _SETTING_LISTS[key]
+                    conn.execute(f"INSERT OR IGNORE INTO {table}(guild_id, {column}) VALUES (?, ?)",
+                                 (guild_id, int(value)))
+                elif key in ("remove_channel", "opt_in"):
+                    table, column = _SETTING_LISTS[key]
+                    conn.execute(f"DELETE FROM {table} WHERE guild_id = ? AND {column} = ?",
+                                 (guild_id, int(value)))
+                elif key == "toggle_autoresponse_channel":
+                    if not conn.execute(
+                        "DELETE FROM autoresponse_channels WHERE guild_id = ? AND channel_id = ?",
+                        (guild_id, int(value)),
+                    ).rowcount:
+                        conn.execute("INSERT INTO autoresponse_channels VALUES (?, ?)",
+                                     (guild_id, int(value)))
+                else:
+                    raise SearchInputError(f"unknown setting {key!r}")
+        return self.guild_settings(guild_id)
+
+    def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:
+        """How far a backfill of this channel got, or ``None`` if none started."""
+        rows = self._query(
+            "SELECT before_id, complete FROM backfill_cursors WHERE channel_id = ?", (channel_id,))
+        return BackfillCursor(rows[0][0], bool(rows[0][1])) if rows else None
+
+    def save_backfill_cursor(
+        self, guild_id: int, channel_id: int, before_id: int | None, *, complete: bool = False
+    ) -> None:
+        """Record that a backfill has read this channel back to ``before_id`` (or to its start)."""
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO backfill_cursors(channel_id, guild_id, before_id, complete) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT(channel_id) DO UPDATE SET "
+                "before_id = COALESCE(excluded.before_id, before_id), complete = excluded.complete",
+                (channel_id, guild_id, before_id, int(complete)),
+            )
+
+    def latest_message_id(self, channel_id: int) -> int | None:
+        """The newest stored message id in a channel (or thread), ``None`` when none is."""
+        return self._query("SELECT max(id) FROM messages WHERE channel_id = ?", (channel_id,))[0][0]
+
+    def guild_stats(
+        self,
+        guild_id: int,
+        author_id: int | None = None,
+        channel_ids: Iterable[int] | None = None,
+    ) -> GuildStats:
+        """Counts for one guild only (and one member in it), optionally only in ``channel_ids``."""
+        where, params = "guild_id = ?", [guild_id]
+        if channel_ids is not None:
+            where += f" AND channel_id {IN_IDS}"
+            params.append(id_list(channel_ids))
+        messages, channels, pending = self._query(
+            "SELECT count(*), count(DISTINCT channel_id), coalesce(sum(embedded = 0), 0) "
+            f"FROM messages WHERE {where}", params,
+        )[0]
+        mine = 0
+        if author_id is not None:
+            mine = self._query("SELECT count(*) FROM messages WHERE guild_id = ? AND author_id = ?",
+                               (guild_id, author_id))[0][0]
+        return GuildStats(messages, channels, mine, pending)
 
     # -- embedding backlog ------------------------------------------------------------
 
@@ -469,6 +708,13 @@ class MessageStore:
             f"SELECT id FROM channels WHERE parent_id IN ({marks})", list(channel_ids)
         )
         return tuple(dict.fromkeys([*channel_ids, *(row[0] for row in threads)]))
+
+    def threads(self, guild_id: int) -> list[tuple[int, int, str]]:
+        """Return ``(thread_id, parent_id, type)`` of every stored thread in a guild."""
+        return [tuple(row) for row in self._query(
+            "SELECT id, parent_id, type FROM channels WHERE guild_id = ? AND parent_id IS NOT NULL",
+            (guild_id,),
+        )]
 
     def channel_ids_named(self, name: str, guild_id: int | None = None) -> list[int]:
         """Return the ids of stored channels called ``name`` (case-insensitive)."""

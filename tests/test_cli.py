@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 COMMANDS = [
     [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
-    ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
+    ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"], ["bench", "discord"],
 ]
 
 
@@ -153,7 +153,8 @@ def test_import_search_stats_embed_reembed(
     assert "0 new, 1 updated, 4 unchanged, 0 skipped, 0 embedded" in out
 
     code, out, _ = run_cli(capsys, *base, "embed")
-    assert (code, out.strip()) == (0, "embedded 1 messages")
+    # the edited message, and the next one, whose vector had the old text as context
+    assert (code, out.strip()) == (0, "embedded 2 messages")
 
     code, out, err = run_cli(capsys, *base, "reembed")
     assert code == 0, err
@@ -392,7 +393,8 @@ def test_bench_search_scale_runs(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert (result["messages"], result["queries"]) == (300, 5)
     assert {"machine", "import_msgs_per_s", "raw_encoder_msgs_per_s", "import_vs_encoder",
             "search", "adaptive_vs_fixed_p50"} <= set(result)
-    assert set(result["search"]) == {"fixed", "adaptive", "hybrid"}
+    assert set(result["search"]) == {"fixed", "adaptive", "hybrid", "hybrid_allow_list_500"}
+    assert result["allow_list_vs_hybrid_p50"] > 0
     for timings in result["search"].values():
         assert set(timings) == {"p50_ms", "p95_ms"}
         assert timings["p95_ms"] >= timings["p50_ms"] > 0

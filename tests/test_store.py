@@ -112,13 +112,15 @@ def test_edit_updates_text_fts_and_vector(
     assert fts_ids(engine.store, "tuesday") == set()
     assert fts_ids(engine.store, "thursday") == {original.id}
     assert stored_vector(engine.store, original.id) is None
-    assert engine.store.pending_count() == 1
+    # the next message was embedded with the old text as its context: it goes too
+    assert stored_vector(engine.store, other.id) is None
+    assert engine.store.pending_count() == 2
     fts_in_sync(engine.store)
 
     pending = engine.store.pending(10)
     expected = engine.embedder.embed([engine.embedding_text(p) for p in pending])[0]
     assert "thursday" in engine.embedding_text(pending[0])
-    assert engine.embed_pending() == 1
+    assert engine.embed_pending() == 2
     new_vector = stored_vector(engine.store, original.id)
     np.testing.assert_allclose(new_vector, expected, atol=1e-6)
     assert not np.allclose(new_vector, old_vector)
@@ -521,7 +523,7 @@ def test_a_vector_table_from_before_the_bits_column_is_upgraded(
     # rebuild the table as the first release created it: float vectors only, and
     # the schema version from before the upgrade migration
     with store._transaction() as conn:
-        conn.execute("PRAGMA user_version = 2")
+        conn.execute("PRAGMA user_version = 3")
         conn.execute("DROP TABLE embedding_claims")
         conn.execute("DROP TABLE message_vectors")
         conn.execute(
