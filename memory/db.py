@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3 as _stdlib_sqlite3
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
@@ -110,15 +111,37 @@ def connect(path: str | Path, *, check_same_thread: bool = False) -> Any:
 
     sqlite_vec.load(conn)
     conn.enable_load_extension(False)
+    conn.execute("PRAGMA busy_timeout=5000")
     try:
         # The first statement that reads the file: a non-SQLite file fails here.
-        conn.execute("PRAGMA journal_mode=WAL")
+        _set_wal(conn, driver)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=5000")
     except driver.DatabaseError as exc:
         conn.close()
         raise DatabaseFileError(
             f"{path}: not a usable SQLite database ({exc}); point --db at another file"
         ) from exc
     return conn
+
+
+def _set_wal(conn: Any, driver: Any, *, deadline_s: float = 10.0) -> None:
+    """Switch to WAL, retrying while another process holds the lock it needs.
+
+    Switching a new file to WAL takes an exclusive lock, and SQLite answers
+    "database is locked" there without waiting on the busy timeout when several
+    processes open the same new file at once.
+    """
+    give_up = time.monotonic() + deadline_s
+    delay = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except driver.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)

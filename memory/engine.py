@@ -21,7 +21,7 @@ from memory.errors import EmbeddingModelMismatch, ImportFormatError
 from memory.importer import find_exports, iter_exports
 from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
 from memory.reranker.service import RerankerManager
-from memory.search import SearchRequest, Searcher
+from memory.search import Searcher, SearchRequest
 from memory.settings import GuildSettings
 from memory.store import BackfillCursor, GuildStats, MessageStore, UpsertStats
 from memory.text import embedding_text, needs_context
