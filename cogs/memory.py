@@ -465,7 +465,8 @@ class MemoryCog(commands.Cog):
         lines = [
             f"Messages you can search here: **{stats.messages}** in {stats.channels} channels and threads",
             f"Your messages: **{stats.member_messages}**"
-            + (" (you opted out: new ones are not stored)" if not settings.remembers_author(interaction.user.id) else ""),
+            + ("" if settings.remembers_author(interaction.user.id)
+               else " (you opted out: new ones are not stored)"),
             f"Waiting to be embedded: {stats.pending}",
             f"Channels remembered: {settings.channel_mode}"
             + (f" ({len(settings.channels)} listed)" if settings.channel_mode != "all" else ""),
@@ -629,11 +630,11 @@ class MemoryCog(commands.Cog):
     async def interaction_check(self, interaction: discord.Interaction) -> bool:
         """Owner commands are refused at run time to anyone but the bot's owners."""
         command = interaction.command
-        if command is not None and command.root_parent is not None and (
-            command.root_parent.name == self.owner.name
+        root = command.root_parent if command is not None else None
+        if root is not None and root.name == self.owner.name and (
+            not await self._is_owner(interaction.user)
         ):
-            if not await self._is_owner(interaction.user):
-                raise app_commands.CheckFailure("Only the bot's owner can change bot-wide settings.")
+            raise app_commands.CheckFailure("Only the bot's owner can change bot-wide settings.")
         return True
 
     @owner.command(name="profile", description="Switch the hardware profile for every server")

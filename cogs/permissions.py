@@ -145,11 +145,10 @@ def public_reply_sources(
     guild = reply_channel.guild
     home = reply_channel.id
     family = {home}  # sources whose readers include everyone who reads the reply channel
-    if isinstance(reply_channel, discord.Thread):
-        if reply_channel.parent_id is not None:
-            family.add(reply_channel.parent_id)
-            if not reply_channel.is_private():
-                home = reply_channel.parent_id  # public threads share their parent's readers
+    if isinstance(reply_channel, discord.Thread) and reply_channel.parent_id is not None:
+        family.add(reply_channel.parent_id)
+        if not reply_channel.is_private():
+            home = reply_channel.parent_id  # public threads share their parent's readers
     stored_parent = {t.id: t for t in stored_threads}
     world: dict[int, bool] = {}
 

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sqlite3 as _stdlib_sqlite3
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
@@ -130,7 +131,7 @@ def connect(
         conn.execute("PRAGMA busy_timeout=5000")  # first: WAL switching waits for locks too
         # The first statement that reads the file: a non-SQLite file fails here.
         if not read_only and _new_or_ours(conn):
-            conn.execute("PRAGMA journal_mode=WAL")
+            _set_wal(conn, driver)
             conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
     except driver.DatabaseError as exc:
@@ -163,3 +164,25 @@ def _load_vec(conn: Any) -> None:
     conn.enable_load_extension(True)
     sqlite_vec.load(conn)
     conn.enable_load_extension(False)
+
+
+def _set_wal(conn: Any, driver: Any, *, deadline_s: float = 10.0) -> None:
+    """Switch to WAL, retrying while another process holds the lock it needs.
+
+    Switching a new file to WAL takes an exclusive lock, and SQLite answers
+    "database is locked" there without waiting on the busy timeout when several
+    processes open the same new file at once.
+    """
+    give_up = time.monotonic() + deadline_s
+    delay = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except driver.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)

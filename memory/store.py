@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from memory.db import IN_IDS, connect, id_list, not_writable
-from memory.errors import DatabaseFileError, EmbeddingModelMismatch
+from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SettingsError
 from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
 from memory.records import MessageRecord, PendingMessage, StoredMessage
@@ -460,7 +460,7 @@ class MessageStore:
         ``opt_out`` / ``opt_in`` (a member id).
 
         Raises:
-            SearchInputError: An unknown setting or value.
+            SettingsError: An unknown setting or value.
         """
         columns = {"channel_mode": CHANNEL_MODES, "autoresponse": AUTORESPONSE_MODES}
         with self._transaction() as conn:
@@ -470,12 +470,12 @@ class MessageStore:
                     continue
                 if key in columns:
                     if value not in columns[key]:
-                        raise SearchInputError(f"{key} must be one of {', '.join(columns[key])}")
+                        raise SettingsError(f"{key} must be one of {', '.join(columns[key])}")
                     conn.execute(f"UPDATE guild_settings SET {key} = ? WHERE guild_id = ?",
                                  (value, guild_id))
                 elif key == "retention_days":
                     if value is not None and int(value) <= 0:
-                        raise SearchInputError("retention must be a positive number of days")
+                        raise SettingsError("retention must be a positive number of days")
                     conn.execute("UPDATE guild_settings SET retention_days = ? WHERE guild_id = ?",
                                  (value, guild_id))
                 elif key in ("add_channel", "opt_out"):
@@ -494,7 +494,7 @@ class MessageStore:
                         conn.execute("INSERT INTO autoresponse_channels VALUES (?, ?)",
                                      (guild_id, int(value)))
                 else:
-                    raise SearchInputError(f"unknown setting {key!r}")
+                    raise SettingsError(f"unknown setting {key!r}")
         return self.guild_settings(guild_id)
 
     def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:

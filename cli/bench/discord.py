@@ -147,7 +147,7 @@ async def _allow_lists(tmp: Path, profile: Profile, payload: dict) -> dict[str, 
 
     engine = MemoryEngine(tmp / "allow.sqlite3", replace(profile, reranker=RerankerConfig()),
                           load_reranker=False)
-    bot, cog, server = await _offline_bot(engine, payload)
+    bot, _, server = await _offline_bot(engine, payload)
     try:
         stored = [StoredThread(30_000 + i, 10_000 + i, "public_thread") for i in range(200)]
         who = _member(server, bot._connection)

@@ -38,8 +38,11 @@ def role(rid: int, name: str, permissions: discord.Permissions, position: int = 
             "mentionable": False}
 
 
-def overwrite(target: int, *, allow: discord.Permissions = discord.Permissions.none(),
-              deny: discord.Permissions = discord.Permissions.none(), member: bool = False) -> dict:
+NOTHING = discord.Permissions.none()
+
+
+def overwrite(target: int, *, allow: discord.Permissions = NOTHING,
+              deny: discord.Permissions = NOTHING, member: bool = False) -> dict:
     return {"id": str(target), "type": 1 if member else 0,
             "allow": str(allow.value), "deny": str(deny.value)}
 
