@@ -526,7 +526,8 @@ class MessageStore:
         channel_ids: Iterable[int] | None = None,
     ) -> GuildStats:
         """Counts for one guild only (and one member in it), optionally only in ``channel_ids``."""
-        where, params = "guild_id = ?", [guild_id]
+        where = "guild_id = ?"
+        params: list[int | str] = [guild_id]
         if channel_ids is not None:
             where += f" AND channel_id {IN_IDS}"
             params.append(id_list(channel_ids))
