@@ -196,7 +196,12 @@ class MemoryCog(commands.Cog):
         cached = self._settings.get(guild_id)
         if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
             return cached[1]
-        settings = await self.read(self.engine.settings, guild_id)
+        try:
+            settings = await self.read(self.engine.settings, guild_id)
+        except Exception as exc:  # never drop a message over a settings read
+            log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
+            # opt-outs are enforced again where messages are written
+            return cached[1] if cached is not None else GuildSettings(guild_id)
         self._settings[guild_id] = (time.monotonic(), settings)
         return settings
 
@@ -361,6 +366,8 @@ class MemoryCog(commands.Cog):
             return await self._on(self._search_pool, self.engine.search, request)
 
     async def _maybe_answer(self, message: discord.Message) -> None:
+        if message.guild is None:
+            return
         settings = await self.settings(message.guild.id)
         channel = message.channel
         parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
@@ -376,13 +383,12 @@ class MemoryCog(commands.Cog):
         text = message.content
         for user in message.mentions:
             text = text.replace(f"<@{user.id}>", "").replace(f"<@!{user.id}>", "")
-        if not text.strip() or not isinstance(message.author, discord.Member):
+        place = _place(message.channel)
+        if not text.strip() or not isinstance(message.author, discord.Member) or place is None:
             return
         request = SearchRequest(queries=(text.strip()[:500],), limit=MENTION_LIMIT + 1)
         try:
-            result, withheld = await self.member_search(
-                message.author, request, reply_channel=message.channel
-            )
+            result, withheld = await self.member_search(message.author, request, reply_channel=place)
         except MemoryBotError as exc:
             await message.reply(f"Search failed: {exc}", mention_author=False,
                                 allowed_mentions=discord.AllowedMentions.none())
@@ -424,9 +430,12 @@ class MemoryCog(commands.Cog):
             author_ids=(author.id,) if author else None,
             after=_parse_day(after, "after"), before=_parse_day(before, "before"),
         )
+        place = _place(interaction.channel)
+        if place is None:
+            private = True  # who reads this channel cannot be judged: answer only the member
         await interaction.response.defer(ephemeral=private, thinking=True)
         result, withheld = await self.member_search(
-            interaction.user, request, reply_channel=None if private else interaction.channel
+            _member(interaction), request, reply_channel=None if private else place
         )
         await interaction.followup.send(
             embed=render_hits(result, f"🔎 {query}", interaction.guild, withheld=withheld),
@@ -442,7 +451,7 @@ class MemoryCog(commands.Cog):
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
         request = SearchRequest(queries=(query[:500],), limit=6)
-        result, _ = await self.member_search(interaction.user, request)
+        result, _ = await self.member_search(_member(interaction), request)
         result.hits = [h for h in result.hits if h.id != message.id][:5]
         await interaction.followup.send(
             embed=render_hits(result, "Related messages", interaction.guild), ephemeral=True,
@@ -453,14 +462,15 @@ class MemoryCog(commands.Cog):
     async def memory_stats(self, interaction: discord.Interaction) -> None:
         """Counts for this guild's channels the member can read, theirs, the backlog, the profile."""
         await interaction.response.defer(ephemeral=True, thinking=True)
-        readable = await self.allowed_channels(interaction.user)
-        stats = await self.read(self.engine.guild_stats, interaction.guild_id, interaction.user.id,
+        readable = await self.allowed_channels(_member(interaction))
+        stats = await self.read(self.engine.guild_stats, _guild_id(interaction), interaction.user.id,
                                 readable)
-        settings = await self.settings(interaction.guild_id)
+        settings = await self.settings(_guild_id(interaction))
         lines = [
             f"Messages you can search here: **{stats.messages}** in {stats.channels} channels and threads",
             f"Your messages: **{stats.member_messages}**"
-            + (" (you opted out: new ones are not stored)" if not settings.remembers_author(interaction.user.id) else ""),
+            + ("" if settings.remembers_author(interaction.user.id)
+               else " (you opted out: new ones are not stored)"),
             f"Waiting to be embedded: {stats.pending}",
             f"Channels remembered: {settings.channel_mode}"
             + (f" ({len(settings.channels)} listed)" if settings.channel_mode != "all" else ""),
@@ -483,7 +493,7 @@ class MemoryCog(commands.Cog):
     @memory.command(name="opt-out", description="Stop storing your messages in this server")
     async def opt_out(self, interaction: discord.Interaction) -> None:
         """Stop storing the member's messages (what is stored stays until forget-me)."""
-        await self._update_settings(interaction.guild_id, opt_out=interaction.user.id)
+        await self._update_settings(_guild_id(interaction), opt_out=interaction.user.id)
         await interaction.response.send_message(
             "Your new messages here will not be stored. `/memory forget-me` deletes the ones "
             "already stored; `/memory opt-in` starts storing again.", ephemeral=True)
@@ -491,7 +501,7 @@ class MemoryCog(commands.Cog):
     @memory.command(name="opt-in", description="Store your messages in this server again")
     async def opt_in(self, interaction: discord.Interaction) -> None:
         """Undo opt-out."""
-        await self._update_settings(interaction.guild_id, opt_in=interaction.user.id)
+        await self._update_settings(_guild_id(interaction), opt_in=interaction.user.id)
         await interaction.response.send_message("Your new messages here will be stored again.",
                                                 ephemeral=True)
 
@@ -521,7 +531,7 @@ class MemoryCog(commands.Cog):
     ) -> None:
         """Set the retention period; the hourly job (and this command) purges older messages."""
         await interaction.response.defer(ephemeral=True, thinking=True)
-        await self._update_settings(interaction.guild_id, retention_days=days or None)
+        await self._update_settings(_guild_id(interaction), retention_days=days or None)
         removed = 0
         if days:
             cutoff = datetime.now(timezone.utc) - timedelta(days=days)
@@ -556,7 +566,7 @@ class MemoryCog(commands.Cog):
     ) -> None:
         """Switch mention answers off, on everywhere, or on in chosen channels."""
         settings = await self._update_settings(
-            interaction.guild_id, autoresponse=mode,
+            _guild_id(interaction), autoresponse=mode,
             toggle_autoresponse_channel=channel.id if channel else None,
         )
         where = ", ".join(f"<#{c}>" for c in sorted(settings.autoresponse_channels)) or "none yet"
@@ -568,7 +578,7 @@ class MemoryCog(commands.Cog):
     @app_commands.checks.has_permissions(manage_guild=True)
     async def channels_show(self, interaction: discord.Interaction) -> None:
         """Show the channel mode and list."""
-        settings = await self.settings(interaction.guild_id)
+        settings = await self.settings(_guild_id(interaction))
         await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
 
     @admin_channels.command(name="mode", description="Remember all, only listed, or all but listed channels")
@@ -576,7 +586,7 @@ class MemoryCog(commands.Cog):
     @app_commands.checks.has_permissions(manage_guild=True)
     async def channels_mode(self, interaction: discord.Interaction, mode: str) -> None:
         """Set how the channel list is read."""
-        settings = await self._update_settings(interaction.guild_id, channel_mode=mode)
+        settings = await self._update_settings(_guild_id(interaction), channel_mode=mode)
         await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
 
     @admin_channels.command(name="add", description="Add a channel to the list")
@@ -586,7 +596,7 @@ class MemoryCog(commands.Cog):
         channel: discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread,
     ) -> None:
         """Add a channel to the include/exclude list."""
-        settings = await self._update_settings(interaction.guild_id, add_channel=channel.id)
+        settings = await self._update_settings(_guild_id(interaction), add_channel=channel.id)
         await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
 
     @admin_channels.command(name="remove", description="Remove a channel from the list")
@@ -596,7 +606,7 @@ class MemoryCog(commands.Cog):
         channel: discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread,
     ) -> None:
         """Remove a channel from the include/exclude list."""
-        settings = await self._update_settings(interaction.guild_id, remove_channel=channel.id)
+        settings = await self._update_settings(_guild_id(interaction), remove_channel=channel.id)
         await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
 
     @staticmethod
@@ -624,11 +634,11 @@ class MemoryCog(commands.Cog):
     async def interaction_check(self, interaction: discord.Interaction) -> bool:
         """Owner commands are refused at run time to anyone but the bot's owners."""
         command = interaction.command
-        if command is not None and command.root_parent is not None and (
-            command.root_parent.name == self.owner.name
+        root = command.root_parent if isinstance(command, app_commands.Command) else None
+        if root is not None and root.name == self.owner.name and (
+            not await self._is_owner(interaction.user)
         ):
-            if not await self._is_owner(interaction.user):
-                raise app_commands.CheckFailure("Only the bot's owner can change bot-wide settings.")
+            raise app_commands.CheckFailure("Only the bot's owner can change bot-wide settings.")
         return True
 
     @owner.command(name="profile", description="Switch the hardware profile for every server")
@@ -703,4 +713,24 @@ async def report_error(interaction: discord.Interaction, error: app_commands.App
 
 async def setup(bot: commands.Bot) -> None:
     """Extension entry point: the bot must carry an ``engine`` attribute."""
-    await bot.add_cog(MemoryCog(bot, bot.engine, owner_ids=frozenset(getattr(bot, "owner_ids", None) or ())))
+    engine = getattr(bot, "engine", None)
+    if engine is None:
+        raise RuntimeError("load cogs.memory on a bot that carries an `engine` (see bot.MemoryBot)")
+    await bot.add_cog(MemoryCog(bot, engine, owner_ids=frozenset(getattr(bot, "owner_ids", None) or ())))
+
+
+def _guild_id(interaction: discord.Interaction) -> int:
+    assert interaction.guild_id is not None  # every command here is guild-only
+    return interaction.guild_id
+
+
+def _member(interaction: discord.Interaction) -> discord.Member:
+    assert isinstance(interaction.user, discord.Member)  # guild-only: the user is a member
+    return interaction.user
+
+
+def _place(channel: object) -> discord.abc.GuildChannel | discord.Thread | None:
+    """The guild channel or thread a reply goes to, or None when it is not one we can judge."""
+    if isinstance(channel, (discord.abc.GuildChannel, discord.Thread)):
+        return channel
+    return None

@@ -21,7 +21,13 @@ from memory.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+def _profiles_dir() -> Path:
+    """``profiles/`` in a checkout; ``memory/profiles`` in an installed wheel."""
+    installed = Path(__file__).resolve().parent / "profiles"
+    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "profiles"
+
+
+PROFILES_DIR = _profiles_dir()
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 # What the reranker is asked to judge (Qwen3-Reranker's "<Instruct>"); memory.reranker.prompt
 # builds the prompt around it.
@@ -162,7 +168,7 @@ _SECTIONS = {
 }
 
 
-def _check_value(source: str, key: str, f: dataclasses.Field, value: Any) -> Any:
+def _check_value(source: str, key: str, f: dataclasses.Field[Any], value: Any) -> Any:
     expected = type(f.default)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -170,13 +176,13 @@ def _check_value(source: str, key: str, f: dataclasses.Field, value: Any) -> Any
         raise ConfigError(
             f"{source}: {key} must be {expected.__name__}, got {type(value).__name__} {value!r}"
         )
-    if expected is float and math.isnan(value):
+    if isinstance(value, float) and math.isnan(value):
         raise ConfigError(f"{source}: {key} must be a number, got nan")
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{source}: {key} must be one of {', '.join(choices)}, got {value!r}")
     lo, hi = f.metadata.get("min"), f.metadata.get("max")
-    if lo is not None and value < lo or hi is not None and value > hi:
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ConfigError(f"{source}: {key} must be within [{lo}, {hi}], got {value!r}")
     return value
 

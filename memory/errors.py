@@ -32,6 +32,10 @@ class ImportFormatError(MemoryBotError):
     """An input file is not a DiscordChatExporter JSON export."""
 
 
+class SettingsError(MemoryBotError):
+    """A guild setting or its value is unknown."""
+
+
 class SearchInputError(MemoryBotError):
     """A search request is malformed (empty query list, bad filter, bad limit)."""
 
