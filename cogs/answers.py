@@ -32,7 +32,11 @@ from cogs.render import render_hits
 from memory.config import Profile
 from memory.context import Context
 from memory.errors import (
-    ChatModelError, ChatModelTimeout, ConfigError, MemoryBotError, SearchInputError,
+    ChatModelError,
+    ChatModelTimeout,
+    ConfigError,
+    MemoryBotError,
+    SearchInputError,
 )
 from memory.llm import ChatAnswer, ChatClient, build_messages, visible_text
 from memory.records import SearchResult

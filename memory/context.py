@@ -30,7 +30,7 @@ from typing import Protocol
 
 from memory.config import LLMConfig
 from memory.records import Hit, SearchResult, StoredMessage, Trace, ms_to_datetime
-from memory.search import SearchRequest, Searcher
+from memory.search import Searcher, SearchRequest
 from memory.store import MessageStore
 from memory.text import clean
 
@@ -370,7 +370,7 @@ def _fit(
     kept: list[ContextWindow] = []
     dropped = 0
     for window in sorted(windows, key=lambda w: w.rank):
-        hits_only = replace(window, lines=[l for l in window.lines if l.role == "hit"])
+        hits_only = replace(window, lines=[ln for ln in window.lines if ln.role == "hit"])
         for candidate in (window, hits_only):
             trial = _numbered(sorted([*kept, candidate], key=_first_id))
             if counter.count(render_windows(trial)) <= budget:

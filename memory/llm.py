@@ -31,8 +31,14 @@ import httpx
 from memory.config import LLMConfig
 from memory.context import CLOSE_TAG, OPEN_TAG, Context
 from memory.errors import (
-    ChatModelAuthError, ChatModelError, ChatModelRateLimited, ChatModelRequestError,
-    ChatModelResponseError, ChatModelServerError, ChatModelTimeout, ChatModelUnavailable,
+    ChatModelAuthError,
+    ChatModelError,
+    ChatModelRateLimited,
+    ChatModelRequestError,
+    ChatModelResponseError,
+    ChatModelServerError,
+    ChatModelTimeout,
+    ChatModelUnavailable,
     ConfigError,
 )
 

@@ -15,7 +15,12 @@ import discord
 import pytest
 
 from cogs.answers import (
-    EditThrottle, answer_mention, context_for, hits_embed, render_answer, split_message,
+    EditThrottle,
+    answer_mention,
+    context_for,
+    hits_embed,
+    render_answer,
+    split_message,
 )
 from cogs.capture import record_from_message
 from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
@@ -27,8 +32,19 @@ from memory.llm import ChatClient
 from memory.records import Hit, Trace
 from tests.conftest import HashEmbedder
 from tests.discord_harness import (
-    APP_ID, BOT_ID, HIDE, READ, Harness, channel, guild, member, next_id, overwrite, role,
-    thread, user,
+    APP_ID,
+    BOT_ID,
+    HIDE,
+    READ,
+    Harness,
+    channel,
+    guild,
+    member,
+    next_id,
+    overwrite,
+    role,
+    thread,
+    user,
 )
 from tests.llama_fixtures import CHAT_MODEL, chat_server
 from tests.openai_standin import OpenAIStandIn

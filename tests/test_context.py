@@ -6,10 +6,15 @@ from dataclasses import replace
 
 import pytest
 
-from memory.context import (
-    CLOSE_TAG, OPEN_TAG, ApproximateTokens, QwenTokens, assemble_context, token_counter_for,
-)
 from memory.config import LLMConfig
+from memory.context import (
+    CLOSE_TAG,
+    OPEN_TAG,
+    ApproximateTokens,
+    QwenTokens,
+    assemble_context,
+    token_counter_for,
+)
 from memory.search import SearchRequest
 from tests.conftest import CHANNEL, GUILD, NOW
 
@@ -49,7 +54,7 @@ def test_overlapping_windows_merge_in_time_order(engine, chat):
     ctx = engine.context_for("raid 9pm", scope(), 2000)
     ids = [line.id for line in ctx.lines]
     assert len(ids) == len(set(ids)), "a message appears once"
-    windows = [w for w in ctx.windows if any(l.id == chat["first"].id for l in w.lines)]
+    windows = [w for w in ctx.windows if any(ln.id == chat["first"].id for ln in w.lines)]
     assert len(windows) == 1
     window_ids = [line.id for line in windows[0].lines]
     assert window_ids == sorted(window_ids)
@@ -64,15 +69,15 @@ def test_overlapping_windows_merge_in_time_order(engine, chat):
 
 def test_a_reply_target_joins_the_window(engine, chat):
     ctx = engine.context_for("raid 9pm", scope(), 2000)
-    line = next(l for l in ctx.lines if l.id == chat["old"].id)
+    line = next(ln for ln in ctx.lines if ln.id == chat["old"].id)
     assert line.role in ("reply", "hit")
     assert line.author_name == "Dan"
-    assert ctx.lines.index(line) < [l.id for l in ctx.lines].index(chat["first"].id)
+    assert ctx.lines.index(line) < [ln.id for ln in ctx.lines].index(chat["first"].id)
 
 
 def test_lines_carry_author_channel_time_and_jump_url(engine, chat):
     ctx = engine.context_for("raid 9pm", scope(), 2000)
-    line = next(l for l in ctx.lines if l.id == chat["first"].id)
+    line = next(ln for ln in ctx.lines if ln.id == chat["first"].id)
     assert line.author_name == "Mara" and line.channel_name == "general"
     assert line.jump_url == f"https://discord.com/channels/{GUILD}/{CHANNEL}/{line.id}"
     assert line.timestamp.startswith("2025-12-30")
@@ -100,9 +105,9 @@ def test_a_smaller_budget_keeps_the_best_hits_first(engine, chat):
     full = engine.context_for("raid 9pm", scope(), 4000)
     small = engine.context_for("raid 9pm", scope(), 120)
     assert 0 < len(small.lines) < len(full.lines)
-    assert {l.role for l in small.lines} == {"hit"}, "a window too big shrinks to its hits"
+    assert {ln.role for ln in small.lines} == {"hit"}, "a window too big shrinks to its hits"
     best = full.hits[0].id
-    assert best in {l.id for l in small.lines}
+    assert best in {ln.id for ln in small.lines}
 
 
 def test_nothing_fits_a_tiny_budget(engine, chat):
@@ -114,7 +119,7 @@ def test_the_question_itself_is_excluded(engine, chat, make_record):
     question = make_record("when did the raid move to 9pm", age_days=0.1, author_id=9)
     engine.ingest([question])
     ctx = engine.context_for(question.content, scope(), 4000, exclude_ids=[question.id])
-    assert question.id not in {l.id for l in ctx.lines}
+    assert question.id not in {ln.id for ln in ctx.lines}
     assert question.id not in {h.id for h in ctx.hits}
 
 

@@ -10,13 +10,24 @@ import pytest
 
 from memory.config import LLMConfig, parse_profile
 from memory.errors import (
-    ChatModelAuthError, ChatModelError, ChatModelRateLimited, ChatModelRequestError,
-    ChatModelResponseError, ChatModelServerError, ChatModelTimeout, ChatModelUnavailable,
+    ChatModelAuthError,
+    ChatModelError,
+    ChatModelRateLimited,
+    ChatModelRequestError,
+    ChatModelResponseError,
+    ChatModelServerError,
+    ChatModelTimeout,
+    ChatModelUnavailable,
     ConfigError,
 )
 from memory.llm import (
-    SYSTEM_PROMPT, ChatClient, build_messages, chat_completions_url, cited_numbers,
-    retry_after, visible_text,
+    SYSTEM_PROMPT,
+    ChatClient,
+    build_messages,
+    chat_completions_url,
+    cited_numbers,
+    retry_after,
+    visible_text,
 )
 from tests.llama_fixtures import free_port
 from tests.openai_standin import ANSWER, OpenAIStandIn

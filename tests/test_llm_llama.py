@@ -15,7 +15,11 @@ from memory.context import QwenTokens
 from memory.errors import ChatModelAuthError, ChatModelTimeout
 from memory.llm import ChatClient, build_messages, cited_numbers
 from tests.llama_fixtures import (
-    CHAT_MODEL, chat_server, llama_server, missing_reason, tiny_chat_gguf,
+    CHAT_MODEL,
+    chat_server,
+    llama_server,
+    missing_reason,
+    tiny_chat_gguf,
 )
 
 pytestmark = pytest.mark.llama
