@@ -35,11 +35,13 @@ import discord
 from discord import app_commands
 from discord.ext import commands, tasks
 
+from cogs import answers
 from cogs.backfill import Backfiller
 from cogs.capture import Write, WriteQueue, record_from_message
 from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
 from cogs.render import inert, render_hits
 from memory.config import available_profiles, load_profile
+from memory.context import Context
 from memory.errors import MemoryBotError, SearchInputError
 from memory.records import SearchResult
 from memory.search import SearchRequest
@@ -59,7 +61,6 @@ SETTINGS_TTL_S = 60.0
 SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the event loop
 SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
 MENTION_COOLDOWN_S = 10.0
-MENTION_LIMIT = 3
 SHUTDOWN_WRITES_S = 10.0
 
 PRIVACY_NOTICE = """\
@@ -132,6 +133,7 @@ class MemoryCog(commands.Cog):
             1, MENTION_COOLDOWN_S, commands.BucketType.member
         )
         self._embed_failures = 0
+        self.chat = answers.make_chat_client(engine.profile)  # None without an [llm] section
         self.find_related_menu = app_commands.ContextMenu(
             name="Find related messages", callback=self.find_related
         )
@@ -157,6 +159,8 @@ class MemoryCog(commands.Cog):
         await self.writes.stop(SHUTDOWN_WRITES_S)
         for pool in (self._search_pool, self._read_pool, self._embed_pool, self._write_pool):
             pool.shutdown(wait=True, cancel_futures=True)
+        if self.chat is not None:
+            self.chat.close()
 
     # -- worker threads --------------------------------------------------------------------
 
@@ -350,20 +354,29 @@ class MemoryCog(commands.Cog):
         """
         readable, public = await self._scopes(member, reply_channel)
         safe = readable if public is None else public
-        request = replace(request, guild_id=member.guild.id, allowed_channel_ids=safe)
-        result = await self.search(request)
-        withheld = 0
-        if safe != readable:
-            wider = await self.search(replace(request, allowed_channel_ids=readable, rerank=False))
-            withheld = sum(1 for hit in wider.hits if hit.channel_id not in safe)
-        return result, withheld
+        request = replace(request, guild_id=member.guild.id)
+        result = await self.search(replace(request, allowed_channel_ids=safe))
+        return result, await self._withheld(request, readable, safe)
+
+    async def _withheld(
+        self, request: SearchRequest, readable: frozenset[int], safe: frozenset[int]
+    ) -> int:
+        """How many of the member's own top hits a public reply leaves out (a cheap search)."""
+        if safe == readable:
+            return 0
+        wider = await self.search(replace(request, allowed_channel_ids=readable, rerank=False))
+        return sum(1 for hit in wider.hits if hit.channel_id not in safe)
 
     async def search(self, request: SearchRequest) -> SearchResult:
         """Run an engine search on the search pool (at most a few at once)."""
+        return await self._searching(self.engine.search, request)
+
+    async def _searching(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a search-like engine call on the search pool, refusing when it is full."""
         if self._search_slots.locked():
             raise SearchInputError("the bot is busy with other searches; try again in a moment")
         async with self._search_slots:
-            return await self._on(self._search_pool, self.engine.search, request)
+            return await self._on(self._search_pool, fn, *args)
 
     async def _maybe_answer(self, message: discord.Message) -> None:
         if message.guild is None:
@@ -379,25 +392,64 @@ class MemoryCog(commands.Cog):
         await self.answer_mention(message)
 
     async def answer_mention(self, message: discord.Message) -> None:
-        """Reply publicly with what memory holds for the mention's text."""
-        text = message.content
-        for user in message.mentions:
-            text = text.replace(f"<@{user.id}>", "").replace(f"<@!{user.id}>", "")
+        """Reply publicly: the chat model's grounded answer, or the list of hits without one.
+
+        Only messages everyone in the reply's channel can read are searched.
+        """
         place = _place(message.channel)
-        if not text.strip() or not isinstance(message.author, discord.Member) or place is None:
+        question = answers.question_text(message)
+        if not question or not isinstance(message.author, discord.Member) or place is None:
             return
-        request = SearchRequest(queries=(text.strip()[:500],), limit=MENTION_LIMIT + 1)
         try:
-            result, withheld = await self.member_search(message.author, request, reply_channel=place)
+            readable, public = await self._scopes(message.author, place)
+            safe = readable if public is None else public
+            probe = SearchRequest(queries=(question[:answers.MAX_QUERY_CHARS],),
+                                  limit=answers.CONTEXT_LIMIT)
+            withheld = await self._withheld(replace(probe, guild_id=message.author.guild.id),
+                                            readable, safe)
         except MemoryBotError as exc:
             await message.reply(f"Search failed: {exc}", mention_author=False,
                                 allowed_mentions=discord.AllowedMentions.none())
             return
-        # the question itself may already be stored; it is not an answer to itself
-        result.hits = [h for h in result.hits if h.id != message.id][:MENTION_LIMIT]
-        await message.reply(
-            embed=render_hits(result, "Here is what I remember", message.guild, withheld=withheld),
-            mention_author=False, allowed_mentions=discord.AllowedMentions.none(),
+        await answers.answer_mention(message, self.engine, self.chat, allowed_channel_ids=safe,
+                                     question=question, withheld=withheld, run=self._searching)
+
+    async def context_for(
+        self,
+        message_or_interaction: discord.Message | discord.Interaction,
+        query: str | None = None,
+        *,
+        private: bool = False,
+        budget_tokens: int | None = None,
+    ) -> Context:
+        """Conversations memory holds about a question, for other cogs' answers.
+
+        Limited to what the asking member can read and, unless ``private`` (the
+        answer goes only to that member), to what everyone who can read the
+        channel it was asked in can read: the answer is assumed to be public there.
+
+        Args:
+            message_or_interaction: The question's message (its text is the query
+                unless ``query`` is given) or an interaction (pass ``query``).
+            query: The question.
+            private: The caller will show the answer only to the asking member.
+            budget_tokens: Token budget of the quoted history (the profile's by default).
+
+        Raises:
+            SearchInputError: Outside a server, no question, or a channel whose
+                readers cannot be judged for a public answer.
+        """
+        source = message_or_interaction
+        member = source.author if isinstance(source, discord.Message) else source.user
+        if not isinstance(member, discord.Member):
+            raise SearchInputError("memory context is only available inside a server")
+        place = _place(source.channel)
+        if place is None and not private:
+            raise SearchInputError("cannot tell who reads this channel; ask with private=True")
+        readable, public = await self._scopes(member, None if private else place)
+        return await answers.context_for(
+            self.engine, source, query, allowed_channel_ids=readable if public is None else public,
+            budget_tokens=budget_tokens, run=self._searching,
         )
 
     # -- slash commands for members ----------------------------------------------------------
@@ -654,6 +706,9 @@ class MemoryCog(commands.Cog):
             await interaction.followup.send(f"Could not switch to **{inert(name, 100)}**: {exc}",
                                             ephemeral=True)
             return
+        old, self.chat = self.chat, answers.make_chat_client(self.engine.profile)
+        if old is not None:
+            old.close()
         await interaction.followup.send(f"Hardware profile is now **{name}**.", ephemeral=True)
 
     @owner_profile.autocomplete("name")

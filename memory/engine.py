@@ -380,5 +380,7 @@ class MemoryEngine:
         return self.rerankers.switch(profile, on_switched=self._remember_profile)
 
     def _remember_profile(self, profile: Profile) -> None:
-        self.profile = replace(self.profile, reranker=profile.reranker, name=profile.name)
+        self.profile = replace(self.profile, reranker=profile.reranker, llm=profile.llm,
+                               name=profile.name)
+        self._token_counter = None  # the chat model may have changed
         self.store.active_profile = profile.name

@@ -414,3 +414,65 @@ def test_the_throttle_lets_one_edit_through_per_interval():
         now[0] = t
         seen.append(throttle.ready())
     assert seen == [True, False, False, True, False, True, False]
+
+
+# -- through the memory cog: the same answers with the cog's own allow-lists ----------------
+
+
+def officer_asks(harness: Harness, text: str, where: int = GENERAL) -> discord.Message:
+    return harness.message(f"<@{BOT_ID}> {text}", author=OFFICER, channel=where,
+                           roles=[OFFICERS_ROLE], mentions=[user(BOT_ID, "memorybot", bot=True)])
+
+
+def test_the_cog_answers_a_mention_with_its_chat_model_and_keeps_private_channels_out(
+        tmp_path, standin):
+    llm = LLMConfig(base_url=standin.base_url("ok"), model="m", timeout_s=5.0)
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test", llm=llm), HashEmbedder(),
+                          load_reranker=False)
+    harness = Harness(engine, [server()])
+
+    async def scenario():
+        await harness.start()
+        del harness.bot.http.send_message  # this test records every REST call itself
+        calls = Discord(harness)
+        say = harness.message
+        store(harness, say("the raid moved to 9pm on saturday", author=BOB, channel=GENERAL),
+              say("officers: the raid password is swordfish", author=OFFICER, channel=SECRET))
+        try:
+            # an officer can read #officers, but the answer is public in #general
+            await harness.cog.answer_mention(officer_asks(harness, "what is the raid password?"))
+        finally:
+            await harness.close()
+        return calls
+
+    try:
+        calls = run(scenario())
+    finally:
+        engine.close()
+    prompt = standin.requests[-1]["json"]["messages"][1]["content"]
+    assert "raid moved to 9pm" in prompt and "swordfish" not in prompt
+    assert calls.sent[0]["content"] == "…" and pings_nobody(calls.sent[0])
+    assert calls.edits[-1]["content"].startswith("The raid moved to 9pm [[1]](<https://discord.com")
+
+
+def test_the_cogs_context_for_is_public_unless_asked_private(harness, world):
+    async def scenario():
+        await harness.start()
+        cog = harness.cog
+        try:
+            asked = officer_asks(harness, "raid password")
+            public = await cog.context_for(asked)
+            private = await cog.context_for(asked, private=True)
+            member_private = await cog.context_for(mention(harness, "raid password"), private=True)
+            by_command = await cog.context_for(interaction(harness, ALICE), "raid saturday")
+            with pytest.raises(SearchInputError, match="question"):
+                await cog.context_for(interaction(harness, ALICE))
+        finally:
+            await harness.close()
+        return public, private, member_private, by_command
+
+    public, private, member_private, by_command = run(scenario())
+    assert "swordfish" not in public.text, "a public answer in #general never quotes #officers"
+    assert "swordfish" in private.text, "the officer alone may see #officers"
+    assert "swordfish" not in member_private.text
+    assert world["raid"].id in {line.id for line in by_command.lines}
