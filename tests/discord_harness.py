@@ -21,7 +21,17 @@ from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
 from bot import MemoryBot
 from cli.bench.gateway import (  # noqa: F401  (re-exported for the tests)
-    HIDE, NO_HISTORY, READ, VIEW_ONLY, channel, guild, member, overwrite, role, thread, user,
+    HIDE,
+    NO_HISTORY,
+    READ,
+    VIEW_ONLY,
+    channel,
+    guild,
+    member,
+    overwrite,
+    role,
+    thread,
+    user,
 )
 from memory.engine import MemoryEngine
 
@@ -124,7 +134,7 @@ class Harness:
                 return g
         raise KeyError(channel_id)
 
-    def message_payload(self, content: str, *, author: tuple[int, str], channel: int,
+    def message_payload(self, content: str, *, author: tuple[int, str], channel: int,  # noqa: F811
                         roles: Iterable[int] = (), bot: bool = False, nick: str | None = None,
                         **extra: Any) -> dict[str, Any]:
         mid = next_id()

@@ -23,7 +23,15 @@ from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from tests.conftest import HashEmbedder
 from tests.discord_harness import (
-    BOT_ID, READ, Harness, channel, guild, member, role, thread, user,
+    BOT_ID,
+    READ,
+    Harness,
+    channel,
+    guild,
+    member,
+    role,
+    thread,
+    user,
 )
 
 G, GENERAL, RANDOM, THREAD = 900, 901, 903, 902

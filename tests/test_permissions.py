@@ -20,7 +20,17 @@ from memory.engine import MemoryEngine
 from memory.search import SearchRequest
 from tests.conftest import HashEmbedder
 from tests.discord_harness import (
-    BOT_ID, HIDE, NO_HISTORY, READ, Harness, channel, guild, member, overwrite, role, thread,
+    BOT_ID,
+    HIDE,
+    NO_HISTORY,
+    READ,
+    Harness,
+    channel,
+    guild,
+    member,
+    overwrite,
+    role,
+    thread,
     user,
 )
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import discord
 
@@ -110,25 +110,26 @@ async def _offline_bot(engine: MemoryEngine, payload: dict) -> tuple[Any, Any, d
 
     bot = MemoryBot(engine)
     state = bot._connection
-    state.user = discord.ClientUser(state=state, data=user(1, "memorybot", bot=True))
+    state.user = discord.ClientUser(state=state, data=cast(Any, user(1, "memorybot", bot=True)))
     bot.loop = asyncio.get_running_loop()
-    server = state._add_guild_from_data(payload)
+    server = state._add_guild_from_data(cast(Any, payload))
     await bot.load_extension("cogs.memory")
     return bot, bot.get_cog("MemoryCog"), server
 
 
 def _member(server: discord.Guild, state: Any) -> discord.Member:
-    return discord.Member(data=member(MEMBER, "member", roles=[GUILD + 1, GUILD + 2, GUILD + 3]),
+    return discord.Member(data=cast(Any, member(MEMBER, "member", roles=[GUILD + 1, GUILD + 2, GUILD + 3])),
                           guild=server, state=state)
 
 
 def _messages(server: discord.Guild, state: Any, texts: list[str]) -> list[discord.Message]:
     first = discord.utils.time_snowflake(discord.utils.utcnow())
     general = server.get_channel(10_001)
+    assert isinstance(general, discord.TextChannel)
     out = []
     for i, text in enumerate(texts):
         mid = first + (i << 22)
-        out.append(discord.Message(state=state, channel=general, data={
+        out.append(discord.Message(state=state, channel=general, data=cast(Any, {
             "id": str(mid), "channel_id": str(general.id), "guild_id": str(GUILD),
             "author": user(MEMBER, "member"), "content": text,
             "member": {"roles": [], "joined_at": "2025-01-01T00:00:00+00:00", "deaf": False,
@@ -136,7 +137,7 @@ def _messages(server: discord.Guild, state: Any, texts: list[str]) -> list[disco
             "timestamp": discord.utils.snowflake_time(mid).isoformat(),
             "edited_timestamp": None, "tts": False, "mention_everyone": False, "mentions": [],
             "mention_roles": [], "attachments": [], "embeds": [], "pinned": False, "type": 0,
-            "flags": 0}))
+            "flags": 0})))
     return out
 
 
@@ -147,11 +148,12 @@ async def _allow_lists(tmp: Path, profile: Profile, payload: dict) -> dict[str, 
 
     engine = MemoryEngine(tmp / "allow.sqlite3", replace(profile, reranker=RerankerConfig()),
                           load_reranker=False)
-    bot, cog, server = await _offline_bot(engine, payload)
+    bot, _, server = await _offline_bot(engine, payload)
     try:
         stored = [StoredThread(30_000 + i, 10_000 + i, "public_thread") for i in range(200)]
         who = _member(server, bot._connection)
         reply_in = server.get_channel(10_001)
+        assert reply_in is not None
         member_ms, public_ms = [], []
         for _ in range(200):
             started = time.perf_counter()
@@ -194,6 +196,7 @@ async def _stall_during(work: Awaitable[Any]) -> tuple[Any, dict[str, float]]:
         "seconds": round(time.perf_counter() - started, 2),
         "max_stall_ms": round(max(lags, default=0.0), 1),
         "p99_stall_ms": round(percentile(lags, 99), 1) if lags else 0.0,
+        "stalls_over_50ms": sum(1 for lag in lags if lag > 50),
         "ticks": len(lags),
     }
 

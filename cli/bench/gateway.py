@@ -8,7 +8,7 @@ the tests build their servers with them too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import discord
@@ -38,8 +38,11 @@ def role(rid: int, name: str, permissions: discord.Permissions, position: int = 
             "mentionable": False}
 
 
-def overwrite(target: int, *, allow: discord.Permissions = discord.Permissions.none(),
-              deny: discord.Permissions = discord.Permissions.none(), member: bool = False) -> dict:
+NOTHING = discord.Permissions.none()
+
+
+def overwrite(target: int, *, allow: discord.Permissions = NOTHING,
+              deny: discord.Permissions = NOTHING, member: bool = False) -> dict:
     return {"id": str(target), "type": 1 if member else 0,
             "allow": str(allow.value), "deny": str(deny.value)}
 
@@ -62,7 +65,7 @@ def thread(tid: int, guild_id: int, parent: int, name: str, owner: int, *,
 
 
 def guild(gid: int, name: str, *, owner: int, roles: list[dict], members: list[dict],
-          channels: list[dict], threads: list[dict] = ()) -> dict[str, Any]:
+          channels: list[dict], threads: Sequence[dict] = ()) -> dict[str, Any]:
     return {"id": str(gid), "name": name, "owner_id": str(owner), "roles": roles,
             "emojis": [], "stickers": [], "features": [], "member_count": len(members),
             "members": members, "channels": channels, "threads": list(threads)}

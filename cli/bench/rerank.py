@@ -40,7 +40,7 @@ import torch
 from cli.bench.qwen_models import QWEN3_RERANKER_06B, qwen_tokenizer, random_qwen3
 from cli.bench.rerank_corpus import CANDIDATES, QUERY
 from memory.config import RerankerConfig
-from memory.errors import ConfigError, RerankerUnavailable
+from memory.errors import ConfigError
 from memory.reranker.prompt import SUFFIX
 from memory.reranker.qwen import QwenReranker, micro_batches, resolve_device
 
@@ -274,6 +274,7 @@ def _time_scoring(reranker: QwenReranker, docs: list[str], repeats: int) -> _Tim
         timing = _Timing(time.perf_counter() - wall, time.process_time() - cpu, scores)
         if best is None or timing.seconds < best.seconds:
             best = timing
+    assert best is not None  # at least one repeat ran
     return best
 
 
