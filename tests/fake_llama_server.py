@@ -51,7 +51,7 @@ MODES = {
     "no_logprobs": "no logprobs at all, only the generated text yes/no",
     "bad_text": "no logprobs, and the generated text is 'maybe'",
     "echo_think": "no logprobs, and the text echoes an empty think block before the answer",
-    "poison": "HTTP 500 for every document containing the word POISON, normal otherwise",
+    "poison": "HTTP 500 for every request with a document containing POISON, normal otherwise",
     "rerank_short": "/v1/rerank leaves out the result of the last-ranked document",
 }
 # The model's mass on the two answers; the rest is spread over filler tokens.
@@ -117,6 +117,13 @@ def _request_text(body: Any) -> str:
     if "messages" in body:
         return "".join(m["content"] for m in body["messages"])
     return max((body["query"] + d for d in body["documents"]), key=len, default="")
+
+
+def _documents(body: Any) -> list[str]:
+    """The document texts of a scoring request (one, or all of a rerank batch)."""
+    if "documents" in body:
+        return [str(d) for d in body["documents"]]
+    return [_request_text(body)]
 
 
 def _error_body(code: int, message: str, kind: str) -> web.Response:
@@ -284,7 +291,7 @@ class FakeLlamaServer:
                 400, f"request exceeds the available context size ({self.n_ctx} tokens)",
                 "exceed_context_size_error",
             )
-        if self._mode == "poison" and "POISON" in text:
+        if self._mode == "poison" and any("POISON" in t for t in _documents(body)):
             return _error_body(500, "fake failure on this document", "server_error")
         return None
 

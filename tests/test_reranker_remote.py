@@ -21,6 +21,7 @@ from memory.metrics import REGISTRY
 from memory.records import Hit, Trace
 from memory.reranker.base import RerankerBackend
 from memory.reranker.llama_server import (
+    RERANK_INSTRUCTION,
     LlamaServerBackend,
     clean_text,
     parse_chat_score,
@@ -203,7 +204,7 @@ def test_without_cutting_the_long_document_the_server_refuses(
     assert scores[-1] == min(scores[:-1]), "one refused document is missing, not the batch"
 
 
-@pytest.mark.parametrize("endpoint", ["completion", "chat"])
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
 def test_one_failing_document_is_missing_not_the_batch(
     server: FakeLlamaServer, make_backend: Factory, endpoint: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -214,8 +215,41 @@ def test_one_failing_document_is_missing_not_the_batch(
         scores = make_backend(endpoint=endpoint).score(QUERY, docs)
     assert scores[:-1] == pytest.approx([relevance(QUERY, d) for d in DOCS])
     assert scores[-1] == min(scores[:-1])
+    # counted once: a refused rerank batch is asked again per document, and only
+    # the document that fails again counts
     assert errors("http_5xx") == before + 1
     assert "could not score 1 of 5 documents" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "instruction", "level"),
+    [
+        ("rerank", "Is this about food?", logging.WARNING),
+        ("rerank", None, logging.INFO),
+        ("rerank", RERANK_INSTRUCTION, None),
+        ("completion", "Is this about food?", None),
+    ],
+)
+def test_rerank_says_its_instruction_is_fixed(
+    make_backend: Factory, caplog: pytest.LogCaptureFixture,
+    endpoint: str, instruction: str | None, level: int | None,
+) -> None:
+    overrides = {"endpoint": endpoint} | ({"instruction": instruction} if instruction else {})
+    with caplog.at_level(logging.INFO, logger="memory.reranker.llama_server"):
+        make_backend(**overrides)
+    notes = [r for r in caplog.records if "instruction is not used" in r.getMessage()]
+    assert [r.levelno for r in notes] == ([level] if level else [])
+
+
+def test_rerank_batch_refused_for_an_outage_is_not_retried_per_document(
+    server: FakeLlamaServer, make_backend: Factory
+) -> None:
+    backend = make_backend(endpoint="rerank")
+    assert backend.start()
+    server.mode = "loading"
+    with pytest.raises(RerankerUnavailable):
+        backend.score(QUERY, DOCS)
+    assert len(server.bodies(RERANK)) == 1
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)

@@ -17,7 +17,13 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class RerankerBackend(Protocol):
-    """Scores documents against a query; higher is more relevant."""
+    """Scores documents against a query; higher is more relevant.
+
+    A backend may also set ``enforces_timeout = True`` when :meth:`score` keeps the
+    configured timeout itself and leaves no work behind when it gives up (the remote
+    one); the service then calls it in the search's own thread instead of its single
+    worker thread, so parallel searches are not serialised.
+    """
 
     name: str
 

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from memory.config import RerankerConfig
+from memory.config import DEFAULT_INSTRUCTION, RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import RERANK_SERVER_ERRORS
 from memory.reranker.prompt import (
@@ -90,6 +90,8 @@ MISSING_TOKEN_MARGIN = 1.0
 MIN_LEFTOVER = 1e-13
 # Errors that mean the server closed the connection without a complete answer.
 _DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+# Error kinds a single document can cause (unlike timeouts and outages).
+_DOCUMENT_FAULTS = frozenset({"http_4xx", "http_5xx", "malformed"})
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
@@ -372,6 +374,15 @@ class LlamaServerBackend:
         self._client: httpx.Client | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._suffix_ids: list[int] | None = None
+        if config.endpoint == "rerank" and config.instruction != RERANK_INSTRUCTION:
+            # only a changed instruction is worth a warning; the default is a note
+            custom = config.instruction != DEFAULT_INSTRUCTION
+            log.log(
+                logging.WARNING if custom else logging.INFO,
+                "reranker.instruction is not used with endpoint = \"rerank\": llama.cpp scores "
+                "with the instruction its converter wrote into the GGUF (%r); use endpoint = "
+                "\"completion\" for another one", RERANK_INSTRUCTION,
+            )
 
     # -- public API
 
@@ -454,23 +465,38 @@ class LlamaServerBackend:
     def _score(self, query: str, docs: list[str], call: _Call) -> list[float]:
         self._require_healthy(call)
         if self._config.endpoint == "rerank":
-            future = self._submit(call, self._score_rerank, query, docs)
-            self._settle([future], call)
-            scores = self._outcome(future, call)
-            if isinstance(scores, RerankerError):
-                raise scores
-            return scores
+            return self._rerank(call, query, docs)
         head = self._head_ids(query, docs, call)
         one = self._completion_one if self._config.endpoint == "completion" else self._chat_one
         futures = [self._submit(call, one, query, doc, head) for doc in docs]
         self._settle(futures, call)
-        return self._combine([self._outcome(f, call) for f in futures], call)
+        return self._combine(self._outcomes(futures, call), call)
+
+    def _rerank(self, call: _Call, query: str, docs: list[str]) -> list[float]:
+        """All documents in one /v1/rerank request; one request each if that is refused.
+
+        The server refuses a whole batch for one document it will not take (an HTTP
+        error or an unusable answer), so after such a refusal each document is asked
+        alone and only the one at fault goes missing.
+        """
+        future = self._submit(call, self._score_rerank, query, docs)
+        self._settle([future], call)
+        scores = self._outcome(future, call)
+        if not isinstance(scores, RerankerError):
+            return scores
+        if len(docs) == 1 or scores.kind not in _DOCUMENT_FAULTS or call.remaining() <= 0:
+            raise scores
+        log.info("llama-server refused the rerank batch (%s); asking per document", scores)
+        futures = [self._submit(call, self._score_rerank, query, [doc]) for doc in docs]
+        self._settle(futures, call)
+        return self._combine([_single(a) for a in self._outcomes(futures, call)], call)
 
     def _completion_one(
         self, call: _Call, query: str, doc: str, head: list[int] | None
     ) -> float:
-        prompt: str | list[int] = full_prompt(self._config.instruction, query, doc)
-        if head is not None and self._too_long(prompt):
+        text = full_prompt(self._config.instruction, query, doc)
+        prompt: str | list[int] = text
+        if head is not None and self._too_long(text):
             prompt = head + self._doc_ids(doc, len(head), call) + self._suffix(call)
         payload = {
             "prompt": prompt,
@@ -604,6 +630,15 @@ class LlamaServerBackend:
             if self._closing.done():
                 raise self._closed_error()
             wait(pending, SETTLE_TIMEOUT)
+
+    def _outcomes(self, futures: list[Future[T]], call: _Call) -> list[T | RerankerError]:
+        """Each future's result, or the RerankerError that explains why there is none."""
+        outcomes: list[T | RerankerError] = []
+        for future in futures:
+            # a variable, not append(...) directly: mypy infers T from append's context
+            outcome = self._outcome(future, call)
+            outcomes.append(outcome)
+        return outcomes
 
     def _outcome(self, future: Future[T], call: _Call) -> T | RerankerError:
         """The future's result, or the RerankerError that explains why there is none."""
@@ -784,6 +819,11 @@ class LlamaServerBackend:
             raise _error(
                 "malformed", f"{url}: response is not valid JSON ({exc}): {response.text[:200]!r}"
             ) from None
+
+
+def _single(outcome: list[float] | RerankerError) -> float | RerankerError:
+    """The outcome of a one-document rerank request as that document's outcome."""
+    return outcome if isinstance(outcome, RerankerError) else outcome[0]
 
 
 def _unavailable(future: Future[Any]) -> bool:
