@@ -30,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 COMMANDS = [
     [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"], ["bench", "discord"],
+    ["bench", "remote"],
 ]
 
 
@@ -382,6 +383,36 @@ def test_bench_retrieval_lists_rerank_only_when_a_reranker_ran(
     result = json.loads(out)
     assert list(result["modes"]) == ["hybrid"]
     assert "missing-qwen" in result["rerank_skipped"]
+
+
+def test_bench_remote_without_llama_server_is_one_line(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("LLAMA_SERVER", str(tmp_path / "no-llama-server"))
+    code, out, err = run_cli(capsys, "bench", "remote")
+    assert code == 2 and out == ""
+    assert "scripts/llama-server.sh" in error_line(err)
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_bench_remote_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from cli.bench.llama_cpp import locate
+
+    found = locate()
+    if isinstance(found, str):
+        pytest.skip(found)
+    out_file = tmp_path / "remote.json"
+    code, _, err = run_cli(capsys, "bench", "remote", "--queries", "2", "--candidates", "8",
+                           "--repeats", "1", "--json", out_file)
+    assert code == 0, err
+    result = json.loads(out_file.read_text(encoding="utf-8"))
+    rows = {row["path"].split(":")[0].split(" (")[0]: row for row in result["agreement"]}
+    assert len(result["agreement"]) == 5 and all(r["queries"] == 2 for r in rows.values())
+    for path in ("completion", "chat", "rerank"):  # the fixed paths agree with in-process
+        assert rows[path]["max_abs_diff"] <= 0.01, rows[path]
+    assert [r["candidates"] for r in result["latency"]] == [20, 50]
+    assert all(v > 0 for r in result["latency"] for v in r.values())
 
 
 def test_bench_search_scale_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

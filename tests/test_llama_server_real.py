@@ -1,11 +1,11 @@
 """The llama-server backend against a real llama.cpp ``llama-server`` (marked ``llama``).
 
-A tiny random Qwen3 with the real Qwen vocabulary (tests/qwen_gguf.py) is converted
+A tiny random Qwen3 with the real Qwen vocabulary (cli/bench/qwen_gguf.py) is converted
 with llama.cpp's own converter into a causal GGUF (``/completion`` and chat) and a
 rank GGUF (``/v1/rerank``); real servers on 127.0.0.1 serve them, and the remote
 scores are compared with the in-process backend on the same weights.  Skips with
 the reason when no llama-server binary or llama.cpp source tree is found
-(tests/llama_server_process.py says where it looks).
+(cli/bench/llama_cpp.py says where it looks).
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from typing import Any
 
 import pytest
 
+from cli.bench.llama_cpp import LlamaCpp, LlamaServer, locate
+from cli.bench.qwen_gguf import convert, save_checkpoint
+from cli.bench.remote import spearman
 from memory.config import RerankerConfig
 from memory.records import Hit, Trace
 from memory.reranker.llama_server import (
@@ -28,8 +31,6 @@ from memory.reranker.llama_server import (
 )
 from memory.reranker.qwen import QwenReranker
 from memory.reranker.service import RerankerService
-from tests.llama_server_process import LlamaCpp, LlamaServer, locate
-from tests.qwen_gguf import convert, save_checkpoint
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -131,29 +132,6 @@ def rank_server(tiny: TinyReranker) -> Iterator[LlamaServer]:
 def remote(url: str, **overrides: Any) -> LlamaServerBackend:
     settings: dict[str, Any] = {"backend": "llama-server", "url": url, "timeout": 60.0}
     return LlamaServerBackend(RerankerConfig(**(settings | overrides)))
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-
-    def ranks(values: Sequence[float]) -> list[float]:
-        order = sorted(range(len(values)), key=lambda i: values[i])
-        out = [0.0] * len(values)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var
 
 
 def assert_agrees(remote_scores: list[float], reference: list[float]) -> None:

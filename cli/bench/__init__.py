@@ -121,3 +121,28 @@ def discord_command(settings: Settings, backlog: int, searches: int, reranker_sh
                                progress=lambda stage: click.echo(f"… {stage}", err=True))
     emit_json(result, json_out)
     return 0
+
+
+@bench.command("remote")
+@click.option("--queries", type=click.IntRange(1, 20), default=20, show_default=True,
+              help="Demo questions in the agreement table.")
+@click.option("--candidates", type=click.IntRange(5, 200), default=30, show_default=True,
+              help="Demo messages scored per question.")
+@click.option("--repeats", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Timed calls per latency cell (median kept).")
+@click.option("--parallel", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="llama-server --parallel slots, and the backend's parallel.")
+@click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True,
+              help="llama-server --threads.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write results to this file.")
+def remote_command(queries: int, candidates: int, repeats: int, parallel: int, threads: int,
+                   json_out: Path | None) -> int:
+    """llama-server reranker vs in-process on a tiny model: agreement and latency."""
+    from cli.bench.remote import run_remote_bench
+
+    result = run_remote_bench(queries=queries, candidates=candidates, repeats=repeats,
+                              parallel=parallel, threads=threads,
+                              progress=lambda stage: click.echo(f"… {stage}", err=True))
+    emit_json(result, json_out)
+    return 0

