@@ -249,6 +249,8 @@ BAD_INPUT = [
     pytest.param([*PROFILE, "bench", "rerank", "--device", "tpu"], "tpu", id="bench-device"),
     pytest.param([*PROFILE, "bench", "rerank", "--candidates", "0"], "--candidates",
                  id="bench-candidates-0"),
+    pytest.param(["bench", "remote", "--sizes", "20,many"], "--sizes", id="bench-remote-sizes"),
+    pytest.param(["bench", "remote", "--sizes", "0"], "--sizes", id="bench-remote-size-0"),
     *(
         pytest.param([*PROFILE, "import", "--no-embed", f"@{name}"], needle, id=f"import-{name}")
         for name, needle in [
@@ -404,14 +406,14 @@ def test_bench_remote_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> Non
         pytest.skip(found)
     out_file = tmp_path / "remote.json"
     code, _, err = run_cli(capsys, "bench", "remote", "--queries", "2", "--candidates", "8",
-                           "--repeats", "1", "--json", out_file)
+                           "--repeats", "1", "--sizes", "3,5", "--json", out_file)
     assert code == 0, err
     result = json.loads(out_file.read_text(encoding="utf-8"))
     rows = {row["path"].split(":")[0].split(" (")[0]: row for row in result["agreement"]}
     assert len(result["agreement"]) == 5 and all(r["queries"] == 2 for r in rows.values())
     for path in ("completion", "chat", "rerank"):  # the fixed paths agree with in-process
         assert rows[path]["max_abs_diff"] <= 0.01, rows[path]
-    assert [r["candidates"] for r in result["latency"]] == [20, 50]
+    assert [r["candidates"] for r in result["latency"]] == [3, 5]
     assert all(v > 0 for r in result["latency"] for v in r.values())
 
 

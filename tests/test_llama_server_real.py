@@ -212,7 +212,14 @@ def hits(texts: Sequence[str]) -> list[Hit]:
     ]
 
 
-def test_server_killed_mid_batch_falls_back(tiny: TinyReranker) -> None:
+def no_tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Log records that carry a traceback (a fallback must log one line, not a stack)."""
+    return [r.getMessage() for r in caplog.records if r.exc_info]
+
+
+def test_server_killed_mid_batch_falls_back(
+    tiny: TinyReranker, caplog: pytest.LogCaptureFixture
+) -> None:
     server = serve(tiny, tiny.causal, "killed", parallel=1, threads=1)
     slow_docs = [f"{i} " + "word " * 2500 for i in range(20)]  # ~0.5 s each, one slot
     config = RerankerConfig(
@@ -234,12 +241,15 @@ def test_server_killed_mid_batch_falls_back(tiny: TinyReranker) -> None:
         assert outcome and [h.id for h in outcome[0]] == list(range(20))
         assert not trace.reranked and trace.rerank_fallback
         assert server.url in trace.rerank_fallback
+        assert no_tracebacks(caplog) == []
     finally:
         server.stop()
         service.close()
 
 
-def test_slow_one_slot_server_with_twelve_parallel_searches(tiny: TinyReranker) -> None:
+def test_slow_one_slot_server_with_twelve_parallel_searches(
+    tiny: TinyReranker, caplog: pytest.LogCaptureFixture
+) -> None:
     server = serve(tiny, tiny.causal, "slow", parallel=1, threads=1)
     timeout = 1.0
     config = RerankerConfig(
@@ -263,7 +273,10 @@ def test_slow_one_slot_server_with_twelve_parallel_searches(tiny: TinyReranker) 
         for thread in threads:
             thread.join(30)
         assert len(returned) == 12
-        assert max(returned) < timeout + 2.0, returned
+        # Served one after another the searches would take about a minute; each must
+        # return at its deadline (plus scheduling slack on a shared 2-core machine).
+        assert max(returned) < timeout + 3.0, returned
+        assert no_tracebacks(caplog) == []
         assert all(t.rerank_fallback for t in traces)
         # Nothing is left running on the server for the searches that have gone.
         deadline = time.monotonic() + 3.0

@@ -130,19 +130,30 @@ def discord_command(settings: Settings, backlog: int, searches: int, reranker_sh
               help="Demo messages scored per question.")
 @click.option("--repeats", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Timed calls per latency cell (median kept).")
+@click.option("--sizes", default="20,50", show_default=True,
+              help="Comma-separated candidate counts of the latency rows.")
+@click.option("--agreement/--no-agreement", default=True, show_default=True,
+              help="Measure the agreement table (most of the run's time).")
 @click.option("--parallel", type=click.IntRange(1, 64), default=2, show_default=True,
               help="llama-server --parallel slots, and the backend's parallel.")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True,
               help="llama-server --threads.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
               help="Write results to this file.")
-def remote_command(queries: int, candidates: int, repeats: int, parallel: int, threads: int,
-                   json_out: Path | None) -> int:
+def remote_command(queries: int, candidates: int, repeats: int, sizes: str, agreement: bool,
+                   parallel: int, threads: int, json_out: Path | None) -> int:
     """llama-server reranker vs in-process on a tiny model: agreement and latency."""
     from cli.bench.remote import run_remote_bench
 
+    try:
+        counts = [int(n) for n in sizes.split(",") if n.strip()]
+    except ValueError:
+        raise SearchInputError(f"--sizes must be comma-separated numbers, got {sizes!r}") from None
+    if not counts or not all(1 <= n <= 1000 for n in counts):
+        raise SearchInputError(f"--sizes must list counts from 1 to 1000, got {sizes!r}")
     result = run_remote_bench(queries=queries, candidates=candidates, repeats=repeats,
-                              parallel=parallel, threads=threads,
+                              sizes=counts, parallel=parallel, threads=threads,
+                              with_agreement=agreement,
                               progress=lambda stage: click.echo(f"… {stage}", err=True))
     emit_json(result, json_out)
     return 0

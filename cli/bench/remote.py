@@ -112,8 +112,10 @@ def run_remote_bench(
     queries: int = 20,
     candidates: int = 30,
     repeats: int = 5,
+    sizes: Sequence[int] = LATENCY_SIZES,
     parallel: int = 2,
     threads: int = 2,
+    with_agreement: bool = True,
     progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Measure agreement and latency of the remote paths; see the module docstring.
@@ -122,8 +124,10 @@ def run_remote_bench(
         queries: Demo questions in the agreement table (at most 20).
         candidates: Messages scored per question.
         repeats: Timed calls per latency cell (the median is kept).
+        sizes: Candidate counts of the latency rows.
         parallel: The servers' ``--parallel`` and the backend's ``parallel``.
         threads: The servers' ``--threads``.
+        with_agreement: Measure the agreement table (most of the run's time).
         progress: Called with a short stage name as the run goes.
 
     Returns:
@@ -143,12 +147,13 @@ def run_remote_bench(
         note("building and converting the tiny model")
         models = build_models(found, Path(tmp))
         with _servers(models, parallel, threads) as remote:
-            note("agreement")
-            agreement = _agreement_rows(models, remote, questions, messages, candidates)
+            agreement = []
+            if with_agreement:
+                note("agreement")
+                agreement = _agreement_rows(models, remote, questions, messages, candidates)
             note("latency")
             latency = [
-                _latency_row(models, remote, questions[0], messages, n, repeats)
-                for n in LATENCY_SIZES
+                _latency_row(models, remote, questions[0], messages, n, repeats) for n in sizes
             ]
     return {
         "agreement": [asdict(a) for a in agreement],
