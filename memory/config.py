@@ -78,6 +78,13 @@ class RerankerConfig:
     ``backend`` is ``none``, ``transformers`` (in-process Qwen3-Reranker) or
     ``llama-server`` (remote llama.cpp at ``url``; ``endpoint`` picks
     ``/v1/chat/completions`` logprobs or ``/v1/rerank``).
+
+    ``buckets`` turns on the transformers backend's static-shape path: a list of
+    ``[batch, length]`` shapes (length counts document + suffix tokens) that the
+    candidates are padded into, with the shared head computed once per query.  With
+    ``cuda_graphs`` on a CUDA device, every shape is captured as a CUDA graph when the
+    model loads, so a search replays graphs instead of launching kernels one by one.
+    Empty ``buckets`` keeps the dynamic-shape path.
     """
 
     backend: str = field(default="none", metadata=_choice("none", "transformers", "llama-server"))
@@ -100,6 +107,8 @@ class RerankerConfig:
     endpoint: str = field(default="chat", metadata=_choice("chat", "rerank"))
     concurrency: int = field(default=4, metadata=_range(1, 256))
     health_interval: float = field(default=30.0, metadata=_range(0.1, 3600.0))
+    buckets: tuple[tuple[int, int], ...] = field(default=(), metadata={"shapes": True})
+    cuda_graphs: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -121,7 +130,41 @@ class Profile:
 _SECTIONS = {"embedder": EmbedderConfig, "search": SearchConfig, "reranker": RerankerConfig}
 
 
+MAX_BUCKETS = 16
+_BUCKET_BATCH, _BUCKET_LENGTH = (1, 1024), (1, 32768)
+
+
+def _check_shapes(source: str, key: str, value: Any) -> tuple[tuple[int, int], ...]:
+    """Validate a list of ``[batch, length]`` pairs and return it as sorted tuples."""
+    example = "e.g. [[32, 64], [32, 128], [8, 512]]"
+    if not isinstance(value, list) or len(value) > MAX_BUCKETS:
+        raise ConfigError(
+            f"{source}: {key} must be a list of at most {MAX_BUCKETS} [batch, length] "
+            f"pairs ({example}), got {value!r}"
+        )
+    shapes = []
+    for pair in value:
+        ok = (
+            isinstance(pair, list) and len(pair) == 2
+            and all(type(n) is int for n in pair)
+            and _BUCKET_BATCH[0] <= pair[0] <= _BUCKET_BATCH[1]
+            and _BUCKET_LENGTH[0] <= pair[1] <= _BUCKET_LENGTH[1]
+        )
+        if not ok:
+            raise ConfigError(
+                f"{source}: {key} entries must be [batch, length] with batch in "
+                f"{list(_BUCKET_BATCH)} and length in {list(_BUCKET_LENGTH)} ({example}), "
+                f"got {pair!r}"
+            )
+        shapes.append((pair[0], pair[1]))
+    if len(set(shapes)) != len(shapes):
+        raise ConfigError(f"{source}: {key} lists the same shape twice: {value!r}")
+    return tuple(sorted(shapes, key=lambda s: (s[1], s[0])))
+
+
 def _check_value(source: str, key: str, f: dataclasses.Field, value: Any) -> Any:
+    if f.metadata.get("shapes"):
+        return _check_shapes(source, key, value)
     expected = type(f.default)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -164,6 +207,12 @@ def _validate_profile(profile: Profile) -> Profile:
     if r.backend == "llama-server" and not r.url.startswith(("http://", "https://")):
         raise ConfigError(
             f"{profile.source}: reranker.url must be an http(s) URL for the llama-server backend"
+        )
+    too_long = [b for b in r.buckets if b[1] > r.max_length]
+    if too_long:
+        raise ConfigError(
+            f"{profile.source}: reranker.buckets length {too_long[0][1]} is over "
+            f"reranker.max_length {r.max_length}: a document and suffix never need more"
         )
     return profile
 
