@@ -208,6 +208,12 @@ def _validate_profile(profile: Profile) -> Profile:
         raise ConfigError(
             f"{profile.source}: reranker.url must be an http(s) URL for the llama-server backend"
         )
+    if r.buckets and r.quantize == "int8":
+        raise ConfigError(
+            f"{profile.source}: reranker.buckets cannot be combined with quantize = 'int8' "
+            "(dynamic int8 scales activations per batch, so padding would change scores): "
+            "drop one of them"
+        )
     too_long = [b for b in r.buckets if b[1] > r.max_length]
     if too_long:
         raise ConfigError(

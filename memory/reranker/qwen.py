@@ -276,6 +276,12 @@ class QwenReranker:
         background worker before the new backend goes live.  Returns ``None`` (the
         dynamic path) when the model cannot take the static path.
         """
+        if self.config.quantize == "int8":
+            log.warning(
+                "reranker.buckets is ignored with quantize = 'int8': dynamic int8 scales "
+                "activations per batch, so padding rows would change the scores"
+            )
+            return None
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         if attention not in ("sdpa", "eager"):
             log.warning(
@@ -346,7 +352,7 @@ class QwenReranker:
         if static is not None and static.fits(len(encoded.head)):
             try:
                 return self._score_static(static, encoded)
-            except RuntimeError:
+            except Exception:  # any failure here must fall back, not reach a search
                 # Logged once: the static path is dropped for the life of this model.
                 log.warning(
                     "reranker static-shape step failed; scoring with dynamic shapes from now on",

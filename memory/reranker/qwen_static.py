@@ -28,8 +28,10 @@ eagerly, which is how the path is tested on CPU.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -181,7 +183,9 @@ class StaticScorer:
         return head_len <= self.capacities[-1]
 
     @torch.inference_mode()
-    def score(self, head: list[int], tails: Sequence[list[int]], runs: list[Run]) -> dict[int, float]:
+    def score(
+        self, head: list[int], tails: Sequence[list[int]], runs: list[Run]
+    ) -> dict[int, float]:
         """P(yes) of the candidates in ``runs`` (from :func:`plan_runs`), by index.
 
         Raises:
@@ -191,7 +195,7 @@ class StaticScorer:
         head_slot = self._head_slot(cap)
         self.head_len.fill_(len(head))
         head_slot.ids.copy_(_padded([head], 1, cap, self.pad_id))
-        self._step(head_slot.graph, lambda: self._run_head(head_slot))
+        self._step(head_slot.graph, partial(self._run_head, head_slot))
         scores: dict[int, float] = {}
         for run in runs:
             slot = self._tail_slot(cap, run.shape)
@@ -200,7 +204,7 @@ class StaticScorer:
             slot.ids.copy_(_padded(rows, batch, length, self.pad_id))
             last = [len(r) - 1 for r in rows] + [0] * (batch - len(rows))
             slot.last.copy_(torch.tensor(last, dtype=torch.long))
-            out = self._step(slot.graph, lambda: self._run_tail(head_slot, slot), slot)
+            out = self._step(slot.graph, partial(self._run_tail, head_slot, slot), slot)
             for i, value in zip(run.indices, out[: len(rows)].tolist(), strict=True):
                 scores[i] = value
         return scores
@@ -220,18 +224,15 @@ class StaticScorer:
         Raises:
             RuntimeError: Capture failed (the caller falls back to eager).
         """
-        import time
-
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         for cap in self.capacities:
             head_slot = self._head_slot(cap)
-            head_slot.graph, _ = self._capture(pool, lambda: self._run_head(head_slot))
+            head_slot.graph, _ = self._capture(pool, partial(self._run_head, head_slot))
             for shape in self.buckets:
                 slot = self._tail_slot(cap, shape)
-                slot.graph, slot.out = self._capture(
-                    pool, lambda: self._run_tail(head_slot, slot)  # noqa: B023 (run at once)
-                )
+                step = partial(self._run_tail, head_slot, slot)
+                slot.graph, slot.out = self._capture(pool, step)
         torch.cuda.synchronize(self.device)
         self.graphs = True
         return time.perf_counter() - started
@@ -264,7 +265,9 @@ class StaticScorer:
         last = hidden[self.positions[:batch], slot.last]
         return self._yes_probability(self.base.norm(last))
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> Any:
+    def _layers(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
         hidden = self.base.embed_tokens(ids)
         rotary = self.base.rotary_emb(hidden, positions)
         for layer in self.base.layers:
@@ -296,14 +299,17 @@ class StaticScorer:
         if slot is None:
             config = self.base.config
             kv_shape = (1, config.num_key_value_heads, cap, _head_dim(config))
-            zeros = lambda: torch.zeros(kv_shape, dtype=self.dtype, device=self.device)  # noqa: E731
+            layers = range(len(self.base.layers))
             slot = _HeadSlot(
                 ids=torch.full((1, cap), self.pad_id, dtype=torch.long, device=self.device),
-                keys=[zeros() for _ in self.base.layers],
-                values=[zeros() for _ in self.base.layers],
+                keys=[self._zeros(kv_shape) for _ in layers],
+                values=[self._zeros(kv_shape) for _ in layers],
             )
             self.heads[cap] = slot
         return slot
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _tail_slot(self, cap: int, shape: Shape) -> _TailSlot:
         slot = self.tails.get((cap, shape))
