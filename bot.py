@@ -1,24 +1,28 @@
 """Entry point: the offline CLI (``python bot.py --help``) and the Discord bot (``run``).
 
 The bot is a small ``commands.Bot`` subclass that receives its engine as an argument
-and loads the memory cog in ``setup_hook``; everything else lives in ``memory/``
-(the engine) and ``cogs/`` (the Discord glue).
+and loads the memory cog in ``setup_hook``; the engine lives in ``memory/``, the
+Discord glue in ``cogs/`` and the command line in ``cli/``.
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+import aiohttp
+import click
 import discord
 from discord.ext import commands
 
-from memory.cli import build_parser as build_offline_parser
-from memory.cli import main as cli_main
-from memory.cli import open_engine
+from cli.app import main as cli_main
+from cli.context import Settings, open_engine
+from cli.params import SNOWFLAKE
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError
 
@@ -28,10 +32,17 @@ log = logging.getLogger("bot")
 class MemoryBot(commands.Bot):
     """A Discord bot that remembers its channels.
 
+    Only slash commands, context menus and listeners: prefix commands are off, so a
+    mention is never parsed as one.
+
     Args:
         engine: The memory engine the cog stores into and searches.
         extensions: Cog modules to load at start-up.
-        sync_commands: Push slash commands to Discord in ``setup_hook``.
+        sync: Publish slash commands in ``setup_hook``: ``"global"`` everywhere (Discord
+            takes up to an hour), a guild id to that guild only (instant, for
+            development), ``None`` not at all (the default: they persist on Discord).
+        owner_ids: Users allowed the bot-wide owner commands; ``None`` asks Discord
+            who owns the application.
     """
 
     def __init__(
@@ -39,53 +50,118 @@ class MemoryBot(commands.Bot):
         engine: MemoryEngine,
         *,
         extensions: Sequence[str] = ("cogs.memory",),
-        sync_commands: bool = True,
+        sync: str | int | None = None,
+        owner_ids: set[int] | None = None,
         **options,
     ) -> None:
         intents = discord.Intents.default()
         intents.message_content = True  # privileged: enable it in the developer portal
         intents.members = False
-        super().__init__(command_prefix=commands.when_mentioned, intents=intents, **options)
+        if owner_ids:
+            options["owner_ids"] = set(owner_ids)
+        super().__init__(
+            command_prefix=commands.when_mentioned, intents=intents, help_command=None, **options
+        )
         self.engine = engine
         self.initial_extensions = tuple(extensions)
-        self.sync_commands = sync_commands
+        self.sync = sync
 
     async def setup_hook(self) -> None:
-        """Load the cogs and register slash commands."""
+        """Load the cogs; publish slash commands only when asked to."""
         for extension in self.initial_extensions:
             await self.load_extension(extension)
-        if self.sync_commands:
+        if self.sync == "global":
             synced = await self.tree.sync()
-            log.info("synced %d application commands", len(synced))
+            log.info("synced %d application commands globally", len(synced))
+        elif self.sync is not None:
+            guild = discord.Object(int(self.sync))
+            self.tree.copy_global_to(guild=guild)
+            synced = await self.tree.sync(guild=guild)
+            log.info("synced %d application commands to guild %s", len(synced), self.sync)
+
+    async def process_commands(self, message: discord.Message) -> None:
+        """No prefix commands: mentions are answered by the memory cog instead."""
 
     async def close(self) -> None:
         """Close the Discord connection, then the engine."""
-        await super().close()
-        self.engine.close()
+        try:
+            await super().close()
+        finally:
+            self.engine.close()
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """Run the bot with the token from $DISCORD_TOKEN."""
-    token = os.environ.get("DISCORD_TOKEN")
-    if not token:
-        raise ConfigError("set DISCORD_TOKEN to the bot token from the Discord developer portal")
-    bot = MemoryBot(open_engine(args))
-    bot.run(token, log_handler=None)
+def run_bot(
+    engine: MemoryEngine,
+    token: str,
+    *,
+    sync: str | int | None = None,
+    owner_ids: set[int] | None = None,
+) -> int:
+    """Connect to Discord and serve until stopped (Ctrl-C or SIGTERM).
+
+    The models load before the connection opens, so the event loop never waits on
+    them.  A rejected token, a missing privileged intent or no route to Discord
+    ends in one line on stderr and exit code 2; shutdown finishes queued writes and
+    closes the database.
+
+    Returns:
+        The process exit code.
+    """
+    log.info("loading models before connecting")
+    engine.preload()
+    bot = MemoryBot(engine, sync=sync, owner_ids=owner_ids)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(bot.close()))
+            except (NotImplementedError, RuntimeError):  # e.g. Windows, or not the main thread
+                pass
+        async with bot:
+            await bot.start(token)
+
+    problem = None
+    try:
+        asyncio.run(serve())
+    except discord.LoginFailure:
+        problem = "Discord rejected the token: check DISCORD_TOKEN (Bot tab of the developer portal)"
+    except discord.PrivilegedIntentsRequired:
+        problem = ("Discord refused the Message Content intent: enable it under Bot → Privileged "
+                   "Gateway Intents in the developer portal")
+    except (aiohttp.ClientConnectorError, discord.GatewayNotFound, OSError) as exc:
+        problem = f"cannot reach Discord ({exc}); check the network and try again"
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.close()
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The offline CLI plus the ``run`` command."""
-    parser = build_offline_parser()
-    commands_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    run = commands_action.add_parser("run", help="connect to Discord and run the bot ($DISCORD_TOKEN)")
-    run.set_defaults(func=cmd_run)
-    return parser
+@click.command("run")
+@click.option("--sync", is_flag=True,
+              help="Publish slash commands globally at start-up (after an upgrade).")
+@click.option("--dev-guild", type=SNOWFLAKE, metavar="ID",
+              help="Publish slash commands to this guild only (instant; for development).")
+@click.option("--owner", type=SNOWFLAKE, multiple=True, metavar="USER_ID",
+              help="A user allowed the owner commands (repeatable; default: the app's owner).")
+@click.pass_obj
+def run_command(settings: Settings, sync: bool, dev_guild: int | None, owner: tuple[int, ...]) -> int:
+    """Connect to Discord and run the bot ($DISCORD_TOKEN)."""
+    token = os.environ.get("DISCORD_TOKEN")
+    if not token:
+        raise ConfigError("set DISCORD_TOKEN to the bot token from the Discord developer portal")
+    sync = "global" if sync else dev_guild
+    return run_bot(open_engine(settings), token, sync=sync, owner_ids=set(owner) or None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line."""
-    return cli_main(argv, parser=build_parser())
+    """Run the command line (the offline tools plus ``run``); returns the exit status."""
+    prog = "bot.py" if argv is not None or sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
+    return cli_main(argv, commands=[run_command], prog_name=prog)
 
 
 if __name__ == "__main__":

@@ -1,241 +1,699 @@
 """The memory cog: Discord glue around :class:`memory.engine.MemoryEngine`.
 
-It stores every guild message as it arrives (edits and deletes too), embeds the
-backlog every few seconds, answers ``/search``, ``/memory`` and the admin-only
-``/profile``, and replies to mentions with what it remembers.  Every engine call
-crosses into a worker thread once, here, so the event loop never waits on SQLite,
-torch or HTTP.
+It captures guild messages as they arrive (edits, deletes and removed channels
+too), embeds the backlog in the background, and serves members through ``/search``,
+the "Find related messages" context menu, the ``/memory`` group and mention
+replies; admins get ``/memory-admin`` and the bot owner ``/memory-owner``.
+
+Three rules hold everywhere:
+
+* A search made for a member only sees channels that member can read now
+  (:mod:`cogs.permissions`), and a reply others will read only quotes sources
+  everyone in the reply channel can read.
+* Every engine call runs on the cog's own worker threads: writes on one thread
+  behind a retrying queue (:mod:`cogs.capture`), searches on a small capped pool,
+  embedding on its own, so a slow rerank never delays storing a message and the
+  event loop never waits on SQLite, torch or HTTP.
+* Errors reach the member as one short ephemeral line; unexpected ones are logged
+  with a trace id the member can quote.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from typing import TYPE_CHECKING
+import secrets
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import discord
 from discord import app_commands
 from discord.ext import commands, tasks
 
+from cogs.backfill import Backfiller
+from cogs.capture import Write, WriteQueue, record_from_message
+from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
+from cogs.render import inert, render_hits
 from memory.config import available_profiles, load_profile
-from memory.errors import MemoryBotError
-from memory.records import Hit, MessageRecord, SearchResult, datetime_to_ms
+from memory.errors import MemoryBotError, SearchInputError
+from memory.records import SearchResult
 from memory.search import SearchRequest
+from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 
 if TYPE_CHECKING:
     from memory.engine import MemoryEngine
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 EMBED_INTERVAL_S = 5.0
-SNIPPET = 300
+EMBED_BACKOFF_MAX_S = 300.0
+RETENTION_INTERVAL_H = 1.0
+SETTINGS_TTL_S = 60.0
+SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the event loop
+SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
+MENTION_COOLDOWN_S = 10.0
+MENTION_LIMIT = 3
+SHUTDOWN_WRITES_S = 10.0
+
+PRIVACY_NOTICE = """\
+**What this bot remembers**
+• The text, attachment names, author, channel and time of messages in this server's \
+channels it can read (admins choose which channels with `/memory-admin channels`).
+• Nothing from DMs. Nothing from members who used `/memory opt-out`.
+
+**Who can find it**
+• A search only ever shows messages from channels *you* can read right now.
+• Public answers only quote channels everyone in that channel can read.
+
+**How it goes away**
+• Deleting a message on Discord deletes it here (text, search index and vectors).
+• `/memory forget-me` deletes all your messages from this server's memory.
+• `/memory opt-out` stops storing your new messages; `/memory opt-in` resumes.
+• Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten.
+• Admins may set a retention period (`/memory-admin retention`) and purge channels."""
 
 
-def record_from_message(message: discord.Message) -> MessageRecord | None:
-    """Convert a guild message to a record; ``None`` for DMs and empty messages."""
-    if message.guild is None:
+def _parse_day(value: str | None, name: str) -> datetime | None:
+    if value is None:
         return None
-    attachments = tuple(a.filename for a in message.attachments)
-    if not message.content.strip() and not attachments:
-        return None
-    channel = message.channel
-    parent_id = getattr(channel, "parent_id", None) if isinstance(channel, discord.Thread) else None
-    author = message.author
-    reference = message.reference
-    return MessageRecord(
-        id=message.id,
-        guild_id=message.guild.id,
-        channel_id=channel.id,
-        author_id=author.id,
-        created_at=datetime_to_ms(message.created_at),
-        edited_at=datetime_to_ms(message.edited_at) if message.edited_at else None,
-        content=message.content,
-        author_name=author.name,
-        author_display_name=author.display_name,
-        author_is_bot=author.bot,
-        guild_name=message.guild.name,
-        channel_name=getattr(channel, "name", "") or "",
-        channel_type=str(channel.type),
-        parent_id=parent_id,
-        reply_to_id=reference.message_id if reference and reference.guild_id else None,
-        attachments=attachments,
-    )
+    try:
+        day = datetime.strptime(value.strip(), "%Y-%m-%d")
+    except ValueError:
+        raise SearchInputError(f"{name} must be a date like 2026-01-31, not {value!r}") from None
+    return day.replace(tzinfo=timezone.utc)
 
 
-def render_hits(result: SearchResult, title: str) -> discord.Embed:
-    """An embed listing hits with author, date, snippet and a jump link."""
-    embed = discord.Embed(title=title[:256], colour=discord.Colour.blurple())
-    if not result.hits:
-        embed.description = f"Nothing found: {result.empty_reason}."
-        return embed
-    for rank, hit in enumerate(result.hits, start=1):
-        embed.add_field(name=_field_name(rank, hit), value=_field_value(hit), inline=False)
-    trace = result.trace
-    footer = f"{trace.timings_ms.get('total', 0):.0f} ms"
-    if trace.threshold is not None:
-        footer += f" · threshold {trace.threshold:.2f}"
-    if trace.reranked:
-        footer += f" · reranked by {trace.rerank_backend}"
-    embed.set_footer(text=footer)
-    return embed
-
-
-def _field_name(rank: int, hit: Hit) -> str:
-    return f"{rank}. {hit.author_name} · {hit.created:%Y-%m-%d}"[:256]
-
-
-def _field_value(hit: Hit) -> str:
-    text = " ".join(hit.content.split()) or "(attachment only)"
-    if len(text) > SNIPPET:
-        text = text[: SNIPPET - 1] + "…"
-    return f"{discord.utils.escape_mentions(text)}\n[jump]({hit.jump_url})"[:1024]
+def _mentions_bot(message: discord.Message, bot_id: int) -> bool:
+    """Whether the text itself mentions the bot (a reply's automatic ping does not count)."""
+    return f"<@{bot_id}>" in message.content or f"<@!{bot_id}>" in message.content
 
 
 class MemoryCog(commands.Cog):
     """Remembers guild messages and answers questions about them."""
 
-    def __init__(self, bot: commands.Bot, engine: MemoryEngine) -> None:
+    memory = app_commands.Group(
+        name="memory", description="What the bot remembers about you and this server",
+        guild_only=True,
+    )
+    admin = app_commands.Group(
+        name="memory-admin", description="Manage what the bot remembers in this server",
+        guild_only=True, default_permissions=discord.Permissions(manage_guild=True),
+    )
+    admin_channels = app_commands.Group(
+        name="channels", description="Which channels are remembered", parent=admin,
+    )
+    owner = app_commands.Group(
+        name="memory-owner", description="Bot-wide settings (bot owner only)",
+        guild_only=True, default_permissions=discord.Permissions(administrator=True),
+    )
+
+    def __init__(
+        self, bot: commands.Bot, engine: MemoryEngine, *, owner_ids: frozenset[int] = frozenset()
+    ) -> None:
         self.bot = bot
         self.engine = engine
+        self.owner_ids = frozenset(owner_ids)
+        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="memory-write")
+        self._read_pool = ThreadPoolExecutor(2, thread_name_prefix="memory-read")
+        self._search_pool = ThreadPoolExecutor(SEARCH_WORKERS, thread_name_prefix="memory-search")
+        self._embed_pool = ThreadPoolExecutor(1, thread_name_prefix="memory-embed")
+        self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
+        self.writes = WriteQueue(self._apply_writes, self._write)
+        self.backfill = Backfiller(self)
+        self._settings: dict[int, tuple[float, GuildSettings]] = {}
+        self._mention_cooldown = commands.CooldownMapping.from_cooldown(
+            1, MENTION_COOLDOWN_S, commands.BucketType.member
+        )
+        self._embed_failures = 0
+        self.find_related_menu = app_commands.ContextMenu(
+            name="Find related messages", callback=self.find_related
+        )
+        self.find_related_menu.guild_only = True
+        self.find_related_menu.error(self._menu_error)
+
+    # -- life cycle ------------------------------------------------------------------------
 
     async def cog_load(self) -> None:
-        """Start embedding the backlog in the background."""
+        """Start the write queue and the background loops."""
+        self.bot.tree.add_command(self.find_related_menu)
+        self.writes.start()
         self.embed_backlog.start()
 
     async def cog_unload(self) -> None:
-        """Stop the background loop after one last pass."""
+        """Finish queued writes, stop the loops, release the worker threads."""
+        self.bot.tree.remove_command(
+            self.find_related_menu.name, type=self.find_related_menu.type
+        )
+        self.enforce_retention.cancel()
         self.embed_backlog.cancel()
-        await asyncio.to_thread(self.engine.embed_pending)
+        self.backfill.cancel()
+        await self.writes.stop(SHUTDOWN_WRITES_S)
+        for pool in (self._search_pool, self._read_pool, self._embed_pool, self._write_pool):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- worker threads --------------------------------------------------------------------
+
+    async def _on(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(
+            pool, functools.partial(fn, *args)
+        )
+
+    async def _write(self, fn: Callable[[], None]) -> None:
+        await self._on(self._write_pool, fn)
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a quick read-only engine call (settings, counts) off the event loop."""
+        return await self._on(self._read_pool, fn, *args)
+
+    def _apply_writes(self, batch: list[Write]) -> None:
+        """Apply a batch from the write queue, in order (runs on the write thread)."""
+        actions: dict[str, Callable[[list], object]] = {
+            "upsert": self.engine.upsert,
+            "delete": self.engine.delete,
+            "purge_channels": self.engine.purge_channels,
+            "purge_guilds": lambda ids: [self.engine.purge_guild(g) for g in ids],
+            "call": lambda calls: [call() for call in calls],
+        }
+        run: list[Write] = []
+        for write in [*batch, None]:
+            if run and (write is None or write.kind != run[0].kind):
+                actions[run[0].kind]([item for w in run for item in w.items])
+                run = []
+            if write is not None:
+                run.append(write)
+
+    # -- settings --------------------------------------------------------------------------
+
+    async def settings(self, guild_id: int) -> GuildSettings:
+        """This guild's settings, cached for a minute (changes made here apply at once)."""
+        cached = self._settings.get(guild_id)
+        if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
+            return cached[1]
+        settings = await self.read(self.engine.settings, guild_id)
+        self._settings[guild_id] = (time.monotonic(), settings)
+        return settings
+
+    async def _update_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
+        settings = await self._on(self._write_pool, lambda: self.engine.update_settings(guild_id, **changes))
+        self._settings[guild_id] = (time.monotonic(), settings)
+        return settings
+
+    # -- background loops ------------------------------------------------------------------
 
     @tasks.loop(seconds=EMBED_INTERVAL_S)
     async def embed_backlog(self) -> None:
-        """Embed stored-but-unembedded messages in one batch, off the event loop."""
+        """Embed stored-but-unembedded messages; any failure is logged and retried later."""
         try:
-            await asyncio.to_thread(self.engine.embed_pending)
-        except MemoryBotError as exc:
-            log.error("embedding the backlog failed: %s", exc)
+            await self._on(self._embed_pool, self.engine.embed_pending)
+            self._embed_failures = 0
+        except Exception as exc:
+            self._embed_failures += 1
+            pause = min(EMBED_INTERVAL_S * 2 ** self._embed_failures, EMBED_BACKOFF_MAX_S)
+            log.error("embedding the backlog failed (%s); trying again in %.0f s", exc, pause,
+                      exc_info=not isinstance(exc, MemoryBotError))
+            await asyncio.sleep(pause)
 
-    # -- listeners -----------------------------------------------------------------------
+    @tasks.loop(hours=RETENTION_INTERVAL_H)
+    async def enforce_retention(self) -> None:
+        """Purge messages older than each guild's retention period."""
+        for guild in list(self.bot.guilds):
+            try:
+                settings = await self.settings(guild.id)
+                if settings.retention_days:
+                    cutoff = datetime.now(timezone.utc) - timedelta(days=settings.retention_days)
+                    removed = await self._on(
+                        self._write_pool, self.engine.purge_older_than, guild.id, cutoff
+                    )
+                    if removed:
+                        log.info("retention: forgot %d messages in guild %d", removed, guild.id)
+            except Exception:
+                log.exception("retention pass failed for guild %d", guild.id)
+
+    # -- capture ---------------------------------------------------------------------------
+
+    async def remembers(self, message: discord.Message) -> bool:
+        """Whether this guild's settings let the bot store ``message``."""
+        if message.guild is None:
+            return False
+        settings = await self.settings(message.guild.id)
+        channel = message.channel
+        parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
+        return settings.remembers_channel(channel.id, parent_id) and settings.remembers_author(
+            message.author.id
+        )
 
     @commands.Cog.listener()
     async def on_message(self, message: discord.Message) -> None:
         """Store the message; answer from memory when the bot is mentioned."""
-        if self.bot.user is not None and message.author.id == self.bot.user.id:
+        me = self.bot.user
+        if message.guild is None or (me is not None and message.author.id == me.id):
             return
         record = record_from_message(message)
-        if record is not None:
-            await asyncio.to_thread(self.engine.upsert, [record])
-        if self.bot.user is not None and self.bot.user in message.mentions and message.guild:
-            await self.autorespond(message)
+        if record is not None and await self.remembers(message):
+            self.writes.put("upsert", [record])
+        if me is not None and not message.author.bot and _mentions_bot(message, me.id):
+            await self._maybe_answer(message)
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
         """Re-store an edited message (text, FTS and vector are refreshed)."""
-        record = record_from_message(payload.message)
-        if record is not None:
-            await asyncio.to_thread(self.engine.upsert, [record])
+        message = payload.message
+        if self.bot.user is not None and message.author.id == self.bot.user.id:
+            return
+        record = record_from_message(message)
+        if record is not None and await self.remembers(message):
+            self.writes.put("upsert", [record])
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
         """Forget a deleted message everywhere."""
-        await asyncio.to_thread(self.engine.delete, [payload.message_id])
+        self.writes.put("delete", [payload.message_id])
 
     @commands.Cog.listener()
     async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
         """Forget bulk-deleted messages everywhere."""
-        await asyncio.to_thread(self.engine.delete, list(payload.message_ids))
+        self.writes.put("delete", sorted(payload.message_ids))
 
-    async def autorespond(self, message: discord.Message) -> None:
-        """Reply with the messages memory retrieves for the mention's text."""
+    @commands.Cog.listener()
+    async def on_guild_channel_delete(self, channel: discord.abc.GuildChannel) -> None:
+        """Forget a deleted channel's messages and its threads'."""
+        self.writes.put("purge_channels", [channel.id])
+
+    @commands.Cog.listener()
+    async def on_raw_thread_delete(self, payload: discord.RawThreadDeleteEvent) -> None:
+        """Forget a deleted thread's messages."""
+        self.writes.put("purge_channels", [payload.thread_id])
+
+    @commands.Cog.listener()
+    async def on_guild_remove(self, guild: discord.Guild) -> None:
+        """The bot left (or was removed from) a guild: forget everything from it."""
+        self._settings.pop(guild.id, None)
+        self.writes.put("purge_guilds", [guild.id])
+
+    @commands.Cog.listener()
+    async def on_ready(self) -> None:
+        """Start the retention job and catch up on what was said while the bot was away."""
+        if not self.enforce_retention.is_running():
+            self.enforce_retention.start()
+        self.backfill.catch_up_once()
+
+    # -- searching for members ---------------------------------------------------------------
+
+    async def allowed_channels(
+        self,
+        member: discord.Member,
+        reply_channel: discord.abc.GuildChannel | discord.Thread | None = None,
+    ) -> frozenset[int]:
+        """The channel ids a search for ``member`` may look in.
+
+        With ``reply_channel`` (a reply others will read), only sources everyone who
+        can read that channel can read too.
+        """
+        threads = [StoredThread(*row) for row in await self.read(self.engine.store.threads, member.guild.id)]
+        readable = readable_channel_ids(member, threads)
+        if reply_channel is None:
+            return readable
+        return public_reply_sources(reply_channel, readable, threads)
+
+    async def member_search(
+        self,
+        member: discord.Member,
+        request: SearchRequest,
+        *,
+        reply_channel: discord.abc.GuildChannel | discord.Thread | None = None,
+    ) -> tuple[SearchResult, int]:
+        """Search as ``member`` sees the server; returns the result and how many were withheld.
+
+        With ``reply_channel`` the answer is public: sources not everyone there can read
+        are left out, and a second, cheaper search (no reranking) counts how many of
+        the member's own top results that withheld.
+        """
+        readable = await self.allowed_channels(member)
+        safe = readable
+        if reply_channel is not None:
+            threads = [StoredThread(*row) for row in await self.read(self.engine.store.threads, member.guild.id)]
+            safe = public_reply_sources(reply_channel, readable, threads)
+        request = replace(request, guild_id=member.guild.id, allowed_channel_ids=safe)
+        result = await self.search(request)
+        withheld = 0
+        if safe != readable:
+            wider = await self.search(replace(request, allowed_channel_ids=readable, rerank=False))
+            withheld = sum(1 for hit in wider.hits if hit.channel_id not in safe)
+        return result, withheld
+
+    async def search(self, request: SearchRequest) -> SearchResult:
+        """Run an engine search on the search pool (at most a few at once)."""
+        if self._search_slots.locked():
+            raise SearchInputError("the bot is busy with other searches; try again in a moment")
+        async with self._search_slots:
+            return await self._on(self._search_pool, self.engine.search, request)
+
+    async def _maybe_answer(self, message: discord.Message) -> None:
+        settings = await self.settings(message.guild.id)
+        channel = message.channel
+        parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
+        if not settings.answers_in(channel.id, parent_id):
+            return
+        if self._mention_cooldown.update_rate_limit(message):
+            log.debug("mention from %s ignored: cooldown", message.author.id)
+            return
+        await self.answer_mention(message)
+
+    async def answer_mention(self, message: discord.Message) -> None:
+        """Reply publicly with what memory holds for the mention's text."""
         text = message.content
         for user in message.mentions:
-            text = text.replace(user.mention, "").replace(f"<@!{user.id}>", "")
-        if not text.strip():
+            text = text.replace(f"<@{user.id}>", "").replace(f"<@!{user.id}>", "")
+        if not text.strip() or not isinstance(message.author, discord.Member):
             return
-        request = SearchRequest(queries=(text,), guild_id=message.guild.id, limit=4)
-        result = await self._search(request)
-        if isinstance(result, str):
-            await message.reply(result, mention_author=False)
+        request = SearchRequest(queries=(text.strip()[:500],), limit=MENTION_LIMIT + 1)
+        try:
+            result, withheld = await self.member_search(
+                message.author, request, reply_channel=message.channel
+            )
+        except MemoryBotError as exc:
+            await message.reply(f"Search failed: {exc}", mention_author=False,
+                                allowed_mentions=discord.AllowedMentions.none())
             return
-        # the question itself was just stored; it is not an answer to itself
-        result.hits = [h for h in result.hits if h.id != message.id][:3]
+        # the question itself may already be stored; it is not an answer to itself
+        result.hits = [h for h in result.hits if h.id != message.id][:MENTION_LIMIT]
         await message.reply(
-            embed=render_hits(result, "Here is what I remember"), mention_author=False
+            embed=render_hits(result, "Here is what I remember", message.guild, withheld=withheld),
+            mention_author=False, allowed_mentions=discord.AllowedMentions.none(),
         )
 
-    async def _search(self, request: SearchRequest) -> SearchResult | str:
-        try:
-            return await asyncio.to_thread(self.engine.search, request)
-        except MemoryBotError as exc:
-            return f"Search failed: {exc}"
-
-    # -- slash commands ------------------------------------------------------------------
+    # -- slash commands for members ----------------------------------------------------------
 
     @app_commands.command(name="search", description="Search this server's message history")
     @app_commands.describe(
         query="What to look for", channel="Only this channel (and its threads)",
-        author="Only messages by this member", limit="How many results (1-10)",
-        private="Only you see the answer",
+        author="Only messages by this member", after="Only after this day (YYYY-MM-DD)",
+        before="Only before this day (YYYY-MM-DD)", limit="How many results (1-10)",
+        private="Only you see the answer (default: yes)",
     )
     @app_commands.guild_only()
-    async def search(
+    @app_commands.checks.cooldown(3, 15.0, key=lambda i: (i.guild_id, i.user.id))
+    async def search_command(
         self,
         interaction: discord.Interaction,
         query: app_commands.Range[str, 1, 500],
-        channel: discord.TextChannel | discord.Thread | None = None,
-        author: discord.User | None = None,
+        channel: discord.TextChannel | discord.Thread | discord.VoiceChannel
+        | discord.ForumChannel | None = None,
+        author: discord.Member | None = None,
+        after: str | None = None,
+        before: str | None = None,
         limit: app_commands.Range[int, 1, 10] = 5,
         private: bool = True,
     ) -> None:
         """Run a memory search and show the hits with jump links."""
-        await interaction.response.defer(ephemeral=private, thinking=True)
         request = SearchRequest(
-            queries=(query,), guild_id=interaction.guild_id, limit=limit,
+            queries=(query,), limit=limit,
             channel_ids=(channel.id,) if channel else None,
             author_ids=(author.id,) if author else None,
+            after=_parse_day(after, "after"), before=_parse_day(before, "before"),
         )
-        result = await self._search(request)
-        if isinstance(result, str):
-            await interaction.followup.send(result, ephemeral=True)
-            return
-        await interaction.followup.send(embed=render_hits(result, f"🔎 {query}"), ephemeral=private)
+        await interaction.response.defer(ephemeral=private, thinking=True)
+        result, withheld = await self.member_search(
+            interaction.user, request, reply_channel=None if private else interaction.channel
+        )
+        await interaction.followup.send(
+            embed=render_hits(result, f"🔎 {query}", interaction.guild, withheld=withheld),
+            ephemeral=private, allowed_mentions=discord.AllowedMentions.none(),
+        )
 
-    @app_commands.command(name="memory", description="What the bot remembers")
-    @app_commands.guild_only()
-    async def memory_stats(self, interaction: discord.Interaction) -> None:
-        """Show stored message counts, the backlog and the active profile."""
+    async def find_related(self, interaction: discord.Interaction, message: discord.Message) -> None:
+        """Context menu: messages related to this one, shown only to the member."""
+        query = message.content.strip()
+        if not query:
+            await interaction.response.send_message(
+                "That message has no text to search with.", ephemeral=True)
+            return
         await interaction.response.defer(ephemeral=True, thinking=True)
-        stats = await asyncio.to_thread(self.engine.store.stats)
-        count = await asyncio.to_thread(self.engine.store.message_count, interaction.guild_id)
+        request = SearchRequest(queries=(query[:500],), limit=6)
+        result, _ = await self.member_search(interaction.user, request)
+        result.hits = [h for h in result.hits if h.id != message.id][:5]
+        await interaction.followup.send(
+            embed=render_hits(result, "Related messages", interaction.guild), ephemeral=True,
+            allowed_mentions=discord.AllowedMentions.none(),
+        )
+
+    @memory.command(name="stats", description="How much the bot remembers from this server")
+    async def memory_stats(self, interaction: discord.Interaction) -> None:
+        """Counts for this guild only (and for the member), the backlog and the profile."""
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        stats = await self.read(self.engine.guild_stats, interaction.guild_id, interaction.user.id)
+        settings = await self.settings(interaction.guild_id)
         lines = [
-            f"Messages from this server: **{count}** (all servers: {stats['messages']})",
-            f"Waiting to be embedded: {stats['pending_embeddings']}",
-            f"Embedder: {stats['embedding_model']}",
+            f"Messages from this server: **{stats.messages}** in {stats.channels} channels and threads",
+            f"Your messages: **{stats.member_messages}**"
+            + (" (you opted out: new ones are not stored)" if not settings.remembers_author(interaction.user.id) else ""),
+            f"Waiting to be embedded: {stats.pending}",
+            f"Channels remembered: {settings.channel_mode}"
+            + (f" ({len(settings.channels)} listed)" if settings.channel_mode != "all" else ""),
+            f"Retention: {f'{settings.retention_days} days' if settings.retention_days else 'until deleted'}",
             f"Hardware profile: {self.engine.rerankers.profile_name}",
         ]
         await interaction.followup.send("\n".join(lines), ephemeral=True)
 
-    @app_commands.command(name="profile", description="Switch the hardware profile (admins)")
+    @memory.command(name="forget-me", description="Delete all your messages from this server's memory")
+    async def forget_me(self, interaction: discord.Interaction) -> None:
+        """Delete every stored message by the member in this guild."""
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        removed = await self._on(
+            self._write_pool, self.engine.forget_member, interaction.guild_id, interaction.user.id
+        )
+        await interaction.followup.send(
+            f"Deleted {removed} of your messages from my memory of this server. "
+            "New messages are still stored unless you use `/memory opt-out`.", ephemeral=True)
+
+    @memory.command(name="opt-out", description="Stop storing your messages in this server")
+    async def opt_out(self, interaction: discord.Interaction) -> None:
+        """Stop storing the member's messages (what is stored stays until forget-me)."""
+        await self._update_settings(interaction.guild_id, opt_out=interaction.user.id)
+        await interaction.response.send_message(
+            "Your new messages here will not be stored. `/memory forget-me` deletes the ones "
+            "already stored; `/memory opt-in` starts storing again.", ephemeral=True)
+
+    @memory.command(name="opt-in", description="Store your messages in this server again")
+    async def opt_in(self, interaction: discord.Interaction) -> None:
+        """Undo opt-out."""
+        await self._update_settings(interaction.guild_id, opt_in=interaction.user.id)
+        await interaction.response.send_message("Your new messages here will be stored again.",
+                                                ephemeral=True)
+
+    @memory.command(name="privacy", description="What the bot stores and how to remove it")
+    async def privacy(self, interaction: discord.Interaction) -> None:
+        """The privacy notice."""
+        await interaction.response.send_message(PRIVACY_NOTICE, ephemeral=True)
+
+    # -- admin commands ----------------------------------------------------------------------
+
+    @admin.command(name="backfill", description="Read past messages into memory")
+    @app_commands.describe(channel="Only this channel and its threads (default: every channel)")
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def admin_backfill(
+        self, interaction: discord.Interaction,
+        channel: discord.TextChannel | discord.Thread | discord.VoiceChannel
+        | discord.ForumChannel | None = None,
+    ) -> None:
+        """Backfill history with a progress message edited in place."""
+        await self.backfill.command(interaction, channel)
+
+    @admin.command(name="retention", description="Forget messages older than this many days")
+    @app_commands.describe(days="Days to keep messages; 0 keeps them until deleted")
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def admin_retention(
+        self, interaction: discord.Interaction, days: app_commands.Range[int, 0, 36500]
+    ) -> None:
+        """Set the retention period; the hourly job (and this command) purges older messages."""
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        await self._update_settings(interaction.guild_id, retention_days=days or None)
+        removed = 0
+        if days:
+            cutoff = datetime.now(timezone.utc) - timedelta(days=days)
+            removed = await self._on(
+                self._write_pool, self.engine.purge_older_than, interaction.guild_id, cutoff
+            )
+        text = f"Messages are kept for {days} days" if days else "Messages are kept until deleted"
+        await interaction.followup.send(f"{text}; {removed} older messages forgotten now.",
+                                        ephemeral=True)
+
+    @admin.command(name="purge-channel", description="Forget everything stored from a channel")
+    @app_commands.describe(channel="The channel (its threads are forgotten too)")
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def admin_purge_channel(
+        self, interaction: discord.Interaction,
+        channel: discord.TextChannel | discord.Thread | discord.VoiceChannel | discord.ForumChannel,
+    ) -> None:
+        """Delete a channel's and its threads' stored messages."""
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        removed = await self._on(self._write_pool, self.engine.purge_channels, [channel.id])
+        await interaction.followup.send(
+            f"Forgot {removed} messages from {channel.mention} and its threads.", ephemeral=True)
+
+    @admin.command(name="autoresponse", description="When the bot answers mentions")
+    @app_commands.describe(mode="off, mention (everywhere) or channels (only listed ones)",
+                           channel="With mode channels: add or remove this channel")
+    @app_commands.choices(mode=[app_commands.Choice(name=m, value=m) for m in AUTORESPONSE_MODES])
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def admin_autoresponse(
+        self, interaction: discord.Interaction, mode: str,
+        channel: discord.TextChannel | discord.Thread | discord.VoiceChannel | None = None,
+    ) -> None:
+        """Switch mention answers off, on everywhere, or on in chosen channels."""
+        settings = await self._update_settings(
+            interaction.guild_id, autoresponse=mode,
+            toggle_autoresponse_channel=channel.id if channel else None,
+        )
+        where = ", ".join(f"<#{c}>" for c in sorted(settings.autoresponse_channels)) or "none yet"
+        text = {"off": "I will not answer mentions.", "mention": "I answer mentions everywhere.",
+                "channels": f"I answer mentions in: {where}."}[settings.autoresponse]
+        await interaction.response.send_message(text, ephemeral=True)
+
+    @admin_channels.command(name="show", description="Which channels are remembered")
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def channels_show(self, interaction: discord.Interaction) -> None:
+        """Show the channel mode and list."""
+        settings = await self.settings(interaction.guild_id)
+        await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
+
+    @admin_channels.command(name="mode", description="Remember all, only listed, or all but listed channels")
+    @app_commands.choices(mode=[app_commands.Choice(name=m, value=m) for m in CHANNEL_MODES])
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def channels_mode(self, interaction: discord.Interaction, mode: str) -> None:
+        """Set how the channel list is read."""
+        settings = await self._update_settings(interaction.guild_id, channel_mode=mode)
+        await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
+
+    @admin_channels.command(name="add", description="Add a channel to the list")
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def channels_add(
+        self, interaction: discord.Interaction,
+        channel: discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread,
+    ) -> None:
+        """Add a channel to the include/exclude list."""
+        settings = await self._update_settings(interaction.guild_id, add_channel=channel.id)
+        await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
+
+    @admin_channels.command(name="remove", description="Remove a channel from the list")
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def channels_remove(
+        self, interaction: discord.Interaction,
+        channel: discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread,
+    ) -> None:
+        """Remove a channel from the include/exclude list."""
+        settings = await self._update_settings(interaction.guild_id, remove_channel=channel.id)
+        await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
+
+    @staticmethod
+    def _describe_channels(settings: GuildSettings) -> str:
+        listed = ", ".join(f"<#{c}>" for c in sorted(settings.channels)) or "none"
+        meaning = {
+            "all": "every channel the bot can read is remembered",
+            "include": f"only these are remembered: {listed}",
+            "exclude": f"every channel except these is remembered: {listed}",
+        }[settings.channel_mode]
+        note = ("\nStopping a channel keeps what is stored; `/memory-admin purge-channel` forgets it."
+                if settings.channel_mode != "all" else "")
+        return f"Mode **{settings.channel_mode}**: {meaning}.{note}"
+
+    # -- owner commands ----------------------------------------------------------------------
+
+    async def _is_owner(self, user: discord.abc.User) -> bool:
+        if user.id in self.owner_ids:
+            return True
+        try:
+            return await self.bot.is_owner(user)
+        except discord.HTTPException:
+            return False
+
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        """Owner commands are refused at run time to anyone but the bot's owners."""
+        command = interaction.command
+        if command is not None and command.root_parent is not None and (
+            command.root_parent.name == self.owner.name
+        ):
+            if not await self._is_owner(interaction.user):
+                raise app_commands.CheckFailure("Only the bot's owner can change bot-wide settings.")
+        return True
+
+    @owner.command(name="profile", description="Switch the hardware profile for every server")
     @app_commands.describe(name="Profile to load")
-    @app_commands.choices(
-        name=[app_commands.Choice(name=p, value=p) for p in available_profiles()][:25]
-    )
-    @app_commands.default_permissions(manage_guild=True)
-    @app_commands.guild_only()
-    async def profile(self, interaction: discord.Interaction, name: str) -> None:
+    async def owner_profile(self, interaction: discord.Interaction, name: str) -> None:
         """Load a profile's reranker in the background and swap it in."""
         await interaction.response.defer(ephemeral=True, thinking=True)
         try:
-            profile = await asyncio.to_thread(load_profile, name)
-            future = self.engine.switch_profile(profile)
-            await asyncio.wrap_future(future)
+            profile = await self.read(load_profile, name)
+            await asyncio.wrap_future(self.engine.switch_profile(profile))
         except Exception as exc:  # the old profile stays active; say why
             log.warning("profile switch to %s failed: %s", name, exc)
-            await interaction.followup.send(f"Could not switch to **{name}**: {exc}", ephemeral=True)
+            await interaction.followup.send(f"Could not switch to **{inert(name, 100)}**: {exc}",
+                                            ephemeral=True)
             return
         await interaction.followup.send(f"Hardware profile is now **{name}**.", ephemeral=True)
+
+    @owner_profile.autocomplete("name")
+    async def _profile_names(
+        self, interaction: discord.Interaction, current: str
+    ) -> list[app_commands.Choice[str]]:
+        names = [p for p in available_profiles() if current.lower() in p.lower()]
+        return [app_commands.Choice(name=p, value=p) for p in names[:25]]
+
+    @owner.command(name="sync", description="Publish the bot's slash commands to Discord")
+    @app_commands.describe(here="Only to this server (instant) instead of everywhere")
+    async def owner_sync(self, interaction: discord.Interaction, here: bool = False) -> None:
+        """Sync the command tree globally or to this guild."""
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        guild = interaction.guild if here else None
+        if guild is not None:
+            self.bot.tree.copy_global_to(guild=guild)
+        synced = await self.bot.tree.sync(guild=guild)
+        await interaction.followup.send(f"Synced {len(synced)} commands.", ephemeral=True)
+
+    # -- errors ------------------------------------------------------------------------------
+
+    async def cog_app_command_error(
+        self, interaction: discord.Interaction, error: app_commands.AppCommandError
+    ) -> None:
+        """One short ephemeral line for the member; unexpected errors logged with a trace id."""
+        await report_error(interaction, error)
+
+    async def _menu_error(
+        self, interaction: discord.Interaction, error: app_commands.AppCommandError
+    ) -> None:
+        await report_error(interaction, error)
+
+
+async def report_error(interaction: discord.Interaction, error: app_commands.AppCommandError) -> None:
+    """Tell the member what went wrong, in one ephemeral line, whatever state the reply is in."""
+    original = getattr(error, "original", error)
+    if isinstance(error, app_commands.CommandOnCooldown):
+        text = f"Slow down: try again in {error.retry_after:.0f} s."
+    elif isinstance(error, app_commands.CheckFailure):
+        text = str(error) or "You can't use this command here."
+    elif isinstance(original, MemoryBotError):
+        text = str(original)
+    else:
+        trace = secrets.token_hex(4)
+        name = interaction.command.qualified_name if interaction.command else "?"
+        log.error("command %s failed [trace %s]", name, trace, exc_info=original)
+        text = f"Something went wrong (trace id `{trace}`); the bot's owner can find it in the log."
+    try:
+        if interaction.response.is_done():
+            await interaction.followup.send(text, ephemeral=True)
+        else:
+            await interaction.response.send_message(text, ephemeral=True)
+    except discord.HTTPException as exc:
+        log.warning("could not report an error to the member: %s", exc)
 
 
 async def setup(bot: commands.Bot) -> None:
     """Extension entry point: the bot must carry an ``engine`` attribute."""
-    await bot.add_cog(MemoryCog(bot, bot.engine))
+    await bot.add_cog(MemoryCog(bot, bot.engine, owner_ids=frozenset(getattr(bot, "owner_ids", None) or ())))

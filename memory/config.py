@@ -17,12 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from memory.errors import ConfigError
-from memory.reranker.prompt import DEFAULT_INSTRUCTION
 
 log = logging.getLogger(__name__)
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+# What the reranker is asked to judge (Qwen3-Reranker's "<Instruct>"); memory.reranker.prompt
+# builds the prompt around it.
+DEFAULT_INSTRUCTION = (
+    "Given a question or topic from a member of a chat server, judge whether this chat "
+    "message contains information that answers it"
+)
 
 
 def _choice(*values: str) -> dict[str, Any]:

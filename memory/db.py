@@ -9,8 +9,10 @@ what to install.
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3 as _stdlib_sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,6 +22,14 @@ from memory.errors import DatabaseFileError, ExtensionLoadError
 log = logging.getLogger(__name__)
 
 _driver: ModuleType | None = None
+
+IN_IDS = "IN (SELECT value FROM json_each(?))"
+"""``column IN_IDS`` with :func:`id_list` as its one parameter: any number of ids, one query."""
+
+
+def id_list(ids: Iterable[int]) -> str:
+    """The parameter for :data:`IN_IDS`: the ids as a JSON array (SQLite reads them as int64)."""
+    return json.dumps([int(i) for i in ids])
 
 
 def _can_load_extensions(module: ModuleType) -> bool:

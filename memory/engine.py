@@ -12,16 +12,18 @@ import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 from memory.config import Profile
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.errors import EmbeddingModelMismatch, ImportFormatError
 from memory.importer import find_exports, iter_exports
-from memory.records import MessageRecord, SearchResult
+from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
 from memory.reranker.service import RerankerManager
 from memory.search import SearchRequest, Searcher
-from memory.store import MessageStore, PendingMessage, UpsertStats
+from memory.settings import GuildSettings
+from memory.store import BackfillCursor, GuildStats, MessageStore, UpsertStats
 from memory.text import embedding_text, needs_context
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,20 @@ class MemoryEngine:
                 "message with the new model"
             )
 
+    def preload(self) -> None:
+        """Load the embedder and the reranker now, rather than on the first message or search.
+
+        The bot calls this before it connects, so no event-loop tick pays for a model
+        load.  A reranker that cannot load is logged; searches then run without it.
+        """
+        self.embedder.embed(["warm-up"])
+        service = self.rerankers.current()
+        if service is not None:
+            try:
+                service.load()
+            except Exception as exc:
+                log.warning("searches run without reranking until %s loads: %s", service.name, exc)
+
     def close(self) -> None:
         """Unload the reranker and close the database."""
         self.rerankers.close()
@@ -150,8 +166,50 @@ class MemoryEngine:
         return self.store.upsert(records)
 
     def delete(self, message_ids: Iterable[int]) -> int:
-        """Forget messages everywhere (table, FTS index, vectors)."""
+        """Forget messages everywhere (table, FTS index, vectors); they stay forgotten."""
         return self.store.delete(message_ids)
+
+    def purge_channels(self, channel_ids: Iterable[int]) -> int:
+        """Forget every message of these channels and their threads."""
+        return self.store.purge_channels(channel_ids)
+
+    def purge_guild(self, guild_id: int) -> int:
+        """Forget everything from a guild, its settings included."""
+        return self.store.purge_guild(guild_id)
+
+    def forget_member(self, guild_id: int, author_id: int) -> int:
+        """Forget every message one member wrote in one guild."""
+        return self.store.forget_author(guild_id, author_id)
+
+    def purge_older_than(self, guild_id: int, cutoff: datetime) -> int:
+        """Forget a guild's messages older than ``cutoff`` (its retention period)."""
+        return self.store.purge_older_than(guild_id, datetime_to_ms(cutoff))
+
+    def settings(self, guild_id: int) -> GuildSettings:
+        """A guild's settings (see :class:`memory.settings.GuildSettings`)."""
+        return self.store.guild_settings(guild_id)
+
+    def update_settings(self, guild_id: int, **changes) -> GuildSettings:
+        """Change a guild's settings; see :meth:`MessageStore.update_guild_settings`."""
+        return self.store.update_guild_settings(guild_id, **changes)
+
+    def guild_stats(self, guild_id: int, author_id: int | None = None) -> GuildStats:
+        """Stored counts for one guild (and one member in it)."""
+        return self.store.guild_stats(guild_id, author_id)
+
+    def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:
+        """How far a backfill of a channel got."""
+        return self.store.backfill_cursor(channel_id)
+
+    def save_backfill_cursor(
+        self, guild_id: int, channel_id: int, before_id: int | None, *, complete: bool = False
+    ) -> None:
+        """Record a backfill's progress in a channel."""
+        self.store.save_backfill_cursor(guild_id, channel_id, before_id, complete=complete)
+
+    def latest_message_id(self, channel_id: int) -> int | None:
+        """The newest stored message in a channel, where a catch-up starts."""
+        return self.store.latest_message_id(channel_id)
 
     def embed_pending(self, *, progress: Progress | None = None) -> int:
         """Embed every stored message that has no vector yet, in chunks.
@@ -180,7 +238,7 @@ class MemoryEngine:
         cfg = self.profile.embedder
         with_context = needs_context(message.content, cfg.context, cfg.short_words)
         return embedding_text(
-            message.author,
+            message.author_name,
             message.content,
             message.attachments,
             message.context_author if with_context else None,

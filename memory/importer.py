@@ -190,5 +190,5 @@ def iter_exports(paths: list[str | Path]) -> Iterator[ExportFile | ImportFormatE
         try:
             yield read_export(path)
         except ImportFormatError as exc:
-            log.warning("%s", exc)
+            log.info("%s", exc)  # the caller reports it (the summary lists every bad file)
             yield exc

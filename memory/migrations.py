@@ -1,8 +1,10 @@
 """Numbered, append-only schema migrations.
 
-Each entry runs once, in order, inside a transaction, and ``PRAGMA user_version``
-records how far a database has come.  A shipped migration is never edited: change
-the schema by appending a new one.
+Each entry runs once, in order, in its own ``BEGIN IMMEDIATE`` transaction that
+also reads and bumps ``PRAGMA user_version``, so processes opening a new database
+at the same time apply each migration exactly once.  An entry is an SQL script or
+a function of the connection (for a change SQL alone cannot express).  A shipped
+migration is never edited: change the schema by appending a new one.
 
 The sqlite-vec table is not created here because its dimension depends on the
 embedding model; :meth:`memory.store.MessageStore.set_embedding_model` creates it.
@@ -11,14 +13,18 @@ embedding model; :meth:`memory.store.MessageStore.set_embedding_model` creates i
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from memory.db import sqlite_driver
 from memory.errors import DatabaseFileError
+from memory.vectors import upgrade_float_table
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS: list[str] = [
+Migration = str | Callable[[Any], None]
+
+MIGRATIONS: list[Migration] = [
     # 1: core tables, FTS5 index kept in sync by triggers.
     """
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -80,7 +86,72 @@ MIGRATIONS: list[str] = [
         ones BLOB NOT NULL  -- int64 per bit: how many of those codes have it set
     );
     """,
+    # 3: what a guild chose to be remembered, what must stay forgotten, backfill progress.
+    """
+    CREATE TABLE tombstones (  -- deleted messages: a late insert or re-import skips them
+        message_id INTEGER PRIMARY KEY,
+        deleted_at INTEGER NOT NULL
+    );
+    CREATE TABLE guild_settings (
+        guild_id INTEGER PRIMARY KEY,
+        channel_mode TEXT NOT NULL DEFAULT 'all'
+            CHECK (channel_mode IN ('all', 'include', 'exclude')),
+        retention_days INTEGER CHECK (retention_days IS NULL OR retention_days > 0),
+        autoresponse TEXT NOT NULL DEFAULT 'mention'
+            CHECK (autoresponse IN ('off', 'mention', 'channels'))
+    );
+    CREATE TABLE channel_rules (  -- the include/exclude list of guild_settings.channel_mode
+        guild_id INTEGER NOT NULL,
+        channel_id INTEGER NOT NULL,
+        PRIMARY KEY (guild_id, channel_id)
+    );
+    CREATE TABLE autoresponse_channels (
+        guild_id INTEGER NOT NULL,
+        channel_id INTEGER NOT NULL,
+        PRIMARY KEY (guild_id, channel_id)
+    );
+    CREATE TABLE member_optouts (
+        guild_id INTEGER NOT NULL,
+        author_id INTEGER NOT NULL,
+        PRIMARY KEY (guild_id, author_id)
+    );
+    CREATE TABLE backfill_cursors (
+        channel_id INTEGER PRIMARY KEY,
+        guild_id INTEGER NOT NULL,
+        before_id INTEGER,  -- the oldest message read so far; the walk goes on before it
+        complete INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX messages_by_author ON messages(guild_id, author_id);
+    CREATE INDEX messages_by_reply ON messages(reply_to_id) WHERE reply_to_id IS NOT NULL;
+    CREATE INDEX messages_by_age ON messages(guild_id, created_at);
+    """,
+    # 4: first-release vector tables (a float vec0 column) move to 1-bit codes + floats
+    # (memory.vectors).
+    upgrade_float_table,
 ]
+
+
+def statements(script: str) -> Iterator[str]:
+    """Split an SQL script into complete statements (trigger bodies stay whole).
+
+    ``executescript`` would commit the caller's transaction first, so migrations
+    run their scripts one statement at a time instead.
+    """
+    complete = sqlite_driver().complete_statement
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if complete(pending):
+            if pending.strip(" \t\n;"):
+                yield pending.strip()
+            pending = ""
+    if pending.rstrip(";").strip():
+        yield pending.rstrip(";").strip()
+
+
+def schema_version(conn: Any) -> int:
+    """The number of migrations applied to the database on ``conn``."""
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
 def migrate(conn: Any) -> int:
@@ -96,24 +167,43 @@ def migrate(conn: Any) -> int:
         DatabaseFileError: The database is newer than this code, or is not this
             bot's (a migration failed; nothing of it was applied).
     """
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    while (version := _check(schema_version(conn))) < len(MIGRATIONS):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # read again under the write lock: another process may have migrated meanwhile
+            version = _check(schema_version(conn))
+            if version < len(MIGRATIONS):
+                _apply(conn, version + 1)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return len(MIGRATIONS)
+
+
+def _check(version: int) -> int:
     if version > len(MIGRATIONS):
         raise DatabaseFileError(
             f"the database has schema version {version} but this code knows only "
             f"{len(MIGRATIONS)}: it was written by a newer version of the bot; upgrade it"
         )
-    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-        log.info("applying schema migration %d", number)
-        try:
-            conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
-        except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite_driver().DatabaseError):
-                # e.g. another application's database that already has a `messages` table
-                raise DatabaseFileError(
-                    f"schema migration {number} failed ({exc}); is this database file "
-                    "really the memory bot's? Point --db at another file"
-                ) from exc
-            raise
-    return len(MIGRATIONS)
+    return version
+
+
+def _apply(conn: Any, number: int) -> None:
+    log.info("applying schema migration %d", number)
+    migration = MIGRATIONS[number - 1]
+    try:
+        if callable(migration):
+            migration(conn)
+        else:
+            for statement in statements(migration):
+                conn.execute(statement)
+    except sqlite_driver().DatabaseError as exc:
+        # e.g. another application's database that already has a `messages` table
+        raise DatabaseFileError(
+            f"schema migration {number} failed ({exc}); is this database file "
+            "really the memory bot's? Point --db at another file"
+        ) from exc
+    conn.execute(f"PRAGMA user_version = {number}")

@@ -1,7 +1,15 @@
-"""Plain records that cross the engine's boundary: messages in, hits and traces out."""
+"""Plain records that cross the engine's boundary.
+
+One type per concept: :class:`MessageRecord` goes in (from an export or the
+gateway); :class:`StoredMessage` comes back out of the store, extended by
+:class:`PendingMessage` (with the context to embed it) and :class:`Hit` (with
+every search stage's score); :class:`Trace` and :class:`SearchResult` describe a
+search.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -57,13 +65,10 @@ class MessageRecord:
 
 
 @dataclass
-class Hit:
-    """One search result: the message, where to find it, and every stage's score.
+class StoredMessage:
+    """A message as the store returns it: what a reader sees, with its channel's name.
 
-    ``similarity`` is the cosine similarity to the closest query (``None`` when the
-    message was found by keywords only); ``keyword_score`` is BM25 (higher is
-    better, ``None`` when not matched); ``fused`` is the fusion score before boosts;
-    ``score`` is the final ranking score; ``rerank_score`` is set when reranked.
+    ``author_name`` is the display name if the author has one, else the user name.
     """
 
     id: int
@@ -73,10 +78,38 @@ class Hit:
     author_name: str
     content: str
     created_at: int
-    jump_url: str
     channel_name: str = ""
     reply_to_id: int | None = None
     attachments: tuple[str, ...] = ()
+
+    @property
+    def jump_url(self) -> str:
+        """The discord.com link that opens the message in the client."""
+        return jump_url(self.guild_id, self.channel_id, self.id)
+
+
+@dataclass
+class PendingMessage(StoredMessage):
+    """A stored message whose vector is missing, with the context to embed it.
+
+    The context is the reply target if stored, else the previous message in the
+    channel (``None`` for the first message of a channel).
+    """
+
+    context_author: str | None = None
+    context_content: str | None = None
+
+
+@dataclass
+class Hit(StoredMessage):
+    """One search result: the stored message and every stage's score.
+
+    ``similarity`` is the cosine similarity to the closest query (``None`` when the
+    message was found by keywords only); ``keyword_score`` is BM25 (higher is
+    better, ``None`` when not matched); ``fused`` is the fusion score before boosts;
+    ``score`` is the final ranking score; ``rerank_score`` is set when reranked.
+    """
+
     similarity: float | None = None
     keyword_score: float | None = None
     dense_rank: int | None = None
@@ -125,5 +158,5 @@ class SearchResult:
     def __len__(self) -> int:
         return len(self.hits)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Hit]:
         return iter(self.hits)

@@ -23,8 +23,10 @@ from memory import metrics
 from memory.config import SearchConfig
 from memory.embedder import Embedder
 from memory.errors import SearchInputError
-from memory.records import Hit, SearchResult, Trace, datetime_to_ms, jump_url
-from memory.store import Filters, MessageStore
+from memory.filters import Filters
+from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
+from memory.reranker.base import RerankerProvider
+from memory.store import MessageStore
 from memory.text import fts_query
 
 log = logging.getLogger(__name__)
@@ -41,12 +43,18 @@ class SearchRequest:
     ``threshold`` set means fixed-threshold mode; otherwise ``adaptive`` decides
     between the adaptive loop and no threshold.  ``boosts`` turns recency and member
     boosts on; ``rerank`` lets the reranker (if the profile has one) run.
+
+    ``allowed_channel_ids`` is a permission allow-list: when set, only messages in
+    those channels and threads can be found, whatever ``channel_ids`` asks for (a
+    channel named there is expanded to its threads first, then cut to the list).
+    It filters inside the KNN and keyword stages, so a search still fills ``limit``.
     """
 
     queries: tuple[str, ...]
     guild_id: int | None = None
     channel_ids: tuple[int, ...] | None = None
     author_ids: tuple[int, ...] | None = None
+    allowed_channel_ids: tuple[int, ...] | frozenset[int] | None = None
     after: datetime | None = None
     before: datetime | None = None
     has_attachment: bool | None = None
@@ -144,9 +152,8 @@ class Searcher:
         store: Where the messages and vectors are.
         embedder: The model the store was embedded with.
         config: The profile's ``[search]`` section.
-        reranker: Optional callable returning the active
-            :class:`memory.reranker.service.RerankerService` (or ``None``); a callable
-            so an admin's profile switch takes effect for the next search.
+        reranker: Returns the reranker to use now (``None``: reranking is off); a
+            callable so an admin's profile switch takes effect for the next search.
     """
 
     def __init__(
@@ -154,12 +161,12 @@ class Searcher:
         store: MessageStore,
         embedder: Embedder,
         config: SearchConfig,
-        reranker: Callable[[], object | None] | None = None,
+        reranker: RerankerProvider | None = None,
     ) -> None:
         self.store = store
         self.embedder = embedder
         self.config = config
-        self._reranker = reranker or (lambda: None)
+        self._reranker: RerankerProvider = reranker or (lambda: None)
         self._members: tuple[int, dict[int | None, list[tuple[int, re.Pattern]]]] = (-1, {})
 
     def search(self, request: SearchRequest) -> SearchResult:
@@ -172,6 +179,9 @@ class Searcher:
         trace = Trace()
         clock = _Clock(trace)
         filters = self._filters(request)
+        if request.allowed_channel_ids is not None and not filters.channel_ids:
+            trace.timings_ms["total"] = 0.0
+            return SearchResult([], trace, "none of the channels searched are readable here")
         need_dense = request.mode in ("hybrid", "dense")
         vectors = self._embed(queries) if need_dense else None
         clock.lap("embed")
@@ -224,6 +234,11 @@ class Searcher:
         channels = request.channel_ids
         if channels:
             channels = self.store.expand_channels(channels)
+        if request.allowed_channel_ids is not None:
+            allowed = frozenset(request.allowed_channel_ids)
+            channels = tuple(sorted(allowed)) if channels is None else tuple(
+                c for c in channels if c in allowed
+            )
         return Filters(
             guild_id=request.guild_id,
             channel_ids=channels,
@@ -335,7 +350,7 @@ class Searcher:
     def _boost(
         self,
         pool: list[_Candidate],
-        rows: dict[int, dict],
+        rows: dict[int, StoredMessage],
         queries: list[str],
         request: SearchRequest,
     ) -> list[tuple[_Candidate, float]]:
@@ -348,8 +363,8 @@ class Searcher:
         boosted = []
         for cand in pool:
             row = rows[cand.id]
-            boost = recency_boost((now_ms - row["created_at"]) / 86_400_000, self.config)
-            if row["author_id"] in named:
+            boost = recency_boost((now_ms - row.created_at) / 86_400_000, self.config)
+            if row.author_id in named:
                 boost *= self.config.member_boost
             boosted.append((cand, boost))
         return sorted(boosted, key=lambda cb: -cb[0].fused * cb[1])
@@ -371,11 +386,12 @@ class Searcher:
         return {author_id for author_id, pattern in cache[guild_id] if pattern.search(text)}
 
     @staticmethod
-    def _hits(ranked: list[tuple[_Candidate, float]], rows: dict[int, dict]) -> list[Hit]:
+    def _hits(
+        ranked: list[tuple[_Candidate, float]], rows: dict[int, StoredMessage]
+    ) -> list[Hit]:
         return [
             Hit(
-                **rows[cand.id],
-                jump_url=jump_url(rows[cand.id]["guild_id"], rows[cand.id]["channel_id"], cand.id),
+                **vars(rows[cand.id]),
                 similarity=cand.similarity,
                 keyword_score=cand.keyword_score,
                 dense_rank=cand.dense_rank,

@@ -1,21 +1,20 @@
-"""SQLite storage: messages, their FTS5 index and their sqlite-vec vectors.
+"""SQLite storage: messages, their context (guilds, channels, authors), the FTS5 index,
+the embedding backlog and the database's metadata.
 
-All SQL of the engine lives here.  Messages are written first and embedded later in
-batches (:meth:`MessageStore.pending` / :meth:`MessageStore.write_vectors`), so a
-crash between the two loses nothing: the next run finds the backlog by the
-``embedded = 0`` flag.  Filters that a search must honour are vec0 metadata and
-partition columns, so they apply inside the KNN rather than after its top-k.
-The KNN itself runs over a 1-bit code of each vector and the candidates it finds
-are ranked by exact cosine (:meth:`MessageStore.knn`): at 100k messages that is
-several times faster than sqlite-vec's float scan (BENCHMARKS.md).
+Messages are written first and embedded later in batches (:meth:`MessageStore.claim`
+/ :meth:`MessageStore.write_vectors`), so a crash between the two loses nothing: the
+next run finds the backlog by the ``embedded = 0`` flag.  The vectors themselves,
+their 1-bit KNN and the code statistics live in :mod:`memory.vectors`; the store
+holds the one connection and its lock, and writes a message and its vector in one
+transaction.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,35 +22,25 @@ from typing import Any
 
 import numpy as np
 
-from memory.db import connect, sqlite_driver
-from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SearchInputError
+from memory.db import IN_IDS, connect, id_list
+from memory.errors import EmbeddingModelMismatch
+from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
-from memory.records import MessageRecord
+from memory.records import MessageRecord, PendingMessage, StoredMessage
+from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
+from memory.vectors import VectorIndex, table_columns
+
+__all__ = [
+    "BackfillCursor", "Filters", "GuildStats", "MessageStore", "PendingMessage", "StoreStats",
+    "UpsertStats",
+]
 
 log = logging.getLogger(__name__)
 
-MAX_KNN_K = 4096  # sqlite-vec's upper bound for k
 _META_MODEL = "embedding_model"
 _META_DIM = "embedding_dim"
 _META_PROFILE = "active_profile"
-
-
-@dataclass(frozen=True)
-class Filters:
-    """Where a search may look.  ``None`` means "no restriction" for that field."""
-
-    guild_id: int | None = None
-    channel_ids: tuple[int, ...] | None = None
-    author_ids: tuple[int, ...] | None = None
-    after_ms: int | None = None
-    before_ms: int | None = None
-    has_attachment: bool | None = None
-
-    def __post_init__(self) -> None:
-        # id lists given as lists (or sets) become tuples: filters are hashable keys
-        for name in ("channel_ids", "author_ids"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, tuple(getattr(self, name)))
+_AUTHOR_NAME = "COALESCE(NULLIF(a.display_name, ''), a.name)"
 
 
 @dataclass(frozen=True)
@@ -64,19 +53,37 @@ class UpsertStats:
 
 
 @dataclass(frozen=True)
-class PendingMessage:
-    """A stored message whose vector is missing, with the context to embed it."""
+class BackfillCursor:
+    """A channel's backfill position: read back to ``before_id``; ``complete`` at its start."""
 
-    id: int
-    guild_id: int
-    channel_id: int
-    author_id: int
-    created_at: int
-    author: str
-    content: str
-    attachments: tuple[str, ...]
-    context_author: str | None
-    context_content: str | None
+    before_id: int | None
+    complete: bool
+
+
+@dataclass(frozen=True)
+class GuildStats:
+    """What one guild has stored; ``member_messages`` counts one member's."""
+
+    messages: int
+    channels: int
+    member_messages: int
+    pending: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """What a database holds, for the ``stats`` command."""
+
+    guilds: int
+    channels: int
+    authors: int
+    messages: int
+    pending_embeddings: int
+    embedding_model: str | None
+    embedding_dim: int | None
+    active_profile: str | None
+    schema_version: int
+    path: str
 
 
 def _context_key(r: MessageRecord) -> tuple:
@@ -87,114 +94,21 @@ def _context_key(r: MessageRecord) -> tuple:
     )
 
 
+_SETTING_LISTS = {
+    "add_channel": ("channel_rules", "channel_id"),
+    "remove_channel": ("channel_rules", "channel_id"),
+    "opt_out": ("member_optouts", "author_id"),
+    "opt_in": ("member_optouts", "author_id"),
+}
+
+
+def _older_edit(incoming: int | None, stored: int | None) -> bool:
+    """Whether an incoming copy of a message predates the edit already stored."""
+    return stored is not None and (incoming is None or incoming < stored)
+
+
 def _split_attachments(value: str) -> tuple[str, ...]:
     return tuple(name for name in value.split("\n") if name)
-
-
-def _vector_table_sql(dimension: int) -> str:
-    """The vector table: a 1-bit code to search by, the float vector to rank by, filters."""
-    bits = -(-int(dimension) // 8) * 8  # whole bytes; padding bits are 0 in every code
-    return f"""CREATE VIRTUAL TABLE IF NOT EXISTS message_vectors USING vec0(
-        message_id INTEGER PRIMARY KEY,
-        embedding_bits bit[{bits}],
-        guild_id INTEGER PARTITION KEY,
-        channel_id INTEGER,
-        author_id INTEGER,
-        created_at INTEGER,
-        has_attachment INTEGER,
-        +embedding BLOB
-    )"""
-
-
-def binary_code(vector: np.ndarray) -> bytes:
-    """The 1-bit code of a vector: one bit per dimension, set where the value is positive.
-
-    Bit order matches sqlite-vec's ``vec_quantize_binary`` (least significant first).
-    """
-    return np.packbits(np.asarray(vector) > 0, bitorder="little").tobytes()
-
-
-class _RadiusMemory:
-    """Guesses how far, in Hamming bits, a search's k-th nearest 1-bit code lies.
-
-    sqlite-vec 0.1.9 picks each 1024-code chunk's top k with up to k linear passes,
-    so a KNN for k = 200 over 100k codes spends more time selecting than measuring.
-    A ``distance <= radius`` constraint drops far codes before that selection, and
-    the tighter the radius the cheaper the search.
-
-    The guess starts from the query's expected distance to a stored code (from
-    the guild's bit frequencies, ``code_stats``): queries near the bulk of the
-    codes have near neighbours.  Earlier searches with the same filters (for new
-    filters: the guild's unfiltered searches) tell how far below that expectation
-    the k-th code lay; the guess takes a high percentile of those offsets.  A
-    search that finds fewer than k within it widens the radius and runs again,
-    the last try without any constraint, so a wrong guess costs time, never results.
-    """
-
-    def __init__(self, history: int = 32, percentile: float = 80.0, max_keys: int = 256) -> None:
-        self._history = history
-        self._percentile = percentile
-        self._max_keys = max_keys
-        self._offsets: dict[tuple[Filters, int], deque[float]] = {}
-        self._small: set[tuple[Filters, int]] = set()  # scopes with fewer rows than wanted
-        self._lock = threading.Lock()
-
-    def search(
-        self,
-        run: Callable[[int | None], list[tuple]],
-        *,
-        key: tuple[Filters, int],
-        want: int,
-        bits: int,
-        expected: float = 0.0,
-    ) -> list[tuple]:
-        """Call ``run(radius)`` until it returns ``want`` rows; at most four tries.
-
-        Later tries widen the guess by one, then three spreads of the offsets
-        seen (their 95th minus 50th percentile); the last has no limit.
-        ``run`` returns rows nearest first with the Hamming distance at index 1;
-        ``expected`` is the query's mean distance to a stored code (0 if unknown).
-        A scope that held fewer than ``want`` rows is searched without a limit
-        next time, at once (it is small, so that is cheap).
-        """
-        radius, spread = self._guess(key, expected)
-        tries = [None]
-        if radius is not None:
-            tries = [radius, radius + spread, radius + 3 * spread, None]
-        for radius in tries:
-            if radius is not None and radius >= bits:
-                continue
-            rows = run(radius)
-            if len(rows) >= want:
-                self._remember(key, rows[want - 1][1] - expected)
-                break
-        else:
-            with self._lock:
-                self._small.add(key)
-        return rows
-
-    def _guess(self, key: tuple[Filters, int], expected: float) -> tuple[int | None, int]:
-        filters, want = key
-        with self._lock:
-            if key in self._small:
-                return None, 0
-            seen = self._offsets.get(key) or self._offsets.get(
-                (Filters(guild_id=filters.guild_id), want)
-            )
-            if not seen:
-                return None, 0
-            offsets = np.fromiter(seen, dtype=np.float64)
-        radius = int(np.ceil(expected + np.percentile(offsets, self._percentile)))
-        spread = np.percentile(offsets, 95) - np.percentile(offsets, 50)
-        return max(radius, 0), max(2, int(np.ceil(spread)))
-
-    def _remember(self, key: tuple[Filters, int], offset: float) -> None:
-        with self._lock:
-            self._small.discard(key)
-            if key not in self._offsets and len(self._offsets) >= self._max_keys:
-                self._offsets.clear()
-                self._small.clear()
-            self._offsets.setdefault(key, deque(maxlen=self._history)).append(offset)
 
 
 class MessageStore:
@@ -215,62 +129,20 @@ class MessageStore:
         self._conn = connect(path)
         self._lock = threading.RLock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
-        self._radii = _RadiusMemory()
+        self.vectors = VectorIndex(self._query)
         try:
             migrate(self._conn)
-            self._upgrade_vector_table()
+            self._check_vector_table()
         except BaseException:
             self._conn.close()
             raise
 
-    def _upgrade_vector_table(self) -> None:
-        """Move a first-release vector table (a float vec0 column) to 1-bit codes + floats.
-
-        vec0 tables cannot be altered or renamed, so the rows go through a
-        temporary copy, all in one transaction; no vector is recomputed.
-        """
+    def _check_vector_table(self) -> None:
+        """Rebuild a vector table that is gone (dropped by hand?): everything is re-embedded."""
         model = self.embedding_model()
-        if model is None:
-            return
-        columns = {row[1] for row in self._query("PRAGMA table_info(message_vectors)")}
-        if "embedding_bits" in columns:
-            return
-        if not columns:  # the table is gone (dropped by hand?): rebuild, re-embed everything
+        if model is not None and not table_columns(self._conn):
             log.warning("%s has no vector table; every message will be embedded again", self.path)
             self.reset_embeddings(*model)
-            return
-        log.info("moving %s to 1-bit vector search (one-off)", self.path)
-        try:
-            with self._transaction() as conn:
-                self._rebuild_vector_table(conn, model[1])
-        except sqlite_driver().OperationalError as exc:
-            raise DatabaseFileError(
-                f"{self.path}: could not move the vectors to the new table ({exc}); if another "
-                "process is using the database (perhaps upgrading it), try again when it is done"
-            ) from exc
-
-    def _rebuild_vector_table(self, conn: Any, dimension: int) -> None:
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(message_vectors)")}
-        if "embedding_bits" in columns:
-            return  # another process upgraded it while this one waited for the lock
-        fields = "message_id, guild_id, channel_id, author_id, created_at, has_attachment"
-        conn.execute(
-            f"CREATE TEMP TABLE vectors_copy AS SELECT {fields}, embedding FROM message_vectors"
-        )
-        conn.execute("DROP TABLE message_vectors")
-        conn.execute(_vector_table_sql(dimension))
-        copied = conn.execute(f"SELECT {fields}, embedding FROM temp.vectors_copy")
-        conn.executemany(
-            f"INSERT INTO message_vectors({fields}, embedding, embedding_bits) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, vec_bit(?))",
-            ((*row, binary_code(np.frombuffer(row[-1], dtype=np.float32))) for row in copied),
-        )
-        conn.execute("DELETE FROM code_stats")  # recounted from every vector
-        self._count_codes(conn, (
-            (guild_id, np.frombuffer(blob, dtype=np.float32))
-            for guild_id, blob in conn.execute("SELECT guild_id, embedding FROM temp.vectors_copy")
-        ))
-        conn.execute("DROP TABLE temp.vectors_copy")
 
     def close(self) -> None:
         """Close the connection."""
@@ -303,11 +175,7 @@ class MessageStore:
     def set_meta(self, key: str, value: str) -> None:
         """Store a value in the ``meta`` table."""
         with self._transaction() as conn:
-            conn.execute(
-                "INSERT INTO meta(key, value) VALUES (?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
+            _set_meta(conn, key, value)
 
     @property
     def active_profile(self) -> str | None:
@@ -339,27 +207,21 @@ class MessageStore:
                 f"profile uses {model_id} ({dimension} dims); run `python bot.py reembed` "
                 "to re-embed every message with the new model"
             )
-        self._create_vector_table(model_id, dimension)
+        with self._transaction() as conn:
+            self._bind_model(conn, model_id, dimension)
 
     def reset_embeddings(self, model_id: str, dimension: int) -> None:
         """Drop every vector and bind to a new model; all messages become pending."""
         with self._transaction() as conn:
-            conn.execute("DROP TABLE IF EXISTS message_vectors")
-            conn.execute("DELETE FROM code_stats")
+            self.vectors.drop(conn)
             conn.execute("DELETE FROM meta WHERE key IN (?, ?)", (_META_MODEL, _META_DIM))
             conn.execute("UPDATE messages SET embedded = 0")
-        self._create_vector_table(model_id, dimension)
+            self._bind_model(conn, model_id, dimension)
 
-    def _create_vector_table(self, model_id: str, dimension: int) -> None:
-        with self._transaction() as conn:
-            conn.execute(_vector_table_sql(dimension))
-            for key, value in ((_META_MODEL, model_id), (_META_DIM, str(dimension))):
-                conn.execute(
-                    "INSERT INTO meta(key, value) VALUES (?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (key, value),
-                )
-        self._radii = _RadiusMemory()  # distances learned under the old model mean nothing
+    def _bind_model(self, conn: Any, model_id: str, dimension: int) -> None:
+        self.vectors.create(conn, dimension)
+        _set_meta(conn, _META_MODEL, model_id)
+        _set_meta(conn, _META_DIM, str(dimension))
 
     # -- writes -------------------------------------------------------------------
 
@@ -370,7 +232,7 @@ class MessageStore:
         rewritten by trigger and its vector dropped; it is re-embedded with the
         backlog.  Re-importing identical messages changes nothing.
         """
-        records = list(records)
+        records = self._admissible(list(records))
         if not records:
             return UpsertStats()
         existing = self._existing([r.id for r in records])
@@ -389,7 +251,7 @@ class MessageStore:
                 if before is None:
                     self._insert_message(conn, record)
                     inserted += 1
-                elif before != row:
+                elif before != row and not _older_edit(record.edited_at, before[1]):
                     self._update_message(conn, record, text_changed=before[0::2] != row[0::2])
                     updated += 1
                 else:
@@ -397,17 +259,26 @@ class MessageStore:
                 existing[record.id] = row
         return UpsertStats(inserted, updated, unchanged)
 
+    def _admissible(self, records: list[MessageRecord]) -> list[MessageRecord]:
+        """Leave out deleted messages (tombstoned) and members who opted out."""
+        if not records:
+            return records
+        gone = {row[0] for row in self._query(
+            f"SELECT message_id FROM tombstones WHERE message_id {IN_IDS}",
+            (id_list(r.id for r in records),),
+        )}
+        opted_out = {tuple(row) for row in self._query("SELECT guild_id, author_id FROM member_optouts")}
+        return [
+            r for r in records
+            if r.id not in gone and (r.guild_id, r.author_id) not in opted_out
+        ]
+
     def _existing(self, ids: list[int]) -> dict[int, tuple]:
-        found: dict[int, tuple] = {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            for row in self._query(
-                f"SELECT id, content, edited_at, attachments FROM messages WHERE id IN ({marks})",
-                chunk,
-            ):
-                found[row[0]] = tuple(row[1:])
-        return found
+        rows = self._query(
+            f"SELECT id, content, edited_at, attachments FROM messages WHERE id {IN_IDS}",
+            (id_list(ids),),
+        )
+        return {row[0]: tuple(row[1:]) for row in rows}
 
     @staticmethod
     def _upsert_context(conn: Any, r: MessageRecord) -> None:
@@ -451,31 +322,203 @@ class MessageStore:
             (r.content, r.edited_at, "\n".join(r.attachments), int(text_changed), r.id),
         )
         if text_changed:
-            self._delete_vectors(conn, [r.id])
-
-    def _delete_vectors(self, conn: Any, ids: Sequence[int]) -> None:
-        if self.embedding_model() is None or not ids:
-            return
-        marks = ",".join("?" * len(ids))
-        conn.execute(f"DELETE FROM message_vectors WHERE message_id IN ({marks})", list(ids))
+            self.vectors.delete(conn, [r.id])
+            self._reembed_dependents(conn, [r.id])
 
     def delete(self, ids: Iterable[int]) -> int:
-        """Remove messages from the table, the FTS index and the vectors.
+        """Remove messages from the table, the FTS index and the vectors, for good.
+
+        Each id gets a tombstone, so a late insert (a gateway event racing the
+        delete, a backfill page, a re-import of an old export) cannot bring the
+        message back; messages whose vectors carried its text as context are
+        re-embedded.
 
         Returns:
             How many messages existed and were removed.
         """
-        ids = list(ids)
-        removed = 0
+        ids = sorted(set(ids))
+        if not ids:
+            return 0
         with self._transaction() as conn:
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                removed += conn.execute(
-                    f"DELETE FROM messages WHERE id IN ({marks})", chunk
-                ).rowcount
-                self._delete_vectors(conn, chunk)
+            return self._forget(conn, ids)
+
+    def _forget(self, conn: Any, ids: Sequence[int]) -> int:
+        """Delete ``ids`` everywhere inside the caller's transaction; tombstone them."""
+        if not ids:
+            return 0
+        now = int(time.time() * 1000)
+        conn.executemany(
+            "INSERT OR IGNORE INTO tombstones(message_id, deleted_at) VALUES (?, ?)",
+            [(i, now) for i in ids],
+        )
+        self._reembed_dependents(conn, ids)
+        self.vectors.delete(conn, ids)
+        return conn.execute(f"DELETE FROM messages WHERE id {IN_IDS}", (id_list(ids),)).rowcount
+
+    def _reembed_dependents(self, conn: Any, ids: Sequence[int]) -> None:
+        """Send back to the backlog the messages whose embedded context includes ``ids``.
+
+        A message is embedded with its reply target, or else the message before it
+        in its channel (:meth:`pending`); when that one is edited or deleted, the
+        old text must not live on inside its neighbour's vector.
+        """
+        batch = id_list(ids)
+        dependents = [row[0] for row in conn.execute(
+            """SELECT id FROM messages WHERE reply_to_id IN (SELECT value FROM json_each(?1))
+               UNION
+               SELECT (SELECT n.id FROM messages n WHERE n.channel_id = x.channel_id AND n.id > x.id
+                       ORDER BY n.id LIMIT 1)
+               FROM messages x WHERE x.id IN (SELECT value FROM json_each(?1))""",
+            (batch,),
+        ) if row[0] is not None]
+        dependents = [i for i in dependents if i not in set(ids)]
+        if dependents:
+            conn.execute(
+                f"UPDATE messages SET embedded = 0 WHERE id {IN_IDS}", (id_list(dependents),)
+            )
+            self.vectors.delete(conn, dependents)
+
+    def _forget_where(self, where: str, params: Sequence[Any]) -> int:
+        """Forget every message matching a WHERE clause over ``messages``."""
+        with self._transaction() as conn:
+            ids = [row[0] for row in conn.execute(f"SELECT id FROM messages WHERE {where}", params)]
+            return self._forget(conn, ids)
+
+    def purge_channels(self, channel_ids: Iterable[int]) -> int:
+        """Forget every message in these channels and in their threads.
+
+        Returns:
+            How many messages were removed.
+        """
+        channel_ids = list(channel_ids)
+        if not channel_ids:
+            return 0
+        places = id_list(self.expand_channels(channel_ids))
+        removed = self._forget_where(f"channel_id {IN_IDS}", (places,))
+        with self._transaction() as conn:
+            conn.execute(f"DELETE FROM backfill_cursors WHERE channel_id {IN_IDS}", (places,))
         return removed
+
+    def purge_guild(self, guild_id: int) -> int:
+        """Forget a guild entirely: messages, channels, settings, opt-outs, cursors."""
+        removed = self._forget_where("guild_id = ?", (guild_id,))
+        with self._transaction() as conn:
+            for table in ("channel_rules", "autoresponse_channels", "member_optouts",
+                          "backfill_cursors", "guild_settings", "code_stats"):
+                conn.execute(f"DELETE FROM {table} WHERE guild_id = ?", (guild_id,))
+            conn.execute("DELETE FROM channels WHERE guild_id = ?", (guild_id,))
+            conn.execute("DELETE FROM guilds WHERE id = ?", (guild_id,))
+        return removed
+
+    def forget_author(self, guild_id: int, author_id: int) -> int:
+        """Forget every message one member wrote in one guild."""
+        return self._forget_where("guild_id = ? AND author_id = ?", (guild_id, author_id))
+
+    def purge_older_than(self, guild_id: int, cutoff_ms: int) -> int:
+        """Forget a guild's messages created before ``cutoff_ms`` (unix milliseconds)."""
+        return self._forget_where("guild_id = ? AND created_at < ?", (guild_id, cutoff_ms))
+
+    # -- guild settings and backfill progress ----------------------------------------------
+
+    def guild_settings(self, guild_id: int) -> GuildSettings:
+        """A guild's settings (defaults when it never changed any)."""
+        row = self._query(
+            "SELECT channel_mode, retention_days, autoresponse FROM guild_settings "
+            "WHERE guild_id = ?", (guild_id,),
+        )
+        mode, retention, autoresponse = row[0] if row else ("all", None, "mention")
+
+        def ids(table: str, column: str) -> frozenset[int]:
+            return frozenset(r[0] for r in self._query(
+                f"SELECT {column} FROM {table} WHERE guild_id = ?", (guild_id,)))
+
+        return GuildSettings(
+            guild_id=guild_id, channel_mode=mode, channels=ids("channel_rules", "channel_id"),
+            retention_days=retention, autoresponse=autoresponse,
+            autoresponse_channels=ids("autoresponse_channels", "channel_id"),
+            opted_out=ids("member_optouts", "author_id"),
+        )
+
+    def update_guild_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
+        """Change a guild's settings; returns them as they are now.
+
+        Keywords: ``channel_mode``, ``retention_days`` (``None`` = keep), ``autoresponse``,
+        ``add_channel`` / ``remove_channel`` (the channel list), ``toggle_autoresponse_channel``,
+        ``opt_out`` / ``opt_in`` (a member id).
+
+        Raises:
+            SearchInputError: An unknown setting or value.
+        """
+        columns = {"channel_mode": CHANNEL_MODES, "autoresponse": AUTORESPONSE_MODES}
+        with self._transaction() as conn:
+            conn.execute("INSERT OR IGNORE INTO guild_settings(guild_id) VALUES (?)", (guild_id,))
+            for key, value in changes.items():
+                if value is None and key != "retention_days":
+                    continue
+                if key in columns:
+                    if value not in columns[key]:
+                        raise SearchInputError(f"{key} must be one of {', '.join(columns[key])}")
+                    conn.execute(f"UPDATE guild_settings SET {key} = ? WHERE guild_id = ?",
+                                 (value, guild_id))
+                elif key == "retention_days":
+                    if value is not None and int(value) <= 0:
+                        raise SearchInputError("retention must be a positive number of days")
+                    conn.execute("UPDATE guild_settings SET retention_days = ? WHERE guild_id = ?",
+                                 (value, guild_id))
+                elif key in ("add_channel", "opt_out"):
+                    table, column = _SETTING_LISTS[key]
+                    conn.execute(f"INSERT OR IGNORE INTO {table}(guild_id, {column}) VALUES (?, ?)",
+                                 (guild_id, int(value)))
+                elif key in ("remove_channel", "opt_in"):
+                    table, column = _SETTING_LISTS[key]
+                    conn.execute(f"DELETE FROM {table} WHERE guild_id = ? AND {column} = ?",
+                                 (guild_id, int(value)))
+                elif key == "toggle_autoresponse_channel":
+                    if not conn.execute(
+                        "DELETE FROM autoresponse_channels WHERE guild_id = ? AND channel_id = ?",
+                        (guild_id, int(value)),
+                    ).rowcount:
+                        conn.execute("INSERT INTO autoresponse_channels VALUES (?, ?)",
+                                     (guild_id, int(value)))
+                else:
+                    raise SearchInputError(f"unknown setting {key!r}")
+        return self.guild_settings(guild_id)
+
+    def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:
+        """How far a backfill of this channel got, or ``None`` if none started."""
+        rows = self._query(
+            "SELECT before_id, complete FROM backfill_cursors WHERE channel_id = ?", (channel_id,))
+        return BackfillCursor(rows[0][0], bool(rows[0][1])) if rows else None
+
+    def save_backfill_cursor(
+        self, guild_id: int, channel_id: int, before_id: int | None, *, complete: bool = False
+    ) -> None:
+        """Record that a backfill has read this channel back to ``before_id`` (or to its start)."""
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO backfill_cursors(channel_id, guild_id, before_id, complete) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT(channel_id) DO UPDATE SET "
+                "before_id = COALESCE(excluded.before_id, before_id), complete = excluded.complete",
+                (channel_id, guild_id, before_id, int(complete)),
+            )
+
+    def latest_message_id(self, channel_id: int) -> int | None:
+        """The newest stored message id in a channel (or thread), ``None`` when none is."""
+        return self._query("SELECT max(id) FROM messages WHERE channel_id = ?", (channel_id,))[0][0]
+
+    def guild_stats(self, guild_id: int, author_id: int | None = None) -> GuildStats:
+        """Counts for one guild only (and one member in it)."""
+        messages, channels = self._query(
+            "SELECT count(*), count(DISTINCT channel_id) FROM messages WHERE guild_id = ?",
+            (guild_id,),
+        )[0]
+        pending = self._query(
+            "SELECT count(*) FROM messages WHERE guild_id = ? AND embedded = 0", (guild_id,))[0][0]
+        mine = 0
+        if author_id is not None:
+            mine = self._query("SELECT count(*) FROM messages WHERE guild_id = ? AND author_id = ?",
+                               (guild_id, author_id))[0][0]
+        return GuildStats(messages, channels, mine, pending)
 
     # -- embedding backlog ------------------------------------------------------------
 
@@ -490,33 +533,28 @@ class MessageStore:
         message in its channel.
         """
         rows = self._query(
-            """SELECT m.id, m.guild_id, m.channel_id, m.author_id, m.created_at,
-                      COALESCE(NULLIF(a.display_name, ''), a.name), m.content, m.attachments,
+            f"""SELECT m.id, m.guild_id, m.channel_id, m.author_id, {_AUTHOR_NAME}, m.content,
+                      m.created_at, c.name, m.reply_to_id, m.attachments,
                       COALESCE(
                         (SELECT r.id FROM messages r WHERE r.id = m.reply_to_id),
                         (SELECT p.id FROM messages p WHERE p.channel_id = m.channel_id
                            AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
                FROM messages m JOIN authors a ON a.id = m.author_id
+               JOIN channels c ON c.id = m.channel_id
                WHERE m.embedded = 0 ORDER BY m.id LIMIT ?""",
             (limit,),
         )
-        context = self._context_rows([row[8] for row in rows if row[8] is not None])
+        context = self._context_rows([row[10] for row in rows if row[10] is not None])
         return [
-            PendingMessage(
-                *row[:6], row[6], _split_attachments(row[7]),
-                *context.get(row[8], (None, None)),
-            )
+            PendingMessage(*row[:9], _split_attachments(row[9]), *context.get(row[10], (None, None)))
             for row in rows
         ]
 
     def _context_rows(self, ids: list[int]) -> dict[int, tuple[str, str]]:
-        if not ids:
-            return {}
-        marks = ",".join("?" * len(ids))
         rows = self._query(
-            f"SELECT m.id, COALESCE(NULLIF(a.display_name, ''), a.name), m.content "
-            f"FROM messages m JOIN authors a ON a.id = m.author_id WHERE m.id IN ({marks})",
-            ids,
+            f"SELECT m.id, {_AUTHOR_NAME}, m.content FROM messages m "
+            f"JOIN authors a ON a.id = m.author_id WHERE m.id {IN_IDS}",
+            (id_list(ids),),
         )
         return {row[0]: (row[1], row[2]) for row in rows}
 
@@ -532,71 +570,26 @@ class MessageStore:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         with self._transaction() as conn:
             current = self._unchanged_since_read(conn, messages)
-            rows = [(m, vec) for m, vec in zip(messages, vectors) if m.id in current]
-            ids = [m.id for m, _ in rows]
-            self._delete_vectors(conn, ids)  # vec0 has no INSERT OR REPLACE
-            conn.executemany(
-                "INSERT INTO message_vectors(message_id, embedding_bits, embedding, guild_id, "
-                "channel_id, author_id, created_at, has_attachment) "
-                "VALUES (?, vec_bit(?), ?, ?, ?, ?, ?, ?)",
-                [
-                    (m.id, binary_code(vec), vec.tobytes(), m.guild_id, m.channel_id,
-                     m.author_id, m.created_at, int(bool(m.attachments)))
-                    for m, vec in rows
-                ],
-            )
-            self._count_codes(conn, ((m.guild_id, vec) for m, vec in rows))
-            conn.executemany("UPDATE messages SET embedded = 1 WHERE id = ?", [(i,) for i in ids])
-
-    @staticmethod
-    def _count_codes(conn: Any, vectors: Iterable[tuple[int, np.ndarray]]) -> None:
-        """Add each ``(guild_id, vector)``'s code bits to that guild's ``code_stats`` row.
-
-        Deleted and replaced vectors are not subtracted: the counts only steer a
-        guess of how far a search must look (see :class:`_RadiusMemory`).
-        """
-        totals: dict[int, tuple[int, np.ndarray]] = {}
-        for guild_id, vector in vectors:
-            count, ones = totals.get(guild_id, (0, np.zeros(len(vector), dtype=np.int64)))
-            totals[guild_id] = (count + 1, ones + (vector > 0))
-        for guild_id, (count, ones) in totals.items():
-            row = conn.execute(
-                "SELECT vectors, ones FROM code_stats WHERE guild_id = ?", (guild_id,)
-            ).fetchone()
-            if row is not None and len(row[1]) == ones.nbytes:
-                count += row[0]
-                ones = ones + np.frombuffer(row[1], dtype=np.int64)
+            rows = [
+                (m.id, m.guild_id, m.channel_id, m.author_id, m.created_at, bool(m.attachments), v)
+                for m, v in zip(messages, vectors) if m.id in current
+            ]
+            self.vectors.write(conn, rows)
             conn.execute(
-                "INSERT INTO code_stats(guild_id, vectors, ones) VALUES (?, ?, ?) ON CONFLICT"
-                "(guild_id) DO UPDATE SET vectors = excluded.vectors, ones = excluded.ones",
-                (guild_id, count, ones.tobytes()),
+                f"UPDATE messages SET embedded = 1 WHERE id {IN_IDS}",
+                (id_list(row[0] for row in rows),),
             )
-
-    def _expected_distance(self, code_bits: np.ndarray, guild_id: int | None) -> float:
-        """Mean Hamming distance from a code to the guild's stored codes (0 if unknown)."""
-        rows = self._query(
-            "SELECT vectors, ones FROM code_stats"
-            + (" WHERE guild_id = ?" if guild_id is not None else ""),
-            () if guild_id is None else (guild_id,),
-        )
-        rows = [r for r in rows if len(r[1]) == code_bits.size * 8]
-        total = sum(r[0] for r in rows)
-        if not total:
-            return 0.0
-        ones = sum(np.frombuffer(r[1], dtype=np.int64) for r in rows) / total
-        return float(np.where(code_bits, 1.0 - ones, ones).sum())
 
     @staticmethod
     def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
         """Ids of ``messages`` still stored with the text and attachments they were read with."""
-        stored: dict[int, tuple[str, tuple[str, ...]]] = {}
-        for start in range(0, len(messages), 500):
-            chunk = [m.id for m in messages[start : start + 500]]
-            marks = ",".join("?" * len(chunk))
+        stored = {
+            mid: (content, _split_attachments(attachments))
             for mid, content, attachments in conn.execute(
-                f"SELECT id, content, attachments FROM messages WHERE id IN ({marks})", chunk
-            ):
-                stored[mid] = (content, _split_attachments(attachments))
+                f"SELECT id, content, attachments FROM messages WHERE id {IN_IDS}",
+                (id_list(m.id for m in messages),),
+            )
+        }
         return {m.id for m in messages if stored.get(m.id) == (m.content, m.attachments)}
 
     # -- reads ----------------------------------------------------------------------
@@ -606,49 +599,11 @@ class MessageStore:
     ) -> list[tuple[int, float]]:
         """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first.
 
-        The KNN runs inside vec0 over the 1-bit codes (filters included) and fetches
-        the ``k × rescore`` nearest by Hamming distance; those are ranked by exact
-        cosine from their float vectors.  sqlite-vec scans every code either way,
-        but a Hamming distance is far cheaper than a float cosine (BENCHMARKS.md).
-        A ``rescore`` that fetches the whole scope makes the result exact; the
-        fetch is capped at sqlite-vec's k limit of 4096.
+        See :meth:`memory.vectors.VectorIndex.knn`; empty before anything is embedded.
         """
         if self.embedding_model() is None:
             return []
-        k = max(1, min(int(k), MAX_KNN_K))
-        fetch = min(k * max(1, int(rescore)), MAX_KNN_K)
-        query = np.asarray(vector, dtype=np.float32)
-        code = binary_code(query)
-        candidates = self._radii.search(
-            lambda radius: self._code_knn(code, fetch, filters, radius),
-            key=(filters, fetch),
-            want=fetch,
-            bits=len(code) * 8,
-            expected=self._expected_distance(query > 0, filters.guild_id),
-        )
-        if not candidates:
-            return []
-        floats = np.frombuffer(b"".join(row[2] for row in candidates), dtype=np.float32)
-        floats = floats.reshape(len(candidates), -1)
-        norms = np.linalg.norm(floats, axis=1) * float(np.linalg.norm(query))
-        similarity = floats @ query / np.maximum(norms, 1e-12)
-        best = np.argsort(-similarity, kind="stable")[:k]
-        return [(candidates[i][0], float(similarity[i])) for i in best]
-
-    def _code_knn(
-        self, code: bytes, k: int, filters: Filters, radius: int | None = None
-    ) -> list[tuple[int, float, bytes]]:
-        """The ``k`` nearest codes (within ``radius`` bits, if given): id, distance, floats."""
-        clauses, params = ["embedding_bits MATCH vec_bit(?)", "k = ?"], [code, k]
-        if radius is not None:
-            clauses.append("distance <= ?")
-            params.append(radius)
-        self._filter_sql(filters, "", clauses, params)
-        return self._query(
-            "SELECT message_id, distance, embedding FROM message_vectors "
-            f"WHERE {' AND '.join(clauses)} ORDER BY distance",
-            params,
-        )
+        return self.vectors.knn(vector, k, filters, rescore=rescore)
 
     def keyword(self, match: str, k: int, filters: Filters) -> list[tuple[int, float]]:
         """Return up to ``k`` ``(message_id, bm25)`` pairs for an FTS5 expression, best first.
@@ -659,7 +614,7 @@ class MessageStore:
         ``k`` survive, every match is filtered.
         """
         clauses, params = ["TRUE"], []
-        self._filter_sql(filters, "m.", clauses, params)
+        filter_sql(filters, "m.", clauses, params)
         k = int(k)
         for head in (4 * k, -1):  # -1: no limit
             rows = self._query(
@@ -675,30 +630,6 @@ class MessageStore:
                 break
         return [(row[0], row[1]) for row in rows]
 
-    def _filter_sql(self, f: Filters, prefix: str, clauses: list[str], params: list) -> None:
-        """Append WHERE clauses for ``f``; vec0 metadata columns share the names used here."""
-        if f.guild_id is not None:
-            clauses.append(f"{prefix}guild_id = ?")
-            params.append(f.guild_id)
-        for column, values in (("channel_id", f.channel_ids), ("author_id", f.author_ids)):
-            if values is not None:
-                if not values:
-                    raise SearchInputError(f"empty {column} filter")
-                clauses.append(f"{prefix}{column} IN ({','.join('?' * len(values))})")
-                params.extend(values)
-        if f.after_ms is not None:
-            clauses.append(f"{prefix}created_at > ?")
-            params.append(f.after_ms)
-        if f.before_ms is not None:
-            clauses.append(f"{prefix}created_at < ?")
-            params.append(f.before_ms)
-        if f.has_attachment is not None:
-            if prefix:
-                clauses.append(f"({prefix}attachments != '') = ?")
-            else:
-                clauses.append("has_attachment = ?")
-            params.append(int(f.has_attachment))
-
     def expand_channels(self, channel_ids: Sequence[int]) -> tuple[int, ...]:
         """Return the channels plus every stored thread whose parent is one of them."""
         marks = ",".join("?" * len(channel_ids))
@@ -706,6 +637,13 @@ class MessageStore:
             f"SELECT id FROM channels WHERE parent_id IN ({marks})", list(channel_ids)
         )
         return tuple(dict.fromkeys([*channel_ids, *(row[0] for row in threads)]))
+
+    def threads(self, guild_id: int) -> list[tuple[int, int, str]]:
+        """Return ``(thread_id, parent_id, type)`` of every stored thread in a guild."""
+        return [tuple(row) for row in self._query(
+            "SELECT id, parent_id, type FROM channels WHERE guild_id = ? AND parent_id IS NOT NULL",
+            (guild_id,),
+        )]
 
     def channel_ids_named(self, name: str, guild_id: int | None = None) -> list[int]:
         """Return the ids of stored channels called ``name`` (case-insensitive)."""
@@ -716,27 +654,16 @@ class MessageStore:
             params.append(guild_id)
         return [row[0] for row in self._query(sql, params)]
 
-    def hydrate(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """Return the stored fields of messages by id (missing ids are left out)."""
-        found: dict[int, dict[str, Any]] = {}
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start : start + 500])
-            marks = ",".join("?" * len(chunk))
-            for row in self._query(
-                "SELECT m.id, m.guild_id, m.channel_id, m.author_id, "
-                "COALESCE(NULLIF(a.display_name, ''), a.name), m.content, m.created_at, "
-                "c.name, m.reply_to_id, m.attachments FROM messages m "
-                "JOIN authors a ON a.id = m.author_id JOIN channels c ON c.id = m.channel_id "
-                f"WHERE m.id IN ({marks})",
-                chunk,
-            ):
-                found[row[0]] = {
-                    "id": row[0], "guild_id": row[1], "channel_id": row[2], "author_id": row[3],
-                    "author_name": row[4], "content": row[5], "created_at": row[6],
-                    "channel_name": row[7], "reply_to_id": row[8],
-                    "attachments": _split_attachments(row[9]),
-                }
-        return found
+    def hydrate(self, ids: Sequence[int]) -> dict[int, StoredMessage]:
+        """Return the stored messages by id (missing ids are left out)."""
+        rows = self._query(
+            f"SELECT m.id, m.guild_id, m.channel_id, m.author_id, {_AUTHOR_NAME}, m.content, "
+            "m.created_at, c.name, m.reply_to_id, m.attachments FROM messages m "
+            "JOIN authors a ON a.id = m.author_id JOIN channels c ON c.id = m.channel_id "
+            f"WHERE m.id {IN_IDS}",
+            (id_list(ids),),
+        )
+        return {row[0]: StoredMessage(*row[:9], _split_attachments(row[9])) for row in rows}
 
     def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:
         """Return ``(author_id, name, display_name)`` of everyone with stored messages."""
@@ -761,19 +688,27 @@ class MessageStore:
         where, params = ("WHERE guild_id = ?", (guild_id,)) if guild_id is not None else ("", ())
         return bool(self._query(f"SELECT EXISTS (SELECT 1 FROM messages {where})", params)[0][0])
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> StoreStats:
         """Counts and metadata for the ``stats`` command."""
         model = self.embedding_model()
         counts = {
             table: self._query(f"SELECT count(*) FROM {table}")[0][0]
             for table in ("guilds", "channels", "authors", "messages")
         }
-        return {
+        return StoreStats(
             **counts,
-            "pending_embeddings": self.pending_count(),
-            "embedding_model": model[0] if model else None,
-            "embedding_dim": model[1] if model else None,
-            "active_profile": self.active_profile,
-            "schema_version": self._query("PRAGMA user_version")[0][0],
-            "path": self.path,
-        }
+            pending_embeddings=self.pending_count(),
+            embedding_model=model[0] if model else None,
+            embedding_dim=model[1] if model else None,
+            active_profile=self.active_profile,
+            schema_version=self._query("PRAGMA user_version")[0][0],
+            path=self.path,
+        )
+
+
+def _set_meta(conn: Any, key: str, value: str) -> None:
+    conn.execute(
+        "INSERT INTO meta(key, value) VALUES (?, ?) "
+        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        (key, value),
+    )

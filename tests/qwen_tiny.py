@@ -17,10 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models
 from tokenizers import pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
+from cli.bench.qwen_models import TINY_QWEN3, qwen3_config, qwen_fast_tokenizer
 from memory.reranker.prompt import (
     DEFAULT_INSTRUCTION, PREFIX, QWEN_SPLIT_PATTERN, SUFFIX, SYSTEM_PROMPT,
 )
@@ -63,7 +64,6 @@ def build_tokenizer(vocab_size: int = 1000) -> PreTrainedTokenizerFast:
     """
     specials = [*SPECIAL_TOKENS, *THINK_TOKENS]
     tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
@@ -80,9 +80,7 @@ def build_tokenizer(vocab_size: int = 1000) -> PreTrainedTokenizerFast:
     tok.train_from_iterator(training_corpus(), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     assert all(tok.token_to_id(t) is not None for t in specials)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
+    return qwen_fast_tokenizer(tok)
 
 
 def build_model(vocab_size: int, seed: int = 0, init_std: float = 0.2) -> Qwen3ForCausalLM:
@@ -99,19 +97,7 @@ def build_model(vocab_size: int, seed: int = 0, init_std: float = 0.2) -> Qwen3F
         The model in eval mode.
     """
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        initializer_range=init_std,
-        tie_word_embeddings=True,
-        rope_theta=1_000_000.0,
-    )
+    config = qwen3_config(TINY_QWEN3, vocab_size=vocab_size, initializer_range=init_std)
     return Qwen3ForCausalLM(config).eval()
 
 

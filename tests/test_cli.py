@@ -8,15 +8,16 @@ kept small (after the first, loading the model again takes a fraction of a secon
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
 from pathlib import Path
 
+import click
 import pytest
 
 import bot
+from cli.app import cli_group
 from memory.embedder import BUNDLED_MODEL_ID
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -51,38 +52,39 @@ def error_line(err: str) -> str:
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "bot.py")
 def test_every_command_prints_help(capsys: pytest.CaptureFixture, command: list[str]) -> None:
-    parser = bot.build_parser()
-    with pytest.raises(SystemExit) as excinfo:
-        parser.parse_args([*command, "--help"])
-    assert excinfo.value.code == 0
-    out = capsys.readouterr().out
-    assert out.startswith("usage: bot.py")
+    code, out, _ = run_cli(capsys, *command, "--help")
+    assert code == 0
+    assert out.startswith(f"Usage: bot.py {' '.join(command)}".rstrip())
     assert len(out.splitlines()) > 3
 
 
-def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {a.dest: a.help for a in action._choices_actions}
-            for name, sub in action.choices.items():
-                yield (*prefix, name), helps.get(name), sub
-                yield from _subcommands(sub, (*prefix, name))
+def _commands() -> click.Group:
+    group = click.Group(commands={**cli_group.commands})
+    group.add_command(bot.run_command)
+    return group
+
+
+def _subcommands(group: click.Group, prefix: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        yield (*prefix, name), command
+        if isinstance(command, click.Group):
+            yield from _subcommands(command, (*prefix, name))
 
 
 def test_every_command_has_help_text() -> None:
-    found = list(_subcommands(bot.build_parser()))
-    names = {" ".join(path) for path, _, _ in found}
+    found = list(_subcommands(_commands()))
+    names = {" ".join(path) for path, _ in found}
     assert {" ".join(c) for c in COMMANDS if c} == names  # the table above is complete
-    for path, text, _ in found:
-        assert text, f"{' '.join(path)} has no help text"
+    for path, command in found:
+        assert command.get_short_help_str(), f"{' '.join(path)} has no help text"
 
 
 def test_every_option_has_help_text() -> None:
     missing = [
-        f"{' '.join(path)} {action.option_strings[0]}"
-        for path, _, sub in _subcommands(bot.build_parser())
-        for action in sub._actions
-        if action.option_strings and action.dest != "help" and not action.help
+        f"{' '.join(path)} {param.opts[0]}"
+        for path, command in [((), cli_group), *_subcommands(_commands())]
+        for param in command.params
+        if isinstance(param, click.Option) and not param.help
     ]
     assert missing == []
 
@@ -151,7 +153,8 @@ def test_import_search_stats_embed_reembed(
     assert "0 new, 1 updated, 4 unchanged, 0 skipped, 0 embedded" in out
 
     code, out, _ = run_cli(capsys, *base, "embed")
-    assert (code, out.strip()) == (0, "embedded 1 messages")
+    # the edited message, and the next one, whose vector had the old text as context
+    assert (code, out.strip()) == (0, "embedded 2 messages")
 
     code, out, err = run_cli(capsys, *base, "reembed")
     assert code == 0, err
@@ -173,11 +176,95 @@ def test_import_with_some_bad_files(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "broken.json" in err
 
     code, out, err = run_cli(capsys, "--db", db, *PROFILE, "import", "--no-embed", folder)
-    assert code == 1  # nothing at all could be read
-    assert "broken.json" in err
+    assert code == 2  # nothing at all could be read: one line, the reason once
+    assert "broken.json" in error_line(err)
+    assert out == ""
 
 
 # -- errors -------------------------------------------------------------------------------
+
+
+def _bad_files(tmp_path: Path) -> dict[str, Path]:
+    """Malformed exports and query files, one per kind of damage."""
+    files = {
+        "not-json.json": "{ not json",
+        "a-list.json": "[1, 2, 3]",
+        "no-messages.json": '{"guild": {"id": "1"}, "channel": {"id": "2"}}',
+        "bad-ids.json": '{"guild": {"id": "x"}, "channel": {"id": "2"}, "messages": []}',
+        "huge-id.json": '{"guild": {"id": "99999999999999999999"}, "channel": {"id": "2"}, '
+                        '"messages": []}',
+        "truncated.json": '{"guild": {"id": "1"}, "channel": {"id": "2"}, "messages": [{"id": "3"',
+        "empty.json": "",
+        "latin1.json": "\ufeff",
+    }
+    made = {}
+    for name, text in files.items():
+        made[name] = tmp_path / name
+        made[name].write_text(text, encoding="utf-8")
+    made["binary.json"] = tmp_path / "binary.json"
+    made["binary.json"].write_bytes(bytes(range(256)) * 4)
+    queries = tmp_path / "bad-queries"
+    queries.mkdir()
+    (queries / "queries.jsonl").write_text('{"id": "q1", "query": "x"}\n', encoding="utf-8")
+    made["bad-queries"] = queries
+    made["no-queries"] = tmp_path / "no-queries"
+    made["no-queries"].mkdir()
+    return made
+
+
+SEARCH = [*PROFILE, "search", "x"]
+# every input the hostile-user review broke, and more: one line, exit 2, no traceback
+BAD_INPUT = [
+    pytest.param([*SEARCH, "--channel", "99999999999999999999"], "too large", id="channel-huge"),
+    pytest.param([*SEARCH, "--guild", "99999999999999999999"], "too large", id="guild-huge"),
+    pytest.param([*SEARCH, "--author", "99999999999999999999"], "too large", id="author-huge"),
+    pytest.param([*SEARCH, "--channel", "\u00b2"], "no stored channel", id="channel-unicode-digit"),
+    pytest.param([*SEARCH, "--author", "\u00b2"], "no stored author", id="author-unicode-digit"),
+    pytest.param([*SEARCH, "--guild", "\u00b2"], "not a Discord id", id="guild-unicode-digit"),
+    pytest.param([*SEARCH, "--guild", "-5"], "not a Discord id", id="guild-negative"),
+    pytest.param([*SEARCH, "--guild", "\u0661\u0662"], "not a Discord id", id="guild-arabic-digits"),
+    pytest.param([*SEARCH, "--channel", ""], "id or a name", id="channel-empty"),
+    pytest.param(["--log-level", "BOGUS", "stats"], "BOGUS", id="log-level-bogus"),
+    pytest.param(["--metrics-port", "70000", "stats"], "70000", id="metrics-port-70000"),
+    pytest.param(["--metrics-port", "0", "stats"], "--metrics-port", id="metrics-port-0"),
+    pytest.param(["--metrics-port", "http", "stats"], "--metrics-port", id="metrics-port-text"),
+    pytest.param([*SEARCH, "--after", "last tuesday"], "not an ISO 8601 date", id="after-words"),
+    pytest.param([*SEARCH, "--before", "2026-13-45"], "not an ISO 8601 date", id="before-bad"),
+    pytest.param([*SEARCH, "--after", "99999-01-01"], "not an ISO 8601 date", id="after-year"),
+    pytest.param([*SEARCH, "--limit", "abc"], "--limit", id="limit-text"),
+    pytest.param([*SEARCH, "--limit", "101"], "--limit", id="limit-101"),
+    pytest.param([*SEARCH, "--threshold", "2"], "--threshold", id="threshold-2"),
+    pytest.param([*SEARCH, "--threshold", "nan"], "threshold", id="threshold-nan"),
+    pytest.param([*SEARCH, "--mode", "fuzzy"], "fuzzy", id="mode-fuzzy"),
+    pytest.param([*PROFILE, "search"], "Missing argument", id="search-no-query"),
+    pytest.param(["frobnicate"], "No such command", id="unknown-command"),
+    pytest.param([*SEARCH, "--frob"], "No such option", id="unknown-option"),
+    pytest.param([*PROFILE, "bench", "retrieval", "/no/such/folder"], "does not exist",
+                 id="bench-missing-folder"),
+    pytest.param([*PROFILE, "bench", "retrieval", "@no-queries"], "no such queries file",
+                 id="bench-no-queries"),
+    pytest.param([*PROFILE, "bench", "retrieval", "@bad-queries"], "not a labelled query",
+                 id="bench-bad-queries"),
+    pytest.param([*PROFILE, "bench", "rerank", "--device", "tpu"], "tpu", id="bench-device"),
+    pytest.param([*PROFILE, "bench", "rerank", "--candidates", "0"], "--candidates",
+                 id="bench-candidates-0"),
+    *(
+        pytest.param([*PROFILE, "import", "--no-embed", f"@{name}"], needle, id=f"import-{name}")
+        for name, needle in [
+            ("not-json.json", "not a readable JSON export"),
+            ("a-list.json", "not a DiscordChatExporter export"),
+            ("no-messages.json", "not a DiscordChatExporter export"),
+            ("bad-ids.json", "guild.id"),
+            ("huge-id.json", "guild.id"),
+            ("truncated.json", "not a readable JSON export"),
+            ("empty.json", "not a readable JSON export"),
+            ("latin1.json", "not a readable JSON export"),
+            ("binary.json", "not a readable JSON export"),
+        ]
+    ),
+    pytest.param([*PROFILE, "import", "@not-json.json", "@a-list.json"], "none of the 2 files",
+                 id="import-all-bad"),
+]
 
 
 @pytest.fixture
@@ -205,16 +292,20 @@ def empty_db(tmp_path: Path) -> Path:
                      id="no-channel"),
         pytest.param([*PROFILE, "bench", "retrieval", str(BENCH_MINI), "--modes", "dense,magic"],
                      "magic", id="bench-unknown-mode"),
-        pytest.param([*PROFILE, "bench", "search-scale", "--messages", "5"], "at least 100",
+        pytest.param([*PROFILE, "bench", "search-scale", "--messages", "5"], "x>=100",
                      id="scale-too-small"),
+        *BAD_INPUT,
     ],
 )
 def test_errors_are_one_line_and_exit_2(
-    capsys: pytest.CaptureFixture, empty_db: Path, argv: list[str], needle: str
+    capsys: pytest.CaptureFixture, empty_db: Path, tmp_path: Path, argv: list[str], needle: str
 ) -> None:
+    bad = _bad_files(tmp_path)
+    argv = [str(bad[a[1:]]) if a.startswith("@") else a for a in argv]
     code, out, err = run_cli(capsys, "--db", empty_db, *argv)
-    assert code == 2
+    assert code == 2, err
     assert needle in error_line(err)
+    assert "Traceback" not in err
 
 
 def test_stats_on_a_missing_database(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -248,13 +339,6 @@ def test_run_without_a_token(
     code, _, err = run_cli(capsys, "--db", tmp_path / "bot.sqlite3", *PROFILE, "run")
     assert code == 2
     assert "DISCORD_TOKEN" in error_line(err)
-
-
-def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture) -> None:
-    with pytest.raises(SystemExit) as excinfo:
-        bot.main(["search", "x", "--after", "last tuesday"])
-    assert excinfo.value.code == 2
-    assert "not an ISO 8601 date" in capsys.readouterr().err
 
 
 # -- benchmarks and the demo ------------------------------------------------------------------

@@ -1,299 +1,513 @@
-"""The memory cog with real discord.py objects.
+"""The memory cog with real discord.py objects (gateway payloads) and a real SQLite file.
 
-Guilds, channels, members and messages are built from gateway payloads through the
-client's connection state; slash commands run from real interaction payloads through
-the bot's command tree; responses are captured at the webhook adapter, which is
-where discord.py would otherwise talk to Discord's servers.
+Capture, edits and deletes through the write queue; data lifecycle (tombstones,
+neighbour re-embedding, forget-me, opt-out, retention, channel/thread/guild
+removal); commands, checks and the error handler; resilience when the database is
+locked by another process or the embedder fails.  Permissions have their own
+matrix in test_permissions.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
-from typing import Any
+import logging
+from datetime import datetime, timedelta, timezone
 
 import discord
 import pytest
-from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
-from bot import MemoryBot
-from cogs.memory import MemoryCog, record_from_message
+from cogs.capture import WriteQueue, record_from_message
 from memory.config import Profile
+from memory.db import connect
 from memory.engine import MemoryEngine
+from memory.records import datetime_to_ms
 from tests.conftest import HashEmbedder
+from tests.discord_harness import (
+    BOT_ID, READ, Harness, channel, guild, member, role, thread, user,
+)
 
-GUILD_ID, CHANNEL_ID, THREAD_ID = 900, 901, 902
-BOT_ID, ALICE_ID, BOB_ID = 1000, 1001, 1002
-APP_ID = 1000
-_ids = iter(range(1_300_000_000_000_000_000, 1_400_000_000_000_000_000, 1 << 22))
-
-
-def user(uid: int, name: str, bot: bool = False) -> dict[str, Any]:
-    return {"id": str(uid), "username": name, "global_name": name.title(),
-            "discriminator": "0", "avatar": None, "bot": bot}
+G, GENERAL, RANDOM, THREAD = 900, 901, 903, 902
+ALICE, BOB, OWNER = 1001, 1002, 1003
 
 
-def member(uid: int, name: str, nick: str | None = None) -> dict[str, Any]:
-    return {"user": user(uid, name), "nick": nick, "roles": [], "joined_at": "2025-01-01T00:00:00+00:00",
-            "deaf": False, "mute": False, "flags": 0, "permissions": "8"}
-
-
-def guild_payload() -> dict[str, Any]:
-    everyone = {"id": str(GUILD_ID), "name": "@everyone", "permissions": "8", "position": 0,
-                "color": 0, "hoist": False, "managed": False, "mentionable": False}
-    return {
-        "id": str(GUILD_ID), "name": "Test Guild", "owner_id": str(ALICE_ID), "roles": [everyone],
-        "emojis": [], "stickers": [], "features": [], "member_count": 3,
-        "members": [member(ALICE_ID, "alice", "Ali"), member(BOB_ID, "bob")],
-        "channels": [
-            {"id": str(CHANNEL_ID), "type": 0, "name": "general", "position": 0,
-             "guild_id": str(GUILD_ID), "permission_overwrites": []},
-        ],
-        "threads": [
-            {"id": str(THREAD_ID), "type": 11, "name": "a thread", "parent_id": str(CHANNEL_ID),
-             "guild_id": str(GUILD_ID), "owner_id": str(ALICE_ID), "message_count": 1,
-             "member_count": 2, "total_message_sent": 1,
-             "thread_metadata": {"archived": False, "auto_archive_duration": 1440,
-                                 "archive_timestamp": "2026-01-01T00:00:00+00:00", "locked": False}},
-        ],
-    }
-
-
-def message_payload(content: str, author: int = ALICE_ID, channel: int = CHANNEL_ID,
-                    **extra: Any) -> dict[str, Any]:
-    mid = next(_ids)
-    name = {ALICE_ID: "alice", BOB_ID: "bob", BOT_ID: "memorybot"}[author]
-    return {
-        "id": str(mid), "channel_id": str(channel), "guild_id": str(GUILD_ID),
-        "author": user(author, name, bot=author == BOT_ID),
-        "member": {"nick": "Ali" if author == ALICE_ID else None, "roles": [], "joined_at": "2025-01-01T00:00:00+00:00", "deaf": False,
-                   "mute": False, "flags": 0},
-        "content": content, "timestamp": discord.utils.snowflake_time(mid).isoformat(),
-        "edited_timestamp": None, "tts": False, "mention_everyone": False, "mentions": [],
-        "mention_roles": [], "attachments": [], "embeds": [], "pinned": False, "type": 0,
-        "flags": 0, **extra,
-    }
-
-
-class CaptureAdapter(AsyncWebhookAdapter):
-    """Records interaction callbacks and follow-ups instead of sending them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.callbacks: list[dict[str, Any]] = []
-        self.followups: list[dict[str, Any]] = []
-
-    async def create_interaction_response(self, interaction_id, token, *, session,
-                                          proxy=None, proxy_auth=None, params):
-        self.callbacks.append(params.payload)
-        return {"interaction": {"id": str(interaction_id), "type": 2,
-                                "response_message_loading": True}}
-
-    async def execute_webhook(self, webhook_id, token, *, session, payload=None,
-                              multipart=None, files=None, wait=False, **kwargs):
-        self.followups.append(payload)
-        if not wait:
-            return None
-        return message_payload(payload.get("content") or "", author=BOT_ID) | {
-            "embeds": payload.get("embeds", []), "webhook_id": str(webhook_id),
-        }
-
-
-class Harness:
-    """A MemoryBot with its connection state populated from payloads."""
-
-    def __init__(self, engine: MemoryEngine) -> None:
-        self.engine = engine
-        self.bot = MemoryBot(engine, sync_commands=False)
-        state = self.bot._connection
-        state.user = discord.ClientUser(state=state, data=user(BOT_ID, "memorybot", bot=True))
-        state.application_id = APP_ID
-        self.state = state
-        self.guild = state._add_guild_from_data(guild_payload())
-        self.adapter = CaptureAdapter()
-        self.cog: MemoryCog | None = None
-
-    async def start(self) -> None:
-        async_context.set(self.adapter)
-        await self.bot.load_extension("cogs.memory")
-        self.cog = self.bot.get_cog("MemoryCog")
-
-    def message(self, content: str, **kwargs: Any) -> discord.Message:
-        data = message_payload(content, **kwargs)
-        channel = self.guild.get_channel_or_thread(int(data["channel_id"]))
-        return discord.Message(state=self.state, channel=channel, data=data)
-
-    async def slash(self, command_name: str, invoker: int = ALICE_ID, permissions: str = "8",
-                    **options: Any) -> discord.Interaction:
-        command = self.bot.tree.get_command(command_name)
-        option_types = {p.name: p.type.value for p in command.parameters}
-        data = {
-            "id": str(next(_ids)), "application_id": str(APP_ID), "type": 2, "token": "tok",
-            "version": 1, "guild_id": str(GUILD_ID), "channel_id": str(CHANNEL_ID),
-            "channel": {"id": str(CHANNEL_ID), "type": 0, "name": "general",
-                        "guild_id": str(GUILD_ID), "position": 0, "permission_overwrites": []},
-            "member": member(invoker, "alice") | {"permissions": permissions},
-            "app_permissions": "8", "locale": "en-US", "guild_locale": "en-US",
-            "entitlements": [], "authorizing_integration_owners": {}, "context": 0,
-            "attachment_size_limit": 10_485_760,
-            "data": {
-                "id": str(next(_ids)), "name": command_name, "type": 1,
-                "options": [{"name": k, "type": option_types[k], "value": v}
-                            for k, v in options.items()],
-            },
-        }
-        interaction = discord.Interaction(data=data, state=self.state)
-        await self.bot.tree._call(interaction)
-        return interaction
-
-    async def close(self) -> None:
-        await self.bot.unload_extension("cogs.memory")
+def server() -> dict:
+    return guild(
+        G, "Test Guild", owner=OWNER, roles=[role(G, "@everyone", READ, position=0)],
+        members=[member(ALICE, "alice", nick="Ali"), member(BOB, "bob")],
+        channels=[channel(GENERAL, G, "general"), channel(RANDOM, G, "random")],
+        threads=[thread(THREAD, G, GENERAL, "a thread", owner=ALICE)],
+    )
 
 
 @pytest.fixture
-def harness(tmp_path):
+async def harness(tmp_path):
     engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
                           load_reranker=False)
-    yield Harness(engine)
+    h = Harness(engine, [server()], owner_ids=[OWNER])
+    await h.start()
+    yield h
+    await h.close()
     engine.close()
 
 
-def run(coro):
-    return asyncio.run(coro)
+def alice() -> dict:
+    return member(ALICE, "alice", nick="Ali")
 
 
-def test_record_from_a_gateway_message(harness):
-    msg = harness.message("the wifi password is on the fridge")
-    record = record_from_message(msg)
-    assert record.guild_id == GUILD_ID and record.channel_id == CHANNEL_ID
-    assert record.author_id == ALICE_ID and record.author_display_name == "Ali"
-    assert record.created_at == int(msg.created_at.timestamp() * 1000)
-    assert record.parent_id is None
+def bob() -> dict:
+    return member(BOB, "bob")
 
 
-def test_thread_messages_record_their_parent(harness):
-    record = record_from_message(harness.message("in a thread", channel=THREAD_ID))
-    assert record.channel_id == THREAD_ID and record.parent_id == CHANNEL_ID
+async def say(h: Harness, text: str, who: tuple[int, str] = (ALICE, "alice"),
+              where: int = GENERAL, **extra) -> discord.Message:
+    msg = h.message(text, author=who, channel=where, **extra)
+    await h.cog.on_message(msg)
+    return msg
 
 
-def test_messages_are_stored_edited_and_deleted(harness):
+async def settle(h: Harness, embed: bool = True) -> None:
+    """Wait until queued writes are committed (and the backlog embedded)."""
+    await h.cog.writes.stop()
+    h.cog.writes.start()
+    if embed:
+        await asyncio.to_thread(h.engine.embed_pending)
+
+
+def ids_for(h: Harness, query: str, **options) -> list[int]:
+    return [hit.id for hit in h.engine.search(query, guild_id=G, limit=20, **options).hits]
+
+
+# -- capture -------------------------------------------------------------------------------
+
+def test_record_from_a_gateway_message(tmp_path):
     async def scenario():
-        await harness.start()
-        msg = harness.message("the wifi password is hunter2")
-        await harness.cog.on_message(msg)
-        await asyncio.to_thread(harness.engine.embed_pending)
-        found = harness.engine.search("wifi password", guild_id=GUILD_ID)
-        assert [h.id for h in found.hits] == [msg.id]
+        engine = MemoryEngine(tmp_path / "x.sqlite3", Profile(name="t"), HashEmbedder(),
+                              load_reranker=False)
+        h = Harness(engine, [server()])
+        msg = h.message("the wifi password is on the fridge", author=(ALICE, "alice"),
+                        channel=GENERAL, nick="Ali")
+        record = record_from_message(msg)
+        assert record.guild_id == G and record.channel_id == GENERAL
+        assert record.author_id == ALICE and record.author_display_name == "Ali"
+        assert record.created_at == int(msg.created_at.timestamp() * 1000)
+        assert record.parent_id is None
+        in_thread = record_from_message(h.message("hi", author=(ALICE, "alice"), channel=THREAD))
+        assert in_thread.channel_id == THREAD and in_thread.parent_id == GENERAL
+        engine.close()
 
-        edited = message_payload("the door code is 4417") | {
-            "id": str(msg.id), "edited_timestamp": datetime.now(timezone.utc).isoformat()}
-        new = discord.Message(state=harness.state, channel=msg.channel, data=edited)
-        await harness.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
-        await asyncio.to_thread(harness.engine.embed_pending)
-        assert harness.engine.search("door code", guild_id=GUILD_ID).hits[0].content.startswith(
-            "the door code")
-        assert not harness.engine.search("hunter2", guild_id=GUILD_ID, mode="keyword").hits
-
-        await harness.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
-            {"id": str(msg.id), "channel_id": str(CHANNEL_ID), "guild_id": str(GUILD_ID)}))
-        assert harness.engine.store.message_count() == 0
-        await harness.close()
-
-    run(scenario())
+    asyncio.run(scenario())
 
 
-def test_the_bots_own_messages_and_dms_are_not_stored(harness):
-    async def scenario():
-        await harness.start()
-        await harness.cog.on_message(harness.message("I am the bot", author=BOT_ID))
-        assert harness.engine.store.message_count() == 0
-        await harness.close()
+async def test_messages_are_stored_edited_and_deleted(harness):
+    h = harness
+    msg = await say(h, "the wifi password is hunter2")
+    await settle(h)
+    assert ids_for(h, "wifi password") == [msg.id]
 
-    run(scenario())
+    edited = h.message_payload("the door code is 4417", author=(ALICE, "alice"), channel=GENERAL)
+    edited |= {"id": str(msg.id), "edited_timestamp": datetime.now(timezone.utc).isoformat()}
+    new = discord.Message(state=h.state, channel=msg.channel, data=edited)
+    await h.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
+    await settle(h)
+    assert h.engine.search("door code", guild_id=G).hits[0].content.startswith("the door code")
+    assert not ids_for(h, "hunter2", mode="keyword")
+
+    await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
+        {"id": str(msg.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
+    await settle(h)
+    assert h.engine.store.message_count() == 0
 
 
-def test_slash_search_defers_then_sends_hits_with_jump_links(harness):
-    async def scenario():
-        await harness.start()
-        for text in ("bring the soldering iron on friday", "pizza tonight?", "the iron is broken"):
-            await harness.cog.on_message(harness.message(text, author=BOB_ID))
-        await asyncio.to_thread(harness.engine.embed_pending)
-        await harness.slash("search", query="soldering iron", limit=2)
-        await harness.close()
+async def test_the_bots_own_messages_are_not_stored_but_other_bots_are(harness):
+    h = harness
+    await say(h, "I am the bot", who=(BOT_ID, "memorybot"), bot=True)
+    await say(h, "RSS: new release 2.0", who=(4242, "rssbot"), bot=True)
+    await settle(h, embed=False)
+    assert h.engine.store.message_count() == 1
 
-    run(scenario())
-    callback = harness.adapter.callbacks[0]
+
+async def test_a_delete_before_its_insert_does_not_resurrect_the_message(harness):
+    h = harness
+    msg = h.message("a message deleted while in flight", author=(ALICE, "alice"), channel=GENERAL)
+    await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
+        {"id": str(msg.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
+    await h.cog.on_message(msg)  # the create event arrives late (or a backfill page has it)
+    await settle(h)
+    assert h.engine.store.message_count() == 0
+    h.engine.upsert([record_from_message(msg)])  # and a re-import of an old export
+    assert h.engine.store.message_count() == 0
+
+
+async def test_an_older_copy_never_overwrites_a_newer_edit(harness):
+    h = harness
+    msg = await say(h, "first version")
+    edited = h.message_payload("second version", author=(ALICE, "alice"), channel=GENERAL)
+    edited |= {"id": str(msg.id), "edited_timestamp": datetime.now(timezone.utc).isoformat()}
+    new = discord.Message(state=h.state, channel=msg.channel, data=edited)
+    await h.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
+    await settle(h)
+    h.engine.upsert([record_from_message(msg)])  # a backfill page read before the edit
+    assert h.engine.store.hydrate([msg.id])[msg.id].content == "second version"
+
+
+async def test_editing_or_deleting_a_message_re_embeds_its_neighbour(harness):
+    h = harness
+    first = await say(h, "my locker combination is 31-7-22")
+    reply = await say(h, "noted", who=(BOB, "bob"),
+                      message_reference={"message_id": str(first.id), "channel_id": str(GENERAL),
+                                         "guild_id": str(G)})
+    await settle(h)
+    embedded = h.engine.embedder.calls
+    await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
+        {"id": str(first.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
+    await settle(h, embed=False)
+    # the reply's vector carried the deleted text as context: it goes back to the backlog
+    pending = h.engine.store.pending(10)
+    assert [p.id for p in pending] == [reply.id]
+    assert "31-7-22" not in h.engine.embedding_text(pending[0])
+    await settle(h)
+    assert h.engine.embedder.calls > embedded and h.engine.store.pending_count() == 0
+
+
+async def test_forget_me_opt_out_and_opt_in(harness):
+    h = harness
+    await say(h, "alice likes tea")
+    await say(h, "bob likes coffee", who=(BOB, "bob"))
+    await settle(h)
+    await h.slash("memory forget-me", invoker=alice(), where=GENERAL)
+    assert "Deleted 1 of your messages" in h.adapter.followups[-1]["content"]
+    assert ids_for(h, "likes") and all(
+        hit.author_id == BOB for hit in h.engine.search("likes", guild_id=G).hits)
+
+    await h.slash("memory opt-out", invoker=alice(), where=GENERAL)
+    await say(h, "alice now likes mate")
+    await settle(h)
+    assert not ids_for(h, "mate", mode="keyword")
+
+    await h.slash("memory opt-in", invoker=alice(), where=GENERAL)
+    await say(h, "alice likes rooibos")
+    await settle(h)
+    assert ids_for(h, "rooibos", mode="keyword")
+
+
+async def test_admins_choose_channels_and_purge_them(harness):
+    h = harness
+    admin = discord.Permissions(manage_guild=True)
+    await h.slash("memory-admin channels mode", invoker=bob(), where=GENERAL, permissions=admin,
+                  mode="exclude")
+    await h.slash("memory-admin channels add", invoker=bob(), where=GENERAL, permissions=admin,
+                  channel=h.guild.get_channel(RANDOM))
+    await say(h, "kept in general")
+    await say(h, "not kept in random", where=RANDOM)
+    await settle(h, embed=False)
+    assert h.engine.store.message_count() == 1
+
+    await say(h, "in the thread", where=THREAD)
+    await settle(h, embed=False)
+    await h.slash("memory-admin purge-channel", invoker=bob(), where=GENERAL, permissions=admin,
+                  channel=h.guild.get_channel(GENERAL))
+    assert "Forgot 2 messages" in h.adapter.followups[-1]["content"]
+    assert h.engine.store.message_count() == 0
+
+
+async def test_admin_commands_check_permissions_at_run_time(harness):
+    h = harness  # default_permissions is only a hint a server admin can override
+    await h.slash("memory-admin purge-channel", invoker=bob(), where=GENERAL,
+                  permissions=discord.Permissions(send_messages=True),
+                  channel=h.guild.get_channel(GENERAL))
+    reply = h.adapter.callbacks[-1]["data"]
+    assert reply["flags"] == 64 and "Manage Server" in reply["content"]
+
+
+async def test_retention_purges_old_messages(harness):
+    h = harness
+    old = h.message_payload("an old message", author=(ALICE, "alice"), channel=GENERAL)
+    old_record = record_from_message(discord.Message(state=h.state, channel=h.guild.get_channel(
+        GENERAL), data=old))
+    from dataclasses import replace
+    h.engine.upsert([replace(old_record, created_at=datetime_to_ms(
+        datetime.now(timezone.utc) - timedelta(days=40)))])
+    await say(h, "a new message")
+    await settle(h)
+    await h.slash("memory-admin retention", invoker=bob(), where=GENERAL,
+                  permissions=discord.Permissions(manage_guild=True), days=30)
+    assert "1 older messages forgotten" in h.adapter.followups[-1]["content"]
+    assert h.engine.store.message_count() == 1
+    assert h.engine.settings(G).retention_days == 30
+
+
+async def test_deleted_channels_threads_and_guilds_are_forgotten(harness):
+    h = harness
+    await say(h, "general text")
+    await say(h, "thread text", where=THREAD)
+    await say(h, "random text", where=RANDOM)
+    await settle(h)
+    h.state.parse_thread_delete({"id": str(THREAD), "guild_id": str(G),
+                                 "parent_id": str(GENERAL), "type": 11})
+    await asyncio.sleep(0)
+    await settle(h)
+    assert h.engine.store.message_count() == 2
+    h.state.parse_channel_delete({"id": str(RANDOM), "guild_id": str(G), "type": 0})
+    await asyncio.sleep(0)
+    await settle(h)
+    assert h.engine.store.message_count() == 1
+    h.state.parse_guild_delete({"id": str(G), "unavailable": False})
+    await asyncio.sleep(0)
+    await settle(h)
+    assert h.engine.store.message_count() == 0
+    vectors = h.engine.store._query("SELECT count(*) FROM message_vectors")[0][0]
+    fts = h.engine.store._query("SELECT count(*) FROM messages_fts")[0][0]
+    assert vectors == 0 and fts == 0
+
+
+# -- commands ------------------------------------------------------------------------------
+
+async def test_slash_search_defers_then_sends_hits_with_jump_links(harness):
+    h = harness
+    for text in ("bring the soldering iron on friday", "pizza tonight?", "the iron is broken"):
+        await say(h, text, who=(BOB, "bob"))
+    await settle(h)
+    await h.slash("search", invoker=alice(), where=GENERAL, query="soldering iron", limit=2)
+    callback = h.adapter.callbacks[0]
     assert callback["type"] == 5 and callback["data"]["flags"] == 64  # deferred, ephemeral
-    embed = harness.adapter.followups[0]["embeds"][0]
+    embed = h.adapter.followups[0]["embeds"][0]
     assert "soldering iron" in embed["title"]
     assert 1 <= len(embed["fields"]) <= 2
-    assert "soldering iron" in embed["fields"][0]["value"]
-    assert f"https://discord.com/channels/{GUILD_ID}/{CHANNEL_ID}/" in embed["fields"][0]["value"]
+    value = embed["fields"][0]["value"]
+    assert "soldering iron" in value and f"<#{GENERAL}>" in value and "<t:" in value
+    assert f"https://discord.com/channels/{G}/{GENERAL}/" in value
 
 
-def test_slash_search_on_an_empty_memory_says_why(harness):
-    async def scenario():
-        await harness.start()
-        await harness.slash("search", query="anything")
-        await harness.close()
-
-    run(scenario())
-    embed = harness.adapter.followups[0]["embeds"][0]
-    assert "nothing is stored" in embed["description"]
-
-
-def test_memory_stats_command(harness):
-    async def scenario():
-        await harness.start()
-        await harness.cog.on_message(harness.message("hello there"))
-        await harness.slash("memory")
-        await harness.close()
-
-    run(scenario())
-    content = harness.adapter.followups[0]["content"]
-    assert "Messages from this server: **1**" in content
+async def test_results_escape_markdown_links_and_mentions(harness):
+    h = harness
+    await say(h, "@everyone [free nitro](https://evil.example) **now** <@1001>")
+    await settle(h)
+    await h.slash("search", invoker=alice(), where=GENERAL, query="free nitro")
+    value = h.adapter.followups[0]["embeds"][0]["fields"][0]["value"]
+    assert "@\u200beveryone" in value and "\\[free nitro\\]" in value and "\\*\\*now" in value
+    assert h.adapter.followups[0]["allowed_mentions"]["parse"] == []
 
 
-def test_profile_switch_is_persisted(harness):
-    async def scenario():
-        await harness.start()
-        await harness.slash("profile", name="cpu-fast")
-        await harness.close()
-
-    run(scenario())
-    assert "now **cpu-fast**" in harness.adapter.followups[0]["content"]
-    assert harness.engine.store.active_profile == "cpu-fast"
+async def test_slash_search_rejects_a_bad_date_in_one_line(harness):
+    await harness.slash("search", invoker=alice(), where=GENERAL, query="x", after="yesterday")
+    reply = harness.adapter.callbacks[-1]["data"]
+    assert reply["flags"] == 64 and "after must be a date like" in reply["content"]
 
 
-def test_profile_switch_failure_keeps_the_old_profile(harness):
-    async def scenario():
-        await harness.start()
-        await harness.slash("profile", name="no-such-profile")
-        await harness.close()
-
-    run(scenario())
-    assert "Could not switch" in harness.adapter.followups[0]["content"]
-    assert harness.engine.store.active_profile is None
+async def test_slash_search_on_an_empty_memory_says_why(harness):
+    await harness.slash("search", invoker=alice(), where=GENERAL, query="anything")
+    assert "nothing is stored" in harness.adapter.followups[0]["embeds"][0]["description"]
 
 
-def test_a_mention_is_answered_from_memory(harness):
-    sent: list[dict] = []
+async def test_memory_stats_counts_this_guild_only(harness):
+    h = harness
+    await say(h, "hello there")
+    h.engine.upsert([record_from_message(h.message("elsewhere", author=(BOB, "bob"),
+                                                   channel=GENERAL)).__class__(
+        id=5, guild_id=777, channel_id=778, author_id=BOB, created_at=1, content="other guild")])
+    await settle(h, embed=False)
+    await h.slash("memory stats", invoker=alice(), where=GENERAL)
+    content = h.adapter.followups[0]["content"]
+    assert "Messages from this server: **1**" in content and "Your messages: **1**" in content
+    assert "2" not in content.split("\n")[0]
 
-    async def send_message(channel_id, *, params):  # Discord's REST API is not here
-        sent.append(params.payload)
-        return message_payload("", author=BOT_ID)
 
-    async def scenario():
-        await harness.start()
-        await harness.cog.on_message(harness.message("the lockbox code is 4417", author=BOB_ID))
-        await asyncio.to_thread(harness.engine.embed_pending)
-        msg = harness.message(f"<@{BOT_ID}> what is the lockbox code",
-                              mentions=[user(BOT_ID, "memorybot", bot=True)])
-        harness.bot.http.send_message = send_message
-        await harness.cog.on_message(msg)
-        await harness.close()
+async def test_privacy_notice(harness):
+    await harness.slash("memory privacy", invoker=bob(), where=GENERAL)
+    text = harness.adapter.callbacks[-1]["data"]["content"]
+    assert "forget-me" in text and "opt-out" in text and "channels *you* can read" in text
 
-    run(scenario())
-    embed = sent[0]["embeds"][0]
-    assert "4417" in embed["fields"][0]["value"]
-    assert sent[0]["message_reference"]["message_id"]
+
+async def test_the_profile_switch_is_for_the_bot_owner_only(harness):
+    h = harness
+    admin = discord.Permissions.all()
+    await h.slash("memory-owner profile", invoker=bob(), where=GENERAL, permissions=admin,
+                  name="cpu-fast")
+    assert "Only the bot's owner" in h.adapter.callbacks[-1]["data"]["content"]
+    assert h.engine.store.active_profile is None
+    await h.slash("memory-owner profile", invoker=member(OWNER, "owner"), where=GENERAL,
+                  permissions=admin, name="cpu-fast")
+    assert "now **cpu-fast**" in h.adapter.followups[-1]["content"]
+    assert h.engine.store.active_profile == "cpu-fast"
+    await h.slash("memory-owner profile", invoker=member(OWNER, "owner"), where=GENERAL,
+                  permissions=admin, name="no-such-profile")
+    assert "Could not switch" in h.adapter.followups[-1]["content"]
+    assert h.engine.store.active_profile == "cpu-fast"
+
+
+async def test_unexpected_errors_end_the_thinking_state_with_a_trace_id(harness, caplog):
+    h = harness
+
+    def broken(request):
+        raise RuntimeError("boom")
+
+    h.engine.search = broken
+    with caplog.at_level(logging.ERROR):
+        await h.slash("search", invoker=alice(), where=GENERAL, query="anything")
+    reply = h.adapter.followups[-1]
+    assert "trace id" in reply["content"] and reply["flags"] == 64
+    trace = reply["content"].split("`")[1]
+    assert any(trace in r.getMessage() for r in caplog.records)
+
+
+async def test_search_has_a_cooldown(harness):
+    h = harness
+    for _ in range(4):
+        await h.slash("search", invoker=alice(), where=GENERAL, query="anything")
+    assert "Slow down" in h.adapter.callbacks[-1]["data"]["content"]
+
+
+# -- mention replies -----------------------------------------------------------------------
+
+async def test_a_mention_is_answered_from_memory_without_pinging(harness):
+    h = harness
+    await say(h, "the lockbox code is 4417 @everyone", who=(BOB, "bob"))
+    await settle(h)
+    await say(h, f"<@{BOT_ID}> what is the lockbox code",
+              mentions=[user(BOT_ID, "memorybot", bot=True)])
+    _, payload = h.sent[-1]
+    assert "4417" in payload["embeds"][0]["fields"][0]["value"]
+    assert payload["message_reference"]["message_id"]
+    assert payload["allowed_mentions"] == {"parse": [], "replied_user": False}
+
+
+async def test_mentions_from_bots_and_reply_pings_are_not_answered(harness):
+    h = harness
+    await say(h, "the lockbox code is 4417", who=(BOB, "bob"))
+    await settle(h)
+    await say(h, f"<@{BOT_ID}> lockbox?", who=(4242, "otherbot"), bot=True,
+              mentions=[user(BOT_ID, "memorybot", bot=True)])
+    # a reply to the bot's answer pings it, but does not mention it in the text
+    await say(h, "thanks!", mentions=[user(BOT_ID, "memorybot", bot=True)],
+              message_reference={"message_id": "1", "channel_id": str(GENERAL), "guild_id": str(G)})
+    assert h.sent == []
+
+
+async def test_mention_replies_follow_the_autoresponse_setting_and_a_cooldown(harness):
+    h = harness
+    await say(h, "the lockbox code is 4417", who=(BOB, "bob"))
+    await settle(h)
+    ask = dict(mentions=[user(BOT_ID, "memorybot", bot=True)])
+    await say(h, f"<@{BOT_ID}> lockbox code?", **ask)
+    await say(h, f"<@{BOT_ID}> lockbox code again?", **ask)  # within the cooldown
+    assert len(h.sent) == 1
+    await h.slash("memory-admin autoresponse", invoker=bob(), where=GENERAL,
+                  permissions=discord.Permissions(manage_guild=True), mode="off")
+    await say(h, f"<@{BOT_ID}> lockbox code?", who=(BOB, "bob"), **ask)
+    assert len(h.sent) == 1
+
+
+# -- resilience ----------------------------------------------------------------------------
+
+async def test_live_writes_survive_another_process_holding_the_lock(harness, tmp_path):
+    h = harness
+    other = connect(h.engine.store.path)
+    other.execute("PRAGMA busy_timeout = 0")
+    h.engine.store._conn.execute("PRAGMA busy_timeout = 50")
+    other.execute("BEGIN IMMEDIATE")  # another process's long write transaction
+    sent = [await say(h, f"message number {i}") for i in range(30)]
+    await asyncio.sleep(0.5)
+    assert h.engine.store.message_count() == 0  # still waiting for the lock...
+    other.execute("COMMIT")
+    other.close()
+    await settle(h, embed=False)
+    assert h.engine.store.message_count() == len(sent)  # ...and nothing was lost
+
+
+async def test_the_embed_loop_survives_any_error(harness, monkeypatch):
+    h = harness
+    calls = []
+
+    def failing(**kwargs):
+        calls.append(1)
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(h.engine, "embed_pending", failing)
+    import cogs.memory as cog_module
+    monkeypatch.setattr(cog_module, "EMBED_INTERVAL_S", 0.001)
+    h.cog.embed_backlog.change_interval(seconds=0.01)
+    await asyncio.sleep(0.3)
+    assert calls and h.cog.embed_backlog.is_running()
+
+
+async def test_write_queue_retries_busy_errors_in_order():
+    applied: list[list[int]] = []
+    failures = iter([True, True, False, False])
+
+    class OperationalError(Exception):
+        pass
+
+    def apply(batch):
+        if next(failures, False):
+            raise OperationalError("database is locked")
+        applied.append([i for w in batch for i in w.items])
+
+    async def run(fn):
+        fn()
+
+    queue = WriteQueue(apply, run)
+    queue.start()
+    queue.put("upsert", [1, 2])
+    queue.put("delete", [1])
+    await queue.put_and_wait("upsert", [3])
+    await queue.stop()
+    assert [i for batch in applied for i in batch] == [1, 2, 1, 3]
+
+
+async def test_captures_are_not_queued_behind_slow_searches(harness):
+    h = harness
+    original = h.engine.search
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_search(request):
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(5)
+        return original(request)
+
+    h.engine.search = slow_search
+    searches = [asyncio.create_task(h.slash("search", invoker=member(2000 + i, f"m{i}"),
+                                            where=GENERAL, query="x")) for i in range(8)]
+    await asyncio.sleep(0.1)
+    await say(h, "stored while eight searches run")
+    await settle(h, embed=False)
+    assert h.engine.store.message_count() == 1
+    release.set()
+    await asyncio.gather(*searches)
+
+
+def _write_from_another_process(path: str, first_id: int, batches: int) -> None:
+    """Another process (an import, a second bot) writing batches in long-ish transactions."""
+    from memory.records import MessageRecord
+    from memory.store import MessageStore
+
+    store = MessageStore(path)
+    for b in range(batches):
+        store.upsert(
+            MessageRecord(id=first_id + b * 200 + i, guild_id=G, channel_id=RANDOM,
+                          author_id=BOB, created_at=1_700_000_000_000 + i,
+                          content=f"imported line {b} {i} " + "padding " * 40)
+            for i in range(200)
+        )
+    store.close()
+
+
+async def test_two_processes_writing_while_the_bot_captures_lose_nothing(harness):
+    import multiprocessing
+
+    h = harness
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_write_from_another_process,
+                               args=(h.engine.store.path, 10_000_000 * (n + 1), 25))
+               for n in range(2)]
+    for writer in writers:
+        writer.start()
+    captured = []
+    for i in range(200):
+        captured.append(await say(h, f"live message {i}"))
+        await asyncio.sleep(0.005)
+    await asyncio.to_thread(lambda: [w.join(120) for w in writers])
+    assert all(w.exitcode == 0 for w in writers)
+    await settle(h, embed=False)
+    assert h.engine.store.message_count() == 200 + 2 * 25 * 200
+    stored = h.engine.store.hydrate([m.id for m in captured])
+    assert len(stored) == 200

@@ -94,7 +94,7 @@ def test_migrations_are_idempotent(tmp_db: Path) -> None:
     first.close()
     second = MessageStore(tmp_db)  # opening again must not re-run anything
     try:
-        assert second.stats()["schema_version"] == len(MIGRATIONS)
+        assert second.stats().schema_version == len(MIGRATIONS)
     finally:
         second.close()
     conn = connect(tmp_db)
@@ -144,3 +144,43 @@ def test_foreign_database_is_a_clear_error(tmp_path: Path) -> None:
 def test_directory_as_database_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DatabaseFileError):
         MessageStore(tmp_path)
+
+
+def _open_and_close(path: str) -> str:
+    try:
+        MessageStore(path).close()
+    except Exception as exc:  # reported to the parent, which asserts there are none
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) -> None:
+    """The schema version is read under the write lock: each migration runs exactly once."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(4) as pool:
+        for round_ in range(5):
+            path = str(tmp_path / f"new-{round_}.sqlite3")
+            errors = [e for e in pool.map(_open_and_close, [path] * 4) if e]
+            assert errors == [], errors
+            conn = connect(path)
+            try:
+                assert migrate(conn) == len(MIGRATIONS)
+                names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master")]
+                assert len(names) == len(set(names))
+            finally:
+                conn.close()
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("CREATE TABLE a (x);\nCREATE TABLE b (y);", ["CREATE TABLE a (x);", "CREATE TABLE b (y);"]),
+    ("CREATE TRIGGER t AFTER INSERT ON a BEGIN\n  INSERT INTO b VALUES (1);\nEND;",
+     ["CREATE TRIGGER t AFTER INSERT ON a BEGIN\n  INSERT INTO b VALUES (1);\nEND;"]),
+    ("\n  \n", []),
+    ("SELECT ';'; SELECT 2;", ["SELECT ';';", "SELECT 2;"]),
+])
+def test_migration_scripts_split_into_statements(script: str, expected: list[str]) -> None:
+    from memory.migrations import statements
+
+    assert list(statements(script)) == expected

@@ -66,8 +66,8 @@ def test_demo_import_summary(engine: MemoryEngine) -> None:
     assert (summary.updated, summary.unchanged, summary.skipped) == (0, 0, 0)
     assert summary.embedded == DEMO_MESSAGES
     stats = engine.store.stats()
-    assert (stats["guilds"], stats["channels"], stats["messages"]) == (1, 5, DEMO_MESSAGES)
-    assert stats["pending_embeddings"] == 0
+    assert (stats.guilds, stats.channels, stats.messages) == (1, 5, DEMO_MESSAGES)
+    assert stats.pending_embeddings == 0
 
 
 def test_demo_thread_parent(demo: MemoryEngine) -> None:
@@ -80,9 +80,9 @@ def test_demo_thread_parent(demo: MemoryEngine) -> None:
 
 def test_demo_replies_attachments_and_edits(demo: MemoryEngine) -> None:
     rows = demo.store.hydrate([1540301969686528247, 1548297177137152151, 1566013984342016267])
-    assert rows[1540301969686528247]["reply_to_id"] == 1540299507630080246
-    assert rows[1548297177137152151]["attachments"] == ("print-settings.pdf",)
-    assert rows[1566013984342016267]["attachments"] == ("halloween-group.jpg",)
+    assert rows[1540301969686528247].reply_to_id == 1540299507630080246
+    assert rows[1548297177137152151].attachments == ("print-settings.pdf",)
+    assert rows[1566013984342016267].attachments == ("halloween-group.jpg",)
     assert db_rows(demo, "SELECT count(*) FROM messages WHERE reply_to_id IS NOT NULL") == [(37,)]
     assert db_rows(demo, "SELECT count(*) FROM messages WHERE attachments != ''") == [(8,)]
     edited = db_rows(demo, "SELECT created_at, edited_at FROM messages WHERE id = ?",
@@ -222,7 +222,7 @@ def test_lone_surrogates_are_replaced_and_storable(tmp_path: Path, engine: Memor
     )
     summary = engine.import_exports([path])
     assert (summary.inserted, summary.errors) == (1, [])
-    content = engine.store.hydrate([10])[10]["content"]
+    content = engine.store.hydrate([10])[10].content
     assert content.startswith("bad ") and content.endswith(" text")
     content.encode("utf-8")  # valid Unicode now
     assert len(engine.search("bad text", guild_id=900, mode="keyword").hits) == 1

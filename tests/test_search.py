@@ -152,7 +152,7 @@ def test_hostile_content_is_stored_and_found_by_keyword(
 ) -> None:
     target = make_record(content)
     engine.ingest([target, make_record("unrelated filler about tomatoes")])
-    assert engine.store.hydrate([target.id])[target.id]["content"] == content
+    assert engine.store.hydrate([target.id])[target.id].content == content
     result = engine.search(query, guild_id=GUILD, mode="keyword")
     assert target.id in [h.id for h in result.hits]
     assert result.hits[0].id == target.id

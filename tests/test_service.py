@@ -17,7 +17,7 @@ import pytest
 from memory import metrics
 from memory.config import Profile, RerankerConfig
 from memory.engine import MemoryEngine
-from memory.errors import RerankerError
+from memory.errors import RerankerError, RerankerUnavailable
 from memory.records import MessageRecord
 from memory.reranker.service import RerankerService
 from memory.search import SearchRequest
@@ -88,6 +88,10 @@ class Doc:
     content: str
     rerank_score: float | None = None
 
+    @property
+    def rerank_text(self) -> str:
+        return self.content
+
 
 class WordOverlap:
     """A deterministic backend: the fake server's relevance, in-process."""
@@ -97,6 +101,9 @@ class WordOverlap:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
         self.closed = False
+
+    def load(self):
+        pass
 
     def score(self, query, texts):
         self.calls.append(list(texts))
@@ -125,10 +132,11 @@ def test_rerank_results_top_k(top_k, expected):
     service.close()
 
 
-def test_rerank_results_accepts_dicts_and_a_custom_field():
-    service = RerankerService(RerankerConfig(backend="transformers"), backend=WordOverlap())
-    ranked = service.rerank_results(QUERY, [{"text": t} for t in DOCS], score_field="text")
-    assert ranked[0]["rerank_score"] == max(relevance(QUERY, t) for t in DOCS)
+def test_rerank_results_judges_each_candidates_rerank_text():
+    backend = WordOverlap()
+    service = RerankerService(RerankerConfig(backend="transformers"), backend=backend)
+    service.rerank_results(QUERY, [Doc(t) for t in DOCS])
+    assert backend.calls == [list(DOCS)]
     service.close()
 
 
@@ -145,6 +153,9 @@ class Broken:
 
     def __init__(self, result):
         self.result = result
+
+    def load(self):
+        pass
 
     def score(self, query, texts):
         if isinstance(self.result, BaseException):
@@ -310,7 +321,7 @@ def test_failed_switch_keeps_the_old_reranker(remote_engine, tmp_path):
         reranker=RerankerConfig(backend="transformers", model=str(tmp_path / "missing")),
     )
     future = remote_engine.switch_profile(broken)
-    with pytest.raises(Exception):
+    with pytest.raises(RerankerUnavailable, match="missing"):
         future.result(timeout=30)
     assert remote_engine.rerankers.current() is old
     assert remote_engine.store.active_profile != "broken"

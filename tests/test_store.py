@@ -79,7 +79,7 @@ def test_duplicate_ids_within_one_batch(engine: MemoryEngine, make_record: MakeR
     record = make_record("first version")
     stats = engine.upsert([record, record, replace(record, content="second version")])
     assert (stats.inserted, stats.updated, stats.unchanged) == (1, 1, 1)
-    assert engine.store.hydrate([record.id])[record.id]["content"] == "second version"
+    assert engine.store.hydrate([record.id])[record.id].content == "second version"
     fts_in_sync(engine.store)
 
 
@@ -106,17 +106,19 @@ def test_edit_updates_text_fts_and_vector(
     stats = engine.upsert([edited])
     assert (stats.inserted, stats.updated, stats.unchanged) == (0, 1, 0)
     # text and FTS change at once; the stale vector is gone and the message is pending
-    assert engine.store.hydrate([original.id])[original.id]["content"] == edited.content
+    assert engine.store.hydrate([original.id])[original.id].content == edited.content
     assert fts_ids(engine.store, "tuesday") == set()
     assert fts_ids(engine.store, "thursday") == {original.id}
     assert stored_vector(engine.store, original.id) is None
-    assert engine.store.pending_count() == 1
+    # the next message was embedded with the old text as its context: it goes too
+    assert stored_vector(engine.store, other.id) is None
+    assert engine.store.pending_count() == 2
     fts_in_sync(engine.store)
 
     pending = engine.store.pending(10)
     expected = engine.embedder.embed([engine.embedding_text(p) for p in pending])[0]
     assert "thursday" in engine.embedding_text(pending[0])
-    assert engine.embed_pending() == 1
+    assert engine.embed_pending() == 2
     new_vector = stored_vector(engine.store, original.id)
     np.testing.assert_allclose(new_vector, expected, atol=1e-6)
     assert not np.allclose(new_vector, old_vector)
@@ -289,7 +291,7 @@ def test_model_id_and_dimension_are_recorded(
     engine.ingest([make_record("hello")])
     assert engine.store.embedding_model() == ("test/hash-128", 128)
     stats = engine.store.stats()
-    assert (stats["embedding_model"], stats["embedding_dim"]) == ("test/hash-128", 128)
+    assert (stats.embedding_model, stats.embedding_dim) == ("test/hash-128", 128)
 
 
 def test_model_mismatch_is_refused(
@@ -452,7 +454,7 @@ def test_binary_knn_candidates_are_the_nearest_by_hamming(crowded) -> None:
     store = engine.store
     vector = engine.embedder.embed(["raspberry node rebuilt"])[0]
     bits = np.packbits(vector > 0, bitorder="little")
-    pool = [row[:2] for row in store._code_knn(bits.tobytes(), 40, Filters(guild_id=GUILD))]
+    pool = [row[:2] for row in store.vectors._code_knn(bits.tobytes(), 40, Filters(guild_id=GUILD))]
     stored = dict(store._query("SELECT message_id, embedding_bits FROM message_vectors"))
     hamming = {
         m: int(np.unpackbits(np.frombuffer(b, np.uint8) ^ bits).sum()) for m, b in stored.items()
@@ -470,13 +472,13 @@ def test_learned_radius_never_changes_results(crowded, monkeypatch: pytest.Monke
     engine, far = crowded
     store = engine.store
     radii: list[int | None] = []
-    original = store._code_knn
+    original = store.vectors._code_knn
 
     def recording(code, k, filters, radius=None):
         radii.append(radius)
         return original(code, k, filters, radius)
 
-    monkeypatch.setattr(store, "_code_knn", recording)
+    monkeypatch.setattr(store.vectors, "_code_knn", recording)
     queries = [f"raspberry cluster node {i}" for i in range(6)] + [
         "tomato seedlings compost watering", "completely unrelated words zebra",
     ]
@@ -486,9 +488,9 @@ def test_learned_radius_never_changes_results(crowded, monkeypatch: pytest.Monke
         radii.clear()
         learned = store.knn(vector, 5, filters, rescore=4)
         tries = list(radii)
-        store._radii, saved = type(store._radii)(), store._radii  # no memory: no limit
+        store.vectors._radii, saved = type(store.vectors._radii)(), store.vectors._radii  # no memory: no limit
         assert store.knn(vector, 5, filters, rescore=4) == learned, text
-        store._radii = saved
+        store.vectors._radii = saved
         if text != queries[0]:
             assert tries[0] is not None, "a learned radius limits the KNN"
         assert all(a < b for a, b in itertools.pairwise(tries) if b is not None), tries
@@ -516,8 +518,10 @@ def test_a_vector_table_from_before_the_bits_column_is_upgraded(
     engine.ingest(records)
     store = engine.store
     before = dict(store._query("SELECT message_id, embedding FROM message_vectors"))
-    # rebuild the table as the first release created it: float vectors only
+    # rebuild the table as the first release created it: float vectors only, and
+    # the schema version from before the upgrade migration
     with store._transaction() as conn:
+        conn.execute("PRAGMA user_version = 3")
         conn.execute("DROP TABLE message_vectors")
         conn.execute(
             "CREATE VIRTUAL TABLE message_vectors USING vec0(message_id INTEGER PRIMARY KEY, "
@@ -607,8 +611,8 @@ def test_code_stats_count_the_set_bits_per_guild(
                                (GUILD,))
     ]
     mean = np.mean([(code != query).sum() for code in codes])
-    assert store._expected_distance(query, GUILD) == pytest.approx(mean)
-    assert store._expected_distance(query, GUILD + 7) == 0.0  # nothing known: no guess
+    assert store.vectors.expected_distance(query, GUILD) == pytest.approx(mean)
+    assert store.vectors.expected_distance(query, GUILD + 7) == 0.0  # nothing known: no guess
     engine.reembed()
     assert store._query("SELECT sum(vectors) FROM code_stats")[0][0] == 15
 

@@ -1,20 +1,33 @@
-"""The one-method protocol every reranker backend implements."""
+"""The reranking protocols: what a backend implements, and what a search hands off to.
+
+A backend only scores (:class:`RerankerBackend`).  Ranking, top-k, blending,
+timeouts and fallback are written once on top of it, in
+:class:`memory.reranker.service.RerankerService`, which is what a search talks to
+through :class:`Reranker`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from memory.records import Hit, Trace
 
 
 @runtime_checkable
 class RerankerBackend(Protocol):
-    """Scores documents against a query; higher is more relevant.
-
-    Ranking, top-k, blending, timeouts and fallback live once in
-    :class:`memory.reranker.service.RerankerService`; a backend only scores.
-    """
+    """Scores documents against a query; higher is more relevant."""
 
     name: str
+
+    def load(self) -> None:
+        """Load the model or check the server, ahead of the first :meth:`score`.
+
+        Raises:
+            RerankerUnavailable: The model cannot be loaded or the server reached.
+        """
+        ...
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Return one relevance score in [0, 1] per text, in input order.
@@ -27,3 +40,34 @@ class RerankerBackend(Protocol):
     def close(self) -> None:
         """Release the model, connections and (on CUDA) cached memory."""
         ...
+
+
+class Rankable(Protocol):
+    """Something a reranker can judge: a text, and a slot for its score."""
+
+    rerank_score: float | None
+
+    @property
+    def rerank_text(self) -> str:
+        """What the reranker reads."""
+        ...
+
+
+class Reranker(Protocol):
+    """The search → rerank hand-off: reorder a search's hits, never fail it."""
+
+    @property
+    def name(self) -> str:
+        """The backend's name, for logs, metrics and traces."""
+        ...
+
+    def rerank_search(self, query: str, hits: list[Hit], limit: int, trace: Trace) -> list[Hit]:
+        """Return the hits reranked (or in their order, with the reason in ``trace``)."""
+        ...
+
+
+RerankerProvider = Callable[[], "Reranker | None"]
+"""Returns the reranker a search should use now; ``None`` when reranking is off.
+
+A callable rather than an object, so an admin's profile switch takes effect for
+the next search."""

@@ -345,6 +345,10 @@ class LlamaServerBackend:
         """
         return self._wait(self._submit(self._check_health), self._health_timeout + 1.0)
 
+    def load(self) -> None:
+        """The :class:`~memory.reranker.base.RerankerBackend` start-up step: :meth:`start`."""
+        self.start()
+
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Return one relevance score in [0, 1] per text, in input order.
 

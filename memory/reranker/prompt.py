@@ -8,14 +8,12 @@ an assistant turn opened with an empty think block.  The model's next token is t
 
 from __future__ import annotations
 
+# re-exported: the profile (memory.config) owns the default instruction
+from memory.config import DEFAULT_INSTRUCTION as DEFAULT_INSTRUCTION
+
 SYSTEM_PROMPT = (
     "Judge whether the Document meets the requirements based on the Query and the "
     'Instruct provided. Note that the answer can only be "yes" or "no".'
-)
-
-DEFAULT_INSTRUCTION = (
-    "Given a question or topic from a member of a chat server, judge whether this chat "
-    "message contains information that answers it"
 )
 
 # The pre-tokenizer split pattern of Qwen2/Qwen3's tokenizer.json; :func:`head_text`

@@ -17,16 +17,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from memory import metrics
 from memory.config import Profile, RerankerConfig
 from memory.errors import RerankerError
-from memory.reranker.base import RerankerBackend
+from memory.records import Hit, Trace
+from memory.reranker.base import Rankable, RerankerBackend
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Rankable)
 BLEND_ORIGINAL, BLEND_RERANK = 0.4, 0.6
 
 
@@ -65,13 +66,15 @@ class RerankerService:
     @property
     def name(self) -> str:
         """The backend's name, for logs, metrics and traces."""
-        return getattr(self.backend, "name", type(self.backend).__name__)
+        return self.backend.name
 
     def load(self) -> None:
-        """Load the backend's model or check its server, if it has such a step."""
-        loader = getattr(self.backend, "load", None) or getattr(self.backend, "start", None)
-        if loader is not None:
-            loader()
+        """Load the backend's model or check its server.
+
+        Raises:
+            RerankerError: The model cannot be loaded or the server reached.
+        """
+        self.backend.load()
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Score texts through the backend with the profile's timeout.
@@ -97,34 +100,28 @@ class RerankerService:
         return [float(s) for s in scores]
 
     def rerank_results(
-        self,
-        query: str,
-        candidates: Sequence[T],
-        score_field: str = "content",
-        top_k: int | None = None,
+        self, query: str, candidates: Sequence[T], top_k: int | None = None
     ) -> list[T]:
         """Return copies of ``candidates`` sorted by ``rerank_score`` (set on each copy).
 
         Args:
             query: The search query.
-            candidates: Objects (or dicts) with a text attribute/key ``score_field``.
-            score_field: Which attribute or key holds the text to judge.
+            candidates: What to judge (each by its ``rerank_text``); left unchanged.
             top_k: Keep only the best ``top_k``; all when ``None``.
 
         Raises:
             RerankerError: Scoring failed (callers fall back to the original order).
         """
-        texts = [_get(c, score_field) or "" for c in candidates]
-        scores = self.score(query, texts)
+        scores = self.score(query, [c.rerank_text or "" for c in candidates])
         ranked = []
         for cand, s in zip(candidates, scores):
             clone = copy.copy(cand)
-            _set(clone, "rerank_score", s)
+            clone.rerank_score = s
             ranked.append(clone)
-        ranked.sort(key=lambda c: -_get(c, "rerank_score"))
+        ranked.sort(key=lambda c: -(c.rerank_score or 0.0))
         return ranked if top_k is None else ranked[:top_k]
 
-    def rerank_search(self, query: str, hits: list, limit: int, trace: Any) -> list:
+    def rerank_search(self, query: str, hits: list[Hit], limit: int, trace: Trace) -> list[Hit]:
         """Rerank the head of a search's hit list; never raises.
 
         Sends ``limit × oversample`` candidates (capped at ``max_candidates``), applies
@@ -140,7 +137,7 @@ class RerankerService:
         started = time.perf_counter()
         with self._track():
             try:
-                ranked = self.rerank_results(query, head, score_field="rerank_text")
+                ranked = self.rerank_results(query, head)
             except RerankerError as exc:
                 return self._fallback(hits, trace, str(exc))
         elapsed = time.perf_counter() - started
@@ -153,23 +150,23 @@ class RerankerService:
         trace.post_rerank = [h.id for h in ranked]
         return ranked + tail if not self.config.min_score else ranked
 
-    def _finalise(self, ranked: list) -> list:
+    def _finalise(self, ranked: list[Hit]) -> list[Hit]:
         """Apply the optional blend and minimum final score."""
         if self.config.blend and ranked:
             lo = min(h.score for h in ranked)
             hi = max(h.score for h in ranked)
             for h in ranked:
                 original = (h.score - lo) / (hi - lo) if hi > lo else 1.0
-                h.score = BLEND_ORIGINAL * original + BLEND_RERANK * h.rerank_score
+                h.score = BLEND_ORIGINAL * original + BLEND_RERANK * (h.rerank_score or 0.0)
             ranked.sort(key=lambda h: -h.score)
         else:
             for h in ranked:
-                h.score = h.rerank_score
+                h.score = h.rerank_score or 0.0
         if self.config.min_score:
             ranked = [h for h in ranked if h.score >= self.config.min_score]
         return ranked
 
-    def _fallback(self, hits: list, trace: Any, reason: str) -> list:
+    def _fallback(self, hits: list[Hit], trace: Trace, reason: str) -> list[Hit]:
         # warn once per distinct cause; a missing model would otherwise log per search
         level = logging.DEBUG if reason == self._last_warning else logging.WARNING
         self._last_warning = reason
@@ -273,13 +270,3 @@ class RerankerManager:
         if service is not None:
             service.close(wait_for_inflight=False)
 
-
-def _get(obj: Any, field: str) -> Any:
-    return obj[field] if isinstance(obj, dict) else getattr(obj, field)
-
-
-def _set(obj: Any, field: str, value: Any) -> None:
-    if isinstance(obj, dict):
-        obj[field] = value
-    else:
-        setattr(obj, field, value)

@@ -1,4 +1,4 @@
-"""Benchmarks behind ``python bot.py bench``: retrieval quality and search speed.
+"""``bench search-scale``: search latency and import throughput on a synthetic corpus.
 
 Every comparison is measured side by side in one run on one machine, because
 timings on shared machines are noisy; ratios are what to read.
@@ -8,160 +8,30 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import logging
-import math
-import platform
 import random
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cli.bench.common import machine_description, percentile
+from cli.bench.retrieval import RETRIEVAL_MODES
 from memory.config import DEFAULT_EMBEDDER, Profile
 from memory.embedder import Embedder, resolve_model
 from memory.engine import MemoryEngine
+from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.search import SearchRequest
-from memory.store import Filters
 from memory.text import STOPWORDS
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
-
-# name -> request fields; "hybrid" is the full default pipeline without reranking.
-RETRIEVAL_MODES: dict[str, dict[str, Any]] = {
-    "dense": {"mode": "dense", "adaptive": False, "boosts": False, "rerank": False},
-    "keyword": {"mode": "keyword", "adaptive": False, "boosts": False, "rerank": False},
-    "fixed": {"mode": "dense", "threshold": 0.6, "boosts": False, "rerank": False},
-    "adaptive": {"mode": "dense", "adaptive": True, "boosts": False, "rerank": False},
-    "hybrid": {"mode": "hybrid", "rerank": False},
-    "rerank": {"mode": "hybrid", "rerank": True},
-}
-
-
-@dataclass(frozen=True)
-class Query:
-    """One benchmark query with its evidence message ids."""
-
-    id: str
-    text: str
-    guild_id: int
-    channel_id: int
-    relevant: frozenset[int]
-
-
-def load_queries(path: str | Path) -> list[Query]:
-    """Read ``queries.jsonl`` (format: shared/datasets/README.md)."""
-    queries = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            raw = json.loads(line)
-            queries.append(
-                Query(
-                    id=str(raw["id"]), text=raw["query"], guild_id=int(raw["guild_id"]),
-                    channel_id=int(raw["channel_id"]),
-                    relevant=frozenset(int(i) for i in raw["relevant"]),
-                )
-            )
-    return queries
-
-
-def score_ranking(ranked: list[int], relevant: frozenset[int], k: int) -> dict[str, float]:
-    """Recall, hit, MRR and binary-gain nDCG at ``k`` for one query."""
-    top = ranked[:k]
-    found = [i for i, mid in enumerate(top) if mid in relevant]
-    dcg = sum(1.0 / math.log2(i + 2) for i in found)
-    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(relevant), k)))
-    return {
-        "recall": len(found) / len(relevant) if relevant else 0.0,
-        "hit": 1.0 if found else 0.0,
-        "mrr": 1.0 / (found[0] + 1) if found else 0.0,
-        "ndcg": dcg / ideal if ideal else 0.0,
-    }
-
-
-def percentile(values: list[float], p: float) -> float:
-    """The ``p``-th percentile (0-100) by linear interpolation."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * p / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def default_modes(profile: Profile) -> list[str]:
-    """Every retrieval mode; ``rerank`` only when the profile has a reranker."""
-    return [m for m in RETRIEVAL_MODES if m != "rerank" or profile.reranker.enabled]
-
-
-def run_retrieval_bench(
-    data: str | Path,
-    queries_path: str | Path | None,
-    profile: Profile,
-    *,
-    k: int = 10,
-    scope: str = "guild",
-    modes: list[str] | None = None,
-    embedder: Embedder | None = None,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Import ``data`` into a temporary database and score every mode on every query.
-
-    Returns:
-        ``{"messages", "queries", "k", "scope", "modes": {mode: metrics}}`` with
-        recall/hit/mrr/ndcg at k, mean_returned, p50_ms and p95_ms per mode.
-    """
-    queries = load_queries(queries_path or Path(data) / "queries.jsonl")
-    modes = modes or default_modes(profile)
-    with tempfile.TemporaryDirectory(prefix="memory-bench-") as tmp:
-        engine = MemoryEngine(Path(tmp) / "bench.sqlite3", profile, embedder, load_reranker=True)
-        try:
-            messages = engine.import_exports([data]).inserted
-            results = {
-                mode: _run_mode(engine, queries, mode, k, scope, progress) for mode in modes
-            }
-        finally:
-            engine.close()
-    return {"messages": messages, "queries": len(queries), "k": k, "scope": scope, "modes": results}
-
-
-def _run_mode(
-    engine: MemoryEngine, queries: list[Query], mode: str, k: int, scope: str,
-    progress: Progress | None,
-) -> dict[str, float]:
-    fields = RETRIEVAL_MODES[mode]
-    totals = {"recall": 0.0, "hit": 0.0, "mrr": 0.0, "ndcg": 0.0}
-    returned, latencies = 0, []
-    for query in queries:
-        request = SearchRequest(
-            queries=(query.text,), guild_id=query.guild_id, limit=k,
-            channel_ids=(query.channel_id,) if scope == "channel" else None, **fields,
-        )
-        started = time.perf_counter()
-        result = engine.search(request)
-        latencies.append((time.perf_counter() - started) * 1000)
-        returned += len(result.hits)
-        for name, value in score_ranking([h.id for h in result.hits], query.relevant, k).items():
-            totals[name] += value
-        if progress:
-            progress(1)
-    n = max(1, len(queries))
-    return {
-        **{name: round(value / n, 4) for name, value in totals.items()},
-        "mean_returned": round(returned / n, 3),
-        "p50_ms": round(percentile(latencies, 50), 2),
-        "p95_ms": round(percentile(latencies, 95), 2),
-    }
-
-
-# -- search at scale ----------------------------------------------------------------
 
 _OPENERS = ("anyone know", "I think", "just saw", "reminder:", "quick q:", "lol", "honestly",
             "update:", "so apparently", "can someone")
@@ -341,18 +211,3 @@ def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, d
         for rescore, measured in stats.items()
     }
 
-
-def machine_description() -> str:
-    """A one-line description of the machine for benchmark records."""
-    import os
-
-    try:
-        import torch
-
-        threads = torch.get_num_threads()
-    except ImportError:  # pragma: no cover
-        threads = 0
-    return (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, torch threads {threads}"
-    )

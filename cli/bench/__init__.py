@@ -1,0 +1,100 @@
+"""``bench``: retrieval quality, search speed at scale, and reranker scoring designs.
+
+Results belong in BENCHMARKS.md with the machine named; each benchmark module is
+imported only when its command runs (the rerank one needs torch and transformers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from cli.context import Settings, resolve_profile
+from cli.output import emit_json, progress_bar
+from memory.errors import ImportFormatError, SearchInputError
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmarks (results belong in BENCHMARKS.md)."""
+
+
+@bench.command("retrieval")
+@click.argument("data", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--queries", type=click.Path(path_type=Path, dir_okay=False),
+              help="queries.jsonl (default DATA/queries.jsonl).")
+@click.option("--k", type=click.IntRange(1, 100), default=10, show_default=True,
+              help="Results scored per query.")
+@click.option("--scope", type=click.Choice(("guild", "channel")), default="guild",
+              show_default=True, help="Search the whole guild or only the evidence's channel.")
+@click.option("--modes", help="Comma-separated subset of modes.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write results to this file.")
+@click.pass_obj
+def retrieval_command(
+    settings: Settings, data: Path, queries: Path | None, k: int, scope: str,
+    modes: str | None, json_out: Path | None,
+) -> int:
+    """Recall/MRR/nDCG per mode on a labelled export set."""
+    from cli.bench.common import load_queries
+    from cli.bench.retrieval import RETRIEVAL_MODES, default_modes, run_retrieval_bench
+
+    queries = queries or data / "queries.jsonl"
+    if not queries.is_file():
+        raise ImportFormatError(f"{queries}: no such queries file (give --queries)")
+    chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
+    unknown = set(chosen or []) - set(RETRIEVAL_MODES)
+    if unknown:
+        raise SearchInputError(f"unknown modes: {', '.join(sorted(unknown))}")
+    profile = resolve_profile(settings)
+    chosen = chosen or default_modes(profile)
+    update, bar = progress_bar(len(load_queries(queries)) * len(chosen), "searches", "query")
+    try:
+        result = run_retrieval_bench(data, queries, profile, k=k, scope=scope, modes=chosen,
+                                     progress=update)
+    finally:
+        bar.close()
+    result["profile"] = profile.name
+    emit_json(result, json_out)
+    return 0
+
+
+@bench.command("search-scale")
+@click.option("--messages", type=click.IntRange(min=100), default=100_000, show_default=True,
+              help="Synthetic corpus size (at least 100).")
+@click.option("--queries", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Searches timed per mode.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write results to this file.")
+@click.pass_obj
+def scale_command(settings: Settings, messages: int, queries: int, json_out: Path | None) -> int:
+    """Search latency and import throughput at scale."""
+    from cli.bench.scale import run_search_scale
+
+    update, bar = progress_bar(messages, "importing")
+    try:
+        result = run_search_scale(resolve_profile(settings), messages, queries=queries,
+                                  progress=update)
+    finally:
+        bar.close()
+    emit_json(result, json_out)
+    return 0
+
+
+@bench.command("rerank")
+@click.option("--candidates", type=click.IntRange(1, 1000), default=30, show_default=True,
+              help="Documents scored for one query.")
+@click.option("--repeats", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="Timed repetitions per variant.")
+@click.option("--device", type=click.Choice(("cpu", "cuda", "mps")), default="cpu",
+              show_default=True, help="Where the model runs.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write results to this file.")
+def rerank_command(candidates: int, repeats: int, device: str, json_out: Path | None) -> int:
+    """Qwen3-Reranker-0.6B-shaped model: per-pair vs batched vs shared prefix."""
+    from cli.bench.rerank import run_rerank_bench
+
+    result = run_rerank_bench(candidates=candidates, repeats=repeats, device=device)
+    emit_json(result, json_out)
+    return 0

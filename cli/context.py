@@ -1,0 +1,65 @@
+"""What every command shares: the global settings, the profile and engine they open."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memory.config import Profile, load_profile
+from memory.engine import MemoryEngine
+from memory.errors import MemoryBotError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def data_dir() -> Path:
+    """The bundled sample data: ``data/`` in a checkout, ``cli/data`` in an installed wheel."""
+    installed = Path(__file__).resolve().parent / "data"
+    return installed if installed.is_dir() else ROOT / "data"
+
+
+def default_db() -> Path:
+    """``$MEMORY_DB``, else ``data/memory.sqlite3`` in a checkout, else ``./memory.sqlite3``."""
+    if os.environ.get("MEMORY_DB"):
+        return Path(os.environ["MEMORY_DB"])
+    checkout = ROOT / "data"
+    return checkout / "memory.sqlite3" if (ROOT / "pyproject.toml").is_file() else Path(
+        "memory.sqlite3")
+
+
+@dataclass
+class Settings:
+    """The global options every command receives."""
+
+    db: Path
+    profile: str | None
+
+
+def resolve_profile(settings: Settings, stored: str | None = None) -> Profile:
+    """The profile named on the command line, else the stored one, else ``cpu``."""
+    return load_profile(settings.profile or stored or "cpu")
+
+
+def open_engine(settings: Settings, db: Path | None = None, **kwargs: Any) -> MemoryEngine:
+    """Open the engine on ``db`` (default ``--db``) with the resolved profile."""
+    from memory.store import MessageStore
+
+    path = db or settings.db
+    stored = None
+    if Path(path).exists():
+        store = MessageStore(path)
+        stored = store.active_profile
+        store.close()
+    return MemoryEngine(path, resolve_profile(settings, stored), **kwargs)
+
+
+def require_db(path: Path) -> None:
+    """Refuse to create a database where the command only reads one.
+
+    Raises:
+        MemoryBotError: ``path`` does not exist.
+    """
+    if not Path(path).exists():
+        raise MemoryBotError(f"{path} does not exist yet; run `python bot.py import ...` first")

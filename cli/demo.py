@@ -1,0 +1,121 @@
+"""``python bot.py demo``: the sample server in ``data/``, imported and searched.
+
+Shows what the bot does on a fresh machine with the embedded defaults: an import
+with its summary, a few searches with every stage's score and timing, a filtered
+search, and the retrieval quality on the demo's own labelled questions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import click
+
+from cli.bench.common import Query, load_queries, score_ranking
+from cli.context import Settings, data_dir, open_engine
+from cli.output import embed_with_progress, format_result, progress_bar
+from memory.engine import MemoryEngine
+from memory.errors import MemoryBotError
+from memory.search import SearchRequest
+
+log = logging.getLogger(__name__)
+
+SHOWCASE = ("demo-q0", "demo-q2", "demo-q9", "demo-q12")
+
+
+def demo_dir() -> Path:
+    """The sample server's channel exports."""
+    return data_dir() / "demo-server"
+
+
+def demo_queries() -> Path:
+    """The sample server's labelled questions."""
+    return data_dir() / "demo-queries.jsonl"
+
+
+def run_demo(settings: Settings, db: Path) -> int:
+    """Import the demo export into ``db`` and print searches; returns an exit status."""
+    engine = open_engine(settings, db=db, load_reranker=False)
+    try:
+        _import(engine)
+        _reranker_status(engine)
+        queries = load_queries(demo_queries())
+        by_id = {q.id: q for q in queries}
+        for qid in SHOWCASE:
+            query = by_id[qid]
+            click.echo(f"\n>>> search: {query.text}")
+            result = engine.search(query.text, guild_id=query.guild_id, limit=3)
+            click.echo(format_result(result, debug=qid == SHOWCASE[0]))
+        _filtered(engine, queries[0].guild_id)
+        _quality(engine, queries)
+    finally:
+        engine.close()
+    return 0
+
+
+def _import(engine: MemoryEngine) -> None:
+    started = time.perf_counter()
+    folder = demo_dir()
+    on_file, bar = progress_bar(len(list(folder.glob("*.json"))), "reading")
+    summary = engine.import_exports([folder], embed=False, on_file=on_file)
+    bar.close()
+    summary.embedded = embed_with_progress(engine)
+    stats = engine.store.stats()
+    click.echo(
+        f"imported {summary.files} channel exports from {folder.name}/: "
+        f"{summary.inserted} new messages ({summary.unchanged} unchanged), "
+        f"{summary.embedded} embedded with {stats.embedding_model} "
+        f"in {time.perf_counter() - started:.1f} s; "
+        f"{stats.channels} channels, {stats.authors} authors; profile {engine.profile.name}"
+    )
+
+
+def _reranker_status(engine: MemoryEngine) -> None:
+    """Say once, in one line, whether searches are reranked (and how to turn it on)."""
+    service = engine.rerankers.current()
+    if service is None:
+        click.echo("reranker: off in this profile; results are the hybrid order")
+        return
+    try:
+        service.load()
+    except MemoryBotError as exc:
+        log.info("reranker unavailable: %s", exc)
+        # said once here; the service would otherwise warn on every search
+        logging.getLogger("memory.reranker.service").setLevel(logging.ERROR)
+        click.echo(
+            f"reranker: off ({service.config.model} is not available here); results are the "
+            "hybrid order. To turn it on, point reranker.model in the profile at a local "
+            "Qwen3-Reranker folder, or use a llama-server profile."
+        )
+        return
+    click.echo(f"reranker: {service.config.model} on {service.config.device}")
+
+
+def _filtered(engine: MemoryEngine, guild_id: int) -> None:
+    text = "what is the wifi password or door code"
+    click.echo(f"\n>>> search only #general (and its threads): {text}")
+    channels = engine.store.channel_ids_named("general", guild_id)
+    result = engine.search(text, guild_id=guild_id, channel_ids=tuple(channels), limit=3)
+    click.echo(format_result(result))
+
+
+def _quality(engine: MemoryEngine, queries: list[Query]) -> None:
+    click.echo(f"\n>>> retrieval on the demo's {len(queries)} labelled questions (k=5)")
+    for mode in ("dense", "keyword", "hybrid"):
+        recall = hits = 0.0
+        latencies = []
+        for q in queries:
+            request = SearchRequest(queries=(q.text,), guild_id=q.guild_id, limit=5, mode=mode,
+                                    rerank=False)
+            started = time.perf_counter()
+            result = engine.search(request)
+            latencies.append((time.perf_counter() - started) * 1000)
+            scores = score_ranking([h.id for h in result.hits], q.relevant, 5)
+            recall += scores["recall"]
+            hits += scores["hit"]
+        n = len(queries)
+        latencies.sort()
+        click.echo(f"  {mode:8s} recall@5 {recall / n:.2f}  hit@5 {hits / n:.2f}  "
+                   f"median {latencies[n // 2]:.1f} ms")

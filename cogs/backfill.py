@@ -1,0 +1,241 @@
+"""Filling memory from Discord's own history: ``/memory-admin backfill`` and start-up catch-up.
+
+A backfill walks a channel (and its active and archived threads) from the newest
+message back to the oldest, 100 messages a page.  After each page is committed
+the position is saved (``backfill_cursors``), so a backfill stopped by a crash or
+a restart resumes where it was, and a finished channel is not read again.
+Writes go through the same queue as live capture and upserts are idempotent, so
+a message seen both live and by the backfill is stored once, and a message deleted
+meanwhile stays deleted (its tombstone wins).
+
+On start-up the bot catches up each remembered channel it has stored messages
+from: everything after the newest stored message.  discord.py's HTTP client waits
+out Discord's rate limits (429); a short pause between pages keeps a long backfill
+from hogging the shared limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import discord
+
+from cogs.capture import record_from_message
+
+if TYPE_CHECKING:
+    from cogs.memory import MemoryCog
+
+log = logging.getLogger(__name__)
+
+PAGE = 100
+PAGE_PAUSE_S = 0.25
+PROGRESS_EVERY_S = 3.0
+
+Walkable = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread
+
+
+@dataclass
+class Progress:
+    """What a backfill has done so far."""
+
+    channels: int = 0
+    done_channels: int = 0
+    fetched: int = 0
+    stored: int = 0
+    skipped_channels: int = 0
+    current: str = ""
+
+    def line(self) -> str:
+        return (
+            f"{self.done_channels}/{self.channels} channels · {self.fetched} messages read · "
+            f"{self.stored} stored" + (f" · now in #{self.current}" if self.current else "")
+            + (f" · {self.skipped_channels} unreadable" if self.skipped_channels else "")
+        )
+
+
+class Backfiller:
+    """Backfills and catches up channels for a :class:`cogs.memory.MemoryCog`."""
+
+    def __init__(self, cog: MemoryCog) -> None:
+        self.cog = cog
+        self._running: dict[int, asyncio.Task] = {}  # guild id -> backfill task
+        self._catch_up: asyncio.Task | None = None
+
+    def cancel(self) -> None:
+        """Stop every running backfill (cursors keep what was committed)."""
+        for task in [*self._running.values(), self._catch_up]:
+            if task is not None:
+                task.cancel()
+
+    # -- the command ---------------------------------------------------------------------
+
+    async def command(self, interaction: discord.Interaction, channel: Walkable | None) -> None:
+        """Run a backfill for the command, editing one progress message in place."""
+        guild = interaction.guild
+        if guild.id in self._running and not self._running[guild.id].done():
+            await interaction.response.send_message(
+                "A backfill is already running in this server.", ephemeral=True)
+            return
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        targets = [channel] if channel is not None else self.channels_of(guild)
+        progress = Progress(channels=len(targets))
+        status = await interaction.followup.send(
+            f"Backfilling… {progress.line()}", ephemeral=True, wait=True)
+        task = asyncio.create_task(self.run(targets, progress))
+        self._running[guild.id] = task
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=PROGRESS_EVERY_S)
+                if not task.done():
+                    await _edit(status, f"Backfilling… {progress.line()}")
+            task.result()
+            await _edit(status, f"Backfill finished: {progress.line()}")
+        except discord.HTTPException as exc:
+            log.warning("backfill in guild %d stopped: %s", guild.id, exc)
+            await _edit(status, f"Backfill stopped: Discord answered {exc.status}. Run it again to "
+                                f"resume where it stopped. {progress.line()}")
+        except asyncio.CancelledError:
+            task.cancel()
+            await _edit(status, f"Backfill stopped (it resumes where it was): {progress.line()}")
+            raise
+        finally:
+            self._running.pop(guild.id, None)
+
+    @staticmethod
+    def channels_of(guild: discord.Guild) -> list[Walkable]:
+        """Every channel in a guild that holds messages (threads are walked under them)."""
+        return [
+            c for c in guild.channels
+            if isinstance(c, (discord.TextChannel, discord.VoiceChannel, discord.ForumChannel))
+        ]
+
+    async def run(self, targets: list[Walkable], progress: Progress) -> None:
+        """Backfill each target and its threads."""
+        for channel in targets:
+            progress.current = channel.name
+            for place in await self._with_threads(channel):
+                await self.walk_back(place, progress)
+            progress.done_channels += 1
+        progress.current = ""
+
+    async def _with_threads(self, channel: Walkable) -> list[Walkable]:
+        if isinstance(channel, discord.Thread):
+            return [channel]
+        places: list[Walkable] = [] if isinstance(channel, discord.ForumChannel) else [channel]
+        places.extend(channel.threads)
+        for private in (False, True):
+            try:
+                async for thread in channel.archived_threads(limit=None, private=private):
+                    places.append(thread)
+            except (discord.Forbidden, discord.NotFound):
+                log.debug("cannot list %s archived threads of %s",
+                          "private" if private else "public", channel.id)
+            except discord.HTTPException as exc:
+                log.warning("listing archived threads of %s failed: %s", channel.id, exc)
+        return list({p.id: p for p in places}.values())
+
+    def _can_read(self, channel: Walkable) -> bool:
+        perms = channel.permissions_for(channel.guild.me)
+        return perms.view_channel and perms.read_message_history
+
+    # -- walking history -----------------------------------------------------------------
+
+    async def walk_back(self, channel: Walkable, progress: Progress) -> None:
+        """Read ``channel`` from its saved position back to its first message."""
+        engine = self.cog.engine
+        if not self._can_read(channel):
+            progress.skipped_channels += 1
+            return
+        cursor = await self.cog.read(engine.backfill_cursor, channel.id)
+        if cursor is not None and cursor.complete:
+            return
+        before = discord.Object(cursor.before_id) if cursor and cursor.before_id else None
+        page: list[discord.Message] = []
+        try:
+            async for message in channel.history(limit=None, before=before):
+                page.append(message)
+                if len(page) >= PAGE:
+                    await self._store(channel, page, progress)
+                    page = []
+                    await asyncio.sleep(PAGE_PAUSE_S)
+        except discord.Forbidden:
+            progress.skipped_channels += 1
+            return
+        if page:
+            await self._store(channel, page, progress)
+        await self.cog.writes.run_and_wait(
+            lambda: engine.save_backfill_cursor(channel.guild.id, channel.id, None, complete=True))
+
+    async def catch_up(self, channel: Walkable, after_id: int, progress: Progress) -> None:
+        """Read what was posted in ``channel`` after message ``after_id``."""
+        page: list[discord.Message] = []
+        async for message in channel.history(limit=None, after=discord.Object(after_id),
+                                             oldest_first=True):
+            page.append(message)
+            if len(page) >= PAGE:
+                await self._store(channel, page, progress, save_cursor=False)
+                page = []
+                await asyncio.sleep(PAGE_PAUSE_S)
+        if page:
+            await self._store(channel, page, progress, save_cursor=False)
+
+    async def _store(
+        self, channel: Walkable, page: list[discord.Message], progress: Progress,
+        *, save_cursor: bool = True,
+    ) -> None:
+        progress.fetched += len(page)
+        me = self.cog.bot.user
+        records = []
+        for message in page:
+            if me is not None and message.author.id == me.id:
+                continue
+            record = record_from_message(message)
+            if record is not None and await self.cog.remembers(message):
+                records.append(record)
+        if records:
+            await self.cog.writes.put_and_wait("upsert", records)
+            progress.stored += len(records)
+        if save_cursor:
+            oldest = min(m.id for m in page)
+            engine = self.cog.engine
+            await self.cog.writes.run_and_wait(
+                lambda: engine.save_backfill_cursor(channel.guild.id, channel.id, oldest))
+
+    # -- start-up catch-up ---------------------------------------------------------------
+
+    def catch_up_once(self) -> None:
+        """Start catching up every remembered channel, the first time the bot is ready."""
+        if self._catch_up is None:
+            self._catch_up = asyncio.create_task(self._catch_up_all(), name="memory-catch-up")
+
+    async def _catch_up_all(self) -> None:
+        started = time.monotonic()
+        progress = Progress()
+        for guild in list(self.cog.bot.guilds):
+            places: list[Walkable] = [*self.channels_of(guild), *guild.threads]
+            for place in places:
+                if isinstance(place, discord.ForumChannel) or not self._can_read(place):
+                    continue
+                latest = await self.cog.read(self.cog.engine.latest_message_id, place.id)
+                if latest is None:
+                    continue  # never stored here: that is a backfill's job, not a catch-up's
+                try:
+                    await self.catch_up(place, latest, progress)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("catching up #%s failed: %s", getattr(place, "name", place.id), exc)
+        if progress.fetched:
+            log.info("caught up %d messages (%d stored) in %.0f s", progress.fetched,
+                     progress.stored, time.monotonic() - started)
+
+
+async def _edit(message: discord.WebhookMessage, content: str) -> None:
+    try:
+        await message.edit(content=content[:2000])
+    except discord.HTTPException as exc:  # e.g. the interaction token expired after 15 min
+        log.debug("could not update backfill progress: %s", exc)

@@ -1,0 +1,178 @@
+"""Live capture: Discord messages become records, and writes reach SQLite even when it is busy.
+
+Every store, edit and delete goes through one :class:`WriteQueue`.  A single task
+drains it in order, batches what has piled up, and applies the batch in a worker
+thread.  When the database is locked (an import or another process is writing) the
+batch waits and is tried again with backoff, so a member's message is never
+dropped for being sent at a busy moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import discord
+
+from memory.records import MessageRecord, datetime_to_ms
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 200
+RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
+GIVE_UP_AFTER = 8  # tries of a batch that fails for a reason other than a busy database
+
+
+def record_from_message(message: discord.Message) -> MessageRecord | None:
+    """Convert a guild message to a record; ``None`` for DMs, system and empty messages."""
+    if message.guild is None or message.type not in (
+        discord.MessageType.default, discord.MessageType.reply
+    ):
+        return None
+    attachments = tuple(a.filename for a in message.attachments)
+    if not message.content.strip() and not attachments:
+        return None
+    channel = message.channel
+    parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
+    author = message.author
+    reference = message.reference
+    return MessageRecord(
+        id=message.id,
+        guild_id=message.guild.id,
+        channel_id=channel.id,
+        author_id=author.id,
+        created_at=datetime_to_ms(message.created_at),
+        edited_at=datetime_to_ms(message.edited_at) if message.edited_at else None,
+        content=message.content,
+        author_name=author.name,
+        author_display_name=author.display_name,
+        author_is_bot=author.bot,
+        guild_name=message.guild.name,
+        channel_name=getattr(channel, "name", "") or "",
+        channel_type=str(channel.type),
+        parent_id=parent_id,
+        reply_to_id=(
+            reference.message_id
+            if reference and reference.guild_id and reference.channel_id == channel.id
+            else None
+        ),
+        attachments=attachments,
+    )
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite saying another connection holds the lock (worth retrying)."""
+    text = str(exc).lower()
+    return type(exc).__name__ == "OperationalError" and ("locked" in text or "busy" in text)
+
+
+@dataclass
+class Write:
+    """One queued write: a kind the cog knows (``upsert``, ``delete``, ...) and its items."""
+
+    kind: str
+    items: list
+    done: asyncio.Future | None = field(default=None, repr=False)
+
+
+class WriteQueue:
+    """Applies writes in arrival order, batched, retried while the database is busy.
+
+    Args:
+        apply: Runs a batch of writes (in a worker thread: it may block on SQLite).
+        run: Runs a blocking callable off the event loop (the cog's write executor).
+    """
+
+    def __init__(
+        self,
+        apply: Callable[[list[Write]], None],
+        run: Callable[[Callable[[], None]], Awaitable[None]],
+    ) -> None:
+        self._apply = apply
+        self._run = run
+        self._queue: asyncio.Queue[Write] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain(), name="memory-writes")
+
+    @property
+    def backlog(self) -> int:
+        return self._queue.qsize()
+
+    def put(self, kind: str, items: list) -> None:
+        """Queue a write; it is applied soon, in order with the others."""
+        if items:
+            self._queue.put_nowait(Write(kind, list(items)))
+
+    async def put_and_wait(self, kind: str, items: list) -> None:
+        """Queue a write and return once it is committed (raises if it was given up)."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(Write(kind, list(items), future))
+        await future
+
+    async def run_and_wait(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the write thread, in order with the queued writes, and wait for it."""
+        await self.put_and_wait("call", [fn])
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Apply what is queued (for at most ``timeout`` seconds), then stop."""
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(self._queue.join(), timeout)
+        except asyncio.TimeoutError:
+            log.error("shutting down with %d writes not applied", self._queue.qsize())
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        self._task = None
+
+    async def _drain(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < MAX_BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._apply_with_retry(batch)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _apply_with_retry(self, batch: list[Write]) -> None:
+        delay, failures = RETRY_MIN_S, 0
+        while True:
+            try:
+                await self._run(lambda: self._apply(batch))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_busy(exc):
+                    failures += 1
+                    if failures >= GIVE_UP_AFTER:
+                        log.exception("giving up on %d writes after %d tries", len(batch), failures)
+                        _settle(batch, exc)
+                        return
+                    log.warning("writing %d changes failed (%s); retrying", len(batch), exc)
+                else:
+                    log.info("database busy; retrying %d writes in %.2f s", len(batch), delay)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            _settle(batch, None)
+            return
+
+
+def _settle(batch: list[Write], exc: BaseException | None) -> None:
+    for write in batch:
+        if write.done is not None and not write.done.done():
+            if exc is None:
+                write.done.set_result(None)
+            else:
+                write.done.set_exception(exc)

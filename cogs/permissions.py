@@ -1,0 +1,179 @@
+"""Who may read what: the allow-lists every member-facing search is limited to.
+
+A search on behalf of a member may only find messages in channels and threads
+that member can read *now* (view channel + read message history, and for a
+private thread: a participant or someone who can manage threads).  A reply that
+others will read (a mention reply, ``/search private:False``) is further limited
+to sources that everyone who can read the reply channel can also read.
+
+Everything is computed from discord.py's cache at request time; the engine gets
+the result as ``SearchRequest.allowed_channel_ids`` and filters inside its KNN
+and keyword stages.  Threads the cache does not hold (archived ones) are judged
+from what the database knows of them (:class:`StoredThread`): a public thread is
+readable where its parent is; an uncached private thread only by members who can
+manage threads there, because its participants cannot be known without asking
+Discord.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import discord
+
+# how a private thread's type is stored: by live capture, and by DiscordChatExporter
+_PRIVATE_THREAD_TYPES = frozenset({str(discord.ChannelType.private_thread), "GuildPrivateThread"})
+
+
+@dataclass(frozen=True)
+class StoredThread:
+    """A thread the database holds messages from: its id, parent channel and type."""
+
+    id: int
+    parent_id: int | None
+    type: str
+
+    @property
+    def private(self) -> bool:
+        return self.type in _PRIVATE_THREAD_TYPES
+
+
+def _reads(perms: discord.Permissions) -> bool:
+    return perms.view_channel and perms.read_message_history
+
+
+def can_read(member: discord.Member, channel: discord.abc.GuildChannel | discord.Thread) -> bool:
+    """Whether ``member`` can read ``channel``'s history right now."""
+    if isinstance(channel, discord.Thread):
+        parent = channel.parent
+        if parent is None:
+            return False  # parent not cached: nothing to judge by, so no
+        perms = channel.permissions_for(member)
+        if not _reads(perms):
+            return False
+        if channel.is_private():
+            return (
+                perms.manage_threads
+                or channel.owner_id == member.id
+                or any(m.id == member.id for m in channel.members)
+            )
+        return True
+    if isinstance(channel, discord.CategoryChannel):
+        return False
+    return _reads(channel.permissions_for(member))
+
+
+def readable_channel_ids(
+    member: discord.Member, stored_threads: Iterable[StoredThread] = ()
+) -> frozenset[int]:
+    """Ids of every channel and thread in ``member``'s guild they can read now.
+
+    Args:
+        member: The member a search serves (with their current roles).
+        stored_threads: Threads the database has messages from, so archived ones
+            the cache does not hold are judged too.
+    """
+    guild = member.guild
+    readable: set[int] = set()
+    parent_perms: dict[int, discord.Permissions] = {}
+    for channel in guild.channels:
+        if isinstance(channel, discord.CategoryChannel):
+            continue
+        perms = channel.permissions_for(member)
+        parent_perms[channel.id] = perms
+        if _reads(perms):
+            readable.add(channel.id)
+    for thread in guild.threads:
+        if can_read(member, thread):
+            readable.add(thread.id)
+    for stored in stored_threads:
+        if stored.id in readable or guild.get_thread(stored.id) is not None:
+            continue  # judged from the cache above
+        perms = parent_perms.get(stored.parent_id or 0)
+        if perms is None or not _reads(perms):
+            continue
+        if not stored.private or perms.manage_threads:
+            readable.add(stored.id)
+    return frozenset(readable)
+
+
+def everyone_can_read(channel: discord.abc.GuildChannel | discord.Thread | None) -> bool:
+    """Whether every member of the guild can read ``channel``.
+
+    True when ``@everyone`` may view it and read its history and no role or member
+    overwrite takes either away; for a public thread, when that holds for its parent.
+    """
+    if channel is None:
+        return False
+    if isinstance(channel, discord.Thread):
+        return not channel.is_private() and everyone_can_read(channel.parent)
+    if isinstance(channel, discord.CategoryChannel):
+        return False
+    if not _reads(channel.permissions_for(channel.guild.default_role)):
+        return False
+    return not _denies_reading(channel)
+
+
+_READING = discord.Permissions(view_channel=True, read_message_history=True).value
+
+
+def _denies_reading(channel: discord.abc.GuildChannel) -> bool:
+    """Whether any role or member overwrite in ``channel`` denies viewing or history."""
+    raw = getattr(channel, "_overwrites", None)
+    if raw is not None:  # discord.py's raw overwrite list: 0.2 µs instead of 40 µs for .overwrites
+        return any(entry.deny & _READING for entry in raw)
+    return any(
+        o.view_channel is False or o.read_message_history is False
+        for o in channel.overwrites.values()
+    )
+
+
+def public_reply_sources(
+    reply_channel: discord.abc.GuildChannel | discord.Thread,
+    candidates: Iterable[int],
+    stored_threads: Iterable[StoredThread] = (),
+) -> frozenset[int]:
+    """The ``candidates`` a reply posted in ``reply_channel`` may quote.
+
+    A source qualifies when everyone who can read the reply channel can read it
+    too: the reply channel itself; its parent, when the reply is in a thread;
+    public threads of the same channel; and channels (and their public threads)
+    every member of the guild can read.  Pass the asking member's readable ids as
+    ``candidates``, so the answer is also limited to what they may see.
+    """
+    guild = reply_channel.guild
+    home = reply_channel.id
+    family = {home}  # sources whose readers include everyone who reads the reply channel
+    if isinstance(reply_channel, discord.Thread):
+        if reply_channel.parent_id is not None:
+            family.add(reply_channel.parent_id)
+            if not reply_channel.is_private():
+                home = reply_channel.parent_id  # public threads share their parent's readers
+    stored_parent = {t.id: t for t in stored_threads}
+    world: dict[int, bool] = {}
+
+    def world_readable(channel_id: int) -> bool:
+        if channel_id not in world:
+            world[channel_id] = everyone_can_read(guild.get_channel(channel_id))
+        return world[channel_id]
+
+    safe: set[int] = set()
+    for source in candidates:
+        if source in family:
+            safe.add(source)
+            continue
+        thread = guild.get_thread(source)
+        if thread is not None:
+            private, parent_id = thread.is_private(), thread.parent_id
+        elif source in stored_parent:
+            private, parent_id = stored_parent[source].private, stored_parent[source].parent_id
+        else:
+            if world_readable(source):
+                safe.add(source)
+            continue
+        if private or parent_id is None:
+            continue
+        if parent_id == home or world_readable(parent_id):
+            safe.add(source)
+    return frozenset(safe)

@@ -1,0 +1,326 @@
+"""The vector side of the store: the vec0 table, its 1-bit KNN and the code statistics.
+
+Each message's vector is kept twice in one sqlite-vec ``vec0`` row: as a 1-bit code
+(one bit per dimension) that the KNN searches by Hamming distance, and as the float
+vector that ranks the candidates by exact cosine.  At 100k messages that is several
+times faster than sqlite-vec's float scan (BENCHMARKS.md).  Filters that a search
+must honour are vec0 metadata and partition columns, so they apply inside the KNN
+rather than after its top-k.
+
+``code_stats`` keeps, per guild, how many codes have each bit set; it lets
+:class:`_RadiusMemory` guess how far a search must look.  The counts are exact:
+every write adds its codes, and every delete or replacement subtracts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from memory.db import IN_IDS, id_list
+from memory.filters import Filters, filter_sql
+
+log = logging.getLogger(__name__)
+
+MAX_KNN_K = 4096  # sqlite-vec's upper bound for k
+VECTOR_FIELDS = "message_id, guild_id, channel_id, author_id, created_at, has_attachment"
+
+Query = Callable[[str, Sequence[Any]], list[tuple]]
+VectorRow = tuple[int, int, int, int, int, bool, np.ndarray]
+"""What :meth:`VectorIndex.write` stores per message: its id, guild, channel, author,
+creation time, whether it has attachments, and its vector."""
+
+
+def vector_table_sql(dimension: int) -> str:
+    """The vector table: a 1-bit code to search by, the float vector to rank by, filters."""
+    bits = -(-int(dimension) // 8) * 8  # whole bytes; padding bits are 0 in every code
+    return f"""CREATE VIRTUAL TABLE IF NOT EXISTS message_vectors USING vec0(
+        message_id INTEGER PRIMARY KEY,
+        embedding_bits bit[{bits}],
+        guild_id INTEGER PARTITION KEY,
+        channel_id INTEGER,
+        author_id INTEGER,
+        created_at INTEGER,
+        has_attachment INTEGER,
+        +embedding BLOB
+    )"""
+
+
+def binary_code(vector: np.ndarray) -> bytes:
+    """The 1-bit code of a vector: one bit per dimension, set where the value is positive.
+
+    Bit order matches sqlite-vec's ``vec_quantize_binary`` (least significant first).
+    """
+    return np.packbits(np.asarray(vector) > 0, bitorder="little").tobytes()
+
+
+def table_columns(conn: Any) -> set[str]:
+    """The columns of ``message_vectors`` (empty when the table does not exist)."""
+    return {row[1] for row in conn.execute("PRAGMA table_info(message_vectors)")}
+
+
+def count_codes(conn: Any, vectors: Iterable[tuple[int, np.ndarray]], sign: int = 1) -> None:
+    """Add (``sign`` 1) or subtract (-1) each ``(guild_id, vector)``'s code bits in ``code_stats``."""
+    totals: dict[int, tuple[int, np.ndarray]] = {}
+    for guild_id, vector in vectors:
+        count, ones = totals.get(guild_id, (0, np.zeros(len(vector), dtype=np.int64)))
+        totals[guild_id] = (count + 1, ones + (vector > 0))
+    for guild_id, (count, ones) in totals.items():
+        count, ones = sign * count, sign * ones
+        row = conn.execute(
+            "SELECT vectors, ones FROM code_stats WHERE guild_id = ?", (guild_id,)
+        ).fetchone()
+        if row is not None and len(row[1]) == ones.nbytes:
+            count += row[0]
+            ones = ones + np.frombuffer(row[1], dtype=np.int64)
+        if count <= 0:
+            conn.execute("DELETE FROM code_stats WHERE guild_id = ?", (guild_id,))
+            continue
+        conn.execute(
+            "INSERT INTO code_stats(guild_id, vectors, ones) VALUES (?, ?, ?) ON CONFLICT"
+            "(guild_id) DO UPDATE SET vectors = excluded.vectors, ones = excluded.ones",
+            (guild_id, count, np.maximum(ones, 0).tobytes()),
+        )
+
+
+def upgrade_float_table(conn: Any) -> None:
+    """Move a first-release vector table (a float vec0 column) to 1-bit codes + floats.
+
+    vec0 tables cannot be altered or renamed, so the rows go through a temporary
+    copy inside the caller's transaction; no vector is recomputed.  A database
+    without vectors, or already upgraded, is left as it is.
+    """
+    columns = table_columns(conn)
+    row = conn.execute("SELECT value FROM meta WHERE key = 'embedding_dim'").fetchone()
+    if not columns or "embedding_bits" in columns or row is None:
+        return
+    log.info("moving the vectors to 1-bit vector search (one-off)")
+    conn.execute(
+        f"CREATE TEMP TABLE vectors_copy AS SELECT {VECTOR_FIELDS}, embedding FROM message_vectors"
+    )
+    conn.execute("DROP TABLE message_vectors")
+    conn.execute(vector_table_sql(int(row[0])))
+    copied = conn.execute(f"SELECT {VECTOR_FIELDS}, embedding FROM temp.vectors_copy")
+    conn.executemany(
+        f"INSERT INTO message_vectors({VECTOR_FIELDS}, embedding, embedding_bits) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, vec_bit(?))",
+        ((*row, binary_code(np.frombuffer(row[-1], dtype=np.float32))) for row in copied),
+    )
+    conn.execute("DELETE FROM code_stats")  # recounted from every vector
+    count_codes(conn, (
+        (guild_id, np.frombuffer(blob, dtype=np.float32))
+        for guild_id, blob in conn.execute("SELECT guild_id, embedding FROM temp.vectors_copy")
+    ))
+    conn.execute("DROP TABLE temp.vectors_copy")
+
+
+class _RadiusMemory:
+    """Guesses how far, in Hamming bits, a search's k-th nearest 1-bit code lies.
+
+    sqlite-vec 0.1.9 picks each 1024-code chunk's top k with up to k linear passes,
+    so a KNN for k = 200 over 100k codes spends more time selecting than measuring.
+    A ``distance <= radius`` constraint drops far codes before that selection, and
+    the tighter the radius the cheaper the search.
+
+    The guess starts from the query's expected distance to a stored code (from
+    the guild's bit frequencies, ``code_stats``): queries near the bulk of the
+    codes have near neighbours.  Earlier searches with the same filters (for new
+    filters: the guild's unfiltered searches) tell how far below that expectation
+    the k-th code lay; the guess takes a high percentile of those offsets.  A
+    search that finds fewer than k within it widens the radius and runs again,
+    the last try without any constraint, so a wrong guess costs time, never results.
+    """
+
+    def __init__(self, history: int = 32, percentile: float = 80.0, max_keys: int = 256) -> None:
+        self._history = history
+        self._percentile = percentile
+        self._max_keys = max_keys
+        self._offsets: dict[tuple[Filters, int], deque[float]] = {}
+        self._small: set[tuple[Filters, int]] = set()  # scopes with fewer rows than wanted
+        self._lock = threading.Lock()
+
+    def search(
+        self,
+        run: Callable[[int | None], list[tuple]],
+        *,
+        key: tuple[Filters, int],
+        want: int,
+        bits: int,
+        expected: float = 0.0,
+    ) -> list[tuple]:
+        """Call ``run(radius)`` until it returns ``want`` rows; at most four tries.
+
+        Later tries widen the guess by one, then three spreads of the offsets
+        seen (their 95th minus 50th percentile); the last has no limit.
+        ``run`` returns rows nearest first with the Hamming distance at index 1;
+        ``expected`` is the query's mean distance to a stored code (0 if unknown).
+        A scope that held fewer than ``want`` rows is searched without a limit
+        next time, at once (it is small, so that is cheap).
+        """
+        radius, spread = self._guess(key, expected)
+        tries: list[int | None] = [None]
+        if radius is not None:
+            tries = [radius, radius + spread, radius + 3 * spread, None]
+        rows: list[tuple] = []
+        for limit in tries:
+            if limit is not None and limit >= bits:
+                continue
+            rows = run(limit)
+            if len(rows) >= want:
+                self._remember(key, rows[want - 1][1] - expected)
+                break
+        else:
+            with self._lock:
+                self._small.add(key)
+        return rows
+
+    def _guess(self, key: tuple[Filters, int], expected: float) -> tuple[int | None, int]:
+        filters, want = key
+        with self._lock:
+            if key in self._small:
+                return None, 0
+            seen = self._offsets.get(key) or self._offsets.get(
+                (Filters(guild_id=filters.guild_id), want)
+            )
+            if not seen:
+                return None, 0
+            offsets = np.fromiter(seen, dtype=np.float64)
+        radius = int(np.ceil(expected + np.percentile(offsets, self._percentile)))
+        spread = np.percentile(offsets, 95) - np.percentile(offsets, 50)
+        return max(radius, 0), max(2, int(np.ceil(spread)))
+
+    def _remember(self, key: tuple[Filters, int], offset: float) -> None:
+        with self._lock:
+            self._small.discard(key)
+            if key not in self._offsets and len(self._offsets) >= self._max_keys:
+                self._offsets.clear()
+                self._small.clear()
+            self._offsets.setdefault(key, deque(maxlen=self._history)).append(offset)
+
+
+class VectorIndex:
+    """The ``message_vectors`` table and ``code_stats`` of one database.
+
+    Reads go through ``query`` (the store's locked reader); writes take the
+    connection of a transaction the caller holds, so a message and its vector
+    change together.
+
+    Args:
+        query: Runs one read-only statement and returns its rows.
+    """
+
+    def __init__(self, query: Query) -> None:
+        self._query = query
+        self._radii = _RadiusMemory()
+
+    # -- writes (inside the caller's transaction) --------------------------------------
+
+    def create(self, conn: Any, dimension: int) -> None:
+        """Create the table for vectors of ``dimension`` and forget learned radii."""
+        conn.execute(vector_table_sql(dimension))
+        self._radii = _RadiusMemory()  # distances learned under another model mean nothing
+
+    @staticmethod
+    def drop(conn: Any) -> None:
+        """Drop every vector and every code count."""
+        conn.execute("DROP TABLE IF EXISTS message_vectors")
+        conn.execute("DELETE FROM code_stats")
+
+    def write(self, conn: Any, rows: Sequence[VectorRow]) -> None:
+        """Store (or replace) one vector per message and count its code bits."""
+        self.delete(conn, [row[0] for row in rows])  # vec0 has no INSERT OR REPLACE
+        conn.executemany(
+            f"INSERT INTO message_vectors({VECTOR_FIELDS}, embedding_bits, embedding) "
+            "VALUES (?, ?, ?, ?, ?, ?, vec_bit(?), ?)",
+            [
+                (mid, guild, channel, author, created, int(attached),
+                 binary_code(vec), np.ascontiguousarray(vec, dtype=np.float32).tobytes())
+                for mid, guild, channel, author, created, attached, vec in rows
+            ],
+        )
+        count_codes(conn, ((row[1], row[6]) for row in rows))
+
+    @staticmethod
+    def delete(conn: Any, ids: Sequence[int]) -> None:
+        """Remove the vectors of ``ids`` (where present) and subtract their code bits."""
+        if not ids or not table_columns(conn):
+            return
+        found = conn.execute(
+            f"SELECT message_id, guild_id, embedding FROM message_vectors WHERE message_id {IN_IDS}",
+            (id_list(ids),),
+        ).fetchall()
+        if not found:
+            return
+        count_codes(conn, ((g, np.frombuffer(blob, dtype=np.float32)) for _, g, blob in found), -1)
+        conn.executemany(
+            "DELETE FROM message_vectors WHERE message_id = ?", [(row[0],) for row in found]
+        )
+
+    # -- reads -------------------------------------------------------------------------
+
+    def expected_distance(self, code_bits: np.ndarray, guild_id: int | None) -> float:
+        """Mean Hamming distance from a code to the guild's stored codes (0 if unknown)."""
+        rows = self._query(
+            "SELECT vectors, ones FROM code_stats"
+            + (" WHERE guild_id = ?" if guild_id is not None else ""),
+            () if guild_id is None else (guild_id,),
+        )
+        rows = [r for r in rows if len(r[1]) == code_bits.size * 8]
+        total = sum(r[0] for r in rows)
+        if not total:
+            return 0.0
+        ones = sum(np.frombuffer(r[1], dtype=np.int64) for r in rows) / total
+        return float(np.where(code_bits, 1.0 - ones, ones).sum())
+
+    def knn(
+        self, vector: np.ndarray, k: int, filters: Filters, *, rescore: int = 4
+    ) -> list[tuple[int, float]]:
+        """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first.
+
+        The KNN runs inside vec0 over the 1-bit codes (filters included) and fetches
+        the ``k × rescore`` nearest by Hamming distance; those are ranked by exact
+        cosine from their float vectors.  sqlite-vec scans every code either way,
+        but a Hamming distance is far cheaper than a float cosine (BENCHMARKS.md).
+        A ``rescore`` that fetches the whole scope makes the result exact; the
+        fetch is capped at sqlite-vec's k limit of 4096.
+        """
+        k = max(1, min(int(k), MAX_KNN_K))
+        fetch = min(k * max(1, int(rescore)), MAX_KNN_K)
+        query = np.asarray(vector, dtype=np.float32)
+        code = binary_code(query)
+        candidates = self._radii.search(
+            lambda radius: self._code_knn(code, fetch, filters, radius),
+            key=(filters, fetch),
+            want=fetch,
+            bits=len(code) * 8,
+            expected=self.expected_distance(query > 0, filters.guild_id),
+        )
+        if not candidates:
+            return []
+        floats = np.frombuffer(b"".join(row[2] for row in candidates), dtype=np.float32)
+        floats = floats.reshape(len(candidates), -1)
+        norms = np.linalg.norm(floats, axis=1) * float(np.linalg.norm(query))
+        similarity = floats @ query / np.maximum(norms, 1e-12)
+        best = np.argsort(-similarity, kind="stable")[:k]
+        return [(candidates[i][0], float(similarity[i])) for i in best]
+
+    def _code_knn(
+        self, code: bytes, k: int, filters: Filters, radius: int | None = None
+    ) -> list[tuple]:
+        """The ``k`` nearest codes (within ``radius`` bits, if given): id, distance, floats."""
+        clauses: list[str] = ["embedding_bits MATCH vec_bit(?)", "k = ?"]
+        params: list[Any] = [code, k]
+        if radius is not None:
+            clauses.append("distance <= ?")
+            params.append(radius)
+        filter_sql(filters, "", clauses, params)
+        return self._query(
+            "SELECT message_id, distance, embedding FROM message_vectors "
+            f"WHERE {' AND '.join(clauses)} ORDER BY distance",
+            params,
+        )

@@ -1,0 +1,141 @@
+"""Backfill and start-up catch-up against a stand-in for Discord's REST API on 127.0.0.1.
+
+discord.py's own HTTP client makes the requests (its paging, its 429 handling);
+only the server answering them is ours (tests/fake_discord.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+
+import discord
+import pytest
+
+from memory.config import Profile
+from memory.engine import MemoryEngine
+from tests.conftest import HashEmbedder
+from tests.discord_harness import READ, Harness, channel, guild, member, role, thread
+from tests.fake_discord import FakeDiscord
+
+G, GENERAL, ARCHIVED = 950, 951, 952
+ALICE, ADMIN = 1201, 1202
+MANAGE = discord.Permissions(manage_guild=True)
+
+
+def server() -> dict:
+    return guild(G, "Backfill Guild", owner=ADMIN, roles=[role(G, "@everyone", READ, position=0)],
+                 members=[member(ALICE, "alice"), member(ADMIN, "admin")],
+                 channels=[channel(GENERAL, G, "general")])
+
+
+@pytest.fixture
+async def setup(tmp_path, monkeypatch):
+    fake = FakeDiscord()
+    base = await fake.start()
+    monkeypatch.setattr(discord.http.Route, "BASE", base)
+    monkeypatch.setattr("cogs.backfill.PAGE_PAUSE_S", 0)
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
+                          load_reranker=False)
+    h = Harness(engine, [server()])
+    await h.start()
+    await h.bot.http.static_login("good-token")
+    yield h, fake
+    await h.close()
+    await h.bot.http.close()
+    await fake.stop()
+    engine.close()
+
+
+def history(h: Harness, where: int, n: int, word: str = "history") -> list[dict]:
+    return [h.message_payload(f"{word} message {i}", author=(ALICE, "alice"), channel=where)
+            for i in range(n)]
+
+
+async def backfill(h: Harness) -> str:
+    await h.slash("memory-admin backfill", invoker=member(ADMIN, "admin"), where=GENERAL,
+                  permissions=MANAGE)
+    return h.adapter.edits[-1]["content"]
+
+
+async def settle(h: Harness) -> None:
+    await h.cog.writes.stop()
+    h.cog.writes.start()
+
+
+async def test_backfill_reads_channels_and_archived_threads_through_a_rate_limit(setup):
+    h, fake = setup
+    fake.history[GENERAL] = history(h, GENERAL, 250)
+    archived = thread(ARCHIVED, G, GENERAL, "old thread", owner=ALICE, archived=True)
+    fake.archived[GENERAL] = [archived]
+    h.guild._add_thread(discord.Thread(guild=h.guild, state=h.state, data=archived))
+    fake.history[ARCHIVED] = history(h, ARCHIVED, 30, "thread")
+    h.guild._remove_thread(h.guild.get_thread(ARCHIVED))  # archived: not in the cache
+    fake.rate_limit_next = 1
+
+    summary = await backfill(h)
+    assert summary.startswith("Backfill finished") and "280 stored" in summary
+    assert h.engine.store.message_count() == 280
+    statuses = [r for r in fake.requests if r[0].endswith(f"/{GENERAL}/messages")]
+    assert len(statuses) == 1 + 3  # the 429, then 100 + 100 + 50
+    assert h.engine.backfill_cursor(GENERAL).complete
+    # a second run reads nothing again
+    fake.requests.clear()
+    await backfill(h)
+    assert not [r for r in fake.requests if r[0].endswith("/messages")]
+
+
+async def test_backfill_resumes_after_a_crash_without_duplicates(setup):
+    h, fake = setup
+    fake.history[GENERAL] = history(h, GENERAL, 250)
+    fake.stall_after = 2  # two pages, then the "process" dies
+    run = asyncio.create_task(backfill(h))
+    while len(fake.requests) < 3:
+        await asyncio.sleep(0.01)
+    await settle(h)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    cursor = h.engine.backfill_cursor(GENERAL)
+    assert not cursor.complete and h.engine.store.message_count() == 200
+    oldest_stored = min(int(m["id"]) for m in fake.history[GENERAL][-200:])
+    assert cursor.before_id == oldest_stored
+
+    fake.stall_after = None
+    fake.requests.clear()
+    summary = await backfill(h)
+    assert summary.startswith("Backfill finished")
+    assert fake.requests[0][1]["before"] == str(cursor.before_id)  # picked up where it stopped
+    assert h.engine.store.message_count() == 250
+
+
+async def test_backfill_and_live_capture_agree(setup):
+    h, fake = setup
+    payloads = history(h, GENERAL, 20)
+    fake.history[GENERAL] = payloads
+    # seen live meanwhile: an edit newer than the history page, and a delete
+    edited = dict(payloads[5]) | {"content": "edited live",
+                                  "edited_timestamp": datetime.now(timezone.utc).isoformat()}
+    live = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=edited)
+    await h.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, live))
+    await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
+        {"id": payloads[6]["id"], "channel_id": str(GENERAL), "guild_id": str(G)}))
+    await settle(h)
+    await backfill(h)
+    assert h.engine.store.message_count() == 19  # the deleted one stays deleted
+    rows = h.engine.store.hydrate([int(payloads[5]["id"])])
+    assert rows[int(payloads[5]["id"])].content == "edited live"
+
+
+async def test_start_up_catches_up_from_the_newest_stored_message(setup):
+    h, fake = setup
+    payloads = history(h, GENERAL, 120)
+    fake.history[GENERAL] = payloads
+    known = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=payloads[9])
+    await h.cog.on_message(known)
+    await settle(h)
+    await h.cog.on_ready()
+    await h.cog.backfill._catch_up
+    await settle(h)
+    assert h.engine.store.message_count() == 1 + 110  # the known one and everything after it
+    assert all("after" in query for _, query in fake.requests)

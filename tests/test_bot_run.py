@@ -1,0 +1,83 @@
+"""Starting the bot: a bad token, a missing intent or no network end in one line and exit 2.
+
+discord.py really logs in and opens its gateway connection, against the stand-in
+for Discord's API (tests/fake_discord.py) running on its own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import discord
+import pytest
+import yarl
+
+import bot
+from memory.config import Profile
+from memory.engine import MemoryEngine
+from tests.conftest import HashEmbedder
+from tests.fake_discord import FakeDiscord
+
+
+@pytest.fixture
+def fake_api(monkeypatch):
+    fake = FakeDiscord()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder = {}
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        holder["base"] = loop.run_until_complete(fake.start())
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    started.wait(10)
+    monkeypatch.setattr(discord.http.Route, "BASE", holder["base"])
+    monkeypatch.setattr(discord.gateway.DiscordWebSocket, "DEFAULT_GATEWAY",
+                        yarl.URL(f"ws://127.0.0.1:{fake.port}/ws"))
+    yield fake
+    asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
+                        load_reranker=False)
+
+
+def test_a_rejected_token_is_one_line_and_exit_2(fake_api, engine, capsys):
+    assert bot.run_bot(engine, "wrong-token") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: Discord rejected the token") and "\n" not in err
+
+
+def test_a_missing_privileged_intent_is_one_line_and_exit_2(fake_api, engine, capsys):
+    fake_api.gateway_close_code = 4014
+    assert bot.run_bot(engine, "good-token") == 2
+    err = capsys.readouterr().err.strip()
+    assert "Message Content intent" in err and "\n" not in err
+
+
+def test_no_route_to_discord_is_one_line_and_exit_2(engine, capsys, monkeypatch):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(discord.http.Route, "BASE", f"http://127.0.0.1:{port}/api/v10")
+    assert bot.run_bot(engine, "good-token") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot reach Discord") and "\n" not in err
+
+
+def test_the_bot_registers_no_prefix_commands_and_syncs_only_when_asked(engine):
+    memory_bot = bot.MemoryBot(engine)
+    assert memory_bot.sync is None and memory_bot.help_command is None
+    context = bot.run_command.make_context(
+        "run", ["--dev-guild", "123", "--owner", "5", "--owner", "6"])
+    assert context.params == {"sync": False, "dev_guild": 123, "owner": (5, 6)}

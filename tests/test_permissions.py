@@ -1,0 +1,284 @@
+"""The permission matrix: a member never finds a message from a channel they cannot read.
+
+One server is built from gateway payloads with roles, role and member overwrites,
+a private category whose channels sync to it, a channel members may view but not
+read the history of, public, private and archived threads, and a second server.
+Every channel holds a message with the same word; each member then searches by
+every route (the engine allow-list, ``/search`` private and public, ``channel:``,
+the context menu, a mention reply), and every cell is checked against a table
+written by hand from Discord's rules, not computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import discord
+import pytest
+
+from cogs.permissions import StoredThread, everyone_can_read, public_reply_sources, readable_channel_ids
+from memory.config import Profile
+from memory.engine import MemoryEngine
+from memory.search import SearchRequest
+from tests.conftest import HashEmbedder
+from tests.discord_harness import (
+    BOT_ID, HIDE, NO_HISTORY, READ, Harness, channel, guild, member, overwrite, role, thread,
+    user,
+)
+
+G, G2 = 500, 800
+STAFF, MODS = 510, 511
+ALICE, BOB, CAROL, EVE, OTHER = 1101, 1102, 1103, 1104, 1105
+PUBLIC_CAT, GENERAL, NO_BOB = 600, 601, 630
+STAFF_CAT, STAFF_ONLY, STAFF_LOG, ANNOUNCE = 610, 611, 612, 620
+PUBLIC_THREAD, PRIVATE_THREAD, ARCHIVED_STAFF_THREAD, ARCHIVED_PRIVATE = 701, 702, 703, 704
+ELSEWHERE = 801
+WORD = "pineapple"
+
+ROLES = {ALICE: [STAFF], BOB: [], CAROL: [MODS], EVE: [STAFF]}
+NAMES = {ALICE: "alice", BOB: "bob", CAROL: "carol", EVE: "eve", OTHER: "olga"}
+
+# Who can read what, by Discord's rules (see the module docstring for the layout).
+READABLE = {
+    ALICE: {GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, PUBLIC_THREAD, PRIVATE_THREAD,
+            ARCHIVED_STAFF_THREAD},
+    BOB: {GENERAL, PUBLIC_THREAD},
+    CAROL: {GENERAL, NO_BOB, PUBLIC_THREAD, PRIVATE_THREAD, ARCHIVED_PRIVATE},
+    EVE: {GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, PUBLIC_THREAD, ARCHIVED_STAFF_THREAD},
+}
+# What a public reply in #general may quote: channels every member can read.
+PUBLIC_IN_GENERAL = {GENERAL, PUBLIC_THREAD}
+# In #staff-only: staff channels synced to the same category, and the world-readable ones.
+PUBLIC_IN_STAFF_ONLY = {STAFF_ONLY, ARCHIVED_STAFF_THREAD, GENERAL, PUBLIC_THREAD}
+
+
+def everyone_role(gid: int) -> dict:
+    return role(gid, "@everyone", READ, position=0)
+
+
+def server() -> dict:
+    staff_only = [overwrite(G, deny=HIDE), overwrite(STAFF, allow=READ)]
+    return guild(
+        G, "Main", owner=9999,
+        roles=[everyone_role(G), role(STAFF, "staff", discord.Permissions.none()),
+               role(MODS, "mods", discord.Permissions(manage_threads=True))],
+        members=[member(uid, NAMES[uid], roles=ROLES[uid]) for uid in ROLES],
+        channels=[
+            channel(PUBLIC_CAT, G, "public", type=4),
+            channel(GENERAL, G, "general", parent=PUBLIC_CAT),
+            channel(NO_BOB, G, "no-bob", parent=PUBLIC_CAT,
+                    overwrites=[overwrite(BOB, deny=HIDE, member=True)]),
+            channel(STAFF_CAT, G, "staff", type=4, overwrites=staff_only),
+            channel(STAFF_ONLY, G, "staff-only", parent=STAFF_CAT, overwrites=staff_only),
+            channel(STAFF_LOG, G, "staff-log", parent=STAFF_CAT, overwrites=staff_only),
+            channel(ANNOUNCE, G, "announcements", overwrites=[overwrite(G, deny=NO_HISTORY)]),
+        ],
+        threads=[
+            thread(PUBLIC_THREAD, G, GENERAL, "open thread", owner=BOB),
+            thread(PRIVATE_THREAD, G, GENERAL, "secret thread", owner=9999, private=True),
+        ],
+    )
+
+
+def other_server() -> dict:
+    return guild(G2, "Elsewhere", owner=OTHER, roles=[everyone_role(G2)],
+                 members=[member(OTHER, "olga"), member(ALICE, "alice")],
+                 channels=[channel(ELSEWHERE, G2, "other")])
+
+
+@pytest.fixture
+async def harness(tmp_path):
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
+                          load_reranker=False)
+    h = Harness(engine, [server(), other_server()])
+    await h.start()
+    # alice takes part in the private thread (THREAD_MEMBERS_UPDATE from the gateway)
+    h.state.parse_thread_members_update({
+        "id": str(PRIVATE_THREAD), "guild_id": str(G), "member_count": 1,
+        "added_members": [{"id": str(PRIVATE_THREAD), "user_id": str(ALICE), "flags": 0,
+                           "join_timestamp": "2026-01-01T00:00:00+00:00"}],
+        "removed_member_ids": [],
+    })
+    await _fill(h)
+    yield h
+    await h.close()
+    engine.close()
+
+
+async def _fill(h: Harness) -> None:
+    """One message with WORD in every channel and thread, incl. archived ones the cache lacks."""
+    for place in (GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, ANNOUNCE, PUBLIC_THREAD, PRIVATE_THREAD,
+                  ELSEWHERE):
+        await h.cog.on_message(h.message(f"{WORD} note in channel {place}",
+                                         author=(OTHER, "olga"), channel=place))
+    await h.cog.writes.stop()
+    h.cog.writes.start()
+    # archived threads known only from the database (an earlier capture or an import)
+    from memory.records import MessageRecord
+    h.engine.upsert([
+        MessageRecord(id=tid * 10, guild_id=G, channel_id=tid, author_id=OTHER,
+                      created_at=1_700_000_000_000, content=f"{WORD} note in channel {tid}",
+                      parent_id=parent, channel_type=kind, channel_name=f"archived {tid}")
+        for tid, parent, kind in ((ARCHIVED_STAFF_THREAD, STAFF_ONLY, "public_thread"),
+                                  (ARCHIVED_PRIVATE, GENERAL, "GuildPrivateThread"))
+    ])
+    h.engine.embed_pending()
+
+
+def as_member(h: Harness, uid: int) -> discord.Member:
+    """The member as an interaction or message payload brings them (roles as of now)."""
+    return discord.Member(data=member(uid, NAMES[uid], roles=ROLES[uid]), guild=h.guild,
+                          state=h.state)
+
+
+def stored_threads(h: Harness) -> list[StoredThread]:
+    return [StoredThread(*row) for row in h.engine.store.threads(G)]
+
+
+@pytest.mark.parametrize("uid", list(READABLE))
+def test_readable_channels_match_discords_rules(harness, uid):
+    readable = readable_channel_ids(as_member(harness, uid), stored_threads(harness))
+    assert readable == READABLE[uid]
+
+
+@pytest.mark.parametrize("uid", list(READABLE))
+async def test_a_search_finds_exactly_what_the_member_can_read(harness, uid):
+    result, withheld = await harness.cog.member_search(
+        as_member(harness, uid), SearchRequest(queries=(WORD,), limit=50))
+    assert {hit.channel_id for hit in result.hits} == READABLE[uid]
+    assert withheld == 0
+
+
+@pytest.mark.parametrize("uid", list(READABLE))
+@pytest.mark.parametrize("asked", [STAFF_ONLY, GENERAL, ANNOUNCE, ELSEWHERE, ARCHIVED_PRIVATE])
+async def test_naming_a_channel_never_widens_the_search(harness, uid, asked):
+    result, _ = await harness.cog.member_search(
+        as_member(harness, uid), SearchRequest(queries=(WORD,), limit=50, channel_ids=(asked,)))
+    found = {hit.channel_id for hit in result.hits}
+    assert found <= READABLE[uid]
+    if asked == GENERAL:  # its threads come along, but only the ones this member may read
+        assert found == {GENERAL, PUBLIC_THREAD, PRIVATE_THREAD, ARCHIVED_PRIVATE} & READABLE[uid]
+
+
+@pytest.mark.parametrize("uid", list(READABLE))
+async def test_a_public_answer_in_general_quotes_only_what_everyone_there_reads(harness, uid):
+    general = harness.guild.get_channel(GENERAL)
+    result, withheld = await harness.cog.member_search(
+        as_member(harness, uid), SearchRequest(queries=(WORD,), limit=50), reply_channel=general)
+    assert {hit.channel_id for hit in result.hits} == PUBLIC_IN_GENERAL & READABLE[uid]
+    assert withheld == len(READABLE[uid] - PUBLIC_IN_GENERAL)
+
+
+async def test_a_public_answer_in_a_private_category_may_quote_that_category(harness):
+    staff_only = harness.guild.get_channel(STAFF_ONLY)
+    result, withheld = await harness.cog.member_search(
+        as_member(harness, ALICE), SearchRequest(queries=(WORD,), limit=50),
+        reply_channel=staff_only)
+    assert {hit.channel_id for hit in result.hits} == PUBLIC_IN_STAFF_ONLY
+    assert withheld == len(READABLE[ALICE] - PUBLIC_IN_STAFF_ONLY)
+
+
+def test_world_readable_channels(harness):
+    g = harness.guild
+    assert everyone_can_read(g.get_channel(GENERAL))
+    assert everyone_can_read(g.get_thread(PUBLIC_THREAD))
+    for cid in (NO_BOB, STAFF_ONLY, ANNOUNCE):
+        assert not everyone_can_read(g.get_channel(cid)), cid
+    assert not everyone_can_read(g.get_thread(PRIVATE_THREAD))
+    # a reply inside the private thread may quote the thread itself and its parent
+    sources = public_reply_sources(g.get_thread(PRIVATE_THREAD), READABLE[ALICE],
+                                   stored_threads(harness))
+    assert sources == {PRIVATE_THREAD, GENERAL, PUBLIC_THREAD}
+
+
+async def test_a_member_who_loses_a_role_loses_its_channels_at_once(harness):
+    h = harness
+    before, _ = await h.cog.member_search(as_member(h, EVE), SearchRequest(queries=(WORD,), limit=50))
+    assert STAFF_ONLY in {hit.channel_id for hit in before.hits}
+    # the staff role is removed: the next interaction or message carries her new roles
+    eve_now = discord.Member(data=member(EVE, "eve", roles=[]), guild=h.guild, state=h.state)
+    after, _ = await h.cog.member_search(eve_now, SearchRequest(queries=(WORD,), limit=50))
+    assert {hit.channel_id for hit in after.hits} == {GENERAL, NO_BOB, PUBLIC_THREAD}
+
+
+async def test_leaving_a_private_thread_hides_it(harness):
+    h = harness
+    h.state.parse_thread_members_update({
+        "id": str(PRIVATE_THREAD), "guild_id": str(G), "member_count": 0,
+        "added_members": [], "removed_member_ids": [str(ALICE)]})
+    result, _ = await h.cog.member_search(as_member(h, ALICE), SearchRequest(queries=(WORD,), limit=50))
+    assert PRIVATE_THREAD not in {hit.channel_id for hit in result.hits}
+
+
+async def test_an_overwrite_added_later_applies_to_the_next_search(harness):
+    h = harness
+    h.state.parse_channel_update(channel(GENERAL, G, "general", parent=PUBLIC_CAT,
+                                         overwrites=[overwrite(BOB, deny=HIDE, member=True)]))
+    result, _ = await h.cog.member_search(as_member(h, BOB), SearchRequest(queries=(WORD,), limit=50))
+    assert result.hits == []  # no general, and its public thread went with it
+    assert "readable" in result.empty_reason
+
+
+# -- every route a member has --------------------------------------------------------------
+
+def _quoted(texts: list[str]) -> set[int]:
+    """Channel ids whose WORD message text appears in what the bot sent."""
+    found = set()
+    blob = "\n".join(texts)
+    for cid in (GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, ANNOUNCE, PUBLIC_THREAD, PRIVATE_THREAD,
+                ARCHIVED_STAFF_THREAD, ARCHIVED_PRIVATE, ELSEWHERE):
+        if f"channel {cid}" in blob:
+            found.add(cid)
+    return found
+
+
+def _invoker(uid: int) -> dict:
+    return member(uid, NAMES[uid], roles=ROLES[uid])
+
+
+@pytest.mark.parametrize("uid", list(READABLE))
+async def test_slash_search_private_and_public(harness, uid):
+    h = harness
+    await h.slash("search", invoker=_invoker(uid), where=GENERAL, query=WORD, limit=10)
+    assert _quoted(h.adapter.texts()) == READABLE[uid]
+    h.adapter.followups.clear()
+    await h.slash("search", invoker=_invoker(uid), where=GENERAL, query=WORD, limit=10,
+                  private=False)
+    public = h.adapter.followups[-1]
+    assert "flags" not in public or not public["flags"] & 64  # really public
+    assert _quoted([str(public["embeds"])]) == PUBLIC_IN_GENERAL & READABLE[uid]
+    hidden = len(READABLE[uid] - PUBLIC_IN_GENERAL)
+    footer = public["embeds"][0]["footer"]["text"]
+    assert (f"{hidden} more result" in footer) == bool(hidden)
+
+
+@pytest.mark.parametrize("uid", [BOB, CAROL])
+async def test_slash_search_naming_a_hidden_channel_shows_nothing(harness, uid):
+    h = harness
+    await h.slash("search", invoker=_invoker(uid), where=GENERAL, query=WORD,
+                  channel=h.guild.get_channel(STAFF_ONLY), private=False)
+    assert _quoted(h.adapter.texts()) == set()
+
+
+@pytest.mark.parametrize("uid", list(READABLE))
+async def test_mention_reply_quotes_only_public_sources(harness, uid):
+    h = harness
+    msg = h.message(f"<@{BOT_ID}> where is the {WORD}", author=(uid, NAMES[uid]), channel=GENERAL,
+                    roles=ROLES[uid], mentions=[user(BOT_ID, "memorybot", bot=True)])
+    await h.cog.on_message(msg)
+    channel_id, payload = h.sent[-1]
+    assert channel_id == GENERAL
+    assert _quoted([str(payload["embeds"])]) == PUBLIC_IN_GENERAL & READABLE[uid]
+    assert payload["allowed_mentions"] == {"parse": [], "replied_user": False}
+
+
+async def test_the_context_menu_is_private_and_permission_safe(harness):
+    h = harness
+    target = h.message(f"{WORD} question", author=(BOB, "bob"), channel=GENERAL)
+    results = await _run_context_menu(h, BOB, target)
+    assert _quoted(results) <= READABLE[BOB]
+    assert h.adapter.callbacks[0]["data"]["flags"] == 64
+
+
+async def _run_context_menu(h: Harness, uid: int, target: discord.Message) -> list[str]:
+    await h.context_menu("Find related messages", invoker=_invoker(uid), where=GENERAL,
+                         target=target)
+    return h.adapter.texts()
