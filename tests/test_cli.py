@@ -30,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 COMMANDS = [
     [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
+    ["bench", "embedder"],
 ]
 
 
