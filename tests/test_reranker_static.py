@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memory.config import ConfigError, Profile, RerankerConfig, load_profile, load_profile_file
@@ -169,6 +170,19 @@ def test_padding_rows_and_tokens_do_not_leak(parts, config):
     assert_close(beside[:1], alone, tol=FP32_TOL)
 
 
+def test_eager_attention_takes_the_same_static_path(tiny_dir, parts, config, dynamic):
+    # eager attention adds the mask to the scores: it must be additive, not boolean
+    _, tokenizer = parts
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    reranker = QwenReranker.from_model(
+        model, tokenizer, dataclasses.replace(config, buckets=BUCKETS)
+    )
+    assert reranker._static is not None
+    assert_close(reranker.score(QUERY, ALL_DOCS), dynamic, tol=FP32_TOL)
+
+
 def test_repeated_calls_reuse_buffers_without_carry_over(parts, config, dynamic):
     reranker = wrap(parts, config, buckets=BUCKETS)
     reranker.score("a completely different and much longer query " * 3, ALL_DOCS)
@@ -223,6 +237,41 @@ def test_int8_ignores_buckets_because_padding_would_move_its_scale(parts, config
 
 
 # -- graphs and fallbacks ------------------------------------------------------------
+
+# Ops that read device data on the host or size their output by it: each one is a
+# synchronisation that CUDA graph capture rejects.
+HOST_READS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::item"}
+
+
+class OpLog(TorchDispatchMode):
+    """Records the name of every aten op run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@torch.inference_mode()
+def test_static_steps_never_read_device_data_on_the_host(parts, config):
+    """The CPU stand-in for "capturable": no op in a step waits for the device."""
+    reranker = wrap(parts, config, buckets=BUCKETS)
+    static = reranker._static
+    head = static._head_slot(128)
+    tail = static._tail_slot(128, BUCKETS[0])
+    with OpLog() as steps:
+        static._run_head(head)
+        static._run_tail(head, tail)
+    assert {"aten::linear", "aten::scaled_dot_product_attention"} <= steps.ops  # saw the model
+    assert not steps.ops & HOST_READS
+    encoded = reranker.encode(QUERY, DOCS[:3])
+    with OpLog() as dynamic_path:  # the check can fail: the dynamic path does sync
+        reranker._score_batch(encoded.tails, reranker._head_kv(encoded.head))
+    assert dynamic_path.ops & HOST_READS
+
 
 
 def test_cuda_graphs_on_cpu_score_eagerly_and_say_so(parts, config, dynamic, caplog):
