@@ -154,8 +154,8 @@ def run_command(settings: Settings, sync: bool, dev_guild: int | None, owner: tu
     token = os.environ.get("DISCORD_TOKEN")
     if not token:
         raise ConfigError("set DISCORD_TOKEN to the bot token from the Discord developer portal")
-    sync = "global" if sync else dev_guild
-    return run_bot(open_engine(settings), token, sync=sync, owner_ids=set(owner) or None)
+    target: str | int | None = "global" if sync else dev_guild
+    return run_bot(open_engine(settings), token, sync=target, owner_ids=set(owner) or None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

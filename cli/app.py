@@ -8,6 +8,7 @@ and exit status 2; progress bars live here only.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -18,10 +19,14 @@ from typing import Any
 import click
 
 from cli.bench import bench
-from cli.output import (
-    embed_with_progress, emit_json, format_result, progress_bar, result_to_dict,
-)
 from cli.context import Settings, default_db, open_engine, require_db
+from cli.output import (
+    embed_with_progress,
+    emit_json,
+    format_result,
+    progress_bar,
+    result_to_dict,
+)
 from cli.params import ID_OR_NAME, ISO_DATE, LOG_LEVEL, PORT, SNOWFLAKE
 from memory.config import available_profiles
 from memory.engine import MemoryEngine
@@ -48,6 +53,8 @@ def cli_group(
     ctx: click.Context, db: Path, profile: str | None, log_level: str, metrics_port: int | None
 ) -> None:
     """Discord memory bot: offline tools and the bot itself."""
+    if not sys.stderr.isatty():  # model-loading bars (transformers' tqdm) would litter logs
+        os.environ.setdefault("TQDM_DISABLE", "1")
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if metrics_port:
         from memory.metrics import serve

@@ -40,15 +40,15 @@ def run_demo(settings: Settings, db: Path) -> int:
     engine = open_engine(settings, db=db, load_reranker=False)
     try:
         _import(engine)
-        _reranker_status(engine)
+        rerank = _reranker_status(engine)
         queries = load_queries(demo_queries())
         by_id = {q.id: q for q in queries}
         for qid in SHOWCASE:
             query = by_id[qid]
             click.echo(f"\n>>> search: {query.text}")
-            result = engine.search(query.text, guild_id=query.guild_id, limit=3)
+            result = engine.search(query.text, guild_id=query.guild_id, limit=3, rerank=rerank)
             click.echo(format_result(result, debug=qid == SHOWCASE[0]))
-        _filtered(engine, queries[0].guild_id)
+        _filtered(engine, queries[0].guild_id, rerank)
         _quality(engine, queries)
     finally:
         engine.close()
@@ -72,32 +72,36 @@ def _import(engine: MemoryEngine) -> None:
     )
 
 
-def _reranker_status(engine: MemoryEngine) -> None:
-    """Say once, in one line, whether searches are reranked (and how to turn it on)."""
+def _reranker_status(engine: MemoryEngine) -> bool:
+    """Say once, in one line, whether searches are reranked (and how to turn it on).
+
+    Returns:
+        Whether the reranker loaded (the demo's searches rerank only then).
+    """
     service = engine.rerankers.current()
     if service is None:
         click.echo("reranker: off in this profile; results are the hybrid order")
-        return
+        return False
     try:
         service.load()
     except MemoryBotError as exc:
         log.info("reranker unavailable: %s", exc)
-        # said once here; the service would otherwise warn on every search
-        logging.getLogger("memory.reranker.service").setLevel(logging.ERROR)
         click.echo(
             f"reranker: off ({service.config.model} is not available here); results are the "
             "hybrid order. To turn it on, point reranker.model in the profile at a local "
             "Qwen3-Reranker folder, or use a llama-server profile."
         )
-        return
+        return False
     click.echo(f"reranker: {service.config.model} on {service.config.device}")
+    return True
 
 
-def _filtered(engine: MemoryEngine, guild_id: int) -> None:
+def _filtered(engine: MemoryEngine, guild_id: int, rerank: bool) -> None:
     text = "what is the wifi password or door code"
     click.echo(f"\n>>> search only #general (and its threads): {text}")
     channels = engine.store.channel_ids_named("general", guild_id)
-    result = engine.search(text, guild_id=guild_id, channel_ids=tuple(channels), limit=3)
+    result = engine.search(text, guild_id=guild_id, channel_ids=tuple(channels), limit=3,
+                           rerank=rerank)
     click.echo(format_result(result))
 
 

@@ -36,6 +36,8 @@ PAGE_PAUSE_S = 0.25
 PROGRESS_EVERY_S = 3.0
 
 Walkable = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread
+# where messages are read from: a forum holds none itself, only its threads
+History = discord.TextChannel | discord.VoiceChannel | discord.Thread
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Backfiller:
     async def command(self, interaction: discord.Interaction, channel: Walkable | None) -> None:
         """Run a backfill for the command, editing one progress message in place."""
         guild = interaction.guild
+        assert guild is not None  # the command is guild-only
         if guild.id in self._running and not self._running[guild.id].done():
             await interaction.response.send_message(
                 "A backfill is already running in this server.", ephemeral=True)
@@ -122,14 +125,22 @@ class Backfiller:
             progress.done_channels += 1
         progress.current = ""
 
-    async def _with_threads(self, channel: Walkable) -> list[Walkable]:
+    async def _with_threads(self, channel: Walkable) -> list[History]:
         if isinstance(channel, discord.Thread):
             return [channel]
-        places: list[Walkable] = [] if isinstance(channel, discord.ForumChannel) else [channel]
+        if isinstance(channel, discord.VoiceChannel):
+            return [channel]  # voice channels have a text chat but no threads
+        places: list[History] = [] if isinstance(channel, discord.ForumChannel) else [channel]
         places.extend(channel.threads)
-        for private in (False, True):
+        # forum posts are all public threads; text channels have private ones too
+        for private in (False,) if isinstance(channel, discord.ForumChannel) else (False, True):
             try:
-                async for thread in channel.archived_threads(limit=None, private=private):
+                if private:
+                    assert isinstance(channel, discord.TextChannel)
+                    archived = channel.archived_threads(limit=None, private=True)
+                else:
+                    archived = channel.archived_threads(limit=None)
+                async for thread in archived:
                     places.append(thread)
             except (discord.Forbidden, discord.NotFound):
                 log.debug("cannot list %s archived threads of %s",
@@ -138,13 +149,13 @@ class Backfiller:
                 log.warning("listing archived threads of %s failed: %s", channel.id, exc)
         return list({p.id: p for p in places}.values())
 
-    def _can_read(self, channel: Walkable) -> bool:
+    def _can_read(self, channel: History) -> bool:
         perms = channel.permissions_for(channel.guild.me)
         return perms.view_channel and perms.read_message_history
 
     # -- walking history -----------------------------------------------------------------
 
-    async def walk_back(self, channel: Walkable, progress: Progress) -> None:
+    async def walk_back(self, channel: History, progress: Progress) -> None:
         """Read ``channel`` from its saved position back to its first message."""
         engine = self.cog.engine
         if not self._can_read(channel):
@@ -170,7 +181,7 @@ class Backfiller:
         await self.cog.writes.run_and_wait(
             lambda: engine.save_backfill_cursor(channel.guild.id, channel.id, None, complete=True))
 
-    async def catch_up(self, channel: Walkable, after_id: int, progress: Progress) -> None:
+    async def catch_up(self, channel: History, after_id: int, progress: Progress) -> None:
         """Read what was posted in ``channel`` after message ``after_id``."""
         page: list[discord.Message] = []
         async for message in channel.history(limit=None, after=discord.Object(after_id),
@@ -184,7 +195,7 @@ class Backfiller:
             await self._store(channel, page, progress, save_cursor=False)
 
     async def _store(
-        self, channel: Walkable, page: list[discord.Message], progress: Progress,
+        self, channel: History, page: list[discord.Message], progress: Progress,
         *, save_cursor: bool = True,
     ) -> None:
         progress.fetched += len(page)

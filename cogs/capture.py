@@ -125,7 +125,7 @@ class WriteQueue:
             return
         try:
             await asyncio.wait_for(self._queue.join(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.error("shutting down with %d writes not applied", self._queue.qsize())
         self._task.cancel()
         try:

@@ -35,11 +35,13 @@ import discord
 from discord import app_commands
 from discord.ext import commands, tasks
 
+from cogs import answers
 from cogs.backfill import Backfiller
 from cogs.capture import Write, WriteQueue, record_from_message
 from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
 from cogs.render import inert, render_hits
 from memory.config import available_profiles, load_profile
+from memory.context import Context
 from memory.errors import MemoryBotError, SearchInputError
 from memory.records import SearchResult
 from memory.search import SearchRequest
@@ -59,7 +61,6 @@ SETTINGS_TTL_S = 60.0
 SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the event loop
 SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
 MENTION_COOLDOWN_S = 10.0
-MENTION_LIMIT = 3
 SHUTDOWN_WRITES_S = 10.0
 
 PRIVACY_NOTICE = """\
@@ -132,6 +133,7 @@ class MemoryCog(commands.Cog):
             1, MENTION_COOLDOWN_S, commands.BucketType.member
         )
         self._embed_failures = 0
+        self.chat = answers.make_chat_client(engine.profile)  # None without an [llm] section
         self.find_related_menu = app_commands.ContextMenu(
             name="Find related messages", callback=self.find_related
         )
@@ -157,6 +159,8 @@ class MemoryCog(commands.Cog):
         await self.writes.stop(SHUTDOWN_WRITES_S)
         for pool in (self._search_pool, self._read_pool, self._embed_pool, self._write_pool):
             pool.shutdown(wait=True, cancel_futures=True)
+        if self.chat is not None:
+            self.chat.close()
 
     # -- worker threads --------------------------------------------------------------------
 
@@ -196,7 +200,12 @@ class MemoryCog(commands.Cog):
         cached = self._settings.get(guild_id)
         if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
             return cached[1]
-        settings = await self.read(self.engine.settings, guild_id)
+        try:
+            settings = await self.read(self.engine.settings, guild_id)
+        except Exception as exc:  # never drop a message over a settings read
+            log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
+            # opt-outs are enforced again where messages are written
+            return cached[1] if cached is not None else GuildSettings(guild_id)
         self._settings[guild_id] = (time.monotonic(), settings)
         return settings
 
@@ -316,11 +325,19 @@ class MemoryCog(commands.Cog):
         With ``reply_channel`` (a reply others will read), only sources everyone who
         can read that channel can read too.
         """
-        threads = [StoredThread(*row) for row in await self.read(self.engine.store.threads, member.guild.id)]
+        readable, safe = await self._scopes(member, reply_channel)
+        return readable if safe is None else safe
+
+    async def _scopes(
+        self, member: discord.Member, reply_channel: discord.abc.GuildChannel | discord.Thread | None
+    ) -> tuple[frozenset[int], frozenset[int] | None]:
+        """What ``member`` can read, and what a reply in ``reply_channel`` may quote (if any)."""
+        rows = await self.read(self.engine.store.threads, member.guild.id)
+        threads = [StoredThread(*row) for row in rows]
         readable = readable_channel_ids(member, threads)
         if reply_channel is None:
-            return readable
-        return public_reply_sources(reply_channel, readable, threads)
+            return readable, None
+        return readable, public_reply_sources(reply_channel, readable, threads)
 
     async def member_search(
         self,
@@ -335,27 +352,35 @@ class MemoryCog(commands.Cog):
         are left out, and a second, cheaper search (no reranking) counts how many of
         the member's own top results that withheld.
         """
-        readable = await self.allowed_channels(member)
-        safe = readable
-        if reply_channel is not None:
-            threads = [StoredThread(*row) for row in await self.read(self.engine.store.threads, member.guild.id)]
-            safe = public_reply_sources(reply_channel, readable, threads)
-        request = replace(request, guild_id=member.guild.id, allowed_channel_ids=safe)
-        result = await self.search(request)
-        withheld = 0
-        if safe != readable:
-            wider = await self.search(replace(request, allowed_channel_ids=readable, rerank=False))
-            withheld = sum(1 for hit in wider.hits if hit.channel_id not in safe)
-        return result, withheld
+        readable, public = await self._scopes(member, reply_channel)
+        safe = readable if public is None else public
+        request = replace(request, guild_id=member.guild.id)
+        result = await self.search(replace(request, allowed_channel_ids=safe))
+        return result, await self._withheld(request, readable, safe)
+
+    async def _withheld(
+        self, request: SearchRequest, readable: frozenset[int], safe: frozenset[int]
+    ) -> int:
+        """How many of the member's own top hits a public reply leaves out (a cheap search)."""
+        if safe == readable:
+            return 0
+        wider = await self.search(replace(request, allowed_channel_ids=readable, rerank=False))
+        return sum(1 for hit in wider.hits if hit.channel_id not in safe)
 
     async def search(self, request: SearchRequest) -> SearchResult:
         """Run an engine search on the search pool (at most a few at once)."""
+        return await self._searching(self.engine.search, request)
+
+    async def _searching(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a search-like engine call on the search pool, refusing when it is full."""
         if self._search_slots.locked():
             raise SearchInputError("the bot is busy with other searches; try again in a moment")
         async with self._search_slots:
-            return await self._on(self._search_pool, self.engine.search, request)
+            return await self._on(self._search_pool, fn, *args)
 
     async def _maybe_answer(self, message: discord.Message) -> None:
+        if message.guild is None:
+            return
         settings = await self.settings(message.guild.id)
         channel = message.channel
         parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
@@ -367,26 +392,64 @@ class MemoryCog(commands.Cog):
         await self.answer_mention(message)
 
     async def answer_mention(self, message: discord.Message) -> None:
-        """Reply publicly with what memory holds for the mention's text."""
-        text = message.content
-        for user in message.mentions:
-            text = text.replace(f"<@{user.id}>", "").replace(f"<@!{user.id}>", "")
-        if not text.strip() or not isinstance(message.author, discord.Member):
+        """Reply publicly: the chat model's grounded answer, or the list of hits without one.
+
+        Only messages everyone in the reply's channel can read are searched.
+        """
+        place = _place(message.channel)
+        question = answers.question_text(message)
+        if not question or not isinstance(message.author, discord.Member) or place is None:
             return
-        request = SearchRequest(queries=(text.strip()[:500],), limit=MENTION_LIMIT + 1)
         try:
-            result, withheld = await self.member_search(
-                message.author, request, reply_channel=message.channel
-            )
+            readable, public = await self._scopes(message.author, place)
+            safe = readable if public is None else public
+            probe = SearchRequest(queries=(question[:answers.MAX_QUERY_CHARS],),
+                                  limit=answers.CONTEXT_LIMIT)
+            withheld = await self._withheld(replace(probe, guild_id=message.author.guild.id),
+                                            readable, safe)
         except MemoryBotError as exc:
             await message.reply(f"Search failed: {exc}", mention_author=False,
                                 allowed_mentions=discord.AllowedMentions.none())
             return
-        # the question itself may already be stored; it is not an answer to itself
-        result.hits = [h for h in result.hits if h.id != message.id][:MENTION_LIMIT]
-        await message.reply(
-            embed=render_hits(result, "Here is what I remember", message.guild, withheld=withheld),
-            mention_author=False, allowed_mentions=discord.AllowedMentions.none(),
+        await answers.answer_mention(message, self.engine, self.chat, allowed_channel_ids=safe,
+                                     question=question, withheld=withheld, run=self._searching)
+
+    async def context_for(
+        self,
+        message_or_interaction: discord.Message | discord.Interaction,
+        query: str | None = None,
+        *,
+        private: bool = False,
+        budget_tokens: int | None = None,
+    ) -> Context:
+        """Conversations memory holds about a question, for other cogs' answers.
+
+        Limited to what the asking member can read and, unless ``private`` (the
+        answer goes only to that member), to what everyone who can read the
+        channel it was asked in can read: the answer is assumed to be public there.
+
+        Args:
+            message_or_interaction: The question's message (its text is the query
+                unless ``query`` is given) or an interaction (pass ``query``).
+            query: The question.
+            private: The caller will show the answer only to the asking member.
+            budget_tokens: Token budget of the quoted history (the profile's by default).
+
+        Raises:
+            SearchInputError: Outside a server, no question, or a channel whose
+                readers cannot be judged for a public answer.
+        """
+        source = message_or_interaction
+        member = source.author if isinstance(source, discord.Message) else source.user
+        if not isinstance(member, discord.Member):
+            raise SearchInputError("memory context is only available inside a server")
+        place = _place(source.channel)
+        if place is None and not private:
+            raise SearchInputError("cannot tell who reads this channel; ask with private=True")
+        readable, public = await self._scopes(member, None if private else place)
+        return await answers.context_for(
+            self.engine, source, query, allowed_channel_ids=readable if public is None else public,
+            budget_tokens=budget_tokens, run=self._searching,
         )
 
     # -- slash commands for members ----------------------------------------------------------
@@ -419,9 +482,12 @@ class MemoryCog(commands.Cog):
             author_ids=(author.id,) if author else None,
             after=_parse_day(after, "after"), before=_parse_day(before, "before"),
         )
+        place = _place(interaction.channel)
+        if place is None:
+            private = True  # who reads this channel cannot be judged: answer only the member
         await interaction.response.defer(ephemeral=private, thinking=True)
         result, withheld = await self.member_search(
-            interaction.user, request, reply_channel=None if private else interaction.channel
+            _member(interaction), request, reply_channel=None if private else place
         )
         await interaction.followup.send(
             embed=render_hits(result, f"🔎 {query}", interaction.guild, withheld=withheld),
@@ -437,7 +503,7 @@ class MemoryCog(commands.Cog):
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
         request = SearchRequest(queries=(query[:500],), limit=6)
-        result, _ = await self.member_search(interaction.user, request)
+        result, _ = await self.member_search(_member(interaction), request)
         result.hits = [h for h in result.hits if h.id != message.id][:5]
         await interaction.followup.send(
             embed=render_hits(result, "Related messages", interaction.guild), ephemeral=True,
@@ -446,14 +512,17 @@ class MemoryCog(commands.Cog):
 
     @memory.command(name="stats", description="How much the bot remembers from this server")
     async def memory_stats(self, interaction: discord.Interaction) -> None:
-        """Counts for this guild only (and for the member), the backlog and the profile."""
+        """Counts for this guild's channels the member can read, theirs, the backlog, the profile."""
         await interaction.response.defer(ephemeral=True, thinking=True)
-        stats = await self.read(self.engine.guild_stats, interaction.guild_id, interaction.user.id)
-        settings = await self.settings(interaction.guild_id)
+        readable = await self.allowed_channels(_member(interaction))
+        stats = await self.read(self.engine.guild_stats, _guild_id(interaction), interaction.user.id,
+                                readable)
+        settings = await self.settings(_guild_id(interaction))
         lines = [
-            f"Messages from this server: **{stats.messages}** in {stats.channels} channels and threads",
+            f"Messages you can search here: **{stats.messages}** in {stats.channels} channels and threads",
             f"Your messages: **{stats.member_messages}**"
-            + (" (you opted out: new ones are not stored)" if not settings.remembers_author(interaction.user.id) else ""),
+            + ("" if settings.remembers_author(interaction.user.id)
+               else " (you opted out: new ones are not stored)"),
             f"Waiting to be embedded: {stats.pending}",
             f"Channels remembered: {settings.channel_mode}"
             + (f" ({len(settings.channels)} listed)" if settings.channel_mode != "all" else ""),
@@ -476,7 +545,7 @@ class MemoryCog(commands.Cog):
     @memory.command(name="opt-out", description="Stop storing your messages in this server")
     async def opt_out(self, interaction: discord.Interaction) -> None:
         """Stop storing the member's messages (what is stored stays until forget-me)."""
-        await self._update_settings(interaction.guild_id, opt_out=interaction.user.id)
+        await self._update_settings(_guild_id(interaction), opt_out=interaction.user.id)
         await interaction.response.send_message(
             "Your new messages here will not be stored. `/memory forget-me` deletes the ones "
             "already stored; `/memory opt-in` starts storing again.", ephemeral=True)
@@ -484,7 +553,7 @@ class MemoryCog(commands.Cog):
     @memory.command(name="opt-in", description="Store your messages in this server again")
     async def opt_in(self, interaction: discord.Interaction) -> None:
         """Undo opt-out."""
-        await self._update_settings(interaction.guild_id, opt_in=interaction.user.id)
+        await self._update_settings(_guild_id(interaction), opt_in=interaction.user.id)
         await interaction.response.send_message("Your new messages here will be stored again.",
                                                 ephemeral=True)
 
@@ -514,7 +583,7 @@ class MemoryCog(commands.Cog):
     ) -> None:
         """Set the retention period; the hourly job (and this command) purges older messages."""
         await interaction.response.defer(ephemeral=True, thinking=True)
-        await self._update_settings(interaction.guild_id, retention_days=days or None)
+        await self._update_settings(_guild_id(interaction), retention_days=days or None)
         removed = 0
         if days:
             cutoff = datetime.now(timezone.utc) - timedelta(days=days)
@@ -549,7 +618,7 @@ class MemoryCog(commands.Cog):
     ) -> None:
         """Switch mention answers off, on everywhere, or on in chosen channels."""
         settings = await self._update_settings(
-            interaction.guild_id, autoresponse=mode,
+            _guild_id(interaction), autoresponse=mode,
             toggle_autoresponse_channel=channel.id if channel else None,
         )
         where = ", ".join(f"<#{c}>" for c in sorted(settings.autoresponse_channels)) or "none yet"
@@ -561,7 +630,7 @@ class MemoryCog(commands.Cog):
     @app_commands.checks.has_permissions(manage_guild=True)
     async def channels_show(self, interaction: discord.Interaction) -> None:
         """Show the channel mode and list."""
-        settings = await self.settings(interaction.guild_id)
+        settings = await self.settings(_guild_id(interaction))
         await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
 
     @admin_channels.command(name="mode", description="Remember all, only listed, or all but listed channels")
@@ -569,7 +638,7 @@ class MemoryCog(commands.Cog):
     @app_commands.checks.has_permissions(manage_guild=True)
     async def channels_mode(self, interaction: discord.Interaction, mode: str) -> None:
         """Set how the channel list is read."""
-        settings = await self._update_settings(interaction.guild_id, channel_mode=mode)
+        settings = await self._update_settings(_guild_id(interaction), channel_mode=mode)
         await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
 
     @admin_channels.command(name="add", description="Add a channel to the list")
@@ -579,7 +648,7 @@ class MemoryCog(commands.Cog):
         channel: discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread,
     ) -> None:
         """Add a channel to the include/exclude list."""
-        settings = await self._update_settings(interaction.guild_id, add_channel=channel.id)
+        settings = await self._update_settings(_guild_id(interaction), add_channel=channel.id)
         await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
 
     @admin_channels.command(name="remove", description="Remove a channel from the list")
@@ -589,7 +658,7 @@ class MemoryCog(commands.Cog):
         channel: discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread,
     ) -> None:
         """Remove a channel from the include/exclude list."""
-        settings = await self._update_settings(interaction.guild_id, remove_channel=channel.id)
+        settings = await self._update_settings(_guild_id(interaction), remove_channel=channel.id)
         await interaction.response.send_message(self._describe_channels(settings), ephemeral=True)
 
     @staticmethod
@@ -617,11 +686,11 @@ class MemoryCog(commands.Cog):
     async def interaction_check(self, interaction: discord.Interaction) -> bool:
         """Owner commands are refused at run time to anyone but the bot's owners."""
         command = interaction.command
-        if command is not None and command.root_parent is not None and (
-            command.root_parent.name == self.owner.name
+        root = command.root_parent if isinstance(command, app_commands.Command) else None
+        if root is not None and root.name == self.owner.name and (
+            not await self._is_owner(interaction.user)
         ):
-            if not await self._is_owner(interaction.user):
-                raise app_commands.CheckFailure("Only the bot's owner can change bot-wide settings.")
+            raise app_commands.CheckFailure("Only the bot's owner can change bot-wide settings.")
         return True
 
     @owner.command(name="profile", description="Switch the hardware profile for every server")
@@ -637,6 +706,9 @@ class MemoryCog(commands.Cog):
             await interaction.followup.send(f"Could not switch to **{inert(name, 100)}**: {exc}",
                                             ephemeral=True)
             return
+        old, self.chat = self.chat, answers.make_chat_client(self.engine.profile)
+        if old is not None:
+            old.close()
         await interaction.followup.send(f"Hardware profile is now **{name}**.", ephemeral=True)
 
     @owner_profile.autocomplete("name")
@@ -696,4 +768,24 @@ async def report_error(interaction: discord.Interaction, error: app_commands.App
 
 async def setup(bot: commands.Bot) -> None:
     """Extension entry point: the bot must carry an ``engine`` attribute."""
-    await bot.add_cog(MemoryCog(bot, bot.engine, owner_ids=frozenset(getattr(bot, "owner_ids", None) or ())))
+    engine = getattr(bot, "engine", None)
+    if engine is None:
+        raise RuntimeError("load cogs.memory on a bot that carries an `engine` (see bot.MemoryBot)")
+    await bot.add_cog(MemoryCog(bot, engine, owner_ids=frozenset(getattr(bot, "owner_ids", None) or ())))
+
+
+def _guild_id(interaction: discord.Interaction) -> int:
+    assert interaction.guild_id is not None  # every command here is guild-only
+    return interaction.guild_id
+
+
+def _member(interaction: discord.Interaction) -> discord.Member:
+    assert isinstance(interaction.user, discord.Member)  # guild-only: the user is a member
+    return interaction.user
+
+
+def _place(channel: object) -> discord.abc.GuildChannel | discord.Thread | None:
+    """The guild channel or thread a reply goes to, or None when it is not one we can judge."""
+    if isinstance(channel, (discord.abc.GuildChannel, discord.Thread)):
+        return channel
+    return None

@@ -90,10 +90,10 @@ def readable_channel_ids(
     for stored in stored_threads:
         if stored.id in readable or guild.get_thread(stored.id) is not None:
             continue  # judged from the cache above
-        perms = parent_perms.get(stored.parent_id or 0)
-        if perms is None or not _reads(perms):
+        parent = parent_perms.get(stored.parent_id or 0)
+        if parent is None or not _reads(parent):
             continue
-        if not stored.private or perms.manage_threads:
+        if not stored.private or parent.manage_threads:
             readable.add(stored.id)
     return frozenset(readable)
 
@@ -145,11 +145,10 @@ def public_reply_sources(
     guild = reply_channel.guild
     home = reply_channel.id
     family = {home}  # sources whose readers include everyone who reads the reply channel
-    if isinstance(reply_channel, discord.Thread):
-        if reply_channel.parent_id is not None:
-            family.add(reply_channel.parent_id)
-            if not reply_channel.is_private():
-                home = reply_channel.parent_id  # public threads share their parent's readers
+    if isinstance(reply_channel, discord.Thread) and reply_channel.parent_id is not None:
+        family.add(reply_channel.parent_id)
+        if not reply_channel.is_private():
+            home = reply_channel.parent_id  # public threads share their parent's readers
     stored_parent = {t.id: t for t in stored_threads}
     world: dict[int, bool] = {}
 
@@ -164,6 +163,7 @@ def public_reply_sources(
             safe.add(source)
             continue
         thread = guild.get_thread(source)
+        parent_id: int | None
         if thread is not None:
             private, parent_id = thread.is_private(), thread.parent_id
         elif source in stored_parent:

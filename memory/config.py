@@ -1,6 +1,7 @@
 """Hardware profiles: TOML files in ``profiles/`` turned into frozen dataclasses.
 
-A profile has three tables, ``[embedder]``, ``[search]`` and ``[reranker]``; each
+A profile has the tables ``[embedder]``, ``[search]``, ``[reranker]`` and the
+optional ``[llm]`` (a chat model for grounded answers; absent means off); each
 component receives only its own section.  Unknown keys and out-of-range values are
 errors that name the file and the key, so a typo never silently falls back to a
 default.
@@ -20,7 +21,13 @@ from memory.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+def _profiles_dir() -> Path:
+    """``profiles/`` in a checkout; ``memory/profiles`` in an installed wheel."""
+    installed = Path(__file__).resolve().parent / "profiles"
+    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "profiles"
+
+
+PROFILES_DIR = _profiles_dir()
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 # What the reranker is asked to judge (Qwen3-Reranker's "<Instruct>"); memory.reranker.prompt
 # builds the prompt around it.
@@ -122,6 +129,37 @@ class RerankerConfig:
 
 
 @dataclass(frozen=True)
+class LLMConfig:
+    """An OpenAI-compatible chat model that answers from retrieved messages.
+
+    ``base_url`` is the server root or its ``/v1`` (llama-server
+    ``http://127.0.0.1:8080``, Ollama ``http://127.0.0.1:11434/v1``, vLLM
+    ``http://host:8000/v1``, OpenAI ``https://api.openai.com/v1``); empty means no
+    chat model, and mentions get the plain list of hits.  ``api_key_env`` names the
+    environment variable holding the key (the key itself never sits in a profile).
+    ``timeout_s`` bounds one whole answer, streaming included.  ``context_tokens``
+    is the budget for the quoted chat history, counted with ``tokenizer``: ``auto``
+    uses the real Qwen vocabulary for a model named ``qwen*`` and the documented
+    approximation (:mod:`memory.context`) otherwise.
+    """
+
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = ""
+    timeout_s: float = field(default=30.0, metadata=_range(0.1, 600.0))
+    max_tokens: int = field(default=400, metadata=_range(1, 32768))
+    temperature: float = field(default=0.2, metadata=_range(0.0, 2.0))
+    stream: bool = True
+    context_tokens: int = field(default=1500, metadata=_range(50, 200_000))
+    tokenizer: str = field(default="auto", metadata=_choice("auto", "approximate", "qwen"))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a chat model is configured at all."""
+        return bool(self.base_url)
+
+
+@dataclass(frozen=True)
 class Profile:
     """A named hardware profile: one config per component."""
 
@@ -129,10 +167,14 @@ class Profile:
     embedder: EmbedderConfig = EmbedderConfig()
     search: SearchConfig = SearchConfig()
     reranker: RerankerConfig = RerankerConfig()
+    llm: LLMConfig = LLMConfig()
     source: str = "<defaults>"
 
 
-_SECTIONS = {"embedder": EmbedderConfig, "search": SearchConfig, "reranker": RerankerConfig}
+_SECTIONS = {
+    "embedder": EmbedderConfig, "search": SearchConfig, "reranker": RerankerConfig,
+    "llm": LLMConfig,
+}
 
 
 MAX_BUCKETS = 16
@@ -167,7 +209,7 @@ def _check_shapes(source: str, key: str, value: Any) -> tuple[tuple[int, int], .
     return tuple(sorted(shapes, key=lambda s: (s[1], s[0])))
 
 
-def _check_value(source: str, key: str, f: dataclasses.Field, value: Any) -> Any:
+def _check_value(source: str, key: str, f: dataclasses.Field[Any], value: Any) -> Any:
     if f.metadata.get("shapes"):
         return _check_shapes(source, key, value)
     expected = type(f.default)
@@ -177,13 +219,13 @@ def _check_value(source: str, key: str, f: dataclasses.Field, value: Any) -> Any
         raise ConfigError(
             f"{source}: {key} must be {expected.__name__}, got {type(value).__name__} {value!r}"
         )
-    if expected is float and math.isnan(value):
+    if isinstance(value, float) and math.isnan(value):
         raise ConfigError(f"{source}: {key} must be a number, got nan")
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{source}: {key} must be one of {', '.join(choices)}, got {value!r}")
     lo, hi = f.metadata.get("min"), f.metadata.get("max")
-    if lo is not None and value < lo or hi is not None and value > hi:
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ConfigError(f"{source}: {key} must be within [{lo}, {hi}], got {value!r}")
     return value
 
@@ -225,7 +267,19 @@ def _validate_profile(profile: Profile) -> Profile:
             f"{profile.source}: reranker.buckets length {too_long[0][1]} is over "
             f"reranker.max_length {r.max_length}: a document and suffix never need more"
         )
+    _validate_llm(profile.source, profile.llm)
     return profile
+
+
+def _validate_llm(source: str, llm: LLMConfig) -> None:
+    if not llm.enabled:
+        return
+    if not llm.base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{source}: llm.base_url must be an http(s) URL, got {llm.base_url!r}")
+    if not llm.model.strip():
+        raise ConfigError(
+            f"{source}: llm.model is required with llm.base_url (llama-server accepts any name)"
+        )
 
 
 def parse_profile(name: str, data: dict[str, Any], source: str) -> Profile:

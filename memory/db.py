@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3 as _stdlib_sqlite3
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
@@ -79,17 +81,28 @@ def sqlite_driver() -> ModuleType:
             return module
     raise ExtensionLoadError(
         "sqlite-vec could not be loaded: this Python's sqlite3 cannot load extensions. "
-        "Install pysqlite3-binary (`pip install pysqlite3-binary`) or use a Python built "
-        "with --enable-loadable-sqlite-extensions."
+        "On x86-64 Linux install pysqlite3-binary (`pip install pysqlite3-binary`); it has "
+        "no wheels for other platforms (Linux on ARM, macOS), where you need a Python "
+        "whose sqlite3 loads extensions (python.org, Homebrew or conda builds, or one "
+        "built with --enable-loadable-sqlite-extensions)."
     )
 
 
-def connect(path: str | Path, *, check_same_thread: bool = False) -> Any:
-    """Open ``path`` with sqlite-vec loaded, WAL journaling and foreign keys on.
+def connect(
+    path: str | Path, *, check_same_thread: bool = False, read_only: bool | None = None
+) -> Any:
+    """Open ``path`` with sqlite-vec loaded, foreign keys on and a 5 s busy timeout.
+
+    A new database (or one of this bot's) is switched to WAL journaling; any other
+    SQLite file keeps its journal mode, so a foreign file is never changed.  A file
+    this process cannot write (or whose folder it cannot write: WAL needs its side
+    files) is opened read-only, so searches and stats still work.
 
     Args:
         path: Database file, or ``":memory:"``.
         check_same_thread: Passed to the driver; the store serialises access itself.
+        read_only: Force read-only (True) or read-write (False); ``None`` decides by
+            the file's permissions.
 
     Returns:
         A DB-API connection in autocommit mode (transactions are explicit).
@@ -99,26 +112,77 @@ def connect(path: str | Path, *, check_same_thread: bool = False) -> Any:
         DatabaseFileError: The path cannot be opened or is not an SQLite database.
     """
     driver = sqlite_driver()
+    if read_only is None:
+        read_only = not_writable(path)
     try:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        conn = driver.connect(str(path), check_same_thread=check_same_thread, isolation_level=None)
+        if read_only:
+            uri = Path(path).resolve().as_uri() + "?mode=ro"
+            conn = driver.connect(uri, uri=True, check_same_thread=check_same_thread,
+                                  isolation_level=None)
+        else:
+            if str(path) != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            conn = driver.connect(str(path), check_same_thread=check_same_thread,
+                                  isolation_level=None)
     except (OSError, driver.Error) as exc:
         raise DatabaseFileError(f"{path}: cannot open the database ({exc})") from exc
-    conn.enable_load_extension(True)
-    import sqlite_vec
-
-    sqlite_vec.load(conn)
-    conn.enable_load_extension(False)
+    _load_vec(conn)
     try:
+        conn.execute("PRAGMA busy_timeout=5000")  # first: WAL switching waits for locks too
         # The first statement that reads the file: a non-SQLite file fails here.
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
+        if not read_only and _new_or_ours(conn):
+            _set_wal(conn, driver)
+            conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=5000")
     except driver.DatabaseError as exc:
         conn.close()
         raise DatabaseFileError(
             f"{path}: not a usable SQLite database ({exc}); point --db at another file"
         ) from exc
     return conn
+
+
+def not_writable(path: str | Path) -> bool:
+    """Whether ``path`` exists but this process cannot write it (or its folder's side files)."""
+    if str(path) == ":memory:" or str(path).startswith("file:"):
+        return False
+    path = Path(path)
+    if not path.exists():
+        return False
+    return not (os.access(path, os.W_OK) and os.access(path.resolve().parent, os.W_OK))
+
+
+def _new_or_ours(conn: Any) -> bool:
+    """An empty database, or one holding this bot's tables (``meta`` and ``messages``)."""
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return not names or {"meta", "messages"} <= names
+
+
+def _load_vec(conn: Any) -> None:
+    import sqlite_vec
+
+    conn.enable_load_extension(True)
+    sqlite_vec.load(conn)
+    conn.enable_load_extension(False)
+
+
+def _set_wal(conn: Any, driver: Any, *, deadline_s: float = 10.0) -> None:
+    """Switch to WAL, retrying while another process holds the lock it needs.
+
+    Switching a new file to WAL takes an exclusive lock, and SQLite answers
+    "database is locked" there without waiting on the busy timeout when several
+    processes open the same new file at once.
+    """
+    give_up = time.monotonic() + deadline_s
+    delay = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except driver.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)

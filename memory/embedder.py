@@ -12,9 +12,9 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,8 +32,15 @@ BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 class Embedder(Protocol):
     """Turns texts into L2-normalised float32 vectors."""
 
-    model_id: str
-    dimension: int
+    @property
+    def model_id(self) -> str:
+        """The model's name, stored with the vectors it made."""
+        ...
+
+    @property
+    def dimension(self) -> int:
+        """The vector size."""
+        ...
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Return an ``(len(texts), dimension)`` float32 array of unit vectors."""
@@ -65,10 +72,11 @@ class SentenceTransformerEmbedder:
         """Prepare (but do not load) the model named by ``config``."""
         self.config = config
         self.model_id, self._load_from = resolve_model(config.model)
-        self._model = None
+        self._model: Any = None
         self._lock = threading.Lock()
         self._dimension: int | None = None
-        self._forward = None  # texts -> tensor, for a few texts at a time (see _direct)
+        # texts -> tensor, for a few texts at a time (see _direct)
+        self._forward: Callable[[list[str]], Any] | None = None
 
     def _load(self):
         with self._lock:

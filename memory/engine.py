@@ -8,26 +8,31 @@ crosses into a worker thread once, at its boundary.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
+import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
 from memory.config import Profile
+from memory.context import Context, TokenCounter, assemble_context, token_counter_for
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.errors import EmbeddingModelMismatch, ImportFormatError
 from memory.importer import find_exports, iter_exports
 from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
 from memory.reranker.service import RerankerManager
-from memory.search import SearchRequest, Searcher
+from memory.search import Searcher, SearchRequest
 from memory.settings import GuildSettings
 from memory.store import BackfillCursor, GuildStats, MessageStore, UpsertStats
 from memory.text import embedding_text, needs_context
 
 log = logging.getLogger(__name__)
 
+COMMIT_SECONDS = 0.5  # work per import transaction: well inside another writer's busy timeout
 Progress = Callable[[int], None]
 EMBED_CHUNK = 256  # messages fetched, encoded and written per step of the backlog
 
@@ -53,6 +58,18 @@ class ImportSummary:
     skipped: int = 0
     embedded: int = 0
     errors: list[str] = field(default_factory=list)
+
+
+class PartialImport(ImportFormatError):
+    """An export failed part-way; what was read before the damage is stored.
+
+    Attributes:
+        partial: The counts of the messages stored before the failure.
+    """
+
+    def __init__(self, message: str, partial: UpsertStats) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
 class MemoryEngine:
@@ -88,6 +105,7 @@ class MemoryEngine:
         self.searcher = Searcher(
             self.store, self.embedder, profile.search, reranker=self.rerankers.current
         )
+        self._token_counter: TokenCounter | None = None
 
     def _check_model(self) -> None:
         stored = self.store.embedding_model()
@@ -152,7 +170,11 @@ class MemoryEngine:
             if isinstance(export, ImportFormatError):
                 summary.errors.append(str(export))
                 continue
-            stats = self.store.upsert(export.records)
+            try:
+                stats = self.upsert_in_chunks(export.records())
+            except ImportFormatError as exc:
+                summary.errors.append(str(exc))
+                stats = exc.partial if isinstance(exc, PartialImport) else UpsertStats()
             summary.skipped += export.skipped
             summary.inserted += stats.inserted
             summary.updated += stats.updated
@@ -160,6 +182,41 @@ class MemoryEngine:
         if embed:
             summary.embedded = self.embed_pending(progress=on_embedded)
         return summary
+
+    def upsert_in_chunks(
+        self, records: Iterable[MessageRecord], *, seconds: float = COMMIT_SECONDS
+    ) -> UpsertStats:
+        """Store a stream of messages, committing about every ``seconds`` of work.
+
+        Short transactions keep a live writer (the bot, another import) from
+        waiting past its busy timeout; the chunk size adapts to the measured
+        speed.  What was committed stays if the stream fails part-way.
+
+        Raises:
+            PartialImport: The stream failed (an :class:`ImportFormatError`); its
+                ``partial`` holds the counts of what was stored before.
+        """
+        totals = UpsertStats()
+        size = 500
+        iterator = iter(records)
+        while True:
+            chunk: list[MessageRecord] = []
+            failure = None
+            try:
+                chunk.extend(itertools.islice(iterator, size))
+            except ImportFormatError as exc:  # keep what came before the damage
+                failure = exc
+            if chunk:
+                started = time.perf_counter()
+                stats = self.store.upsert(chunk)
+                totals = UpsertStats(*(a + b for a, b in zip(astuple(totals), astuple(stats))))
+                elapsed = max(time.perf_counter() - started, 1e-3)
+                size = max(50, min(20_000, int(size * seconds / elapsed)))
+            if failure is not None:
+                raise PartialImport(str(failure), totals) from failure
+            if not chunk:
+                break
+        return totals
 
     def upsert(self, records: Iterable[MessageRecord]) -> UpsertStats:
         """Store messages without embedding them (they join the backlog)."""
@@ -193,9 +250,11 @@ class MemoryEngine:
         """Change a guild's settings; see :meth:`MessageStore.update_guild_settings`."""
         return self.store.update_guild_settings(guild_id, **changes)
 
-    def guild_stats(self, guild_id: int, author_id: int | None = None) -> GuildStats:
-        """Stored counts for one guild (and one member in it)."""
-        return self.store.guild_stats(guild_id, author_id)
+    def guild_stats(
+        self, guild_id: int, author_id: int | None = None, channel_ids: Iterable[int] | None = None
+    ) -> GuildStats:
+        """Stored counts for one guild (and one member in it), optionally only in some channels."""
+        return self.store.guild_stats(guild_id, author_id, channel_ids)
 
     def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:
         """How far a backfill of a channel got."""
@@ -223,13 +282,17 @@ class MemoryEngine:
         if self.store.pending_count() == 0:
             return 0
         self.store.set_embedding_model(self.embedder.model_id, self.embedder.dimension)
+        owner = uuid.uuid4().hex  # claims keep concurrent embedders off each other's batches
         done = 0
-        while batch := self.store.pending(EMBED_CHUNK):
-            vectors = self.embedder.embed([self.embedding_text(m) for m in batch])
-            self.store.write_vectors(batch, vectors)
-            done += len(batch)
-            if progress:
-                progress(len(batch))
+        try:
+            while batch := self.store.claim(EMBED_CHUNK, owner=owner):
+                vectors = self.embedder.embed([self.embedding_text(m) for m in batch])
+                self.store.write_vectors(batch, vectors, owner=owner)
+                done += len(batch)
+                if progress:
+                    progress(len(batch))
+        finally:
+            self.store.release(owner)
         log.info("embedded %d messages", done)
         return done
 
@@ -264,6 +327,43 @@ class MemoryEngine:
             request = replace(request, **options)
         return self.searcher.search(request)
 
+    def context_for(
+        self,
+        query: str,
+        scope: SearchRequest | None = None,
+        budget_tokens: int | None = None,
+        *,
+        exclude_ids: Iterable[int] = (),
+    ) -> Context:
+        """Retrieve conversations about ``query`` to quote to a chat model.
+
+        Args:
+            query: The question.
+            scope: Guild, filters, limit and the permission allow-list
+                (``allowed_channel_ids``); its ``queries`` are ignored.
+            budget_tokens: Token budget of the quoted block; the profile's
+                ``llm.context_tokens`` by default.
+            exclude_ids: Messages never to show (the question itself).
+
+        Returns:
+            Windows of messages in time order, numbered for citation, with the trace.
+
+        Raises:
+            SearchInputError: The query or scope is malformed.
+        """
+        return assemble_context(
+            self.searcher, self.store, query, scope,
+            budget_tokens or self.profile.llm.context_tokens,
+            counter=self.token_counter, exclude_ids=tuple(exclude_ids),
+        )
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        """Counts prompt tokens for the profile's chat model (built on first use)."""
+        if self._token_counter is None:
+            self._token_counter = token_counter_for(self.profile.llm)
+        return self._token_counter
+
     # -- profiles ---------------------------------------------------------------------
 
     def switch_profile(self, profile: Profile) -> Future:
@@ -280,5 +380,7 @@ class MemoryEngine:
         return self.rerankers.switch(profile, on_switched=self._remember_profile)
 
     def _remember_profile(self, profile: Profile) -> None:
-        self.profile = replace(self.profile, reranker=profile.reranker, name=profile.name)
+        self.profile = replace(self.profile, reranker=profile.reranker, llm=profile.llm,
+                               name=profile.name)
+        self._token_counter = None  # the chat model may have changed
         self.store.active_profile = profile.name

@@ -32,6 +32,10 @@ class ImportFormatError(MemoryBotError):
     """An input file is not a DiscordChatExporter JSON export."""
 
 
+class SettingsError(MemoryBotError):
+    """A guild setting or its value is unknown."""
+
+
 class SearchInputError(MemoryBotError):
     """A search request is malformed (empty query list, bad filter, bad limit)."""
 
@@ -51,3 +55,70 @@ class RerankerError(MemoryBotError):
 
 class RerankerUnavailable(RerankerError):
     """The reranker backend cannot be reached or its model cannot be loaded."""
+
+
+class ChatModelError(MemoryBotError):
+    """The chat model (``[llm]``) failed to answer; callers fall back to the list of hits.
+
+    Attributes:
+        kind: A short machine-readable cause: ``auth``, ``rate_limited``, ``server``,
+            ``bad_request``, ``bad_response``, ``timeout`` or ``unavailable``.
+        status: The HTTP status, when the server sent one.
+    """
+
+    kind = "error"
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ChatModelAuthError(ChatModelError):
+    """The server refused the API key (401/403): check ``llm.api_key_env``."""
+
+    kind = "auth"
+
+
+class ChatModelRateLimited(ChatModelError):
+    """The server said 429 and a retry did not fit in the timeout.
+
+    Attributes:
+        retry_after: Seconds the server asked to wait, when it said.
+    """
+
+    kind = "rate_limited"
+
+    def __init__(self, message: str, status: int | None = 429,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message, status)
+        self.retry_after = retry_after
+
+
+class ChatModelServerError(ChatModelError):
+    """The server failed (5xx)."""
+
+    kind = "server"
+
+
+class ChatModelRequestError(ChatModelError):
+    """The server rejected the request (4xx other than auth and 429), e.g. a prompt too long."""
+
+    kind = "bad_request"
+
+
+class ChatModelResponseError(ChatModelError):
+    """The response was not OpenAI-shaped: bad JSON, a malformed or cut-off stream."""
+
+    kind = "bad_response"
+
+
+class ChatModelTimeout(ChatModelError):
+    """No complete answer within ``llm.timeout_s``."""
+
+    kind = "timeout"
+
+
+class ChatModelUnavailable(ChatModelError):
+    """The server cannot be reached (connection refused, DNS, TLS)."""
+
+    kind = "unavailable"

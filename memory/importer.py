@@ -7,13 +7,16 @@ channel (DiscordChatExporter puts a thread's parent in ``categoryId``).
 
 from __future__ import annotations
 
-import json
+import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+import ijson
 
 from memory.errors import ImportFormatError
 from memory.records import MessageRecord, datetime_to_ms, snowflake_time_ms
@@ -41,7 +44,73 @@ class ExportFile:
     skipped: int
 
 
-def find_exports(paths: list[str | Path]) -> list[Path]:
+class ExportStream:
+    """One export read as a stream: the header now, the messages one at a time.
+
+    Memory stays flat however large the file: only the message being converted is
+    held.  ``skipped`` counts unusable messages among those read so far.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        """Read the export's header (guild and channel).
+
+        Raises:
+            ImportFormatError: The file is not JSON or lacks ``guild``/``channel``/``messages``.
+        """
+        self.path = Path(path)
+        self.skipped = 0
+        guild, channel = _read_header(self.path)
+        guild_id, channel_id = _snowflake(guild.get("id")), _snowflake(channel.get("id"))
+        if guild_id is None or channel_id is None:
+            raise ImportFormatError(f"{self.path}: export lacks a valid guild.id or channel.id")
+        self.context = _ChannelContext(
+            guild_id=guild_id,
+            guild_name=_text(guild.get("name")),
+            channel_id=channel_id,
+            channel_name=_text(channel.get("name")),
+            channel_type=_text(channel.get("type")),
+            parent_id=_parent_id(channel),
+        )
+
+    def records(self) -> Iterator[MessageRecord]:
+        """Yield the usable messages in file order.
+
+        Raises:
+            ImportFormatError: The file is damaged after the header (records already
+                yielded stay valid).
+        """
+        read = 0
+        for backend in _BACKENDS:
+            try:
+                for raw in itertools.islice(self._messages(backend), read, None):
+                    read += 1
+                    record = _record(raw, self.context)
+                    if record is None:
+                        self.skipped += 1
+                    else:
+                        yield record
+                return
+            except UnicodeDecodeError:
+                # yajl rejects escaped lone surrogates ("\udfff") that Python's JSON
+                # accepts (and _text repairs): go on from here with the slower parser
+                log.info("%s: lone surrogates; reading on with the Python parser", self.path)
+            except _PARSE_ERRORS as exc:
+                raise ImportFormatError(
+                    f"{self.path}: not a readable JSON export after {read} messages ({exc})"
+                ) from None
+        raise ImportFormatError(f"{self.path}: not valid UTF-8 after {read} messages")
+
+    def _messages(self, backend: Any) -> Iterator[Any]:
+        with _open_json(self.path) as handle:
+            events = backend.basic_parse(handle, use_float=True)
+            for key, event, value in _top_level(events):
+                if key == "messages" and event == "start_array":
+                    yield from _array_items(events)
+                    return
+                _skip(event, events)
+
+
+def find_exports(paths: Sequence[str | Path]) -> list[Path]:
     """Expand files and folders (recursively) into a sorted list of ``.json`` files.
 
     Raises:
@@ -59,41 +128,129 @@ def find_exports(paths: list[str | Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
+
 def read_export(path: str | Path) -> ExportFile:
-    """Parse one DiscordChatExporter JSON file.
+    """Parse one DiscordChatExporter JSON file completely (see :class:`ExportStream`).
 
     Raises:
         ImportFormatError: The file is not JSON or lacks ``guild``/``channel``/``messages``.
     """
-    path = Path(path)
+    stream = ExportStream(path)
+    records = list(stream.records())
+    ctx = stream.context
+    return ExportFile(stream.path, ctx.guild_name, ctx.channel_name, records, stream.skipped)
+
+
+_PARSE_ERRORS = (ijson.JSONError, UnicodeDecodeError, ValueError, RecursionError, OSError)
+# the C parser when it is built (it is in the wheels), then the pure-Python one
+_BACKENDS = tuple(dict.fromkeys((ijson, ijson.get_backend("python"))))
+_BOM = b"\xef\xbb\xbf"
+
+
+@contextmanager
+def _open_json(path: Path) -> Iterator[BinaryIO]:
+    """The file in binary, past a UTF-8 byte order mark if it has one."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ImportFormatError(f"{path}: not a readable JSON export ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        handle = path.open("rb")
+    except OSError as exc:
+        raise ImportFormatError(f"{path}: cannot read the file ({exc})") from None
+    with handle:
+        if handle.read(3) != _BOM:
+            handle.seek(0)
+        yield handle
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The export's ``guild`` and ``channel`` objects, checking that ``messages`` is a list.
+
+    Reads only up to the start of ``messages`` when the header comes first (as
+    DiscordChatExporter writes it); otherwise skips over the messages, building nothing.
+    """
+    for backend in _BACKENDS:
+        try:
+            with _open_json(path) as handle:
+                found, has_messages = _scan_header(backend.basic_parse(handle, use_float=True))
+            break
+        except UnicodeDecodeError:
+            continue  # lone surrogates: the Python parser accepts them (see records())
+        except _PARSE_ERRORS as exc:
+            raise ImportFormatError(f"{path}: not a readable JSON export ({exc})") from None
+    else:
+        raise ImportFormatError(f"{path}: not a readable JSON export (not valid UTF-8)")
+    if not has_messages:
         raise ImportFormatError(f"{path}: not a DiscordChatExporter export (no messages list)")
-    guild, channel = data.get("guild"), data.get("channel")
-    guild = guild if isinstance(guild, dict) else {}
-    channel = channel if isinstance(channel, dict) else {}
-    guild_id, channel_id = _snowflake(guild.get("id")), _snowflake(channel.get("id"))
-    if guild_id is None or channel_id is None:
-        raise ImportFormatError(f"{path}: export lacks a valid guild.id or channel.id")
-    context = _ChannelContext(
-        guild_id=guild_id,
-        guild_name=_text(guild.get("name")),
-        channel_id=channel_id,
-        channel_name=_text(channel.get("name")),
-        channel_type=_text(channel.get("type")),
-        parent_id=_parent_id(channel),
-    )
-    records, skipped = [], 0
-    for raw in data["messages"]:
-        record = _record(raw, context)
-        if record is None:
-            skipped += 1
-        else:
-            records.append(record)
-    return ExportFile(path, context.guild_name, context.channel_name, records, skipped)
+    guild, channel = found.get("guild"), found.get("channel")
+    return (guild if isinstance(guild, dict) else {}), (channel if isinstance(channel, dict) else {})
+
+
+Events = Iterator[tuple[str, Any]]
+
+
+def _scan_header(events: Events) -> tuple[dict[str, Any], bool]:
+    found: dict[str, Any] = {}
+    has_messages = False
+    for key, event, value in _top_level(events):
+        if key in ("guild", "channel") and key not in found:
+            found[key] = _value(event, value, events)
+            continue
+        if key == "messages" and event == "start_array":
+            has_messages = True
+            if len(found) == 2:
+                break
+        _skip(event, events)
+    return found, has_messages
+
+
+def _top_level(events: Events) -> Iterator[tuple[str, str, Any]]:
+    """Yield ``(key, event, value)`` for the first event of each top-level value.
+
+    The consumer must consume the rest of a container value (:func:`_value`,
+    :func:`_skip`, :func:`_array_items`) before asking for the next.  Works on
+    ``basic_parse`` events, which carry no path: a path per event costs time
+    quadratic in the nesting depth on hostile input.
+    """
+    first = next(events, None)
+    if first is None or first[0] != "start_map":
+        return  # not an object at the top: no messages list
+    for event, value in events:
+        if event == "end_map":
+            return
+        key = value  # a map_key
+        event, value = next(events)
+        yield key, event, value
+
+
+def _value(event: str, value: Any, events: Events) -> Any:
+    """The whole value that starts with ``(event, value)``, built from ``events``."""
+    if event not in ("start_map", "start_array"):
+        return value
+    builder = ijson.ObjectBuilder()
+    builder.event(event, value)
+    depth = 1
+    for inner_event, inner_value in events:
+        builder.event(inner_event, inner_value)
+        depth += inner_event in ("start_map", "start_array")
+        depth -= inner_event in ("end_map", "end_array")
+        if depth == 0:
+            break
+    return builder.value
+
+
+def _skip(event: str, events: Events) -> None:
+    """Consume the rest of the value that started with ``event``."""
+    depth = int(event in ("start_map", "start_array"))
+    while depth:
+        inner_event, _ = next(events)
+        depth += inner_event in ("start_map", "start_array")
+        depth -= inner_event in ("end_map", "end_array")
+
+
+def _array_items(events: Events) -> Iterator[Any]:
+    """Yield each item of the array whose ``start_array`` was just consumed."""
+    for event, value in events:
+        if event == "end_array":
+            return
+        yield _value(event, value, events)
 
 
 @dataclass(frozen=True)
@@ -127,8 +284,10 @@ def _record(raw: Any, ctx: _ChannelContext) -> MessageRecord | None:
     )
     if not content.strip() and not attachments:
         return None
-    author = raw.get("author") if isinstance(raw.get("author"), dict) else {}
-    reference = raw.get("reference") if isinstance(raw.get("reference"), dict) else {}
+    author: dict[str, Any] = raw["author"] if isinstance(raw.get("author"), dict) else {}
+    reference: dict[str, Any] = (
+        raw["reference"] if isinstance(raw.get("reference"), dict) else {}
+    )
     return MessageRecord(
         id=message_id,
         guild_id=ctx.guild_id,
@@ -184,11 +343,11 @@ def _time_ms(value: Any) -> int | None:
         return None
 
 
-def iter_exports(paths: list[str | Path]) -> Iterator[ExportFile | ImportFormatError]:
-    """Yield each export found under ``paths``; a bad file yields its error instead."""
+def iter_exports(paths: Sequence[str | Path]) -> Iterator[ExportStream | ImportFormatError]:
+    """Yield a stream for each export found under ``paths``; a bad file yields its error."""
     for path in find_exports(paths):
         try:
-            yield read_export(path)
+            yield ExportStream(path)
         except ImportFormatError as exc:
             log.info("%s", exc)  # the caller reports it (the summary lists every bad file)
             yield exc

@@ -128,6 +128,15 @@ MIGRATIONS: list[Migration] = [
     # 4: first-release vector tables (a float vec0 column) move to 1-bit codes + floats
     # (memory.vectors).
     upgrade_float_table,
+    # 5: embedders claim their batches (memory.store.MessageStore.claim), so that two
+    # never embed the same message; an expired claim (its embedder died) is free again.
+    """
+    CREATE TABLE embedding_claims (
+        message_id INTEGER PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at INTEGER NOT NULL  -- unix ms
+    );
+    """,
 ]
 
 
@@ -154,11 +163,12 @@ def schema_version(conn: Any) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
-def migrate(conn: Any) -> int:
+def migrate(conn: Any, *, read_only: bool = False) -> int:
     """Apply every migration the database has not seen yet.
 
     Args:
         conn: An autocommit connection from :func:`memory.db.connect`.
+        read_only: The connection cannot write: only check that nothing is missing.
 
     Returns:
         The schema version after migrating.
@@ -168,7 +178,18 @@ def migrate(conn: Any) -> int:
             bot's (a migration failed; nothing of it was applied).
     """
     while (version := _check(schema_version(conn))) < len(MIGRATIONS):
-        conn.execute("BEGIN IMMEDIATE")
+        if read_only:
+            raise DatabaseFileError(
+                f"the database is read-only and at schema version {version} of "
+                f"{len(MIGRATIONS)}: open it once with write access to upgrade it"
+            )
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite_driver().OperationalError as exc:
+            raise DatabaseFileError(
+                f"could not lock the database to upgrade it ({exc}); if another process "
+                "is using it, try again when it is done"
+            ) from exc
         try:
             # read again under the write lock: another process may have migrated meanwhile
             version = _check(schema_version(conn))
@@ -182,6 +203,17 @@ def migrate(conn: Any) -> int:
     return len(MIGRATIONS)
 
 
+def _refuse_foreign(conn: Any) -> None:
+    """A database at version 0 with tables belongs to another application: leave it alone."""
+    tables = [row[0] for row in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 4")]
+    if tables:
+        raise DatabaseFileError(
+            f"this SQLite file holds another application's tables ({', '.join(tables)}) and "
+            "is not the memory bot's; it was left unchanged. Point --db at another file"
+        )
+
+
 def _check(version: int) -> int:
     if version > len(MIGRATIONS):
         raise DatabaseFileError(
@@ -192,6 +224,8 @@ def _check(version: int) -> int:
 
 
 def _apply(conn: Any, number: int) -> None:
+    if number == 1:
+        _refuse_foreign(conn)
     log.info("applying schema migration %d", number)
     migration = MIGRATIONS[number - 1]
     try:

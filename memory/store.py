@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from memory.db import IN_IDS, connect, id_list
-from memory.errors import EmbeddingModelMismatch
+from memory.db import IN_IDS, connect, id_list, not_writable
+from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SettingsError
 from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
 from memory.records import MessageRecord, PendingMessage, StoredMessage
@@ -118,21 +118,29 @@ class MessageStore:
     synchronous and safe to call from worker threads.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool | None = None) -> None:
         """Open (creating if needed) and migrate the database at ``path``.
+
+        Args:
+            path: The database file.
+            read_only: Open read-only (searches and stats work, writes raise
+                :class:`DatabaseFileError`); by default, when this process cannot
+                write the file.
 
         Raises:
             ExtensionLoadError: sqlite-vec cannot be loaded.
             DatabaseFileError: The file is not (or is a newer version of) this bot's database.
         """
         self.path = str(path)
-        self._conn = connect(path)
+        self.read_only = not_writable(path) if read_only is None else read_only
+        self._conn = connect(path, read_only=self.read_only)
         self._lock = threading.RLock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
         self.vectors = VectorIndex(self._query)
         try:
-            migrate(self._conn)
-            self._check_vector_table()
+            migrate(self._conn, read_only=self.read_only)
+            if not self.read_only:
+                self._check_vector_table()
         except BaseException:
             self._conn.close()
             raise
@@ -151,6 +159,11 @@ class MessageStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
+        if self.read_only:
+            raise DatabaseFileError(
+                f"{self.path} is open read-only (this process cannot write it): searching "
+                "works, changing it needs write access to the file and its folder"
+            )
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -447,7 +460,7 @@ class MessageStore:
         ``opt_out`` / ``opt_in`` (a member id).
 
         Raises:
-            SearchInputError: An unknown setting or value.
+            SettingsError: An unknown setting or value.
         """
         columns = {"channel_mode": CHANNEL_MODES, "autoresponse": AUTORESPONSE_MODES}
         with self._transaction() as conn:
@@ -457,12 +470,12 @@ class MessageStore:
                     continue
                 if key in columns:
                     if value not in columns[key]:
-                        raise SearchInputError(f"{key} must be one of {', '.join(columns[key])}")
+                        raise SettingsError(f"{key} must be one of {', '.join(columns[key])}")
                     conn.execute(f"UPDATE guild_settings SET {key} = ? WHERE guild_id = ?",
                                  (value, guild_id))
                 elif key == "retention_days":
                     if value is not None and int(value) <= 0:
-                        raise SearchInputError("retention must be a positive number of days")
+                        raise SettingsError("retention must be a positive number of days")
                     conn.execute("UPDATE guild_settings SET retention_days = ? WHERE guild_id = ?",
                                  (value, guild_id))
                 elif key in ("add_channel", "opt_out"):
@@ -481,7 +494,7 @@ class MessageStore:
                         conn.execute("INSERT INTO autoresponse_channels VALUES (?, ?)",
                                      (guild_id, int(value)))
                 else:
-                    raise SearchInputError(f"unknown setting {key!r}")
+                    raise SettingsError(f"unknown setting {key!r}")
         return self.guild_settings(guild_id)
 
     def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:
@@ -506,14 +519,22 @@ class MessageStore:
         """The newest stored message id in a channel (or thread), ``None`` when none is."""
         return self._query("SELECT max(id) FROM messages WHERE channel_id = ?", (channel_id,))[0][0]
 
-    def guild_stats(self, guild_id: int, author_id: int | None = None) -> GuildStats:
-        """Counts for one guild only (and one member in it)."""
-        messages, channels = self._query(
-            "SELECT count(*), count(DISTINCT channel_id) FROM messages WHERE guild_id = ?",
-            (guild_id,),
+    def guild_stats(
+        self,
+        guild_id: int,
+        author_id: int | None = None,
+        channel_ids: Iterable[int] | None = None,
+    ) -> GuildStats:
+        """Counts for one guild only (and one member in it), optionally only in ``channel_ids``."""
+        where = "guild_id = ?"
+        params: list[int | str] = [guild_id]
+        if channel_ids is not None:
+            where += f" AND channel_id {IN_IDS}"
+            params.append(id_list(channel_ids))
+        messages, channels, pending = self._query(
+            "SELECT count(*), count(DISTINCT channel_id), coalesce(sum(embedded = 0), 0) "
+            f"FROM messages WHERE {where}", params,
         )[0]
-        pending = self._query(
-            "SELECT count(*) FROM messages WHERE guild_id = ? AND embedded = 0", (guild_id,))[0][0]
         mine = 0
         if author_id is not None:
             mine = self._query("SELECT count(*) FROM messages WHERE guild_id = ? AND author_id = ?",
@@ -530,8 +551,38 @@ class MessageStore:
         """Return up to ``limit`` unembedded messages, oldest first, with their context.
 
         The context of a message is its reply target if stored, else the previous
-        message in its channel.
+        message in its channel.  Nothing is claimed: an embedder uses :meth:`claim`.
         """
+        return self._pending_where("m.embedded = 0 ORDER BY m.id LIMIT ?", (limit,))
+
+    def claim(self, limit: int, *, owner: str, ttl_s: float = 600.0) -> list[PendingMessage]:
+        """Claim up to ``limit`` unembedded messages for ``owner`` and return them.
+
+        A message claimed by another embedder is left out until its claim is
+        released (:meth:`write_vectors`, :meth:`release`) or expires after
+        ``ttl_s`` (its embedder died), so concurrent embedders share the backlog
+        instead of repeating each other's work.
+        """
+        now = _now_ms()
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM embedding_claims WHERE expires_at <= ?", (now,))
+            ids = [row[0] for row in conn.execute(
+                "SELECT m.id FROM messages m WHERE m.embedded = 0 AND NOT EXISTS "
+                "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
+                "ORDER BY m.id LIMIT ?", (limit,))]
+            conn.executemany(
+                "INSERT INTO embedding_claims(message_id, owner, expires_at) VALUES (?, ?, ?)",
+                [(mid, owner, now + int(ttl_s * 1000)) for mid in ids],
+            )
+        return self._pending_where(f"m.id {IN_IDS} ORDER BY m.id", (id_list(ids),))
+
+    def release(self, owner: str) -> None:
+        """Give up every claim ``owner`` still holds (its messages stay pending)."""
+        if not self.read_only:
+            with self._transaction() as conn:
+                conn.execute("DELETE FROM embedding_claims WHERE owner = ?", (owner,))
+
+    def _pending_where(self, where: str, params: Sequence[Any]) -> list[PendingMessage]:
         rows = self._query(
             f"""SELECT m.id, m.guild_id, m.channel_id, m.author_id, {_AUTHOR_NAME}, m.content,
                       m.created_at, c.name, m.reply_to_id, m.attachments,
@@ -541,12 +592,13 @@ class MessageStore:
                            AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
                FROM messages m JOIN authors a ON a.id = m.author_id
                JOIN channels c ON c.id = m.channel_id
-               WHERE m.embedded = 0 ORDER BY m.id LIMIT ?""",
-            (limit,),
+               WHERE {where}""",
+            params,
         )
         context = self._context_rows([row[10] for row in rows if row[10] is not None])
         return [
-            PendingMessage(*row[:9], _split_attachments(row[9]), *context.get(row[10], (None, None)))
+            PendingMessage(**_message_fields(row), context_author=context.get(row[10], (None, None))[0],
+                           context_content=context.get(row[10], (None, None))[1])
             for row in rows
         ]
 
@@ -558,18 +610,24 @@ class MessageStore:
         )
         return {row[0]: (row[1], row[2]) for row in rows}
 
-    def write_vectors(self, messages: Sequence[PendingMessage], vectors: np.ndarray) -> None:
+    def write_vectors(
+        self, messages: Sequence[PendingMessage], vectors: np.ndarray, *, owner: str | None = None
+    ) -> None:
         """Store one vector per pending message and mark them embedded, atomically.
 
-        A message deleted or edited since :meth:`pending` read it is skipped: its
-        vector would be an orphan or describe the old text.  An edited one stays
-        pending and is embedded again with its new text.
+        A message deleted or edited since it was read is skipped: its vector would
+        be an orphan or describe the old text.  An edited one stays pending and is
+        embedded again with its new text.  With ``owner``, a message another
+        embedder has claimed meanwhile (``owner``'s claim expired) is skipped too,
+        and ``owner``'s claims on these messages are released.
         """
         if len(messages) != len(vectors):
             raise ValueError("one vector per message is required")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         with self._transaction() as conn:
             current = self._unchanged_since_read(conn, messages)
+            if owner is not None:
+                current -= self._claimed_by_others(conn, messages, owner)
             rows = [
                 (m.id, m.guild_id, m.channel_id, m.author_id, m.created_at, bool(m.attachments), v)
                 for m, v in zip(messages, vectors) if m.id in current
@@ -579,6 +637,19 @@ class MessageStore:
                 f"UPDATE messages SET embedded = 1 WHERE id {IN_IDS}",
                 (id_list(row[0] for row in rows),),
             )
+            if owner is not None:
+                conn.execute(
+                    f"DELETE FROM embedding_claims WHERE owner = ? AND message_id {IN_IDS}",
+                    (owner, id_list(m.id for m in messages)),
+                )
+
+    @staticmethod
+    def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str) -> set[int]:
+        return {row[0] for row in conn.execute(
+            f"SELECT message_id FROM embedding_claims WHERE owner != ? AND expires_at > ? "
+            f"AND message_id {IN_IDS}",
+            (owner, _now_ms(), id_list(m.id for m in messages)),
+        )}
 
     @staticmethod
     def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
@@ -613,7 +684,8 @@ class MessageStore:
         pass most messages (one guild's bot, no author filter); if fewer than
         ``k`` survive, every match is filtered.
         """
-        clauses, params = ["TRUE"], []
+        clauses: list[str] = ["TRUE"]
+        params: list[Any] = []
         filter_sql(filters, "m.", clauses, params)
         k = int(k)
         for head in (4 * k, -1):  # -1: no limit
@@ -663,18 +735,36 @@ class MessageStore:
             f"WHERE m.id {IN_IDS}",
             (id_list(ids),),
         )
-        return {row[0]: StoredMessage(*row[:9], _split_attachments(row[9])) for row in rows}
+        return {row[0]: StoredMessage(**_message_fields(row)) for row in rows}
+
+    def channel_window(
+        self, channel_id: int, message_id: int, before: int, after: int
+    ) -> list[int]:
+        """Ids of up to ``before`` messages before ``message_id`` in its channel, and
+        up to ``after`` after it, in time order (``message_id`` itself included if stored).
+
+        Only ``channel_id`` is read, whatever the neighbours' other fields say, so a
+        caller that may read that channel can show every id returned.
+        """
+        rows = self._query(
+            "SELECT id FROM (SELECT id FROM messages WHERE channel_id = ? AND id < ? "
+            "ORDER BY id DESC LIMIT ?) UNION ALL "
+            "SELECT id FROM (SELECT id FROM messages WHERE channel_id = ? AND id >= ? "
+            "ORDER BY id LIMIT ?)",
+            (channel_id, message_id, max(0, before), channel_id, message_id, max(0, after) + 1),
+        )
+        return sorted(row[0] for row in rows)
 
     def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:
         """Return ``(author_id, name, display_name)`` of everyone with stored messages."""
         if guild_id is None:
-            sql, params = "SELECT id, name, display_name FROM authors", ()
+            sql, params = "SELECT id, name, display_name FROM authors", []
         else:
             sql = (
                 "SELECT a.id, a.name, a.display_name FROM authors a WHERE EXISTS "
                 "(SELECT 1 FROM messages m WHERE m.author_id = a.id AND m.guild_id = ?)"
             )
-            params = (guild_id,)
+            params = [guild_id]
         return [tuple(row) for row in self._query(sql, params)]
 
     def message_count(self, guild_id: int | None = None) -> int:
@@ -685,7 +775,7 @@ class MessageStore:
 
     def has_messages(self, guild_id: int | None = None) -> bool:
         """Whether anything is stored (in one guild, or at all); cheaper than counting."""
-        where, params = ("WHERE guild_id = ?", (guild_id,)) if guild_id is not None else ("", ())
+        where, params = ("WHERE guild_id = ?", [guild_id]) if guild_id is not None else ("", [])
         return bool(self._query(f"SELECT EXISTS (SELECT 1 FROM messages {where})", params)[0][0])
 
     def stats(self) -> StoreStats:
@@ -704,6 +794,17 @@ class MessageStore:
             schema_version=self._query("PRAGMA user_version")[0][0],
             path=self.path,
         )
+
+
+def _message_fields(row: Sequence[Any]) -> dict[str, Any]:
+    """A :class:`StoredMessage`'s fields from the first ten columns of a message query."""
+    names = ("id", "guild_id", "channel_id", "author_id", "author_name", "content",
+             "created_at", "channel_name", "reply_to_id")
+    return {**dict(zip(names, row[:9])), "attachments": _split_attachments(row[9])}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _set_meta(conn: Any, key: str, value: str) -> None:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One entry point for a fresh machine:  bash scripts/dev.sh setup|demo|test [args...]
+# One entry point for a fresh machine:  bash scripts/dev.sh setup|demo|test|quick [args...]
 #   setup  create .venv/ and install the project (CPU torch unless told otherwise)
 #   demo   setup, then import the sample server in data/ and run searches offline
-#   test   setup, then run the whole test suite (what CI runs)
+#   test   setup, then ruff, mypy and the whole test suite (what CI runs)
+#   quick  setup, then the tests not marked slow (no real MiniLM, no large corpora)
 #
 # PyTorch is installed first and on its own, so that resolving the project's
 # dependencies never pulls the multi-GB CUDA build onto a CPU machine:
@@ -19,7 +20,7 @@ STAMP=$VENV/.installed
 
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
-        "$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
+        "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is required"'
         "$PYTHON" -m venv "$VENV"
     fi
     local want
@@ -47,6 +48,11 @@ shift || true
 case "$command" in
     setup) setup ;;
     demo) setup; exec "$VENV/bin/python" bot.py --profile cpu demo "$@" ;;
-    test) setup; exec "$VENV/bin/python" -m pytest -q "$@" ;;
-    *) echo "usage: bash scripts/dev.sh setup|demo|test [args...]" >&2; exit 2 ;;
+    test)
+        setup
+        "$VENV/bin/python" -m ruff check .
+        "$VENV/bin/python" -m mypy
+        exec "$VENV/bin/python" -m pytest -q "$@" ;;
+    quick) setup; exec "$VENV/bin/python" -m pytest -q -m "not slow" "$@" ;;
+    *) echo "usage: bash scripts/dev.sh setup|demo|test|quick [args...]" >&2; exit 2 ;;
 esac

@@ -20,69 +20,30 @@ import discord
 from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
 from bot import MemoryBot
+from cli.bench.gateway import (  # noqa: F401  (re-exported for the tests)
+    HIDE,
+    NO_HISTORY,
+    READ,
+    VIEW_ONLY,
+    channel,
+    guild,
+    member,
+    overwrite,
+    role,
+    thread,
+    user,
+)
 from memory.engine import MemoryEngine
 
 BOT_ID = APP_ID = 1000
-# snowflakes from an hour ago onwards, a millisecond apart, so messages are recent
-_ids = itertools.count(
-    discord.utils.time_snowflake(datetime.now(timezone.utc) - timedelta(hours=1)), 1 << 22)
-
-READ = discord.Permissions(view_channel=True, read_message_history=True, send_messages=True,
-                           send_messages_in_threads=True)
-VIEW_ONLY = discord.Permissions(view_channel=True, send_messages=True)
-HIDE = discord.Permissions(view_channel=True)
-NO_HISTORY = discord.Permissions(read_message_history=True)
 
 
 def next_id() -> int:
     return next(_ids)
 
-
-def user(uid: int, name: str, bot: bool = False) -> dict[str, Any]:
-    return {"id": str(uid), "username": name, "global_name": name.title(),
-            "discriminator": "0", "avatar": None, "bot": bot}
-
-
-def member(uid: int, name: str, nick: str | None = None, roles: Iterable[int] = ()) -> dict[str, Any]:
-    return {"user": user(uid, name), "nick": nick, "roles": [str(r) for r in roles],
-            "joined_at": "2025-01-01T00:00:00+00:00", "deaf": False, "mute": False, "flags": 0}
-
-
-def role(rid: int, name: str, permissions: discord.Permissions, position: int = 1) -> dict[str, Any]:
-    return {"id": str(rid), "name": name, "permissions": str(permissions.value),
-            "position": position, "color": 0, "hoist": False, "managed": False,
-            "mentionable": False}
-
-
-def overwrite(target: int, *, allow: discord.Permissions = discord.Permissions.none(),
-              deny: discord.Permissions = discord.Permissions.none(), member: bool = False) -> dict:
-    return {"id": str(target), "type": 1 if member else 0,
-            "allow": str(allow.value), "deny": str(deny.value)}
-
-
-def channel(cid: int, guild_id: int, name: str, *, type: int = 0, parent: int | None = None,
-            overwrites: Iterable[dict] = (), position: int = 0) -> dict[str, Any]:
-    return {"id": str(cid), "type": type, "name": name, "position": position,
-            "guild_id": str(guild_id), "parent_id": str(parent) if parent else None,
-            "permission_overwrites": list(overwrites), "nsfw": False}
-
-
-def thread(tid: int, guild_id: int, parent: int, name: str, owner: int, *,
-           private: bool = False, archived: bool = False) -> dict[str, Any]:
-    return {"id": str(tid), "type": 12 if private else 11, "name": name, "parent_id": str(parent),
-            "guild_id": str(guild_id), "owner_id": str(owner), "message_count": 1,
-            "member_count": 1, "total_message_sent": 1,
-            "thread_metadata": {"archived": archived, "auto_archive_duration": 1440,
-                                "archive_timestamp": "2026-01-01T00:00:00+00:00",
-                                "locked": False, "invitable": False}}
-
-
-def guild(gid: int, name: str, *, owner: int, roles: list[dict], members: list[dict],
-          channels: list[dict], threads: list[dict] = ()) -> dict[str, Any]:
-    return {"id": str(gid), "name": name, "owner_id": str(owner), "roles": roles,
-            "emojis": [], "stickers": [], "features": [], "member_count": len(members),
-            "members": members, "channels": channels, "threads": list(threads)}
-
+# snowflakes from an hour ago onwards, a millisecond apart, so messages are recent
+_ids = itertools.count(
+    discord.utils.time_snowflake(datetime.now(timezone.utc) - timedelta(hours=1)), 1 << 22)
 
 class CaptureAdapter(AsyncWebhookAdapter):
     """Records interaction callbacks and follow-ups instead of sending them."""
@@ -173,7 +134,7 @@ class Harness:
                 return g
         raise KeyError(channel_id)
 
-    def message_payload(self, content: str, *, author: tuple[int, str], channel: int,
+    def message_payload(self, content: str, *, author: tuple[int, str], channel: int,  # noqa: F811
                         roles: Iterable[int] = (), bot: bool = False, nick: str | None = None,
                         **extra: Any) -> dict[str, Any]:
         mid = next_id()

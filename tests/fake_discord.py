@@ -127,7 +127,7 @@ class FakeDiscord:
         await ws.send_str(json.dumps({"op": 10, "d": {"heartbeat_interval": 45000}}))
         try:
             await asyncio.wait_for(ws.receive(), 5)  # IDENTIFY
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         await ws.close(code=self.gateway_close_code or WSCloseCode.GOING_AWAY)
         return ws

@@ -17,13 +17,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models
-from tokenizers import pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from cli.bench.qwen_models import TINY_QWEN3, qwen3_config, qwen_fast_tokenizer
 from memory.reranker.prompt import (
-    DEFAULT_INSTRUCTION, PREFIX, QWEN_SPLIT_PATTERN, SUFFIX, SYSTEM_PROMPT,
+    DEFAULT_INSTRUCTION,
+    PREFIX,
+    QWEN_SPLIT_PATTERN,
+    SUFFIX,
+    SYSTEM_PROMPT,
 )
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 COMMANDS = [
     [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
-    ["bench", "embedder"],
+    ["bench", "embedder"], ["bench", "discord"],
 ]
 
 
@@ -306,6 +306,7 @@ def test_errors_are_one_line_and_exit_2(
     code, out, err = run_cli(capsys, "--db", empty_db, *argv)
     assert code == 2, err
     assert needle in error_line(err)
+    assert out == ""
     assert "Traceback" not in err
 
 
@@ -363,18 +364,38 @@ def test_bench_retrieval_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
         assert all(0.0 <= metrics[m] <= 1.0 for m in ("recall", "hit", "mrr", "ndcg")), mode
     # sanity on a set this easy: every query's evidence is in the hybrid top 10
     assert result["modes"]["hybrid"]["hit"] == 1.0
+    by_category = result["modes"]["hybrid"]["by_category"]
+    assert sum(c["queries"] for c in by_category.values()) == 5
+    assert "rerank_skipped" not in result
+
+
+def test_bench_retrieval_lists_rerank_only_when_a_reranker_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    profile = tmp_path / "no-weights.toml"
+    profile.write_text(
+        f'[reranker]\nbackend = "transformers"\nmodel = "{tmp_path / "missing-qwen"}"\n',
+        encoding="utf-8",
+    )
+    code, out, err = run_cli(capsys, "--profile", profile, "bench", "retrieval", BENCH_MINI,
+                             "--modes", "hybrid,rerank")
+    assert code == 0, err
+    result = json.loads(out)
+    assert list(result["modes"]) == ["hybrid"]
+    assert "missing-qwen" in result["rerank_skipped"]
 
 
 def test_bench_search_scale_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out_file = tmp_path / "scale.json"
-    code, out, err = run_cli(capsys, *PROFILE, "bench", "search-scale", "--messages", "300",
+    code, _, err = run_cli(capsys, *PROFILE, "bench", "search-scale", "--messages", "300",
                              "--queries", "5", "--json", out_file)
     assert code == 0, err
     result = json.loads(out_file.read_text(encoding="utf-8"))
     assert (result["messages"], result["queries"]) == (300, 5)
     assert {"machine", "import_msgs_per_s", "raw_encoder_msgs_per_s", "import_vs_encoder",
             "search", "adaptive_vs_fixed_p50"} <= set(result)
-    assert set(result["search"]) == {"fixed", "adaptive", "hybrid"}
+    assert set(result["search"]) == {"fixed", "adaptive", "hybrid", "hybrid_allow_list_500"}
+    assert result["allow_list_vs_hybrid_p50"] > 0
     for timings in result["search"].values():
         assert set(timings) == {"p50_ms", "p95_ms"}
         assert timings["p95_ms"] >= timings["p50_ms"] > 0
@@ -395,3 +416,25 @@ def test_demo_runs_on_a_temporary_database(tmp_path: Path, capsys: pytest.Captur
     assert ">>> search:" in out
     assert "recall@5" in out
     assert not db.exists()  # without --keep the demo never touches --db
+
+
+def test_a_missing_reranker_never_fails_a_search(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The profile names a reranker whose weights are not here: the search still answers,
+    in the hybrid order, and says why once (with --debug)."""
+    profile = tmp_path / "no-weights.toml"
+    profile.write_text(
+        f'[reranker]\nbackend = "transformers"\nmodel = "{tmp_path / "missing-qwen"}"\n',
+        encoding="utf-8",
+    )
+    db = tmp_path / "cli.sqlite3"
+    code, _, err = run_cli(capsys, "--db", db, *PROFILE, "import", BENCH_MINI)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "--db", db, "--profile", profile, "search",
+                             "who can lend me a soldering iron", "--debug")
+    assert code == 0, err
+    assert "Hannah" in out
+    assert "Traceback" not in err and "error" not in err
+    (skipped,) = [line for line in out.splitlines() if "skipped" in line]
+    assert "missing-qwen" in skipped

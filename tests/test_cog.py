@@ -23,7 +23,15 @@ from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from tests.conftest import HashEmbedder
 from tests.discord_harness import (
-    BOT_ID, READ, Harness, channel, guild, member, role, thread, user,
+    BOT_ID,
+    READ,
+    Harness,
+    channel,
+    guild,
+    member,
+    role,
+    thread,
+    user,
 )
 
 G, GENERAL, RANDOM, THREAD = 900, 901, 903, 902
@@ -308,7 +316,7 @@ async def test_memory_stats_counts_this_guild_only(harness):
     await settle(h, embed=False)
     await h.slash("memory stats", invoker=alice(), where=GENERAL)
     content = h.adapter.followups[0]["content"]
-    assert "Messages from this server: **1**" in content and "Your messages: **1**" in content
+    assert "Messages you can search here: **1**" in content and "Your messages: **1**" in content
     assert "2" not in content.split("\n")[0]
 
 

@@ -3,6 +3,7 @@ a clear error when no driver can load extensions, and idempotent migrations."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -11,10 +12,11 @@ import pytest
 
 import memory.db
 from memory.db import connect, sqlite_driver
-from memory.errors import DatabaseFileError
-from memory.errors import ExtensionLoadError, MemoryBotError
+from memory.errors import DatabaseFileError, ExtensionLoadError, MemoryBotError
+from memory.filters import Filters
 from memory.migrations import MIGRATIONS, migrate
 from memory.store import MessageStore
+from tests.conftest import HashEmbedder
 
 
 def _stdlib_can_load_extensions() -> bool:
@@ -130,7 +132,7 @@ def test_foreign_database_is_a_clear_error(tmp_path: Path) -> None:
     conn.execute("CREATE TABLE messages (x TEXT)")
     conn.execute("INSERT INTO messages VALUES ('keep me')")
     conn.close()
-    with pytest.raises(DatabaseFileError, match="migration 1 failed"):
+    with pytest.raises(DatabaseFileError, match="another application's tables"):
         MessageStore(path)
     conn = connect(path)
     try:  # the failed migration was rolled back entirely
@@ -184,3 +186,66 @@ def test_migration_scripts_split_into_statements(script: str, expected: list[str
     from memory.migrations import statements
 
     assert list(statements(script)) == expected
+
+
+# -- read-only files and foreign files ------------------------------------------------------
+
+
+def _journal_mode(path: Path) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("PRAGMA journal_mode").fetchone()[0].lower()
+    finally:
+        conn.close()
+
+
+def test_a_foreign_sqlite_file_keeps_its_journal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "other-app.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE notes (x TEXT)")
+    conn.commit()
+    conn.close()
+    assert _journal_mode(path) == "delete"
+    with pytest.raises(DatabaseFileError, match="another application's tables"):
+        MessageStore(path)
+    assert _journal_mode(path) == "delete"  # never flipped to WAL
+
+
+def test_new_and_own_databases_use_wal(tmp_path: Path) -> None:
+    path = tmp_path / "ours.sqlite3"
+    MessageStore(path).close()
+    assert _journal_mode(path) == "wal"
+
+
+def test_a_read_only_store_searches_and_refuses_writes(make_engine, make_record) -> None:
+    engine = make_engine()
+    engine.ingest([make_record("the wifi password is on the fridge")])
+    path = engine.store.path
+    engine.close()
+    store = MessageStore(path, read_only=True)
+    try:
+        assert store.read_only
+        assert store.stats().messages == 1
+        assert store.keyword('"wifi"', 5, Filters())
+        vector = HashEmbedder().embed(["wifi password"])[0]
+        assert [mid for mid, _ in store.knn(vector, 5, Filters())] == [
+            mid for mid, _ in store.keyword('"wifi"', 5, Filters())]
+        with pytest.raises(DatabaseFileError, match="read-only"):
+            store.upsert([make_record("a new message")])
+        with pytest.raises(DatabaseFileError, match="read-only"):
+            store.delete([1])
+    finally:
+        store.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32" or os.geteuid() == 0,
+                    reason="file permissions do not bind root")
+def test_a_file_without_write_permission_is_opened_read_only(tmp_path: Path) -> None:
+    path = tmp_path / "ro.sqlite3"
+    MessageStore(path).close()
+    path.chmod(0o444)
+    store = MessageStore(path)
+    try:
+        assert store.read_only and store.stats().messages == 0
+    finally:
+        store.close()

@@ -4,6 +4,7 @@ odd exports, bad files reported per file, and idempotent re-imports."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,6 @@ from memory.engine import MemoryEngine
 from memory.errors import ImportFormatError
 from memory.importer import find_exports, read_export
 from memory.records import datetime_to_ms, snowflake_time_ms
-from datetime import datetime, timezone
 
 DEMO = Path(__file__).resolve().parent.parent / "data" / "demo-server"
 DEMO_GUILD = 820703368577024001
@@ -268,7 +268,7 @@ def test_same_file_given_twice_is_read_once(tmp_path: Path) -> None:
         pytest.param("{ not json", "not a readable JSON export", id="syntax"),
         pytest.param("", "not a readable JSON export", id="empty-file"),
         pytest.param(b"\xff\xfe\x00garbage", "not a readable JSON export", id="binary"),
-        pytest.param("[" * 100_000 + "]" * 100_000, "not a readable JSON export",
+        pytest.param("[" * 100_000 + "]" * 100_000, "no messages list",
                      id="nested-too-deep"),
         pytest.param("[]", "no messages list", id="list"),
         pytest.param('"just a string"', "no messages list", id="string"),
@@ -278,8 +278,8 @@ def test_same_file_given_twice_is_read_once(tmp_path: Path) -> None:
                      "guild.id or channel.id", id="bad-guild-id"),
         pytest.param('{"guild": "900", "channel": {"id": "2"}, "messages": []}',
                      "guild.id or channel.id", id="guild-not-object"),
-        pytest.param('{"guild": {"id": "900"}, "channel": {"id": "%d"}, "messages": []}'
-                     % 2**64, "guild.id or channel.id", id="huge-channel-id"),
+        pytest.param(f'{{"guild": {{"id": "900"}}, "channel": {{"id": "{2**64}"}}, "messages": []}}',
+                     "guild.id or channel.id", id="huge-channel-id"),
     ],
 )
 def test_malformed_file_is_an_import_format_error(
@@ -325,3 +325,28 @@ def test_import_without_embedding_leaves_a_backlog(tmp_path: Path, engine: Memor
     assert (summary.inserted, summary.embedded) == (2, 0)
     assert engine.store.pending_count() == 2
     assert engine.embed_pending() == 2
+
+
+def test_a_long_import_commits_in_many_short_transactions(
+    engine: MemoryEngine, make_record
+) -> None:
+    """Each transaction holds about ``seconds`` of work, so a live writer gets its turn."""
+    records = [make_record(f"message number {i}") for i in range(3000)]
+    before = engine.store.generation
+    stats = engine.upsert_in_chunks(iter(records), seconds=1e-6)  # the smallest chunks
+    assert stats.inserted == 3000
+    assert engine.store.generation - before >= 3000 // 500  # at least one commit per chunk
+    assert engine.store.message_count() == 3000
+
+
+def test_a_file_damaged_part_way_keeps_what_came_before(
+    tmp_path: Path, engine: MemoryEngine
+) -> None:
+    path = export(tmp_path / "cut.json", [msg(10 + i) for i in range(5)])
+    text = path.read_text(encoding="utf-8")
+    cut = text.index('"id": "14"') if '"id": "14"' in text else text.rindex("{")
+    path.write_text(text[:cut], encoding="utf-8")
+    summary = engine.import_exports([path], embed=False)
+    assert summary.inserted == engine.store.message_count() >= 1
+    (error,) = summary.errors
+    assert "cut.json" in error and "after" in error

@@ -20,7 +20,17 @@ from memory.engine import MemoryEngine
 from memory.search import SearchRequest
 from tests.conftest import HashEmbedder
 from tests.discord_harness import (
-    BOT_ID, HIDE, NO_HISTORY, READ, Harness, channel, guild, member, overwrite, role, thread,
+    BOT_ID,
+    HIDE,
+    NO_HISTORY,
+    READ,
+    Harness,
+    channel,
+    guild,
+    member,
+    overwrite,
+    role,
+    thread,
     user,
 )
 
@@ -282,3 +292,11 @@ async def _run_context_menu(h: Harness, uid: int, target: discord.Message) -> li
     await h.context_menu("Find related messages", invoker=_invoker(uid), where=GENERAL,
                          target=target)
     return h.adapter.texts()
+
+
+@pytest.mark.parametrize("uid", list(READABLE))
+async def test_memory_stats_count_only_readable_channels(harness, uid):
+    await harness.slash("memory stats", invoker=_invoker(uid), where=GENERAL)
+    first_line = harness.adapter.followups[-1]["content"].split("\n")[0]
+    n = len(READABLE[uid])
+    assert f"**{n}** in {n} channels" in first_line

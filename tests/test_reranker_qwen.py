@@ -131,7 +131,7 @@ def test_matches_reference_implementation(parts, config, query, prefix_cache):
     assert_close(reranker.score(query, docs), expected)
 
 
-@pytest.mark.parametrize("doc", DOCS[:6] + [HOSTILE["fts"], HOSTILE["emoji"]])
+@pytest.mark.parametrize("doc", [*DOCS[:6], HOSTILE["fts"], HOSTILE["emoji"]])
 def test_split_tokenization_equals_whole_prompt(parts, config, doc):
     _, tokenizer = parts
     encoded = wrap(parts, config).encode(QUERY, [doc])

@@ -21,7 +21,13 @@ from memory.errors import SearchInputError
 from memory.records import MessageRecord, SearchResult, ms_to_datetime
 from memory.search import MAX_QUERIES, SearchRequest, adaptive_threshold, recency_boost
 from tests.conftest import (
-    BASE_MS, CHANNEL, GUILD, NOW, HashEmbedder, make_profile, record_factory,
+    BASE_MS,
+    CHANNEL,
+    GUILD,
+    NOW,
+    HashEmbedder,
+    make_profile,
+    record_factory,
 )
 
 MakeRecord = Callable[..., MessageRecord]

@@ -4,6 +4,8 @@ the crash-safe embedding backlog; model binding and re-embedding; filters in the
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -522,6 +524,7 @@ def test_a_vector_table_from_before_the_bits_column_is_upgraded(
     # the schema version from before the upgrade migration
     with store._transaction() as conn:
         conn.execute("PRAGMA user_version = 3")
+        conn.execute("DROP TABLE embedding_claims")
         conn.execute("DROP TABLE message_vectors")
         conn.execute(
             "CREATE VIRTUAL TABLE message_vectors USING vec0(message_id INTEGER PRIMARY KEY, "
@@ -648,3 +651,104 @@ def test_knn_without_vectors_is_empty(tmp_db: Path) -> None:
 
 def test_wal_mode_on_the_store(engine: MemoryEngine) -> None:
     assert engine.store._query("PRAGMA journal_mode")[0][0].lower() == "wal"
+
+
+# -- concurrent embedders -------------------------------------------------------------------
+
+
+class CountingEmbedder(HashEmbedder):
+    """Counts every text it embeds; pauses a moment per batch so embedders interleave."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+        self._lock = threading.Lock()
+
+    def embed(self, texts):
+        with self._lock:
+            self.texts.extend(texts)
+        time.sleep(0.005)
+        return super().embed(texts)
+
+
+def test_claims_split_the_backlog_between_embedders(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    engine.store.upsert([make_record(f"note {i}") for i in range(10)])
+    first = engine.store.claim(6, owner="a")
+    second = engine.store.claim(6, owner="b")
+    assert len(first) == 6 and len(second) == 4
+    assert not {m.id for m in first} & {m.id for m in second}
+    assert engine.store.claim(6, owner="c") == []
+    engine.store.release("b")
+    assert {m.id for m in engine.store.claim(6, owner="c")} == {m.id for m in second}
+    # an expired claim (its embedder died) is free again
+    assert len(engine.store.claim(6, owner="d", ttl_s=0)) == 0
+    engine.store.release("a")
+    assert len(engine.store.claim(6, owner="d", ttl_s=0)) == 6
+    assert len(engine.store.claim(6, owner="e")) == 6
+
+
+def test_a_write_whose_claim_was_taken_over_is_skipped(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    engine.store.upsert([make_record("slow embedder's message")])
+    engine.store.set_embedding_model(engine.embedder.model_id, engine.embedder.dimension)
+    mine = engine.store.claim(1, owner="slow", ttl_s=0)  # expires at once
+    theirs = engine.store.claim(1, owner="fast")
+    assert [m.id for m in theirs] == [m.id for m in mine]
+    engine.store.write_vectors(mine, engine.embedder.embed(["x"]), owner="slow")
+    assert engine.store.pending_count() == 1  # left to the embedder that holds the claim
+    engine.store.write_vectors(theirs, engine.embedder.embed(["x"]), owner="fast")
+    assert engine.store.pending_count() == 0
+
+
+def test_two_embedders_never_embed_the_same_message(
+    make_engine, make_record: MakeRecord, tmp_path: Path
+) -> None:
+    """Two engines (two connections, as two processes would have) share one backlog;
+    afterwards code_stats equals a recount of the stored vectors."""
+    db = tmp_path / "shared.sqlite3"
+    records = [make_record(f"message {i} about the garden") for i in range(1500)]
+    records += [make_record(f"other guild {i}", guild_id=GUILD + 1) for i in range(300)]
+    make_engine(db).store.upsert(records)
+    embedders = [CountingEmbedder(), CountingEmbedder()]
+    engines = [make_engine(db, embedder) for embedder in embedders]
+    errors: list[BaseException] = []
+
+    def run(engine: MemoryEngine) -> None:
+        try:
+            engine.embed_pending()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(e,)) for e in engines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    embedded = [t for e in embedders for t in e.texts]
+    assert len(embedded) == len(records)  # nobody repeated anybody's work
+    assert all(e.texts for e in embedders), "both embedders took part"
+    store = engines[0].store
+    assert store.pending_count() == 0
+    assert_code_stats_exact(store)
+    # deletes and edits subtract their old codes
+    store.delete([r.id for r in records[:100]])
+    edited = replace(records[200], content="an edited message about bicycles")
+    engines[0].ingest([edited])
+    assert_code_stats_exact(store)
+
+
+def assert_code_stats_exact(store: MessageStore) -> None:
+    recount: dict[int, tuple[int, np.ndarray]] = {}
+    for guild, blob in store._query("SELECT guild_id, embedding FROM message_vectors"):
+        count, ones = recount.get(guild, (0, 0))
+        recount[guild] = (count + 1, ones + (np.frombuffer(blob, np.float32) > 0))
+    stats = {g: (n, np.frombuffer(o, np.int64)) for g, n, o in store._query(
+        "SELECT guild_id, vectors, ones FROM code_stats")}
+    assert stats.keys() == recount.keys()
+    for guild, (count, ones) in recount.items():
+        assert stats[guild][0] == count
+        np.testing.assert_array_equal(stats[guild][1], ones)

@@ -137,3 +137,26 @@ def embedder_command(
                                 messages=messages, queries=queries)
     emit_json(result, json_out)
     return 0
+
+
+@bench.command("discord")
+@click.option("--backlog", type=click.IntRange(min=10), default=2000, show_default=True,
+              help="Messages embedded while the event loop is probed.")
+@click.option("--searches", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="Reranked searches running while messages are captured.")
+@click.option("--reranker", "reranker_shape", type=click.Choice(("0.6B", "tiny")),
+              default="0.6B", show_default=True,
+              help="Shape of the random-weight Qwen3 reranker that is loaded and used.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write results to this file.")
+@click.pass_obj
+def discord_command(settings: Settings, backlog: int, searches: int, reranker_shape: str,
+                    json_out: Path | None) -> int:
+    """The bot without Discord: allow-lists, event-loop stalls, capture latency."""
+    from cli.bench.discord import run_discord_bench
+
+    result = run_discord_bench(resolve_profile(settings), backlog=backlog, searches=searches,
+                               reranker_shape=reranker_shape,
+                               progress=lambda stage: click.echo(f"… {stage}", err=True))
+    emit_json(result, json_out)
+    return 0

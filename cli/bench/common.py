@@ -11,6 +11,7 @@ from pathlib import Path
 
 from memory.errors import ImportFormatError
 
+
 @dataclass(frozen=True)
 class Query:
     """One benchmark query with its evidence message ids."""

@@ -155,6 +155,7 @@ def random_qwen3(
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
     config = qwen3_config(shape, **({"vocab_size": vocab_size} if vocab_size else {}))
+    model: Any
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config)
     model.to_empty(device=device)

@@ -404,6 +404,7 @@ def _time_scoring(
         timing = _Timing(time.perf_counter() - wall, time.process_time() - cpu, scores)
         if best is None or timing.seconds < best.seconds:
             best = timing
+    assert best is not None  # at least one repeat ran
     return best
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections import defaultdict
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

@@ -422,6 +422,7 @@ class QwenReranker:
 
     def _yes_probability(self, hidden: torch.Tensor) -> list[float]:
         """P(yes) over {no, yes} from final hidden states, computed in float32."""
+        assert self._answer_rows is not None, "load() sets the answer rows"
         logits = hidden.to(torch.float32) @ self._answer_rows.T
         if self._answer_bias is not None:
             logits = logits + self._answer_bias

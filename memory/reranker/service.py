@@ -14,14 +14,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from typing import TypeVar
 
 from memory import metrics
 from memory.config import Profile, RerankerConfig
-from memory.errors import RerankerError
+from memory.errors import RerankerError, RerankerUnavailable
 from memory.records import Hit, Trace
 from memory.reranker.base import Rankable, RerankerBackend
 
@@ -74,7 +74,12 @@ class RerankerService:
         Raises:
             RerankerError: The model cannot be loaded or the server reached.
         """
-        self.backend.load()
+        try:
+            self.backend.load()
+        except RerankerError:
+            raise
+        except Exception as exc:  # a backend bug must not reach the user as a traceback
+            raise RerankerUnavailable(f"{self.name} could not be loaded: {exc!r}") from exc
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Score texts through the backend with the profile's timeout.
