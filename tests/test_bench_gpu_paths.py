@@ -39,7 +39,8 @@ def test_model_sizes_have_the_published_parameter_counts(size, billions):
     assert count == pytest.approx(billions, abs=0.005)  # the model cards' counts
 
 
-def test_bench_rerank_quick_reports_static_variants(capsys, tmp_path):
+def test_bench_rerank_quick_reports_static_variants(capsys, tmp_path, cuda_forbidden):
+    # cuda_forbidden: on a CPU-only machine no CUDA-only torch call may run
     result = run_json(capsys, tmp_path, "bench", "rerank", "--model-size", "tiny", "--quick",
                       "--candidates", "6")
     assert result["model_size"] == "tiny" and result["quick"] is True
@@ -51,7 +52,7 @@ def test_bench_rerank_quick_reports_static_variants(capsys, tmp_path):
     bucketed = rows["bucketed float32 eager"]
     assert bucketed["buckets"] and not bucketed["graphs_live"]  # no CUDA here
     assert bucketed["eager_diff"] <= 1e-5 and bucketed["max_abs_diff"] <= 1e-5
-    assert rows["bucketed bfloat16 eager"]["eager_diff"] <= 2e-2
+    assert rows["bucketed bfloat16 eager"]["eager_diff"] <= 1e-2  # issue 11's bar
     assert bucketed["tokens"] > rows["prefix float32 bs8 (reference)"]["tokens"]  # padding
 
 
@@ -62,7 +63,9 @@ def test_bench_rerank_rejects_unknown_size(capsys):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_bench_embedder_reports_throughput_latency_agreement(capsys, tmp_path, dtype):
+def test_bench_embedder_reports_throughput_latency_agreement(
+    capsys, tmp_path, dtype, cuda_forbidden
+):
     result = run_json(capsys, tmp_path, "--profile", "cpu-fast", "bench", "embedder",
                       "--dtype", dtype, "--messages", "40", "--queries", "3")
     assert (result["device"], result["dtype"], result["messages"]) == ("cpu", dtype, 40)

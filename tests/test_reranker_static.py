@@ -30,7 +30,8 @@ from memory.reranker.service import RerankerManager
 from tests.qwen_tiny import save_tiny_reranker
 from tests.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close, reference_score
 
-FP32_TOL = 1e-5
+FP32_TOL = 1e-5  # measured: 3.6e-7 at most
+BF16_TOL = 1e-2
 BUCKETS = ((4, 16), (8, 32), (2, 64))  # tails of DOCS + HOSTILE run 12..433 tokens
 
 
@@ -224,7 +225,8 @@ def test_bfloat16_bucketed_close_to_bfloat16_dynamic(parts, config):
     )
     static = bf16.score(QUERY, ALL_DOCS)
     bf16._static = None
-    assert_close(static, bf16.score(QUERY, ALL_DOCS), tol=2e-2)
+    # issue 11's bar: within 1e-2 of eager bf16 (3.5e-3 measured on this model)
+    assert_close(static, bf16.score(QUERY, ALL_DOCS), tol=BF16_TOL)
 
 
 def test_int8_ignores_buckets_because_padding_would_move_its_scale(parts, config, caplog):
@@ -291,6 +293,39 @@ def test_failed_capture_logs_once_and_scores_on_dynamic_path(parts, config, dyna
     assert caplog.text.count("CUDA graph capture failed") == 1
     reranker._static = kept
     assert_close(reranker.score(QUERY, ALL_DOCS), dynamic, tol=0.0)
+
+
+def test_capture_failing_midway_releases_buffers_and_never_raises(
+    parts, config, dynamic, caplog, monkeypatch
+):
+    """Capture dies after some slots exist, with an error that is not our own type."""
+    reranker = wrap(parts, config, buckets=BUCKETS)
+    static = reranker._static
+    static.score(reranker.encode(QUERY, DOCS[:2]).head, [], [])  # a head slot exists now
+    assert static.heads
+
+    def out_of_memory() -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", out_of_memory)
+    with caplog.at_level(logging.WARNING, logger="memory.reranker.qwen"):
+        kept = reranker._captured(static)
+        reranker._static = kept
+        scores = [reranker.score(QUERY, ALL_DOCS) for _ in range(2)]
+    assert kept is None and not static.heads and not static.tails and not static.graphs
+    assert caplog.text.count("CUDA graph capture failed") == 1
+    assert "OutOfMemoryError" in caplog.text  # the cause is in the log, not at the user
+    for got in scores:
+        assert_close(got, dynamic, tol=0.0)
+
+
+def test_cpu_run_never_calls_cuda_only_torch(parts, config, dynamic, cuda_forbidden):
+    reranker = wrap(parts, config, buckets=BUCKETS, cuda_graphs=True)
+    assert reranker._static is not None and not reranker._static.graphs
+    assert_close(reranker.score(QUERY, ALL_DOCS), dynamic, tol=FP32_TOL)
+    reranker.close()
+    with pytest.raises(AssertionError, match="CPU-only run"):  # the guard does bite
+        torch.cuda.synchronize()
 
 
 def test_failing_static_step_falls_back_once_and_never_raises(parts, config, dynamic, caplog):

@@ -49,7 +49,7 @@ import torch
 from cli.bench.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
 from cli.bench.rerank_corpus import CANDIDATES, QUERY
 from memory.config import RerankerConfig, load_profile
-from memory.errors import ConfigError, RerankerUnavailable
+from memory.errors import ConfigError
 from memory.reranker.prompt import SUFFIX
 from memory.reranker.qwen import QwenReranker, micro_batches, resolve_device
 from memory.reranker.qwen_static import head_capacities, plan_runs
@@ -447,7 +447,8 @@ def processed_tokens(reranker: QwenReranker, docs: list[str]) -> int:
         total = cap + sum(run.shape[0] * run.shape[1] for run in runs)
         if not overflow:
             return total
-        lengths = [lengths[i] for i in overflow]  # these take the dynamic path
+        lengths = [lengths[i] for i in overflow]  # these take the dynamic path,
+        total += head if config.prefix_cache else 0  # which runs its own head
     else:
         total = head if config.prefix_cache else 0
     for chunk in micro_batches(lengths, config.batch_size):

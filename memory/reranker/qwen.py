@@ -289,6 +289,7 @@ class QwenReranker:
                 "scoring with dynamic shapes", attention,
             )
             return None
+        assert self._answer_rows is not None, "_install sets the answer rows first"
         static = StaticScorer(
             model=model, answer_rows=self._answer_rows, answer_bias=self._answer_bias,
             pad_id=self._pad_id, buckets=self.config.buckets, max_length=self.config.max_length,
@@ -301,7 +302,11 @@ class QwenReranker:
         return self._captured(static)
 
     def _captured(self, static: StaticScorer) -> StaticScorer | None:
-        """Capture ``static``'s graphs; on any failure log once and score eagerly."""
+        """Capture ``static``'s graphs; on any failure log once and score eagerly.
+
+        Returns ``None`` after a failure: the dynamic path, which never captured
+        anything, takes every search from then on.
+        """
         try:
             seconds = static.capture()
         except Exception:  # a capture failure must never reach a search
@@ -309,9 +314,10 @@ class QwenReranker:
                 "reranker CUDA graph capture failed; scoring with eager PyTorch instead",
                 exc_info=True,
             )
-            static = None
+            static.release()  # half-captured graphs and their pool go before the swap
             gc.collect()
-            torch.cuda.empty_cache()
+            if torch.device(self.device).type == "cuda":
+                torch.cuda.empty_cache()
             return None
         log.info(
             "reranker CUDA graphs captured in %.1f s: head capacities %s, buckets %s",

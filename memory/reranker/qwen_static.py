@@ -237,6 +237,12 @@ class StaticScorer:
         self.graphs = True
         return time.perf_counter() - started
 
+    def release(self) -> None:
+        """Drop every buffer and graph (after a failed capture); eager steps rebuild them."""
+        self.heads.clear()
+        self.tails.clear()
+        self.graphs = False
+
     # -- steps -----------------------------------------------------------------------
 
     def _step(self, graph: Any, run: Callable[[], Any], slot: _TailSlot | None = None) -> Any:
@@ -248,7 +254,7 @@ class StaticScorer:
     def _run_head(self, slot: _HeadSlot) -> None:
         cap = slot.ids.shape[1]
         positions = self.positions[:cap][None]
-        causal = positions.T >= positions  # [cap, cap]: right padding cannot reach back
+        causal = positions <= positions.T  # [cap, cap]: right padding cannot reach back
         mask = self._additive(causal)
         self._layers(slot.ids, positions, mask, _HeadWriter(slot))
 
