@@ -89,6 +89,18 @@ def machine_description() -> str:
     except ImportError:  # pragma: no cover
         threads = 0
     return (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{cpu_model()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch threads {threads}"
     )
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name where Linux says it, else the architecture."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:  # not Linux: platform is the best there is
+        pass
+    return platform.processor() or platform.machine()

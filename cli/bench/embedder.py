@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cli.bench.common import machine_description, percentile
+from cli.bench.common import cpu_model, machine_description, percentile
 from cli.bench.scale import synthetic_records
 from memory.config import EmbedderConfig, detect_accelerator
 from memory.embedder import SentenceTransformerEmbedder
@@ -103,6 +103,8 @@ def _loaded(config: EmbedderConfig, device: str, dtype: str) -> SentenceTransfor
     model = embedder._load()  # cast before the first embed builds the traced forward
     if dtype == "float16":
         model.half()
+    else:  # a folder saved in float16 (to travel light) would otherwise load as float16
+        model.float()
     log.info("embedder %s on %s in %s", embedder.model_id, device, dtype)
     return embedder
 
@@ -122,4 +124,4 @@ def _device_name(device: str) -> str:
         import torch
 
         return torch.cuda.get_device_name(device)
-    return device
+    return cpu_model() if device == "cpu" else device

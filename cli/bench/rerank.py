@@ -38,7 +38,6 @@ import copy
 import dataclasses
 import logging
 import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from typing import Any
 
 import torch
 
+from cli.bench.common import cpu_model
 from cli.bench.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
 from cli.bench.rerank_corpus import CANDIDATES, QUERY
 from memory.config import RerankerConfig, load_profile
@@ -377,7 +377,7 @@ def _build_models(device: str, seed: int, kinds: set[str], model_size: str) -> d
 def _device_name(device: str) -> str:
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
+    return cpu_model()
 
 
 @dataclass(frozen=True)
