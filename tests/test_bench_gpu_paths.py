@@ -75,3 +75,13 @@ def test_bench_embedder_reports_throughput_latency_agreement(
         assert result["cosine_vs_float32"] is None
     else:
         assert result["cosine_vs_float32"]["min"] > 0.99
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+@pytest.mark.parametrize("command", [["rerank", "--model-size", "tiny"], ["embedder"]])
+def test_cuda_asked_without_a_gpu_is_one_clear_line(capsys, command):
+    code = bot.main(["bench", *command, "--device", "cuda"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "sees no CUDA GPU" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -9,7 +9,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from memory.errors import ImportFormatError
+from memory.errors import ConfigError, ImportFormatError
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,22 @@ def cpu_model() -> str:
     except OSError:  # not Linux: platform is the best there is
         pass
     return platform.processor() or platform.machine()
+
+
+def require_device(device: str) -> None:
+    """Refuse a ``--device`` this torch cannot use, before any model is built.
+
+    Raises:
+        ConfigError: ``cuda`` or ``mps`` asked for where torch does not see one.
+    """
+    import torch
+
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"--device {device}: torch {torch.__version__} sees no CUDA GPU here; run on a "
+            "machine with one (scripts/gpu-bench.sh) or use --device cpu"
+        )
+    mps = getattr(torch.backends, "mps", None)
+    if kind == "mps" and not (mps is not None and mps.is_available()):
+        raise ConfigError(f"--device {device}: torch sees no Apple GPU here; use --device cpu")

