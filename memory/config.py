@@ -96,7 +96,10 @@ class RerankerConfig:
     candidates are padded into, with the shared head computed once per query.  With
     ``cuda_graphs`` on a CUDA device, every shape is captured as a CUDA graph when the
     model loads, so a search replays graphs instead of launching kernels one by one.
-    Empty ``buckets`` keeps the dynamic-shape path.
+    Empty ``buckets`` keeps the dynamic-shape path.  ``bucket_run_cost`` is what one
+    more forward pass costs, in token positions: the candidates are packed to
+    minimise padded positions plus runs times this (high where launches dominate, a
+    small model; low where compute does, the 8B).
     """
 
     backend: str = field(default="none", metadata=_choice("none", "transformers", "llama-server"))
@@ -120,6 +123,7 @@ class RerankerConfig:
     concurrency: int = field(default=4, metadata=_range(1, 256))
     health_interval: float = field(default=30.0, metadata=_range(0.1, 3600.0))
     buckets: tuple[tuple[int, int], ...] = field(default=(), metadata={"shapes": True})
+    bucket_run_cost: int = field(default=512, metadata=_range(0, 1_000_000))
     cuda_graphs: bool = False
 
     @property

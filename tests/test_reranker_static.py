@@ -115,6 +115,52 @@ def test_plan_runs_places_every_candidate_once_within_its_shape(seed):
 
 
 @pytest.mark.parametrize(
+    "run_cost, runs",
+    [
+        # ten tails of 9: two [8, 16] runs pad 6 rows, one [32, 16] run pads 22
+        pytest.param(0, [Run((8, 16), list(range(8))), Run((8, 16), [8, 9])], id="tokens-only"),
+        pytest.param(512, [Run((32, 16), list(range(10)))], id="launches-dear"),
+    ],
+)
+def test_plan_runs_weighs_padding_against_one_more_run(run_cost, runs):
+    assert plan_runs([9] * 10, [(8, 16), (32, 16)], run_cost) == (runs, [])
+
+
+def plan_cost(runs: list[Run], run_cost: int) -> int:
+    return sum(run.shape[0] * run.shape[1] + run_cost for run in runs)
+
+
+def cheapest_by_brute_force(lengths: list[int], buckets: list, run_cost: int) -> int:
+    """Every cut of the sorted tails into consecutive runs, every shape for each run."""
+    ordered = sorted(lengths)
+
+    def best(start: int) -> float:
+        if start == len(ordered):
+            return 0
+        options = [
+            batch * length + run_cost + best(end)
+            for end in range(start + 1, len(ordered) + 1)
+            for batch, length in buckets
+            if end - start <= batch and ordered[end - 1] <= length
+        ]
+        return min(options, default=math.inf)
+
+    return best(0)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_plan_runs_finds_the_cheapest_plan(seed):
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 70) for _ in range(rng.randint(1, 9))]
+    buckets = list({(rng.randint(1, 5), rng.choice([8, 16, 32, 64, 80])) for _ in range(3)})
+    run_cost = rng.choice([0, 10, 100, 1000])
+    runs, overflow = plan_runs(lengths, sorted(buckets, key=lambda s: (s[1], s[0])), run_cost)
+    fitting = [n for n in lengths if n <= max(b[1] for b in buckets)]
+    assert len(overflow) == len(lengths) - len(fitting)
+    assert plan_cost(runs, run_cost) == cheapest_by_brute_force(fitting, buckets, run_cost)
+
+
+@pytest.mark.parametrize(
     "max_length, caps",
     [
         (16, (64,)), (64, (64,)), (65, (64, 128)), (512, (64, 128, 256, 512)),
@@ -390,6 +436,14 @@ def test_cuda_profiles_ship_buckets_and_graphs(name):
 @pytest.mark.parametrize("name", ["cpu", "cpu-fast", "mps"])
 def test_other_profiles_keep_dynamic_shapes(name):
     assert load_profile(name).reranker.buckets == ()
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "'cheap'"])
+def test_bad_bucket_run_cost_names_file_and_key(tmp_path, value):
+    path = write(tmp_path, f"[reranker]\nbucket_run_cost = {value}\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_profile_file(path)
+    assert str(path) in str(excinfo.value) and "bucket_run_cost" in str(excinfo.value)
 
 
 @pytest.mark.parametrize(

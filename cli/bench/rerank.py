@@ -13,7 +13,7 @@ side by side with several designs of :class:`memory.reranker.qwen.QwenReranker`:
   document + suffix tokens per micro-batch;
 * the same in bfloat16 (AMX/AVX512-BF16 CPUs and GPUs) and with dynamic int8;
 * ``bucketed``: the static-shape path (:mod:`memory.reranker.qwen_static`) with the
-  ``cuda`` profile's buckets (``cuda-8b``'s for the 8B size), run eagerly, and on
+  ``cuda`` profile's buckets (``cuda-8b``'s for 4B and 8B), run eagerly, and on
   CUDA also as captured CUDA graphs (``graphs``); ``load_seconds`` includes the
   capture, and ``eager_diff`` compares with the dynamic prefix path in the same dtype.
 
@@ -105,13 +105,25 @@ class VariantResult:
 
 
 @dataclass(frozen=True)
+class _Static:
+    """A profile's static-shape settings."""
+
+    buckets: tuple[tuple[int, int], ...] = ()
+    run_cost: int = 512
+
+
+@dataclass(frozen=True)
 class _Variant:
     name: str
     weights: str  # key into the models dict: float32, bfloat16, float16 or int8
     batch_size: int
     prefix_cache: bool
-    buckets: tuple[tuple[int, int], ...] = ()
+    static: _Static = _Static()
     cuda_graphs: bool = False
+
+    @property
+    def buckets(self) -> tuple[tuple[int, int], ...]:
+        return self.static.buckets
 
 
 def run_rerank_bench(
@@ -161,7 +173,7 @@ def run_rerank_bench(
     require_device(device)
     tokenizer = qwen_tokenizer()
     docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
-    plan = _variants(device, dtype, _profile_buckets(model_size), quick)
+    plan = _variants(device, dtype, _profile_static(model_size), quick)
     models = _build_models(device, seed, {v.weights for v in plan}, model_size)
     results = _measure(plan, models, tokenizer, docs, device, repeats, progress)
     return {
@@ -192,6 +204,7 @@ def _measure(
             prefix_cache=variant.prefix_cache,
             quantize="int8" if variant.weights == "int8" else "none",
             buckets=variant.buckets,
+            bucket_run_cost=variant.static.run_cost,
             cuda_graphs=variant.cuda_graphs,
         )
         _synchronize(device)
@@ -245,9 +258,13 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def _profile_buckets(model_size: str) -> tuple[tuple[int, int], ...]:
-    """The shipped profile's buckets for this size: what a bot would run."""
-    return load_profile("cuda-8b" if model_size == "8B" else "cuda").reranker.buckets
+def _profile_static(model_size: str) -> _Static:
+    """The shipped profile's buckets and run cost for this size: what a bot would run.
+
+    The 4B and 8B are compute-bound on a GPU, so they take ``cuda-8b``'s fine buckets.
+    """
+    reranker = load_profile("cuda" if model_size in ("0.6B", "tiny") else "cuda-8b").reranker
+    return _Static(reranker.buckets, reranker.bucket_run_cost)
 
 
 def _environment(
@@ -312,12 +329,12 @@ def recommend(
 
 
 def _variants(
-    device: str, dtype: str | None, buckets: tuple[tuple[int, int], ...], quick: bool = False
+    device: str, dtype: str | None, static: _Static, quick: bool = False
 ) -> list[_Variant]:
     cpu = torch.device(device).type == "cpu"
     fast = [dtype] if dtype else ["float32", "bfloat16"] + ([] if cpu else ["float16"])
     if quick:
-        return _quick_variants(cpu, fast, buckets)
+        return _quick_variants(cpu, fast, static)
     plan = [
         _Variant("per-pair float32", "float32", 1, False),
         _Variant("batched float32 bs8", "float32", 8, False),
@@ -332,12 +349,12 @@ def _variants(
     if cpu and dtype in (None, "float32"):
         plan += [_Variant(f"prefix int8 bs{bs}", "int8", bs, True) for bs in (4, 8)]
     for weights in fast:
-        plan += _bucketed(weights, buckets, cpu)
+        plan += _bucketed(weights, static, cpu)
     return plan
 
 
 def _quick_variants(
-    cpu: bool, fast: list[str], buckets: tuple[tuple[int, int], ...]
+    cpu: bool, fast: list[str], static: _Static
 ) -> list[_Variant]:
     """Reference, today's prefix path and the static-shape variants, nothing else.
 
@@ -354,15 +371,15 @@ def _quick_variants(
             plan.append(_Variant(f"batched {weights} bs{batch}", weights, batch, False))
         if not (cpu and weights == "float32"):  # the CPU reference is that variant
             plan.append(_Variant(f"prefix {weights} bs{batch}", weights, batch, True))
-        plan += _bucketed(weights, buckets, cpu)
+        plan += _bucketed(weights, static, cpu)
     return plan
 
 
-def _bucketed(weights: str, buckets: tuple[tuple[int, int], ...], cpu: bool) -> list[_Variant]:
-    eager = _Variant(f"bucketed {weights} eager", weights, 32, True, buckets)
+def _bucketed(weights: str, static: _Static, cpu: bool) -> list[_Variant]:
+    eager = _Variant(f"bucketed {weights} eager", weights, 32, True, static)
     if cpu:
         return [eager]
-    return [eager, _Variant(f"bucketed {weights} graphs", weights, 32, True, buckets, True)]
+    return [eager, _Variant(f"bucketed {weights} graphs", weights, 32, True, static, True)]
 
 
 def _build_models(device: str, seed: int, kinds: set[str], model_size: str) -> dict[str, Any]:
@@ -444,7 +461,7 @@ def processed_tokens(reranker: QwenReranker, docs: list[str]) -> int:
     head = len(encoded.head)
     lengths = [len(t) for t in encoded.tails]
     if config.buckets and reranker._static is not None:
-        runs, overflow = plan_runs(lengths, config.buckets)
+        runs, overflow = plan_runs(lengths, config.buckets, config.bucket_run_cost)
         cap = next(c for c in head_capacities(config.max_length) if c >= head)
         total = cap + sum(run.shape[0] * run.shape[1] for run in runs)
         if not overflow:

@@ -369,7 +369,8 @@ class QwenReranker:
 
     def _score_static(self, static: StaticScorer, encoded: EncodedQuery) -> list[float]:
         """Bucketed scoring; tails longer than every bucket take the dynamic path."""
-        runs, overflow = plan_runs([len(t) for t in encoded.tails], static.buckets)
+        lengths = [len(t) for t in encoded.tails]
+        runs, overflow = plan_runs(lengths, static.buckets, self.config.bucket_run_cost)
         found = static.score(encoded.head, encoded.tails, runs)
         if overflow:
             rest = self._score_dynamic(encoded, overflow)

@@ -27,6 +27,7 @@ eagerly, which is how the path is tested on CPU.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -64,38 +65,50 @@ def head_capacities(max_length: int) -> tuple[int, ...]:
     return tuple(caps)
 
 
-def plan_runs(lengths: Sequence[int], buckets: Sequence[Shape]) -> tuple[list[Run], list[int]]:
-    """Pack candidates into bucket shapes, shortest first.
+def plan_runs(
+    lengths: Sequence[int], buckets: Sequence[Shape], run_cost: int = 512
+) -> tuple[list[Run], list[int]]:
+    """Pack candidates into bucket shapes at the least padded cost.
 
-    Each candidate goes to the shortest bucket length that holds its tail.  The
-    candidates of one length are cut into runs: a run takes the smallest batch of
-    that length that holds all that are left, else the largest one.
+    A run of shape ``(batch, length)`` costs ``batch * length`` token positions
+    (padding included: a static shape computes all of them) plus ``run_cost``, the
+    fixed price of one more forward pass or graph replay in token positions.  With
+    the candidates sorted by tail length, the cheapest plan cuts them into
+    consecutive runs, and each run may as well take every following candidate its
+    shape holds; a dynamic programme over the start of each run then finds the
+    cheapest plan in O(candidates x buckets x log candidates).
 
     Args:
         lengths: Tail length of each candidate.
         buckets: The profile's ``(batch, length)`` shapes.
+        run_cost: Token positions one more run is worth (``reranker.bucket_run_cost``).
 
     Returns:
-        The runs, and the indices of candidates longer than every bucket (which
-        the caller scores on the dynamic path).
+        The runs, shortest tails first, and the indices of candidates longer than
+        every bucket (which the caller scores on the dynamic path).
     """
-    batches: dict[int, list[int]] = {}
-    for batch, length in buckets:
-        batches.setdefault(length, []).append(batch)
-    sizes = sorted(batches)
-    groups: dict[int, list[int]] = {size: [] for size in sizes}
-    overflow: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        fit = next((size for size in sizes if size >= lengths[i]), None)
-        (overflow if fit is None else groups[fit]).append(i)
-    runs = []
-    for size in sizes:
-        left, options = groups[size], sorted(batches[size])
-        while left:
-            batch = next((b for b in options if b >= len(left)), options[-1])
-            runs.append(Run((batch, size), left[:batch]))
-            left = left[batch:]
-    return runs, overflow
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    ordered = [lengths[i] for i in order]
+    longest = max((length for _, length in buckets), default=0)
+    fits = bisect.bisect_right(ordered, longest)
+    # cost[i]: cheapest plan for ordered[i:fits]; step[i]: its first run's shape and size
+    cost = [0] * (fits + 1)
+    step: list[tuple[Shape, int]] = [((0, 0), 0)] * fits
+    for i in range(fits - 1, -1, -1):
+        cost[i] = -1
+        for batch, length in buckets:
+            if ordered[i] > length:
+                continue
+            take = min(batch, bisect.bisect_right(ordered, length, i, fits) - i)
+            total = batch * length + run_cost + cost[i + take]
+            if cost[i] < 0 or total < cost[i]:
+                cost[i], step[i] = total, ((batch, length), take)
+    runs, i = [], 0
+    while i < fits:
+        shape, take = step[i]
+        runs.append(Run(shape, order[i : i + take]))
+        i += take
+    return runs, order[fits:]
 
 
 @dataclass
