@@ -85,3 +85,22 @@ def test_cuda_asked_without_a_gpu_is_one_clear_line(capsys, command):
     assert code == 2
     assert "sees no CUDA GPU" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("size, profile", [("0.6B", "cuda"), ("4B", "cuda-8b"), ("8B", "cuda-8b")])
+def test_gpu_quick_plan_has_graph_variants_with_the_profiles_buckets(size, profile):
+    # the plan a CUDA run would time, checked here without one
+    from cli.bench.rerank import _profile_static, _variants
+    from memory.config import load_profile
+
+    static = _profile_static(size)
+    reranker = load_profile(profile).reranker
+    assert (static.buckets, static.run_cost) == (reranker.buckets, reranker.bucket_run_cost)
+    plan = {v.name: v for v in _variants("cuda", "bfloat16", static, quick=True)}
+    assert list(plan) == [
+        "per-pair float32", "batched bfloat16 bs32", "prefix bfloat16 bs32",
+        "bucketed bfloat16 eager", "bucketed bfloat16 graphs",
+    ]
+    assert plan["bucketed bfloat16 graphs"].cuda_graphs
+    assert not plan["bucketed bfloat16 eager"].cuda_graphs
+    assert plan["bucketed bfloat16 graphs"].static == static
