@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import discord
 from discord import app_commands
@@ -559,8 +560,15 @@ class MemoryCog(commands.Cog):
 
     @memory.command(name="privacy", description="What the bot stores and how to remove it")
     async def privacy(self, interaction: discord.Interaction) -> None:
-        """The privacy notice."""
-        await interaction.response.send_message(PRIVACY_NOTICE, ephemeral=True)
+        """The privacy notice, naming the chat model's host when answers use one."""
+        notice = PRIVACY_NOTICE
+        llm = self.engine.profile.llm
+        if self.chat is not None:
+            host = urlsplit(llm.base_url).hostname or "?"
+            notice += ("\n\n**Answers**\n• Mention answers are written by a chat model "
+                       f"(`{inert(llm.model, 60)}` at `{inert(host, 80)}`): the messages quoted "
+                       "to answer a question are sent to it.")
+        await interaction.response.send_message(notice, ephemeral=True)
 
     # -- admin commands ----------------------------------------------------------------------
 

@@ -93,6 +93,16 @@ class RerankerConfig:
     GGUF), ``/v1/chat/completions`` (causal GGUF, OpenAI API) or ``/v1/rerank``
     (rank-pooled GGUF, fixed instruction), and ``parallel`` is how many requests may
     be in flight at once: the server's ``--parallel`` slots.
+
+    ``buckets`` turns on the transformers backend's static-shape path: a list of
+    ``[batch, length]`` shapes (length counts document + suffix tokens) that the
+    candidates are padded into, with the shared head computed once per query.  With
+    ``cuda_graphs`` on a CUDA device, every shape is captured as a CUDA graph when the
+    model loads, so a search replays graphs instead of launching kernels one by one.
+    Empty ``buckets`` keeps the dynamic-shape path.  ``bucket_run_cost`` is what one
+    more forward pass costs, in token positions: the candidates are packed to
+    minimise padded positions plus runs times this (high where launches dominate, a
+    small model; low where compute does, the 8B).
     """
 
     backend: str = field(default="none", metadata=_choice("none", "transformers", "llama-server"))
@@ -116,6 +126,9 @@ class RerankerConfig:
         default="completion", metadata=_choice("completion", "chat", "rerank")
     )
     parallel: int = field(default=4, metadata=_range(1, 256))
+    buckets: tuple[tuple[int, int], ...] = field(default=(), metadata={"shapes": True})
+    bucket_run_cost: int = field(default=512, metadata=_range(0, 1_000_000))
+    cuda_graphs: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -172,7 +185,41 @@ _SECTIONS = {
 }
 
 
+MAX_BUCKETS = 16
+_BUCKET_BATCH, _BUCKET_LENGTH = (1, 1024), (1, 32768)
+
+
+def _check_shapes(source: str, key: str, value: Any) -> tuple[tuple[int, int], ...]:
+    """Validate a list of ``[batch, length]`` pairs and return it as sorted tuples."""
+    example = "e.g. [[32, 64], [32, 128], [8, 512]]"
+    if not isinstance(value, list) or len(value) > MAX_BUCKETS:
+        raise ConfigError(
+            f"{source}: {key} must be a list of at most {MAX_BUCKETS} [batch, length] "
+            f"pairs ({example}), got {value!r}"
+        )
+    shapes = []
+    for pair in value:
+        ok = (
+            isinstance(pair, list) and len(pair) == 2
+            and all(type(n) is int for n in pair)
+            and _BUCKET_BATCH[0] <= pair[0] <= _BUCKET_BATCH[1]
+            and _BUCKET_LENGTH[0] <= pair[1] <= _BUCKET_LENGTH[1]
+        )
+        if not ok:
+            raise ConfigError(
+                f"{source}: {key} entries must be [batch, length] with batch in "
+                f"{list(_BUCKET_BATCH)} and length in {list(_BUCKET_LENGTH)} ({example}), "
+                f"got {pair!r}"
+            )
+        shapes.append((pair[0], pair[1]))
+    if len(set(shapes)) != len(shapes):
+        raise ConfigError(f"{source}: {key} lists the same shape twice: {value!r}")
+    return tuple(sorted(shapes, key=lambda s: (s[1], s[0])))
+
+
 def _check_value(source: str, key: str, f: dataclasses.Field[Any], value: Any) -> Any:
+    if f.metadata.get("shapes"):
+        return _check_shapes(source, key, value)
     expected = type(f.default)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -215,6 +262,18 @@ def _validate_profile(profile: Profile) -> Profile:
     if r.backend == "llama-server" and not r.url.startswith(("http://", "https://")):
         raise ConfigError(
             f"{profile.source}: reranker.url must be an http(s) URL for the llama-server backend"
+        )
+    if r.buckets and r.quantize == "int8":
+        raise ConfigError(
+            f"{profile.source}: reranker.buckets cannot be combined with quantize = 'int8' "
+            "(dynamic int8 scales activations per batch, so padding would change scores): "
+            "drop one of them"
+        )
+    too_long = [b for b in r.buckets if b[1] > r.max_length]
+    if too_long:
+        raise ConfigError(
+            f"{profile.source}: reranker.buckets length {too_long[0][1]} is over "
+            f"reranker.max_length {r.max_length}: a document and suffix never need more"
         )
     _validate_llm(profile.source, profile.llm)
     return profile

@@ -196,3 +196,26 @@ def minilm():
     embedder = SentenceTransformerEmbedder(EmbedderConfig())
     embedder.embed(["warm up"])
     return embedder
+
+
+# torch.cuda entry points that need a CUDA build and device (issue 11 static path).
+CUDA_ONLY = [
+    "CUDAGraph", "graph", "graph_pool_handle", "Stream", "current_stream", "stream",
+    "synchronize", "empty_cache", "get_device_name", "set_device",
+]
+
+
+@pytest.fixture
+def cuda_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CUDA-only torch entry point the reranker could reach raises if called."""
+
+    def forbidden(name: str) -> Callable[..., None]:
+        def call(*args: object, **kwargs: object) -> None:
+            raise AssertionError(f"torch.cuda.{name} called on a CPU-only run")
+
+        return call
+
+    import torch
+
+    for name in CUDA_ONLY:
+        monkeypatch.setattr(torch.cuda, name, forbidden(name))

@@ -19,6 +19,8 @@ from tests.discord_harness import READ, Harness, channel, guild, member, role, t
 from tests.fake_discord import FakeDiscord
 
 G, GENERAL, ARCHIVED = 950, 951, 952
+VOICE, FORUM, POST = 953, 954, 955
+VOICE_FIELDS = {"bitrate": 64000, "user_limit": 0, "rtc_region": None}
 ALICE, ADMIN = 1201, 1202
 MANAGE = discord.Permissions(manage_guild=True)
 
@@ -26,7 +28,9 @@ MANAGE = discord.Permissions(manage_guild=True)
 def server() -> dict:
     return guild(G, "Backfill Guild", owner=ADMIN, roles=[role(G, "@everyone", READ, position=0)],
                  members=[member(ALICE, "alice"), member(ADMIN, "admin")],
-                 channels=[channel(GENERAL, G, "general")])
+                 channels=[channel(GENERAL, G, "general"), channel(VOICE, G, "voice", type=2) | VOICE_FIELDS,
+                           channel(FORUM, G, "help-forum", type=15)],
+                 threads=[thread(POST, G, FORUM, "a forum post", owner=ALICE)])
 
 
 @pytest.fixture
@@ -83,6 +87,18 @@ async def test_backfill_reads_channels_and_archived_threads_through_a_rate_limit
     fake.requests.clear()
     await backfill(h)
     assert not [r for r in fake.requests if r[0].endswith("/messages")]
+
+
+async def test_backfill_reads_voice_chats_and_forum_posts(setup):
+    """A voice channel's chat has no threads; a forum holds messages only in its posts."""
+    h, fake = setup
+    fake.history[VOICE] = history(h, VOICE, 5, "voice")
+    fake.history[POST] = history(h, POST, 4, "post")
+    summary = await backfill(h)
+    assert summary.startswith("Backfill finished") and "9 stored" in summary
+    assert h.engine.store.message_count() == 9
+    read = {path.split("/")[-2] for path, _ in fake.requests if path.endswith("/messages")}
+    assert read == {str(GENERAL), str(VOICE), str(POST)}, "never the forum itself"
 
 
 async def test_backfill_resumes_after_a_crash_without_duplicates(setup):

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 COMMANDS = [
     [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
-    ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"], ["bench", "discord"],
-    ["bench", "remote"],
+    ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
+    ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"],
 ]
 
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import discord
 import pytest
 
+from cogs.answers import make_chat_client
 from cogs.capture import WriteQueue, record_from_message
-from memory.config import Profile
+from memory.config import LLMConfig, Profile
 from memory.db import connect
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
@@ -324,6 +326,14 @@ async def test_privacy_notice(harness):
     await harness.slash("memory privacy", invoker=bob(), where=GENERAL)
     text = harness.adapter.callbacks[-1]["data"]["content"]
     assert "forget-me" in text and "opt-out" in text and "channels *you* can read" in text
+    assert "chat model" not in text
+    # with a chat model, the notice says where quoted messages go
+    harness.engine.profile = replace(harness.engine.profile, llm=LLMConfig(
+        base_url="http://llm.internal.example:8080/v1", model="qwen3-8b"))
+    harness.cog.chat = make_chat_client(harness.engine.profile)
+    await harness.slash("memory privacy", invoker=bob(), where=GENERAL)
+    text = harness.adapter.callbacks[-1]["data"]["content"]
+    assert "`qwen3-8b` at `llm.internal.example`" in text
 
 
 async def test_the_profile_switch_is_for_the_bot_owner_only(harness):

@@ -89,13 +89,52 @@ def scale_command(settings: Settings, messages: int, queries: int, json_out: Pat
               help="Timed repetitions per variant.")
 @click.option("--device", type=click.Choice(("cpu", "cuda", "mps")), default="cpu",
               show_default=True, help="Where the model runs.")
+@click.option("--model-size", type=click.Choice(("0.6B", "4B", "8B", "tiny")), default="0.6B",
+              show_default=True,
+              help="Exact Qwen3-Reranker shape with random weights (tiny: 2 layers, smoke test).")
+@click.option("--dtype", type=click.Choice(("float32", "bfloat16", "float16")),
+              help="Only this dtype for the fast variants (default: float32 and bfloat16, "
+                   "plus float16 off the CPU); the reference is always float32.")
+@click.option("--quick", is_flag=True,
+              help="Only the reference, the prefix path and the static-shape (bucketed, "
+                   "CUDA graph) variants.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
               help="Write results to this file.")
-def rerank_command(candidates: int, repeats: int, device: str, json_out: Path | None) -> int:
-    """Qwen3-Reranker-0.6B-shaped model: per-pair vs batched vs shared prefix."""
+def rerank_command(
+    candidates: int, repeats: int, device: str, model_size: str, dtype: str | None,
+    quick: bool, json_out: Path | None,
+) -> int:
+    """Qwen3-Reranker-shaped model: per-pair vs batched vs shared prefix vs static shapes."""
     from cli.bench.rerank import run_rerank_bench
 
-    result = run_rerank_bench(candidates=candidates, repeats=repeats, device=device)
+    result = run_rerank_bench(candidates=candidates, repeats=repeats, device=device,
+                              dtype=dtype, model_size=model_size, quick=quick)
+    emit_json(result, json_out)
+    return 0
+
+
+@bench.command("embedder")
+@click.option("--device", type=click.Choice(("cpu", "cuda", "mps")), default="cpu",
+              show_default=True, help="Where MiniLM runs.")
+@click.option("--dtype", type=click.Choice(("float32", "float16")), default=None,
+              help="Weights dtype (default: float32 on the CPU, float16 on a GPU).")
+@click.option("--messages", type=click.IntRange(1, 1_000_000), default=5000, show_default=True,
+              help="Synthetic messages embedded for the import throughput.")
+@click.option("--queries", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="Single queries timed for the query latency.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write results to this file.")
+@click.pass_obj
+def embedder_command(
+    settings: Settings, device: str, dtype: str | None, messages: int, queries: int,
+    json_out: Path | None,
+) -> int:
+    """The embedder alone: import throughput and query latency (MiniLM on CUDA in fp16)."""
+    from cli.bench.embedder import run_embedder_bench
+
+    profile = resolve_profile(settings)
+    result = run_embedder_bench(profile.embedder, device=device, dtype=dtype,
+                                messages=messages, queries=queries)
     emit_json(result, json_out)
     return 0
 

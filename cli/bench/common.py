@@ -9,7 +9,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from memory.errors import ImportFormatError
+from memory.errors import ConfigError, ImportFormatError
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,37 @@ def machine_description() -> str:
     except ImportError:  # pragma: no cover
         threads = 0
     return (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{cpu_model()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch threads {threads}"
     )
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name where Linux says it, else the architecture."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:  # not Linux: platform is the best there is
+        pass
+    return platform.processor() or platform.machine()
+
+
+def require_device(device: str) -> None:
+    """Refuse a ``--device`` this torch cannot use, before any model is built.
+
+    Raises:
+        ConfigError: ``cuda`` or ``mps`` asked for where torch does not see one.
+    """
+    import torch
+
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"--device {device}: torch {torch.__version__} sees no CUDA GPU here; run on a "
+            "machine with one (scripts/gpu-bench.sh) or use --device cpu"
+        )
+    mps = getattr(torch.backends, "mps", None)
+    if kind == "mps" and not (mps is not None and mps.is_available()):
+        raise ConfigError(f"--device {device}: torch sees no Apple GPU here; use --device cpu")

@@ -17,7 +17,6 @@ from memory.errors import RerankerUnavailable
 from memory.reranker.prompt import QWEN_SPLIT_PATTERN
 
 # Qwen3-Reranker-0.6B's config.json, minus what does not affect speed.
-# Qwen3-Reranker-0.6B's config.json, minus what does not affect speed.
 QWEN3_RERANKER_06B = dict(
     vocab_size=151669,
     hidden_size=1024,
@@ -31,6 +30,18 @@ QWEN3_RERANKER_06B = dict(
     max_position_embeddings=40960,
     rms_norm_eps=1e-6,
 )
+
+# Qwen3-Reranker-4B and -8B: the Qwen3-4B / Qwen3-8B bodies (8B unties lm_head).
+QWEN3_RERANKER_4B = {
+    **QWEN3_RERANKER_06B,
+    "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+    "num_attention_heads": 32, "num_key_value_heads": 8,
+}
+QWEN3_RERANKER_8B = {
+    **QWEN3_RERANKER_06B,
+    "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False,
+}
 
 # Two layers of the same shape family: fast enough for a unit test.
 TINY_QWEN3 = dict(
@@ -53,6 +64,16 @@ QWEN3_ADDED = (
     "<|fim_middle|> <|fim_suffix|> <|fim_pad|> <|repo_name|> <|file_sep|> <tool_response> "
     "</tool_response> <think> </think>"
 ).split()
+
+
+# ``bench rerank --model-size``: the exact Qwen3-Reranker shapes, and a toy one for
+# smoke tests (with the real vocabulary, so prompts tokenize as for the real model).
+MODEL_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {**TINY_QWEN3, "vocab_size": QWEN3_RERANKER_06B["vocab_size"]},
+    "0.6B": QWEN3_RERANKER_06B,
+    "4B": QWEN3_RERANKER_4B,
+    "8B": QWEN3_RERANKER_8B,
+}
 
 
 def qwen_fast_tokenizer(backend: Any) -> Any:

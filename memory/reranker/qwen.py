@@ -16,6 +16,13 @@ scores are the same as for the whole prompt.
 
 Micro-batches hold candidates of similar length (sorted), right-padded, so padding
 never precedes a real token and cannot leak into a score.
+
+With ``buckets`` in the profile, scoring goes through the static-shape path of
+:mod:`memory.reranker.qwen_static` instead: fixed (batch, length) shapes, the head
+once per query, and on CUDA with ``cuda_graphs`` one CUDA graph per shape, captured
+in :meth:`QwenReranker.load` (the background worker of a profile switch) so no
+search pays for it.  If capture fails, or a static step fails later, the reason is
+logged once and the dynamic path above takes over: a search never sees the error.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import torch
 from memory.config import RerankerConfig, detect_accelerator
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.reranker.prompt import SUFFIX, document_text, head_text
+from memory.reranker.qwen_static import StaticScorer, plan_runs
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +115,7 @@ class QwenReranker:
         self._answer_bias: torch.Tensor | None = None
         self._pad_id = 0
         self._suffix_ids: list[int] = []
+        self._static: StaticScorer | None = None  # the bucketed path, when the profile asks
         # A failed load is remembered for a while: retrying a missing model on every
         # search would cost a hub round-trip (or its retries) each time.
         self._load_failure: tuple[float, RerankerUnavailable] | None = None
@@ -185,7 +194,7 @@ class QwenReranker:
             if self._model is None:
                 return
             on_cuda = torch.device(self.device).type == "cuda"
-            self._model = self._tokenizer = None
+            self._model = self._tokenizer = self._static = None
             self._answer_rows = self._answer_bias = None
             gc.collect()
             if on_cuda:
@@ -258,6 +267,63 @@ class QwenReranker:
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else no_id
         self._suffix_ids = list(tokenizer(SUFFIX, add_special_tokens=False)["input_ids"])
         self._model, self._tokenizer = model, tokenizer
+        self._static = self._static_scorer(model) if self.config.buckets else None
+
+    def _static_scorer(self, model: Any) -> StaticScorer | None:
+        """Build the bucketed scorer; capture its CUDA graphs when the profile asks.
+
+        Runs inside :meth:`load`, so on a profile switch the capture happens in the
+        background worker before the new backend goes live.  Returns ``None`` (the
+        dynamic path) when the model cannot take the static path.
+        """
+        if self.config.quantize == "int8":
+            log.warning(
+                "reranker.buckets is ignored with quantize = 'int8': dynamic int8 scales "
+                "activations per batch, so padding rows would change the scores"
+            )
+            return None
+        attention = getattr(model.config, "_attn_implementation", "sdpa")
+        if attention not in ("sdpa", "eager"):
+            log.warning(
+                "reranker.buckets needs sdpa or eager attention, the model uses %s: "
+                "scoring with dynamic shapes", attention,
+            )
+            return None
+        assert self._answer_rows is not None, "_install sets the answer rows first"
+        static = StaticScorer(
+            model=model, answer_rows=self._answer_rows, answer_bias=self._answer_bias,
+            pad_id=self._pad_id, buckets=self.config.buckets, max_length=self.config.max_length,
+        )
+        if not self.config.cuda_graphs:
+            return static
+        if torch.device(self.device).type != "cuda":
+            log.info("reranker.cuda_graphs is for CUDA devices; %s scores eagerly", self.device)
+            return static
+        return self._captured(static)
+
+    def _captured(self, static: StaticScorer) -> StaticScorer | None:
+        """Capture ``static``'s graphs; on any failure log once and score eagerly.
+
+        Returns ``None`` after a failure: the dynamic path, which never captured
+        anything, takes every search from then on.
+        """
+        try:
+            seconds = static.capture()
+        except Exception:  # a capture failure must never reach a search
+            log.warning(
+                "reranker CUDA graph capture failed; scoring with eager PyTorch instead",
+                exc_info=True,
+            )
+            static.release()  # half-captured graphs and their pool go before the swap
+            gc.collect()
+            if torch.device(self.device).type == "cuda":
+                torch.cuda.empty_cache()
+            return None
+        log.info(
+            "reranker CUDA graphs captured in %.1f s: head capacities %s, buckets %s",
+            seconds, list(static.capacities), [list(b) for b in static.buckets],
+        )
+        return static
 
     def _quantized(self, model: Any) -> Any:
         """Replace the base model's Linear layers by dynamic int8 ones (CPU only)."""
@@ -288,10 +354,39 @@ class QwenReranker:
 
     @torch.inference_mode()
     def _score_encoded(self, encoded: EncodedQuery) -> list[float]:
+        static = self._static
+        if static is not None and static.fits(len(encoded.head)):
+            try:
+                return self._score_static(static, encoded)
+            except Exception:  # any failure here must fall back, not reach a search
+                # Logged once: the static path is dropped for the life of this model.
+                log.warning(
+                    "reranker static-shape step failed; scoring with dynamic shapes from now on",
+                    exc_info=True,
+                )
+                self._static = None
+        return self._score_dynamic(encoded, range(len(encoded.tails)))
+
+    def _score_static(self, static: StaticScorer, encoded: EncodedQuery) -> list[float]:
+        """Bucketed scoring; tails longer than every bucket take the dynamic path."""
+        lengths = [len(t) for t in encoded.tails]
+        runs, overflow = plan_runs(lengths, static.buckets, self.config.bucket_run_cost)
+        found = static.score(encoded.head, encoded.tails, runs)
+        if overflow:
+            rest = self._score_dynamic(encoded, overflow)
+            found.update((i, rest[i]) for i in overflow)
+        return [found[i] for i in range(len(encoded.tails))]
+
+    def _score_dynamic(self, encoded: EncodedQuery, indices: Sequence[int]) -> list[float]:
+        """Score the tails at ``indices`` with shapes fitted to each micro-batch.
+
+        Returns a list over all tails; entries not in ``indices`` stay 0.0.
+        """
         head_kv = self._head_kv(encoded.head) if self.config.prefix_cache else None
         scores = [0.0] * len(encoded.tails)
-        lengths = [len(t) for t in encoded.tails]
-        for chunk in micro_batches(lengths, self.config.batch_size):
+        lengths = [len(encoded.tails[i]) for i in indices]
+        for local in micro_batches(lengths, self.config.batch_size):
+            chunk = [indices[j] for j in local]
             if head_kv is None:
                 batch = [encoded.head + encoded.tails[i] for i in chunk]
             else:

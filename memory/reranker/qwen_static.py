@@ -1,0 +1,368 @@
+"""Static-shape scoring for the Qwen3 reranker: fixed buckets, the head once, CUDA graphs.
+
+Eager PyTorch on a GPU is launch-bound for a reranker: one forward pass of the
+0.6B model costs about the same whatever its shape, because the time goes into
+launching some 400 small kernels.  A CUDA graph replays all of them in one launch,
+but only for the tensor shapes and addresses it was captured with.  This module
+therefore runs every search through a few fixed shapes:
+
+* the *head* (system prompt, instruction, query) is right-padded to a power-of-two
+  capacity (64, 128, ... up to ``max_length``) and run once per query, writing each
+  layer's keys and values into static buffers;
+* the *tails* (document + suffix) are sorted by length and packed into the
+  profile's ``[batch, length]`` buckets, right-padded in both directions (extra
+  tokens after a tail, extra rows after the last candidate), and run against the
+  head's cache.
+
+Padding cannot change a score: the attention mask lets a tail token see only the
+``head_len`` real head positions and the tail positions up to itself (right
+padding sits after every real token, so a causal mask already hides it), and each
+row's score is read at its own last real position, not at the bucket's end.
+
+On CUDA with ``cuda_graphs`` every (head capacity, bucket) step is captured once, at
+load time, into one shared memory pool; a search only copies token ids into the
+static input buffers and replays.  Elsewhere the very same step functions run
+eagerly, which is how the path is tested on CPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+HEAD_MIN = 64  # smallest head capacity; the official prompt head alone is ~60 tokens
+Shape = tuple[int, int]  # (batch, tail length)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One forward pass of the static path: which candidates go into which shape.
+
+    Attributes:
+        shape: The bucket, ``(batch, length)``.
+        indices: Candidate indices, at most ``batch`` of them, each with a tail no
+            longer than ``length``.
+    """
+
+    shape: Shape
+    indices: list[int]
+
+
+def head_capacities(max_length: int) -> tuple[int, ...]:
+    """Head buffer sizes: powers of two from :data:`HEAD_MIN` up to ``max_length``."""
+    caps = [HEAD_MIN]
+    while caps[-1] < max_length:
+        caps.append(caps[-1] * 2)
+    return tuple(caps)
+
+
+def plan_runs(
+    lengths: Sequence[int], buckets: Sequence[Shape], run_cost: int = 512
+) -> tuple[list[Run], list[int]]:
+    """Pack candidates into bucket shapes at the least padded cost.
+
+    A run of shape ``(batch, length)`` costs ``batch * length`` token positions
+    (padding included: a static shape computes all of them) plus ``run_cost``, the
+    fixed price of one more forward pass or graph replay in token positions.  With
+    the candidates sorted by tail length, the cheapest plan cuts them into
+    consecutive runs, and each run may as well take every following candidate its
+    shape holds; a dynamic programme over the start of each run then finds the
+    cheapest plan in O(candidates x buckets x log candidates).
+
+    Args:
+        lengths: Tail length of each candidate.
+        buckets: The profile's ``(batch, length)`` shapes.
+        run_cost: Token positions one more run is worth (``reranker.bucket_run_cost``).
+
+    Returns:
+        The runs, shortest tails first, and the indices of candidates longer than
+        every bucket (which the caller scores on the dynamic path).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    ordered = [lengths[i] for i in order]
+    longest = max((length for _, length in buckets), default=0)
+    fits = bisect.bisect_right(ordered, longest)
+    # cost[i]: cheapest plan for ordered[i:fits]; step[i]: its first run's shape and size
+    cost = [0] * (fits + 1)
+    step: list[tuple[Shape, int]] = [((0, 0), 0)] * fits
+    for i in range(fits - 1, -1, -1):
+        cost[i] = -1
+        for batch, length in buckets:
+            if ordered[i] > length:
+                continue
+            take = min(batch, bisect.bisect_right(ordered, length, i, fits) - i)
+            total = batch * length + run_cost + cost[i + take]
+            if cost[i] < 0 or total < cost[i]:
+                cost[i], step[i] = total, ((batch, length), take)
+    runs, i = [], 0
+    while i < fits:
+        shape, take = step[i]
+        runs.append(Run(shape, order[i : i + take]))
+        i += take
+    return runs, order[fits:]
+
+
+@dataclass
+class _HeadSlot:
+    """Static buffers of one head capacity: token ids in, each layer's K/V out."""
+
+    ids: torch.Tensor  # [1, cap] long
+    keys: list[torch.Tensor]  # per layer [1, kv_heads, cap, head_dim]
+    values: list[torch.Tensor]
+    graph: Any = None
+
+
+@dataclass
+class _TailSlot:
+    """Static buffers of one (head capacity, bucket) step."""
+
+    ids: torch.Tensor  # [batch, length] long
+    last: torch.Tensor  # [batch] long: each row's last real position
+    out: torch.Tensor | None = None  # [batch] float32 P(yes), set by the step
+    graph: Any = None
+
+
+class _HeadWriter:
+    """Cache stand-in for the head pass: stores each layer's K/V in static buffers."""
+
+    def __init__(self, slot: _HeadSlot) -> None:
+        self.slot = slot
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *_: Any) -> Any:
+        self.slot.keys[layer].copy_(keys)
+        self.slot.values[layer].copy_(values)
+        return keys, values
+
+
+class _HeadReader:
+    """Cache stand-in for a tail pass: the head's K/V in front of the tail's own."""
+
+    def __init__(self, slot: _HeadSlot, batch: int) -> None:
+        self.slot, self.batch = slot, batch
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *_: Any) -> Any:
+        head_k = self.slot.keys[layer].expand(self.batch, -1, -1, -1)
+        head_v = self.slot.values[layer].expand(self.batch, -1, -1, -1)
+        return torch.cat([head_k, keys], dim=2), torch.cat([head_v, values], dim=2)
+
+
+@dataclass
+class StaticScorer:
+    """Scores candidates through fixed (head capacity, bucket) shapes.
+
+    Args:
+        model: A loaded ``Qwen3ForCausalLM`` (or any causal LM whose ``model`` has
+            ``embed_tokens``, ``layers``, ``norm`` and ``rotary_emb``), in eval mode.
+        answer_rows: float32 ``[2, hidden]``: the lm_head rows of "no" and "yes".
+        answer_bias: Their bias, or ``None``.
+        pad_id: Token id used for padding (any valid id: padding is masked).
+        buckets: ``(batch, length)`` shapes for the tails.
+        max_length: The profile's ``max_length``; bounds the head capacities.
+    """
+
+    model: Any
+    answer_rows: torch.Tensor
+    answer_bias: torch.Tensor | None
+    pad_id: int
+    buckets: tuple[Shape, ...]
+    max_length: int
+    heads: dict[int, _HeadSlot] = field(default_factory=dict)
+    tails: dict[tuple[int, Shape], _TailSlot] = field(default_factory=dict)
+    graphs: bool = False
+
+    def __post_init__(self) -> None:
+        param = next(self.model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.base = self.model.model
+        self.capacities = head_capacities(self.max_length)
+        longest = self.capacities[-1] + max(length for _, length in self.buckets)
+        self.positions = torch.arange(longest, device=self.device)
+        self.head_len = torch.ones((), dtype=torch.long, device=self.device)
+        self._mask_min = torch.finfo(self.dtype).min
+
+    # -- public --------------------------------------------------------------------
+
+    def fits(self, head_len: int) -> bool:
+        """Whether a head of ``head_len`` tokens fits the largest head buffer."""
+        return head_len <= self.capacities[-1]
+
+    @torch.inference_mode()
+    def score(
+        self, head: list[int], tails: Sequence[list[int]], runs: list[Run]
+    ) -> dict[int, float]:
+        """P(yes) of the candidates in ``runs`` (from :func:`plan_runs`), by index.
+
+        Raises:
+            RuntimeError: A forward pass or graph replay failed.
+        """
+        cap = next(c for c in self.capacities if c >= len(head))
+        head_slot = self._head_slot(cap)
+        self.head_len.fill_(len(head))
+        head_slot.ids.copy_(_padded([head], 1, cap, self.pad_id))
+        self._step(head_slot.graph, partial(self._run_head, head_slot))
+        scores: dict[int, float] = {}
+        for run in runs:
+            slot = self._tail_slot(cap, run.shape)
+            batch, length = run.shape
+            rows = [tails[i] for i in run.indices]
+            slot.ids.copy_(_padded(rows, batch, length, self.pad_id))
+            last = [len(r) - 1 for r in rows] + [0] * (batch - len(rows))
+            slot.last.copy_(torch.tensor(last, dtype=torch.long))
+            out = self._step(slot.graph, partial(self._run_tail, head_slot, slot), slot)
+            for i, value in zip(run.indices, out[: len(rows)].tolist(), strict=True):
+                scores[i] = value
+        return scores
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        """Capture every (head capacity, bucket) step as a CUDA graph; CUDA only.
+
+        Warms each step up twice on a side stream (cuBLAS handles, attention kernel
+        choice), then captures it into one memory pool shared by all graphs, which
+        is safe because graphs replay one at a time under the reranker's lock and
+        each output is read before the next replay.
+
+        Returns:
+            Seconds spent.
+
+        Raises:
+            RuntimeError: Capture failed (the caller falls back to eager).
+        """
+        started = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        for cap in self.capacities:
+            head_slot = self._head_slot(cap)
+            head_slot.graph, _ = self._capture(pool, partial(self._run_head, head_slot))
+            for shape in self.buckets:
+                slot = self._tail_slot(cap, shape)
+                step = partial(self._run_tail, head_slot, slot)
+                slot.graph, slot.out = self._capture(pool, step)
+        torch.cuda.synchronize(self.device)
+        self.graphs = True
+        return time.perf_counter() - started
+
+    def release(self) -> None:
+        """Drop every buffer and graph (after a failed capture); eager steps rebuild them."""
+        self.heads.clear()
+        self.tails.clear()
+        self.graphs = False
+
+    # -- steps -----------------------------------------------------------------------
+
+    def _step(self, graph: Any, run: Callable[[], Any], slot: _TailSlot | None = None) -> Any:
+        if graph is None:
+            return run()
+        graph.replay()
+        return slot.out if slot is not None else None
+
+    def _run_head(self, slot: _HeadSlot) -> None:
+        cap = slot.ids.shape[1]
+        positions = self.positions[:cap][None]
+        causal = positions <= positions.T  # [cap, cap]: right padding cannot reach back
+        mask = self._additive(causal)
+        self._layers(slot.ids, positions, mask, _HeadWriter(slot))
+
+    def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
+        batch, length = slot.ids.shape
+        cap = head.ids.shape[1]
+        query = self.positions[:length][:, None]
+        key = self.positions[: cap + length][None]
+        sees_head = key < self.head_len  # the real head tokens, not its padding
+        sees_tail = (key >= cap) & (key - cap <= query)  # causal within the tail
+        mask = self._additive(sees_head | sees_tail)
+        positions = (self.head_len + self.positions[:length])[None]
+        hidden = self._layers(slot.ids, positions, mask, _HeadReader(head, batch))
+        last = hidden[self.positions[:batch], slot.last]
+        return self._yes_probability(self.base.norm(last))
+
+    def _layers(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        hidden = self.base.embed_tokens(ids)
+        rotary = self.base.rotary_emb(hidden, positions)
+        for layer in self.base.layers:
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                position_embeddings=rotary,
+            )
+        return hidden
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A [1, 1, q, k] additive mask in the model dtype (eager and SDPA accept it)."""
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        return torch.where(allowed, zero, self._mask_min)[None, None]
+
+    def _yes_probability(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = hidden.to(torch.float32) @ self.answer_rows.T
+        if self.answer_bias is not None:
+            logits = logits + self.answer_bias
+        return torch.log_softmax(logits, dim=-1)[:, 1].exp()
+
+    # -- buffers and capture ---------------------------------------------------------
+
+    def _head_slot(self, cap: int) -> _HeadSlot:
+        slot = self.heads.get(cap)
+        if slot is None:
+            config = self.base.config
+            kv_shape = (1, config.num_key_value_heads, cap, _head_dim(config))
+            layers = range(len(self.base.layers))
+            slot = _HeadSlot(
+                ids=torch.full((1, cap), self.pad_id, dtype=torch.long, device=self.device),
+                keys=[self._zeros(kv_shape) for _ in layers],
+                values=[self._zeros(kv_shape) for _ in layers],
+            )
+            self.heads[cap] = slot
+        return slot
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _tail_slot(self, cap: int, shape: Shape) -> _TailSlot:
+        slot = self.tails.get((cap, shape))
+        if slot is None:
+            batch, length = shape
+            slot = _TailSlot(
+                ids=torch.full((batch, length), self.pad_id, dtype=torch.long, device=self.device),
+                last=torch.zeros(batch, dtype=torch.long, device=self.device),
+            )
+            self.tails[(cap, shape)] = slot
+        return slot
+
+    def _capture(self, pool: Any, run: Callable[[], Any]) -> tuple[Any, Any]:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a search embedding on the same GPU from another thread while a
+        # profile switch captures here must not invalidate the capture (or fail).
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            out = run()
+        return graph, out
+
+
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _padded(rows: Sequence[list[int]], batch: int, length: int, pad_id: int) -> torch.Tensor:
+    """A CPU [batch, length] id tensor: rows right-padded, missing rows all padding."""
+    ids = torch.full((batch, length), pad_id, dtype=torch.long)
+    for row, seq in enumerate(rows):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return ids
