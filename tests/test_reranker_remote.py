@@ -512,8 +512,10 @@ def test_many_timed_out_searches_leave_no_work(
     server.delay = 0.3
     backend = make_backend(timeout=0.5, parallel=1)
     outcomes: list[BaseException | None] = []
+    starts: list[float] = []
 
     def search() -> None:
+        starts.append(time.monotonic())
         try:
             backend.score(QUERY, DOCS)
             outcomes.append(None)
@@ -528,10 +530,14 @@ def test_many_timed_out_searches_leave_no_work(
         thread.join(10)
     assert time.monotonic() - started < 0.5 + SLACK
     assert len(outcomes) == 12 and all(isinstance(o, RerankerError) for o in outcomes)
-    assert wait_until(lambda: server.in_flight == 0, 0.5)
+    assert wait_until(lambda: server.in_flight == 0, 2.0)
     sent = len(server.requests)
     time.sleep(0.6)
-    assert len(server.requests) == sent <= 4, "no request is sent for a search that has gone"
+    assert len(server.requests) == sent, "no request is sent for a search that has gone"
+    # One slot, 0.3 s a request: only what fits before the last call's deadline is
+    # sent (thread start-up on a loaded machine spreads the deadlines), not 12 x 4.
+    window = max(starts) + 0.5 - min(starts)
+    assert sent <= int(window / 0.3) + 2 < 12 * len(DOCS)
     assert server.max_in_flight == 1
     server.delay = 0.0
     assert backend.score(QUERY, DOCS) == pytest.approx([relevance(QUERY, d) for d in DOCS])
@@ -571,7 +577,9 @@ def test_a_down_server_is_reported_once(
     backend = make_backend(url=url)
     service = RerankerService(RerankerConfig(backend="llama-server", url=url), backend=backend)
     hits = [hit(i, d) for i, d in enumerate(DOCS)]
-    with caplog.at_level(logging.DEBUG, logger="memory.reranker"):
+    # both loggers by name: the CLI raises the service logger's own level in-process
+    with caplog.at_level(logging.DEBUG, logger="memory.reranker"), \
+            caplog.at_level(logging.DEBUG, logger="memory.reranker.service"):
         for _ in range(5):
             trace = Trace()
             assert service.rerank_search(QUERY, hits, 3, trace) == hits
