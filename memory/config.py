@@ -238,6 +238,13 @@ def _check_value(source: str, key: str, f: dataclasses.Field[Any], value: Any) -
     return value
 
 
+# Keys older profiles may still carry: renamed (read under the new name) or dropped.
+_RETIRED: dict[tuple[str, str], str | None] = {
+    ("reranker", "concurrency"): "parallel",
+    ("reranker", "health_interval"): None,
+}
+
+
 def _build_section(source: str, section: str, table: Any) -> Any:
     cls = _SECTIONS[section]
     if not isinstance(table, dict):
@@ -245,6 +252,13 @@ def _build_section(source: str, section: str, table: Any) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
     for key, value in table.items():
+        if (section, key) in _RETIRED:
+            new = _RETIRED[section, key]
+            log.warning("%s: %s.%s is retired%s", source, section, key,
+                        f"; read as {section}.{new}" if new else " and ignored")
+            if not new or new in table:
+                continue
+            key = new
         if key not in fields:
             raise ConfigError(
                 f"{source}: unknown key {section}.{key} (known: {', '.join(sorted(fields))})"

@@ -138,3 +138,16 @@ def test_profiles_are_frozen() -> None:
     profile = load_profile("cpu")
     with pytest.raises(AttributeError):
         profile.search.oversample = 3  # type: ignore[misc]
+
+
+def test_a_profile_with_retired_reranker_keys_still_loads(tmp_path: Path, caplog) -> None:
+    """`concurrency` became `parallel` and `health_interval` went away: older files load, with a warning."""
+    path = write(tmp_path, '[reranker]\nbackend = "llama-server"\nurl = "http://127.0.0.1:8080"\n'
+                           "concurrency = 3\nhealth_interval = 30.0\n")
+    with caplog.at_level("WARNING", logger="memory.config"):
+        profile = load_profile(str(path))
+    assert profile.reranker.parallel == 3
+    assert "reranker.concurrency is retired; read as reranker.parallel" in caplog.text
+    assert "reranker.health_interval is retired and ignored" in caplog.text
+    both = write(tmp_path, '[reranker]\nconcurrency = 3\nparallel = 2\n', "both.toml")
+    assert load_profile(str(both)).reranker.parallel == 2, "the new key wins"
