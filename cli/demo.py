@@ -32,7 +32,7 @@ def demo_dir() -> Path:
 
 def demo_queries() -> Path:
     """The sample server's labelled questions."""
-    return data_dir() / "demo-queries.jsonl"
+    return data_dir() / "demo-server" / "queries.jsonl"
 
 
 def run_demo(settings: Settings, db: Path) -> int:

@@ -74,12 +74,15 @@ class SearchConfig:
     keyword_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
     threshold_start: float = field(default=0.75, metadata=_range(-1.0, 1.0))
     threshold_step: float = field(default=0.05, metadata=_range(0.001, 1.0))
-    threshold_floor: float = field(default=0.35, metadata=_range(-1.0, 1.0))
+    threshold_floor: float = field(default=0.1, metadata=_range(-1.0, 1.0))
+    floor_quantile: float = field(default=0.5, metadata=_range(0.0, 1.0))
     threshold_target: float = field(default=0.8, metadata=_range(0.0, 1.0))
-    recency_min: float = field(default=0.8, metadata=_range(0.0, 10.0))
-    recency_max: float = field(default=1.5, metadata=_range(0.0, 10.0))
+    window_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
+    window_dense_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
+    member_weight: float = field(default=0.5, metadata=_range(0.0, 10.0))
+    recency_weight: float = field(default=0.5, metadata=_range(0.0, 10.0))
     recency_decay_days: float = field(default=30.0, metadata=_range(0.001, None))
-    member_boost: float = field(default=2.0, metadata=_range(0.0, 10.0))
+    time_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
     multi_query_boost: float = field(default=0.1, metadata=_range(0.0, 10.0))
 
 
@@ -242,6 +245,9 @@ def _check_value(source: str, key: str, f: dataclasses.Field[Any], value: Any) -
 _RETIRED: dict[tuple[str, str], str | None] = {
     ("reranker", "concurrency"): "parallel",
     ("reranker", "health_interval"): None,
+    ("search", "member_boost"): None,  # multiplicative boosts gave way to bounded bonuses
+    ("search", "recency_min"): None,
+    ("search", "recency_max"): None,
 }
 
 
@@ -271,8 +277,6 @@ def _validate_profile(profile: Profile) -> Profile:
     s, r = profile.search, profile.reranker
     if s.threshold_floor > s.threshold_start:
         raise ConfigError(f"{profile.source}: search.threshold_floor must be <= threshold_start")
-    if s.recency_min > s.recency_max:
-        raise ConfigError(f"{profile.source}: search.recency_min must be <= recency_max")
     if r.backend == "llama-server" and not r.url.startswith(("http://", "https://")):
         raise ConfigError(
             f"{profile.source}: reranker.url must be an http(s) URL for the llama-server backend"

@@ -19,6 +19,7 @@ from typing import Any
 from memory.db import sqlite_driver
 from memory.errors import DatabaseFileError
 from memory.vectors import upgrade_float_table
+from memory.windows import index_all_windows
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,44 @@ MIGRATIONS: list[Migration] = [
         expires_at INTEGER NOT NULL  -- unix ms
     );
     """,
+    # 6: the keyword index sees author names and each message's conversational window
+    # (memory.windows): one FTS5 table over `search_text`, which the store keeps in step
+    # with `messages` -- a message's row and its neighbours' rows change together.
+    """
+    DROP TRIGGER IF EXISTS messages_ai;
+    DROP TRIGGER IF EXISTS messages_ad;
+    DROP TRIGGER IF EXISTS messages_au;
+    DROP TABLE IF EXISTS messages_fts;
+    CREATE TABLE IF NOT EXISTS search_text (
+        id INTEGER PRIMARY KEY,  -- the message's id
+        author TEXT NOT NULL DEFAULT '',  -- name and display name
+        content TEXT NOT NULL DEFAULT '',
+        attachments TEXT NOT NULL DEFAULT '',
+        context TEXT NOT NULL DEFAULT '',  -- the window: "author: content" lines
+        context_ids TEXT NOT NULL DEFAULT ''  -- the window's message ids, space-separated
+    );
+    CREATE VIRTUAL TABLE IF NOT EXISTS search_fts USING fts5(
+        author, content, attachments, context,
+        content='search_text', content_rowid='id',
+        tokenize='porter unicode61 remove_diacritics 2'
+    );
+    CREATE TRIGGER IF NOT EXISTS search_text_ai AFTER INSERT ON search_text BEGIN
+        INSERT INTO search_fts(rowid, author, content, attachments, context)
+        VALUES (new.id, new.author, new.content, new.attachments, new.context);
+    END;
+    CREATE TRIGGER IF NOT EXISTS search_text_ad AFTER DELETE ON search_text BEGIN
+        INSERT INTO search_fts(search_fts, rowid, author, content, attachments, context)
+        VALUES ('delete', old.id, old.author, old.content, old.attachments, old.context);
+    END;
+    CREATE TRIGGER IF NOT EXISTS search_text_au AFTER UPDATE ON search_text BEGIN
+        INSERT INTO search_fts(search_fts, rowid, author, content, attachments, context)
+        VALUES ('delete', old.id, old.author, old.content, old.attachments, old.context);
+        INSERT INTO search_fts(rowid, author, content, attachments, context)
+        VALUES (new.id, new.author, new.content, new.attachments, new.context);
+    END;
+    """,
+    # 7: fill the new index for messages stored before migration 6.
+    index_all_windows,
 ]
 
 

@@ -107,7 +107,9 @@ class Hit(StoredMessage):
     ``similarity`` is the cosine similarity to the closest query (``None`` when the
     message was found by keywords only); ``keyword_score`` is BM25 (higher is
     better, ``None`` when not matched); ``fused`` is the fusion score before boosts;
-    ``score`` is the final ranking score; ``rerank_score`` is set when reranked.
+    ``boost`` is the bounded bonus added to it (a named member, recency, a time span
+    the query names); ``score`` is the final ranking score; ``rerank_score`` is set
+    when reranked.
     """
 
     similarity: float | None = None
@@ -115,7 +117,7 @@ class Hit(StoredMessage):
     dense_rank: int | None = None
     keyword_rank: int | None = None
     fused: float = 0.0
-    boost: float = 1.0
+    boost: float = 0.0
     score: float = 0.0
     rerank_score: float | None = None
     queries_matched: int = 1
@@ -138,6 +140,7 @@ class Trace:
     candidates: dict[str, int] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
     threshold: float | None = None
+    threshold_floor: float | None = None
     threshold_mode: str = "none"
     threshold_iterations: int = 0
     reranked: bool = False

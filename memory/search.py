@@ -1,21 +1,28 @@
-"""Hybrid retrieval: vector KNN + FTS5 BM25, fused, thresholded, boosted, reranked.
+"""Hybrid retrieval: vector KNN + FTS5 BM25 over messages and their windows, fused,
+thresholded, boosted, reranked.
 
-One search embeds its queries once, runs one KNN and one BM25 query per query
-text, fuses the lists, applies an adaptive similarity threshold computed over that
-one candidate pool (never re-querying), multiplies in recency and member boosts,
-optionally reranks the head with a cross-encoder, and returns the top ``limit``.
+One search embeds its queries once and, per query text, ranks messages four ways:
+by their own vector (KNN), by their own words and author (BM25), by the words of
+their conversational window (BM25, :mod:`memory.windows`) and by the mean vector of
+that window (computed for the candidates the other lists found).  Reciprocal rank
+fusion merges the lists; an adaptive similarity threshold over that one pool (never
+re-querying) drops what is too far, with a floor calibrated to the guild's own
+similarity distribution; small bounded bonuses (a named member, recency when the
+query asks for it, a time span the query names) are added to the fused score, never
+multiplied into it; a cross-encoder may rerank the head; the top ``limit`` return.
 """
 
 from __future__ import annotations
 
 import bisect
+import difflib
 import logging
 import math
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -27,7 +34,8 @@ from memory.filters import Filters
 from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
 from memory.reranker.base import RerankerProvider
 from memory.store import MessageStore
-from memory.text import fts_query
+from memory.text import content_words, fts_query
+from memory.when import TimeSpan, asks_recent, parse_when
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +80,22 @@ class _Candidate:
     id: int
     similarity: float | None = None
     keyword_score: float | None = None
-    dense_rank: int | None = None
-    keyword_rank: int | None = None
+    ranks: dict[str, int] = field(default_factory=dict)  # list name -> rank (1 = best)
     fused: float = 0.0
     queries: set[int] = field(default_factory=set)
+
+    @property
+    def dense_rank(self) -> int | None:
+        return self.ranks.get("dense")
+
+    @property
+    def keyword_rank(self) -> int | None:
+        return self.ranks.get("keyword")
+
+    @property
+    def by_keyword(self) -> bool:
+        """Found by its words or its window's words (passes any similarity threshold)."""
+        return "keyword" in self.ranks or "window" in self.ranks
 
 
 @dataclass(frozen=True)
@@ -93,23 +113,24 @@ def adaptive_threshold(
     limit: int,
     config: SearchConfig,
     keyword: Sequence[bool] | None = None,
+    floor: float | None = None,
 ) -> ThresholdOutcome:
     """Lower the threshold from ``threshold_start`` in steps until enough candidates pass.
 
     The loop stops at the first threshold where at least ``threshold_target`` ×
-    ``limit`` vector candidates pass; if none does it keeps the best seen, the floor,
-    which passes the most.  Keyword matches (``keyword[i]`` true, or no similarity
-    at all) always pass, however low their similarity, and do not count towards
-    the target, so a pool rich in keyword hits cannot hold the threshold high and
-    starve the semantic side.  It works on the one pool it is
-    given, in O(n log n), without re-running any query.
+    ``limit`` vector candidates pass; if none does it keeps the best seen, the floor
+    (``floor``, else ``threshold_floor``), which passes the most.  Keyword matches
+    (``keyword[i]`` true, or no similarity at all) always pass, however low their
+    similarity, and do not count towards the target, so a pool rich in keyword hits
+    cannot hold the threshold high and starve the semantic side.  It works on the
+    one pool it is given, in O(n log n), without re-running any query.
 
     Returns:
         The final threshold, iterations tried and the indexes that pass.
     """
     need = math.ceil(config.threshold_target * limit)
     scored = sorted(s for s in similarities if s is not None)
-    steps = _threshold_steps(config)
+    steps = _threshold_steps(config, config.threshold_floor if floor is None else floor)
     chosen, iterations = steps[-1], len(steps)
     for iterations, threshold in enumerate(steps, start=1):
         passing = len(scored) - bisect.bisect_left(scored, threshold - 1e-9)
@@ -121,12 +142,14 @@ def adaptive_threshold(
     )
 
 
-def _threshold_steps(config: SearchConfig) -> list[float]:
+def _threshold_steps(config: SearchConfig, floor: float) -> list[float]:
     steps, t = [], config.threshold_start
-    while t >= config.threshold_floor - 1e-9:
+    while t >= floor - 1e-9:
         steps.append(round(t, 6))
         t -= config.threshold_step
-    return steps or [config.threshold_floor]
+    if not steps or steps[-1] > floor + 1e-9:
+        steps.append(round(floor, 6))  # the floor itself is the last step
+    return steps
 
 
 def _passing(
@@ -138,11 +161,20 @@ def _passing(
     ]
 
 
-def recency_boost(age_days: float, config: SearchConfig) -> float:
-    """Return the recency multiplier: ``recency_max`` for brand new, decaying to ``recency_min``."""
-    age_days = max(0.0, age_days)
-    decay = math.exp(-age_days / config.recency_decay_days)
-    return config.recency_min + (config.recency_max - config.recency_min) * decay
+def recency(age_days: float, config: SearchConfig) -> float:
+    """How recent a message is: 1.0 when brand new, halving about every 0.7 decay periods."""
+    return math.exp(-max(0.0, age_days) / config.recency_decay_days)
+
+
+@dataclass(frozen=True)
+class _BoostContext:
+    """What the bonuses of one search depend on."""
+
+    unit: float  # one list's rank-1 share of the fused score: bonuses are measured in it
+    now_ms: int
+    named: set[int]
+    recent: bool
+    span: TimeSpan | None
 
 
 class Searcher:
@@ -167,7 +199,7 @@ class Searcher:
         self.embedder = embedder
         self.config = config
         self._reranker: RerankerProvider = reranker or (lambda: None)
-        self._members: tuple[int, dict[int | None, list[tuple[int, re.Pattern]]]] = (-1, {})
+        self._members: tuple[int, dict[int | None, _MemberNames]] = (-1, {})
 
     def search(self, request: SearchRequest) -> SearchResult:
         """Run one search.
@@ -263,20 +295,39 @@ class Searcher:
         request: SearchRequest,
         trace: Trace,
     ) -> dict[int, _Candidate]:
+        cfg = self.config
         match = fts_query(query) if request.mode in ("hybrid", "keyword") else None
-        lists = {"dense": self._dense(vector, k, filters), "keyword": self._keyword(match, k, filters)}
+        # keyword mode stays literal (messages holding the words); windows join hybrid
+        windows = request.mode == "hybrid" and cfg.window_weight
+        lists = {
+            "dense": self._dense(vector, k, filters),
+            "keyword": self._keyword(match, k, filters, "message"),
+            "window": self._keyword(match, k, filters, "window") if windows else [],
+        }
         pool: dict[int, _Candidate] = {}
         for name, ranked in lists.items():
-            trace.candidates[name] = trace.candidates.get(name, 0) + len(ranked)
-            for rank, (mid, score) in enumerate(ranked, start=1):
-                cand = pool.setdefault(mid, _Candidate(mid, queries={index}))
-                setattr(cand, f"{name}_rank", rank)
-                if name == "dense":
-                    cand.similarity = score
-                else:
-                    cand.keyword_score = score
+            self._add(pool, name, ranked, index, trace)
+        if request.mode == "hybrid" and vector is not None and cfg.window_dense_weight:
+            lists["window_dense"] = self._window_dense(vector, pool, k)
+            self._add(pool, "window_dense", lists["window_dense"], index, trace)
         self._fuse(pool, lists)
         return pool
+
+    @staticmethod
+    def _add(
+        pool: dict[int, _Candidate], name: str, ranked: list, index: int, trace: Trace
+    ) -> None:
+        trace.candidates[name] = trace.candidates.get(name, 0) + len(ranked)
+        rank, previous = 0, None
+        for position, (mid, score) in enumerate(ranked, start=1):
+            if score != previous:  # equal scores share a rank: a tie stays a tie in fusion
+                rank, previous = position, score
+            cand = pool.setdefault(mid, _Candidate(mid, queries={index}))
+            cand.ranks[name] = rank
+            if name == "dense":
+                cand.similarity = score
+            elif name == "keyword":
+                cand.keyword_score = score
 
     def _dense(self, vector: np.ndarray | None, k: int, filters: Filters) -> list:
         return (
@@ -284,20 +335,37 @@ class Searcher:
             if vector is not None else []
         )
 
-    def _keyword(self, match: str | None, k: int, filters: Filters) -> list:
-        return self.store.keyword(match, k, filters) if match else []
+    def _keyword(self, match: str | None, k: int, filters: Filters, field: str) -> list:
+        return self.store.keyword(match, k, filters, field=field) if match else []
+
+    def _window_dense(
+        self, vector: np.ndarray, pool: dict[int, _Candidate], k: int
+    ) -> list[tuple[int, float]]:
+        """The pool's candidates ranked by how close their window's mean vector is.
+
+        Only candidates the other lists found are ranked: a window around a message
+        no list found is not looked for (that would be a second KNN).
+        """
+        means = self.store.window_vectors(list(pool))
+        if not means:
+            return []
+        query = vector / max(float(np.linalg.norm(vector)), 1e-12)
+        ids = list(means)
+        sims = np.stack([means[i] for i in ids]) @ query
+        order = np.argsort(-sims, kind="stable")[:k]
+        return [(ids[i], float(sims[i])) for i in order]
 
     def _fuse(self, pool: dict[int, _Candidate], lists: dict[str, list]) -> None:
         cfg = self.config
         if cfg.fusion == "rrf":
-            weights = {"dense": 1.0, "keyword": cfg.keyword_weight}
+            weights = {"dense": 1.0, "keyword": cfg.keyword_weight,
+                       "window": cfg.window_weight, "window_dense": cfg.window_dense_weight}
             for cand in pool.values():
                 cand.fused = sum(
-                    weight / (cfg.rrf_k + rank)
-                    for name, weight in weights.items()
-                    if (rank := getattr(cand, f"{name}_rank")) is not None
+                    weights[name] / (cfg.rrf_k + rank) for name, rank in cand.ranks.items()
                 )
             return
+        # score fusions combine the two message-level lists (windows join RRF only)
         dense_norm = _normaliser([s for _, s in lists["dense"]])
         kw_norm = _normaliser([s for _, s in lists["keyword"]])
         for cand in pool.values():
@@ -306,7 +374,7 @@ class Searcher:
                 parts.append(dense_norm(cand.similarity))
             if cand.keyword_score is not None:
                 parts.append(cfg.keyword_weight * kw_norm(cand.keyword_score))
-            cand.fused = sum(parts) if cfg.fusion == "score_sum" else max(parts)
+            cand.fused = (sum(parts) if cfg.fusion == "score_sum" else max(parts)) if parts else 0.0
 
     def _merge(self, per_query: list[dict[int, _Candidate]], n: int) -> list[_Candidate]:
         """Fuse the per-query pools: RRF over query ranks, boosted by how many queries agree."""
@@ -321,8 +389,8 @@ class Searcher:
                 into.queries |= cand.queries
                 into.similarity = _max_or_none(into.similarity, cand.similarity)
                 into.keyword_score = _max_or_none(into.keyword_score, cand.keyword_score)
-                into.dense_rank = _min_or_none(into.dense_rank, cand.dense_rank)
-                into.keyword_rank = _min_or_none(into.keyword_rank, cand.keyword_rank)
+                for name, r in cand.ranks.items():
+                    into.ranks[name] = min(r, into.ranks.get(name, r))
         for cand in merged.values():
             cand.fused *= 1.0 + self.config.multi_query_boost * (len(cand.queries) - 1)
         return list(merged.values())
@@ -333,19 +401,29 @@ class Searcher:
         if request.mode == "keyword":
             return pool
         sims = [c.similarity for c in pool]
-        keyword = [c.keyword_score is not None for c in pool]
+        keyword = [c.by_keyword for c in pool]
         if request.threshold is not None:
             outcome = ThresholdOutcome(
                 request.threshold, "fixed", 1, _passing(sims, request.threshold, keyword)
             )
         elif request.adaptive:
-            outcome = adaptive_threshold(sims, request.limit, self.config, keyword)
+            floor = self._floor(request.guild_id)
+            trace.threshold_floor = floor
+            outcome = adaptive_threshold(sims, request.limit, self.config, keyword, floor)
         else:
             return pool
         trace.threshold = outcome.threshold
         trace.threshold_mode = outcome.mode
         trace.threshold_iterations = outcome.iterations
         return [pool[i] for i in outcome.passed]
+
+    def _floor(self, guild_id: int | None) -> float:
+        """The adaptive threshold's floor: the guild's calibrated one, never below the profile's."""
+        cfg = self.config
+        calibrated = (
+            self.store.similarity_floor(guild_id, cfg.floor_quantile) if cfg.floor_quantile else None
+        )
+        return max(cfg.threshold_floor, calibrated if calibrated is not None else -1.0)
 
     def _boost(
         self,
@@ -354,36 +432,63 @@ class Searcher:
         queries: list[str],
         request: SearchRequest,
     ) -> list[tuple[_Candidate, float]]:
-        """Pair each candidate with its recency × member boost, best final score first."""
+        """Pair each candidate with its bonus, best final score (fused + bonus) first.
+
+        Bonuses are small and bounded, in units of one list's rank-1 share of the
+        fused score, so relevance always decides first.  A named member, recency
+        (only when the query asks for recent things) and a time span the query names
+        each add a share; lines without content ("noted", "lol") get none, so no
+        bonus alone can lift them.  Otherwise recency only breaks ties.
+        """
         pool = [c for c in pool if c.id in rows]  # deleted since retrieval
         if not request.boosts:
-            return sorted(((c, 1.0) for c in pool), key=lambda cb: -cb[0].fused)
-        now_ms = datetime_to_ms(request.now) if request.now else int(time.time() * 1000)
-        named = self._named_members(queries, request.guild_id)
-        boosted = []
-        for cand in pool:
-            row = rows[cand.id]
-            boost = recency_boost((now_ms - row.created_at) / 86_400_000, self.config)
-            if row.author_id in named:
-                boost *= self.config.member_boost
-            boosted.append((cand, boost))
-        return sorted(boosted, key=lambda cb: -cb[0].fused * cb[1])
+            return sorted(((c, 0.0) for c in pool), key=lambda cb: -cb[0].fused)
+        now = request.now or datetime.now(timezone.utc)
+        context = _BoostContext(
+            unit=1.0 / (self.config.rrf_k + 1) if self.config.fusion == "rrf" else 1.0,
+            now_ms=datetime_to_ms(now),
+            named=self._named_members(queries, request.guild_id),
+            recent=any(asks_recent(q) for q in queries),
+            span=next((span for q in queries if (span := parse_when(q, now))), None),
+        )
+        boosted = [(cand, self._bonus(rows[cand.id], context)) for cand in pool]
+        return sorted(boosted, key=lambda cb: -(cb[0].fused + cb[1]))
+
+    def _bonus(self, row: StoredMessage, context: _BoostContext) -> float:
+        cfg = self.config
+        fresh = recency((context.now_ms - row.created_at) / 86_400_000, cfg)
+        if content_words(row.content) < 2 and not row.attachments:
+            return 1e-6 * context.unit * fresh  # content-free: a tie-breaker at most
+        bonus = 0.0
+        if row.author_id in context.named:
+            bonus += cfg.member_weight
+        if context.recent:
+            bonus += cfg.recency_weight * fresh
+        if context.span is not None and context.span.contains_ms(row.created_at):
+            bonus += cfg.time_weight
+        return (bonus + 1e-6 * fresh) * context.unit
 
     def _named_members(self, queries: list[str], guild_id: int | None) -> set[int]:
-        """Return ids of members whose name or display name appears in a query."""
+        """Ids of members a query names: by name or display name (a capitalised first
+        name will do), by an @mention, or by a close misspelling of a longer name."""
+        names = self._member_names(guild_id)
+        text = "\n".join(queries)
+        named = {int(m) for m in _MENTION.findall(text) if int(m) in names.ids}
+        named |= {author_id for author_id, pattern in names.patterns if pattern.search(text)}
+        if len(names.fuzzy) <= _MAX_FUZZY_NAMES:
+            for token in {t.lower() for t in _NAMEISH.findall(text) if len(t) >= 5}:
+                for label in difflib.get_close_matches(token, names.fuzzy, n=3, cutoff=0.85):
+                    named |= names.fuzzy[label]
+        return named
+
+    def _member_names(self, guild_id: int | None) -> _MemberNames:
         generation, cache = self._members
         if generation != self.store.generation:
             cache = {}
         if guild_id not in cache:
-            patterns = []
-            for author_id, name, display in self.store.members(guild_id):
-                for label in {name, display} - {""}:
-                    if len(label) >= 3:
-                        patterns.append((author_id, re.compile(rf"(?<!\w){re.escape(label)}(?!\w)", re.I)))
-            cache[guild_id] = patterns
+            cache[guild_id] = _MemberNames.build(self.store.members(guild_id))
             self._members = (self.store.generation, cache)
-        text = "\n".join(queries)
-        return {author_id for author_id, pattern in cache[guild_id] if pattern.search(text)}
+        return cache[guild_id]
 
     @staticmethod
     def _hits(
@@ -398,7 +503,7 @@ class Searcher:
                 keyword_rank=cand.keyword_rank,
                 fused=cand.fused,
                 boost=boost,
-                score=cand.fused * boost,
+                score=cand.fused + boost,
                 queries_matched=max(1, len(cand.queries)),
             )
             for cand, boost in ranked
@@ -428,6 +533,38 @@ class Searcher:
         if trace.threshold is not None:
             metrics.FINAL_THRESHOLD.observe(trace.threshold)
         metrics.RESULT_COUNT.observe(trace.candidates.get("returned", 0))
+
+
+_MENTION = re.compile(r"<@!?(\d{15,21})>")
+_NAMEISH = re.compile(r"\w+")
+_MAX_FUZZY_NAMES = 5000  # beyond this, close-match search costs more than a search should
+
+
+@dataclass(frozen=True)
+class _MemberNames:
+    """How a guild's members can be named in a query, built once per store generation."""
+
+    ids: frozenset[int]
+    patterns: list[tuple[int, re.Pattern]]
+    fuzzy: dict[str, set[int]]  # lower-case names of 5+ characters -> members
+
+    @classmethod
+    def build(cls, members: list[tuple[int, str, str]]) -> _MemberNames:
+        patterns: list[tuple[int, re.Pattern]] = []
+        fuzzy: dict[str, set[int]] = {}
+        for author_id, name, display in members:
+            for label in {name, display} - {""}:
+                if len(label) >= 3:
+                    patterns.append(
+                        (author_id, re.compile(rf"(?<!\w){re.escape(label)}(?!\w)", re.I)))
+                if len(label) >= 5:
+                    fuzzy.setdefault(label.lower(), set()).add(author_id)
+            first = display.split()[0] if display.split() else ""
+            if len(first) >= 3 and first != display:
+                # "Priya" names "Priya Raman", but only capitalised: "Will" is a name, "will" is not
+                patterns.append(
+                    (author_id, re.compile(rf"(?<!\w){re.escape(first.capitalize())}(?!\w)")))
+        return cls(frozenset(m[0] for m in members), patterns, fuzzy)
 
 
 class _Clock:

@@ -11,6 +11,7 @@ transaction.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from memory import windows
 from memory.db import IN_IDS, connect, id_list, not_writable
 from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SettingsError
 from memory.filters import Filters, filter_sql
@@ -41,6 +43,13 @@ _META_MODEL = "embedding_model"
 _META_DIM = "embedding_dim"
 _META_PROFILE = "active_profile"
 _AUTHOR_NAME = "COALESCE(NULLIF(a.display_name, ''), a.name)"
+
+# keyword() fields: the FTS5 columns matched, and bm25() weights for
+# (author, content, attachments, context)
+_KEYWORD_FIELDS = {
+    "message": ("{author content attachments}", "1.0, 1.0, 0.5, 0.0"),
+    "window": ("context", "0.0, 0.0, 0.0, 1.0"),
+}
 
 
 @dataclass(frozen=True)
@@ -251,6 +260,7 @@ class MessageStore:
         existing = self._existing([r.id for r in records])
         inserted = updated = unchanged = 0
         contexts_done: set[tuple] = set()
+        touched: list[tuple[int, int]] = []  # (channel, message) whose index rows change
         with self._transaction() as conn:
             for record in records:
                 # a batch repeats the same guild/channel/author many times; writing
@@ -263,13 +273,18 @@ class MessageStore:
                 before = existing.get(record.id)
                 if before is None:
                     self._insert_message(conn, record)
+                    touched.append((record.channel_id, record.id))
                     inserted += 1
                 elif before != row and not _older_edit(record.edited_at, before[1]):
-                    self._update_message(conn, record, text_changed=before[0::2] != row[0::2])
+                    text_changed = before[0::2] != row[0::2]
+                    self._update_message(conn, record, text_changed=text_changed)
+                    if text_changed:
+                        touched.append((record.channel_id, record.id))
                     updated += 1
                 else:
                     unchanged += 1
                 existing[record.id] = row
+            windows.reindex(conn, touched)
         return UpsertStats(inserted, updated, unchanged)
 
     def _admissible(self, records: list[MessageRecord]) -> list[MessageRecord]:
@@ -366,7 +381,12 @@ class MessageStore:
         )
         self._reembed_dependents(conn, ids)
         self.vectors.delete(conn, ids)
-        return conn.execute(f"DELETE FROM messages WHERE id {IN_IDS}", (id_list(ids),)).rowcount
+        places = conn.execute(
+            f"SELECT channel_id, id FROM messages WHERE id {IN_IDS}", (id_list(ids),)
+        ).fetchall()
+        removed = conn.execute(f"DELETE FROM messages WHERE id {IN_IDS}", (id_list(ids),)).rowcount
+        windows.reindex(conn, places)  # their rows go; neighbours' windows lose their text
+        return removed
 
     def _reembed_dependents(self, conn: Any, ids: Sequence[int]) -> None:
         """Send back to the backlog the messages whose embedded context includes ``ids``.
@@ -676,14 +696,20 @@ class MessageStore:
             return []
         return self.vectors.knn(vector, k, filters, rescore=rescore)
 
-    def keyword(self, match: str, k: int, filters: Filters) -> list[tuple[int, float]]:
+    def keyword(
+        self, match: str, k: int, filters: Filters, *, field: str = "message"
+    ) -> list[tuple[int, float]]:
         """Return up to ``k`` ``(message_id, bm25)`` pairs for an FTS5 expression, best first.
 
+        ``field`` is ``message`` (the author's names, the text and attachment names)
+        or ``window`` (the message's conversational window, :mod:`memory.windows`).
         BM25 is negated so that higher is better.  The best ``4 × k`` matches are
         filtered first, which spares a table lookup per match when the filters
         pass most messages (one guild's bot, no author filter); if fewer than
         ``k`` survive, every match is filtered.
         """
+        columns, weights = _KEYWORD_FIELDS[field]
+        match = f"{columns} : ({match})"
         clauses: list[str] = ["TRUE"]
         params: list[Any] = []
         filter_sql(filters, "m.", clauses, params)
@@ -692,8 +718,8 @@ class MessageStore:
             rows = self._query(
                 # FTS ranks inside the subquery; CROSS JOIN keeps it the outer loop
                 # (a plain JOIN may scan messages and re-run MATCH per row).
-                "SELECT m.id, f.score FROM (SELECT rowid, -bm25(messages_fts, 1.0, 0.5) AS score "
-                "FROM messages_fts WHERE messages_fts MATCH ? ORDER BY score DESC LIMIT ?) f "
+                f"SELECT m.id, f.score FROM (SELECT rowid, -bm25(search_fts, {weights}) "
+                "AS score FROM search_fts WHERE search_fts MATCH ? ORDER BY score DESC LIMIT ?) f "
                 f"CROSS JOIN messages m ON m.id = f.rowid WHERE {' AND '.join(clauses)} "
                 "ORDER BY f.score DESC LIMIT ?",
                 [match, head, *params, k],
@@ -701,6 +727,59 @@ class MessageStore:
             if len(rows) >= k:
                 break
         return [(row[0], row[1]) for row in rows]
+
+    def window_vectors(self, ids: Sequence[int]) -> dict[int, np.ndarray]:
+        """The mean of the stored vectors of each message's window (unit length).
+
+        Messages without a window row or without any embedded member are left out.
+        """
+        if self.embedding_model() is None:
+            return {}
+        members = {
+            row[0]: [int(i) for i in row[1].split()] for row in self._query(
+                f"SELECT id, context_ids FROM search_text WHERE id {IN_IDS}", (id_list(ids),))
+        }
+        floats = self.vectors.floats({m for ids_ in members.values() for m in ids_})
+        means = {}
+        for mid, ids_ in members.items():
+            found = [floats[m] for m in ids_ if m in floats]
+            if found:
+                mean = np.sum(found, axis=0)
+                means[mid] = mean / max(float(np.linalg.norm(mean)), 1e-12)
+        return means
+
+    def similarity_floor(self, guild_id: int | None, quantile: float) -> float | None:
+        """The cosine similarity that random pairs of a guild's messages reach at ``quantile``.
+
+        It calibrates the adaptive threshold's floor to the embedding model and to
+        how alike the guild's messages are (short chat lines sit closer together
+        than long posts).  Computed from a sample of up to 400 stored vectors, kept
+        in ``meta`` and computed again when the guild's vectors have grown by half.
+        ``None`` while fewer than 20 vectors are stored.
+        """
+        key = f"similarity_floor:{guild_id if guild_id is not None else 'all'}"
+        count = self._vector_count(guild_id)
+        if count < 20:
+            return None
+        cached = json.loads(self.get_meta(key) or "{}")
+        if cached.get("quantile") == quantile and cached.get("vectors", 0) * 1.5 >= count:
+            return float(cached["floor"])
+        where, params = ("guild_id = ? AND ", [guild_id]) if guild_id is not None else ("", [])
+        sample = [row[0] for row in self._query(
+            f"SELECT id FROM messages WHERE {where}embedded = 1 ORDER BY random() LIMIT 400",
+            params)]
+        vectors = np.array(list(self.vectors.floats(sample).values()), dtype=np.float32)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        pairs = (vectors @ vectors.T)[np.triu_indices(len(vectors), k=1)]
+        floor = round(float(np.quantile(pairs, quantile)), 4)
+        if not self.read_only:
+            self.set_meta(key, json.dumps({"quantile": quantile, "vectors": count, "floor": floor}))
+        return floor
+
+    def _vector_count(self, guild_id: int | None) -> int:
+        where, params = ("WHERE guild_id = ?", [guild_id]) if guild_id is not None else ("", [])
+        return int(self._query(f"SELECT coalesce(sum(vectors), 0) FROM code_stats {where}",
+                               params)[0][0])
 
     def expand_channels(self, channel_ids: Sequence[int]) -> tuple[int, ...]:
         """Return the channels plus every stored thread whose parent is one of them."""

@@ -19,8 +19,24 @@ STOPWORDS = frozenset(
     aren weren hasn haven hadn won wouldn shouldn couldn""".split()
 )
 
-_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
+# Words a question typed to a chat bot carries that say nothing about the topic
+# ("does anyone remember what she said about ...").  Left out of keyword queries.
+QUERY_FILLER = frozenset(
+    """anyone anybody someone somebody everyone remember recall know knows tell told
+    say says said mention mentioned talk talked talking discuss discussed ask asked
+    hey hi hello pls please guys folks thing things stuff lol um uh hmm ever""".split()
+)
 
+# Chat lines made of these words alone carry no content ("noted", "lol", "looks
+# great"): a member or recency boost alone must never lift them.
+CHAT_FILLER = frozenset(
+    """lol lmao rofl haha hahaha hah heh ok okay k kk noted thanks thank thx ty np yes
+    yeah yep yup no nope nah nice cool great good looks look sure right true agreed
+    hmm oh ah wow omg pls please very really just so same totally exactly indeed
+    hi hello hey bye cya gn gm morning night welcome awesome perfect fine""".split()
+)
+
+_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
 
 
 def clean(text: str) -> str:
@@ -43,8 +59,15 @@ def query_terms(text: str, max_terms: int = 32) -> list[str]:
     seen: dict[str, None] = {}
     for token in tokens:
         seen.setdefault(token, None)
-    terms = [t for t in seen if t not in STOPWORDS] or list(seen)
+    terms = [t for t in seen if t not in STOPWORDS and t not in QUERY_FILLER] or list(seen)
     return terms[:max_terms]
+
+
+def content_words(text: str) -> int:
+    """How many words of ``text`` carry content (not stopwords, not chat filler)."""
+    return sum(
+        1 for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS and t not in CHAT_FILLER
+    )
 
 
 def fts_query(text: str) -> str | None:

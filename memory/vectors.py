@@ -277,6 +277,17 @@ class VectorIndex:
         ones = sum(np.frombuffer(r[1], dtype=np.int64) for r in rows) / total
         return float(np.where(code_bits, 1.0 - ones, ones).sum())
 
+    def floats(self, ids: Iterable[int]) -> dict[int, np.ndarray]:
+        """The stored float vectors of ``ids`` (those that have one)."""
+        ids = list(ids)
+        if not ids:
+            return {}
+        rows = self._query(
+            f"SELECT message_id, embedding FROM message_vectors WHERE message_id {IN_IDS}",
+            (id_list(ids),),
+        )
+        return {mid: np.frombuffer(blob, dtype=np.float32) for mid, blob in rows}
+
     def knn(
         self, vector: np.ndarray, k: int, filters: Filters, *, rescore: int = 4
     ) -> list[tuple[int, float]]:

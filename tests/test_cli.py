@@ -355,20 +355,65 @@ def test_bench_retrieval_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     assert code == 0, err
     result = json.loads(out_file.read_text(encoding="utf-8"))
     assert json.loads(out) == result
-    assert {"messages", "queries", "k", "scope", "modes", "profile"} <= set(result)
-    assert (result["messages"], result["queries"], result["k"], result["scope"]) == (
-        10, 5, 10, "guild")
-    assert result["profile"] == "cpu-fast"
-    assert set(result["modes"]) == {"dense", "keyword", "hybrid"}
-    for mode, metrics in result["modes"].items():
+    assert {"datasets", "mean_recall", "k", "scope", "profile", "settings"} <= set(result)
+    assert (result["k"], result["scope"], result["profile"]) == (10, "guild", "cpu-fast")
+    mini = result["datasets"]["bench-mini"]
+    assert (mini["messages"], mini["queries"]) == (10, 5)
+    assert set(mini["modes"]) == set(result["mean_recall"]) == {"dense", "keyword", "hybrid"}
+    for mode, metrics in mini["modes"].items():
         assert {"recall", "hit", "mrr", "ndcg", "mean_returned", "p50_ms", "p95_ms"} <= set(
             metrics), mode
         assert all(0.0 <= metrics[m] <= 1.0 for m in ("recall", "hit", "mrr", "ndcg")), mode
     # sanity on a set this easy: every query's evidence is in the hybrid top 10
-    assert result["modes"]["hybrid"]["hit"] == 1.0
-    by_category = result["modes"]["hybrid"]["by_category"]
+    assert mini["modes"]["hybrid"]["hit"] == 1.0
+    by_category = mini["modes"]["hybrid"]["by_category"]
     assert sum(c["queries"] for c in by_category.values()) == 5
     assert "rerank_skipped" not in result
+    assert "hybrid" in err  # the recall table, for people
+
+
+def test_bench_retrieval_on_several_sets_with_settings_cache_and_compare(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    second = tmp_path / "bench-copy"
+    shutil.copytree(BENCH_MINI, second)
+    cache, before, after = tmp_path / "vectors.npz", tmp_path / "a.json", tmp_path / "b.json"
+    common = [*PROFILE, "bench", "retrieval", BENCH_MINI, second, "--modes", "hybrid",
+              "--cache", cache]
+    code, _, err = run_cli(capsys, *common, "--json", before)
+    assert code == 0, err
+    assert cache.is_file()
+    code, _, err = run_cli(capsys, *common, "--set", "search.window_weight=0",
+                           "--set", "search.rrf_k = 30", "--json", after)
+    assert code == 0, err
+    report = json.loads(after.read_text(encoding="utf-8"))
+    assert set(report["datasets"]) == {"bench-mini", "bench-copy"}
+    assert report["settings"] == ["search.window_weight=0", "search.rrf_k = 30"]
+    code, out, err = run_cli(capsys, *PROFILE, "bench", "retrieval", "--compare", before, after)
+    assert code == 0, err
+    assert "bench-copy / hybrid" in out and "change" in out
+
+
+@pytest.mark.parametrize("setting", [
+    "search.nope=1", "search.rrf_k", "rrf_k=3", "search.rrf_k=0", "search.fusion=magic",
+    "nosection.key=1",
+])
+def test_bench_retrieval_bad_settings_are_one_line(
+    setting: str, capsys: pytest.CaptureFixture
+) -> None:
+    code, out, err = run_cli(capsys, *PROFILE, "bench", "retrieval", BENCH_MINI, "--set", setting)
+    assert code == 2 and out == ""
+    assert error_line(err)
+
+
+def test_bench_retrieval_compare_refuses_other_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    other = tmp_path / "other.json"
+    other.write_text("[1, 2]", encoding="utf-8")
+    code, _, err = run_cli(capsys, *PROFILE, "bench", "retrieval", "--compare", other, other)
+    assert code == 2
+    assert "bench retrieval --json" in error_line(err)
 
 
 def test_bench_retrieval_lists_rerank_only_when_a_reranker_ran(
@@ -383,7 +428,7 @@ def test_bench_retrieval_lists_rerank_only_when_a_reranker_ran(
                              "--modes", "hybrid,rerank")
     assert code == 0, err
     result = json.loads(out)
-    assert list(result["modes"]) == ["hybrid"]
+    assert list(result["datasets"]["bench-mini"]["modes"]) == ["hybrid"]
     assert "missing-qwen" in result["rerank_skipped"]
 
 

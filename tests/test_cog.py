@@ -266,7 +266,7 @@ async def test_deleted_channels_threads_and_guilds_are_forgotten(harness):
     await settle(h)
     assert h.engine.store.message_count() == 0
     vectors = h.engine.store._query("SELECT count(*) FROM message_vectors")[0][0]
-    fts = h.engine.store._query("SELECT count(*) FROM messages_fts")[0][0]
+    fts = h.engine.store._query("SELECT count(*) FROM search_fts")[0][0]
     assert vectors == 0 and fts == 0
 
 

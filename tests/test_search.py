@@ -7,6 +7,7 @@ is used where a test needs ranking ties that only a boost can break.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -19,7 +20,7 @@ from memory.config import SearchConfig
 from memory.engine import MemoryEngine
 from memory.errors import SearchInputError
 from memory.records import MessageRecord, SearchResult, ms_to_datetime
-from memory.search import MAX_QUERIES, SearchRequest, adaptive_threshold, recency_boost
+from memory.search import MAX_QUERIES, SearchRequest, adaptive_threshold, recency
 from tests.conftest import (
     BASE_MS,
     CHANNEL,
@@ -194,7 +195,7 @@ def test_fusion_modes_dedupe_and_keep_both_scores(
     assert top.id == target.id
     assert top.similarity is not None and top.keyword_score is not None
     assert top.dense_rank == 1 and top.keyword_rank == 1
-    assert top.fused > 0 and top.score == pytest.approx(top.fused * top.boost)
+    assert top.fused > 0 and top.score == pytest.approx(top.fused + top.boost)
     assert all(h.keyword_score is None for h in result.hits[1:])
     assert [h.score for h in result.hits] == sorted((h.score for h in result.hits), reverse=True)
 
@@ -207,21 +208,32 @@ def test_rrf_fused_score_is_reciprocal_rank(
     engine.ingest([target, make_record("nothing to see here")])
     hit = engine.search("soldering iron", guild_id=GUILD, adaptive=False, boosts=False).hits[0]
     assert hit.id == target.id
+    # first by its vector and its words; its window's words and vector add two more shares
+    assert 2 / (CONFIG.rrf_k + 1) < hit.fused <= 4 / (CONFIG.rrf_k + 1)
+    plain = make_engine(context="none", window_weight=0.0, window_dense_weight=0.0,
+                        db=engine.store.path + ".2")
+    plain.ingest([target])
+    hit = plain.search("soldering iron", guild_id=GUILD, adaptive=False, boosts=False).hits[0]
     assert hit.fused == pytest.approx(2 / (CONFIG.rrf_k + 1))
 
 
 # -- adaptive threshold ---------------------------------------------------------------
 
 
-def _steps() -> list[float]:
-    n = round((CONFIG.threshold_start - CONFIG.threshold_floor) / CONFIG.threshold_step) + 1
-    return [round(CONFIG.threshold_start - i * CONFIG.threshold_step, 6) for i in range(n)]
+SPEC = replace(CONFIG, threshold_floor=0.35)  # the seed's loop: 0.75 down to 0.35 by 0.05
+
+
+def _steps(config: SearchConfig = SPEC) -> list[float]:
+    n = round((config.threshold_start - config.threshold_floor) / config.threshold_step) + 1
+    return [round(config.threshold_start - i * config.threshold_step, 6) for i in range(n)]
 
 
 def test_threshold_steps_match_the_spec() -> None:
-    assert (CONFIG.threshold_start, CONFIG.threshold_step, CONFIG.threshold_floor,
-            CONFIG.threshold_target) == (0.75, 0.05, 0.35, 0.8)
+    assert (CONFIG.threshold_start, CONFIG.threshold_step, CONFIG.threshold_target) == (
+        0.75, 0.05, 0.8)
     assert _steps() == [0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35]
+    # the profile's floor is only the lowest a guild's calibrated floor may go
+    assert CONFIG.threshold_floor == 0.1 and _steps(CONFIG)[-1] == 0.1
 
 
 @pytest.mark.parametrize(
@@ -243,11 +255,21 @@ def test_threshold_steps_match_the_spec() -> None:
 def test_adaptive_threshold_edges(
     sims: list[float | None], limit: int, threshold: float, iterations: int, passed: list[int]
 ) -> None:
-    outcome = adaptive_threshold(sims, limit, CONFIG)
+    outcome = adaptive_threshold(sims, limit, SPEC)
     assert outcome.mode == "adaptive"
     assert outcome.threshold == pytest.approx(threshold)
     assert outcome.iterations == iterations
     assert outcome.passed == passed
+
+
+@pytest.mark.parametrize("floor, threshold, iterations", [
+    (0.35, 0.35, 9), (0.3, 0.3, 10), (0.22, 0.22, 12), (0.9, 0.9, 1)])
+def test_adaptive_threshold_stops_at_a_given_floor(
+    floor: float, threshold: float, iterations: int
+) -> None:
+    outcome = adaptive_threshold([0.2] * 5, 5, SPEC, floor=floor)
+    assert outcome.threshold == pytest.approx(threshold)
+    assert outcome.iterations == iterations
 
 
 def test_adaptive_threshold_respects_config() -> None:
@@ -263,12 +285,32 @@ def test_engine_reports_the_adaptive_threshold(corpus: MemoryEngine) -> None:
     result = corpus.search("soldering iron", guild_id=GUILD)
     trace = result.trace
     assert trace.threshold_mode == "adaptive"
-    assert trace.threshold in _steps()
-    assert 1 <= trace.threshold_iterations <= len(_steps())
-    assert trace.threshold_iterations == _steps().index(trace.threshold) + 1
+    assert trace.threshold_floor is not None
+    assert CONFIG.threshold_floor <= trace.threshold_floor <= trace.threshold <= 0.75
+    assert trace.threshold_iterations >= 1
     assert trace.candidates["passed_threshold"] <= trace.candidates["fused"]
-    for hit in result.hits:
-        assert hit.similarity is None or hit.similarity >= trace.threshold - 1e-6
+    dense = corpus.search("soldering iron", guild_id=GUILD, mode="dense")
+    # (in hybrid, matches by words -- their own or their window's -- pass any threshold)
+    assert all(h.similarity >= dense.trace.threshold - 1e-6 for h in dense.hits)
+
+
+def test_the_floor_is_calibrated_per_guild_stored_and_renewed_as_it_grows(
+    make_engine: MakeEngine, make_record: MakeRecord
+) -> None:
+    engine = make_engine()
+    assert engine.store.similarity_floor(GUILD, 0.5) is None  # too few vectors to say
+    engine.ingest([make_record(f"note {i} about {word}") for i, word in
+                   enumerate(["tomatoes", "routers", "solder", "beans", "printers"] * 6)])
+    floor = engine.store.similarity_floor(GUILD, 0.5)
+    assert floor is not None and -1.0 < floor < 1.0
+    stored = json.loads(engine.store.get_meta(f"similarity_floor:{GUILD}") or "{}")
+    assert stored == {"quantile": 0.5, "vectors": 30, "floor": floor}
+    assert engine.store.similarity_floor(GUILD, 0.9) > floor  # a higher quantile, higher floor
+    result = engine.search("tomatoes", guild_id=GUILD, now=NOW)
+    assert result.trace.threshold_floor == pytest.approx(max(CONFIG.threshold_floor, floor))
+    engine.ingest([make_record(f"off topic chatter {i}") for i in range(20)])  # grew by 2/3
+    engine.store.similarity_floor(GUILD, 0.5)
+    assert json.loads(engine.store.get_meta(f"similarity_floor:{GUILD}") or "{}")["vectors"] == 50
 
 
 def test_search_embeds_queries_once(corpus: MemoryEngine) -> None:
@@ -324,54 +366,56 @@ def test_exact_keyword_match_is_never_thrown_away_in_a_small_corpus(
 @pytest.mark.parametrize(
     "age, expected",
     [
-        (0.0, 1.5),
-        (-5.0, 1.5),  # clock skew: never above the maximum
-        (30.0, 0.8 + 0.7 / math.e),
-        (10_000.0, 0.8),
+        (0.0, 1.0),
+        (-5.0, 1.0),  # clock skew: never above brand new
+        (30.0, 1 / math.e),
+        (10_000.0, 0.0),
     ],
 )
-def test_recency_boost_values(age: float, expected: float) -> None:
-    assert recency_boost(age, CONFIG) == pytest.approx(expected, abs=1e-9)
+def test_recency_values(age: float, expected: float) -> None:
+    assert recency(age, CONFIG) == pytest.approx(expected, abs=1e-9)
 
 
-def test_recency_boost_decreases_within_bounds() -> None:
-    values = [recency_boost(d, CONFIG) for d in (0, 1, 7, 30, 90, 365)]
-    assert values == sorted(values, reverse=True)
-    assert all(0.8 <= v <= 1.5 for v in values)
-    assert 0.8 < recency_boost(30, CONFIG) < 1.5
-
-
-def test_recency_boost_ranks_newer_equal_messages_first(
+def test_recency_only_breaks_ties_unless_the_query_asks_for_recent_things(
     engine: MemoryEngine, make_record: MakeRecord
 ) -> None:
     old = make_record("the repair cafe is on saturday", age_days=200)
     new = make_record("the repair cafe is on saturday", age_days=0.0)
     engine.ingest([old, new])
     result = engine.search("repair cafe saturday", guild_id=GUILD, mode="keyword", now=NOW)
-    assert [h.id for h in result.hits] == [new.id, old.id]
-    assert result.hits[0].boost == pytest.approx(1.5)
-    assert result.hits[1].boost == pytest.approx(recency_boost(200, CONFIG))
+    assert [h.id for h in result.hits].index(new.id) < [h.id for h in result.hits].index(old.id)
+    unit = 1 / (CONFIG.rrf_k + 1)
+    assert all(0 <= h.boost < 1e-5 * unit for h in result.hits)  # a tie-breaker, nothing more
+    latest = engine.search("latest on the repair cafe saturday", guild_id=GUILD, mode="keyword",
+                           now=NOW)
+    by_id = {h.id: h for h in latest.hits}
+    assert by_id[new.id].boost == pytest.approx(CONFIG.recency_weight * unit, rel=1e-3)
+    assert by_id[old.id].boost < 0.01 * unit
     plain = engine.search("repair cafe saturday", guild_id=GUILD, mode="keyword", boosts=False)
-    assert {h.boost for h in plain.hits} == {1.0}
+    assert {h.boost for h in plain.hits} == {0.0}
 
 
-@pytest.mark.parametrize("named", ["Alice", "Bobby"])
-def test_member_named_in_query_is_boosted(
+@pytest.mark.parametrize("named", ["Alice", "Bobby", "<@800000000000000008>", "<@!800000000000000008>",
+                                   "Bobbby"])
+def test_member_named_in_query_gets_a_bounded_bonus(
     engine: MemoryEngine, make_record: MakeRecord, named: str
 ) -> None:
-    alice = make_record("the meeting moved to friday", author_id=7, author_name="alice.w",
-                        author_display_name="Alice", created_at=BASE_MS - 86_400_000)
-    bobby = make_record("the meeting moved to friday", author_id=8, author_name="bobby_t",
-                        author_display_name="Bobby", created_at=BASE_MS - 86_400_000)
+    alice = make_record("the meeting moved to friday", author_id=700000000000000007,
+                        author_name="alice.w", author_display_name="Alice",
+                        created_at=BASE_MS - 86_400_000)
+    bobby = make_record("the meeting moved to friday", author_id=800000000000000008,
+                        author_name="bobby_t", author_display_name="Bobby",
+                        created_at=BASE_MS - 86_400_000)
     engine.ingest([alice, bobby])
     result = engine.search(f"what did {named} say about the meeting", guild_id=GUILD,
                            mode="keyword", now=NOW)
-    first, second = result.hits
-    assert first.author_name == named
-    assert first.boost == pytest.approx(second.boost * CONFIG.member_boost)
+    expected = "Alice" if named == "Alice" else "Bobby"
+    first, second = result.hits[:2]
+    assert first.author_name == expected
+    assert first.boost - second.boost == pytest.approx(CONFIG.member_weight / (CONFIG.rrf_k + 1))
 
 
-def test_member_boost_matches_username_case_insensitively(
+def test_member_bonus_matches_username_case_insensitively(
     engine: MemoryEngine, make_record: MakeRecord
 ) -> None:
     marta = make_record("beans go in the north bed", author_id=7, author_name="marta.gardens",
@@ -381,6 +425,26 @@ def test_member_boost_matches_username_case_insensitively(
     result = engine.search("where do beans go says MARTA.GARDENS", guild_id=GUILD,
                            mode="keyword", now=NOW)
     assert result.hits[0].id == marta.id
+
+
+def test_a_bonus_never_lifts_a_content_free_line_over_a_relevant_one(
+    make_engine: MakeEngine, make_record: MakeRecord
+) -> None:
+    engine = make_engine(context="none")
+    priya = {"author_id": 9, "author_name": "priya", "author_display_name": "Priya"}
+    filler = [make_record(text, **priya) for text in
+              ("looks great", "noted. very noted.", "lol")]
+    answer = make_record("I print everything in PETG filament, galaxy black", author_id=10,
+                         author_display_name="Sam")
+    engine.ingest([*filler, answer])
+    for mode in ("hybrid", "keyword"):
+        result = engine.search("What filament does Priya use?", guild_id=GUILD, mode=mode,
+                               adaptive=False, now=NOW)
+        ranked = [h.id for h in result.hits]
+        assert ranked[0] == answer.id, mode
+        for hit in result.hits:
+            if hit.content in ("looks great", "noted. very noted.", "lol"):
+                assert hit.boost < 1e-5, (mode, hit.content)
 
 
 # -- multi-query --------------------------------------------------------------------

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_torch_thread")]
 DATA = Path(__file__).resolve().parent.parent / "data"
 QUERIES = [
     json.loads(line)
-    for line in (DATA / "demo-queries.jsonl").read_text(encoding="utf-8").splitlines()
+    for line in (DATA / "demo-server" / "queries.jsonl").read_text(encoding="utf-8").splitlines()
     if line.strip()
 ]
 # The demo export's date: recency boosts are computed from here, not from today,

@@ -36,7 +36,7 @@ def row_counts(store: MessageStore) -> dict[str, int]:
     return {
         "messages": count(store, "SELECT count(*) FROM messages"),
         # the docsize shadow table has one row per indexed document
-        "fts": count(store, "SELECT count(*) FROM messages_fts_docsize"),
+        "fts": count(store, "SELECT count(*) FROM search_fts_docsize"),
         "vectors": vectors,
     }
 
@@ -48,7 +48,7 @@ def fts_ids(store: MessageStore, word: str) -> set[int]:
 def fts_in_sync(store: MessageStore) -> None:
     """FTS5's own check that the index matches the content table (raises if not)."""
     with store._transaction() as conn:
-        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+        conn.execute("INSERT INTO search_fts(search_fts) VALUES ('integrity-check')")
 
 
 def stored_vector(store: MessageStore, message_id: int) -> np.ndarray | None:

@@ -21,43 +21,83 @@ def bench() -> None:
 
 
 @bench.command("retrieval")
-@click.argument("data", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("data", nargs=-1, type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--queries", type=click.Path(path_type=Path, dir_okay=False),
-              help="queries.jsonl (default DATA/queries.jsonl).")
+              help="queries.jsonl (default DATA/queries.jsonl; one DATA only).")
 @click.option("--k", type=click.IntRange(1, 100), default=10, show_default=True,
               help="Results scored per query.")
 @click.option("--scope", type=click.Choice(("guild", "channel")), default="guild",
               show_default=True, help="Search the whole guild or only the evidence's channel.")
 @click.option("--modes", help="Comma-separated subset of modes.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+              help="Change a profile setting for this run (repeatable), e.g. search.rrf_k=30.")
+@click.option("--cache", type=click.Path(path_type=Path, dir_okay=False),
+              help="Keep the embedder's vectors in this .npz between runs.")
+@click.option("--compare", nargs=2, type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="Compare two --json reports (BEFORE AFTER) instead of running.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
               help="Write results to this file.")
 @click.pass_obj
 def retrieval_command(
-    settings: Settings, data: Path, queries: Path | None, k: int, scope: str,
-    modes: str | None, json_out: Path | None,
+    settings: Settings, data: tuple[Path, ...], queries: Path | None, k: int, scope: str,
+    modes: str | None, overrides: tuple[str, ...], cache: Path | None,
+    compare: tuple[Path, Path] | None, json_out: Path | None,
 ) -> int:
-    """Recall/MRR/nDCG per mode on a labelled export set."""
+    """Recall/MRR/nDCG per mode and category on labelled export sets (DATA...)."""
     from cli.bench.common import load_queries
-    from cli.bench.retrieval import RETRIEVAL_MODES, default_modes, run_retrieval_bench
+    from cli.bench.retrieval import (
+        RETRIEVAL_MODES,
+        CachedEmbedder,
+        compare_reports,
+        default_modes,
+        recall_table,
+        run_retrieval_bench,
+        with_settings,
+    )
+    from memory.embedder import SentenceTransformerEmbedder
 
-    queries = queries or data / "queries.jsonl"
-    if not queries.is_file():
-        raise ImportFormatError(f"{queries}: no such queries file (give --queries)")
+    if compare:
+        click.echo(compare_reports(*(_read_report(path) for path in compare)))
+        return 0
+    if not data:
+        raise SearchInputError("give at least one dataset folder (or --compare BEFORE AFTER)")
+    if queries and len(data) > 1:
+        raise SearchInputError("--queries goes with one dataset folder only")
+    query_files = [queries or folder / "queries.jsonl" for folder in data]
+    for path in query_files:
+        if not path.is_file():
+            raise ImportFormatError(f"{path}: no such queries file (give --queries)")
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
     unknown = set(chosen or []) - set(RETRIEVAL_MODES)
     if unknown:
         raise SearchInputError(f"unknown modes: {', '.join(sorted(unknown))}")
-    profile = resolve_profile(settings)
+    profile = with_settings(resolve_profile(settings), overrides)
     chosen = chosen or default_modes(profile)
-    update, bar = progress_bar(len(load_queries(queries)) * len(chosen), "searches", "query")
+    embedder = SentenceTransformerEmbedder(profile.embedder)
+    cached = CachedEmbedder(embedder, cache) if cache else None
+    total = sum(len(load_queries(path)) for path in query_files) * len(chosen)
+    update, bar = progress_bar(total, "searches", "query")
     try:
-        result = run_retrieval_bench(data, queries, profile, k=k, scope=scope, modes=chosen,
-                                     progress=update)
+        result = run_retrieval_bench(data, profile, queries_path=queries, k=k, scope=scope,
+                                     modes=chosen, embedder=cached or embedder, progress=update)
     finally:
         bar.close()
+        if cached:
+            cached.save()
     result["profile"] = profile.name
+    result["settings"] = list(overrides)
+    click.echo(recall_table(result), err=True)
     emit_json(result, json_out)
     return 0
+
+
+def _read_report(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ImportFormatError(f"{path}: not a JSON report ({exc})") from None
 
 
 @bench.command("search-scale")

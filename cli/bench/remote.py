@@ -166,7 +166,7 @@ def run_remote_bench(
 
 def demo_corpus() -> tuple[list[str], list[str]]:
     """The demo server's questions and its non-empty message texts, in file order."""
-    with (data_dir() / "demo-queries.jsonl").open(encoding="utf-8") as lines:
+    with (data_dir() / "demo-server" / "queries.jsonl").open(encoding="utf-8") as lines:
         questions = [json.loads(line)["query"] for line in lines if line.strip()]
     messages: list[str] = []
     for path in sorted((data_dir() / "demo-server").glob("*.json")):

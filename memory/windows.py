@@ -1,0 +1,179 @@
+"""Conversational windows: what the keyword index holds for each message.
+
+A chat line's meaning often sits in its neighbours ("Why did Monica want to borrow a
+hundred bucks?" is answered by "I 've got ta get back in the game ."), so the keyword
+index keeps, beside each message's own author and text, its *window*: the message
+with up to :data:`BEFORE` messages before it and :data:`AFTER` after it in the same
+channel or thread (no further apart in time than :data:`GAP_MS`), and its reply
+target when that is in the same channel, as ``author: content`` lines.  A search
+ranks messages by their own text and by their windows and fuses the lists
+(:mod:`memory.search`).
+
+A window never holds text from another channel, so it cannot carry a message past a
+permission check.  Windows are rewritten whenever a message in them is stored,
+edited or deleted (:func:`reindex`): deleted text does not live on in a neighbour.
+The window's shape is part of the index format: changing these constants needs a
+new migration that rebuilds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memory.db import IN_IDS, id_list
+
+log = logging.getLogger(__name__)
+
+BEFORE = 2
+AFTER = 2
+GAP_MS = 2 * 3_600_000  # a conversation pause longer than this ends the window
+_SEGMENT = 5000  # messages rebuilt per pass when a whole channel is indexed
+
+_COLUMNS = (
+    "m.id, m.channel_id, m.created_at, a.name, a.display_name, m.content, m.attachments, "
+    "m.reply_to_id FROM messages m JOIN authors a ON a.id = m.author_id"
+)
+
+
+@dataclass(frozen=True)
+class _Row:
+    id: int
+    channel_id: int
+    created_at: int
+    name: str
+    display_name: str
+    content: str
+    attachments: str
+    reply_to_id: int | None
+
+    @property
+    def author(self) -> str:
+        """Every name the author is known by (questions use either)."""
+        names = dict.fromkeys(n for n in (self.display_name, self.name) if n)
+        return " ".join(names)
+
+    @property
+    def line(self) -> str:
+        return f"{self.display_name or self.name}: {self.content}"
+
+
+def reindex(conn: Any, touched: Iterable[tuple[int, int]]) -> None:
+    """Rewrite the index rows of messages whose window includes a touched message.
+
+    Args:
+        conn: A connection inside the caller's write transaction.
+        touched: ``(channel_id, message_id)`` of every message stored, edited or
+            deleted (a deleted one's row goes; its neighbours' windows lose it).
+    """
+    by_channel: dict[int, set[int]] = defaultdict(set)
+    for channel_id, message_id in touched:
+        by_channel[channel_id].add(message_id)
+    if not by_channel:
+        return
+    every = sorted({mid for ids in by_channel.values() for mid in ids})
+    conn.execute(
+        f"DELETE FROM search_text WHERE id {IN_IDS} AND id NOT IN (SELECT id FROM messages)",
+        (id_list(every),),
+    )
+    rewritten: set[int] = set()
+    for channel_id, ids in by_channel.items():
+        for lo, hi in _segments(conn, channel_id, sorted(ids)):
+            rewritten |= _rebuild(conn, channel_id, lo, hi)
+    # a reply carries its target's text in its window: rebuild the replies to touched ones
+    replies = [
+        (row[0], row[1]) for row in conn.execute(
+            f"SELECT channel_id, id FROM messages WHERE reply_to_id {IN_IDS}", (id_list(every),)
+        ) if row[1] not in rewritten
+    ]
+    for channel_id, message_id in replies:
+        _rebuild(conn, channel_id, message_id, message_id)
+
+
+def index_all_windows(conn: Any) -> None:
+    """Index every stored message (a migration: messages stored before windows existed)."""
+    channels = [row[0] for row in conn.execute("SELECT DISTINCT channel_id FROM messages")]
+    for channel_id in channels:
+        ids = [row[0] for row in conn.execute(
+            "SELECT id FROM messages WHERE channel_id = ? ORDER BY id", (channel_id,))]
+        for start in range(0, len(ids), _SEGMENT):
+            chunk = ids[start:start + _SEGMENT]
+            _rebuild(conn, channel_id, chunk[0], chunk[-1])
+    log.info("indexed the windows of %d channels", len(channels))
+
+
+def _segments(conn: Any, channel_id: int, ids: list[int]) -> list[tuple[int, int]]:
+    """One id range over the touched messages, or one per message when they lie far apart."""
+    lo, hi = ids[0], ids[-1]
+    between = conn.execute(
+        "SELECT count(*) FROM messages WHERE channel_id = ? AND id BETWEEN ? AND ?",
+        (channel_id, lo, hi),
+    ).fetchone()[0]
+    if between <= 4 * len(ids) + 200:
+        return [(lo, hi)]
+    return [(i, i) for i in ids]
+
+
+def _rebuild(conn: Any, channel_id: int, lo: int, hi: int) -> set[int]:
+    """Rewrite the rows of messages ``lo..hi`` and of the neighbours whose windows reach them."""
+    reach = BEFORE + AFTER
+    before = _rows(conn, "m.channel_id = ? AND m.id < ? ORDER BY m.id DESC LIMIT ?",
+                   (channel_id, lo, reach))[::-1]
+    middle = _rows(conn, "m.channel_id = ? AND m.id BETWEEN ? AND ? ORDER BY m.id",
+                   (channel_id, lo, hi))
+    after = _rows(conn, "m.channel_id = ? AND m.id > ? ORDER BY m.id LIMIT ?",
+                  (channel_id, hi, reach))
+    rows = before + middle + after
+    first = max(0, len(before) - AFTER)  # earlier ones cannot see lo..hi
+    last = len(before) + len(middle) + min(BEFORE, len(after))
+    targets = _reply_targets(conn, rows[first:last], channel_id)
+    entries = []
+    for i in range(first, last):
+        row = rows[i]
+        window = [
+            n for n in rows[max(0, i - BEFORE): i + AFTER + 1]
+            if abs(n.created_at - row.created_at) <= GAP_MS
+        ]
+        target = targets.get(row.reply_to_id) if row.reply_to_id else None
+        if target is not None and target not in window:
+            window.insert(0, target)
+        entries.append((
+            row.id, row.author, row.content, row.attachments,
+            "\n".join(n.line for n in window), " ".join(str(n.id) for n in window),
+        ))
+    _write(conn, entries)
+    return {entry[0] for entry in entries}
+
+
+def _rows(conn: Any, where: str, params: Sequence[Any]) -> list[_Row]:
+    return [_Row(*row) for row in conn.execute(f"SELECT {_COLUMNS} WHERE {where}", params)]
+
+
+def _reply_targets(conn: Any, rows: list[_Row], channel_id: int) -> dict[int, _Row]:
+    wanted = {r.reply_to_id for r in rows if r.reply_to_id is not None}
+    if not wanted:
+        return {}
+    found = _rows(conn, f"m.id {IN_IDS} AND m.channel_id = ?", (id_list(wanted), channel_id))
+    return {r.id: r for r in found}
+
+
+def _write(conn: Any, entries: list[tuple]) -> None:
+    """Write index rows, leaving alone the ones that would not change (FTS work is not free)."""
+    if not entries:
+        return
+    stored = {
+        row[0]: tuple(row) for row in conn.execute(
+            "SELECT id, author, content, attachments, context, context_ids FROM search_text "
+            f"WHERE id {IN_IDS}", (id_list(e[0] for e in entries),))
+    }
+    changed = [e for e in entries if stored.get(e[0]) != e]
+    conn.executemany(
+        "INSERT INTO search_text(id, author, content, attachments, context, context_ids) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET author = excluded.author, "
+        "content = excluded.content, attachments = excluded.attachments, "
+        "context = excluded.context, context_ids = excluded.context_ids",
+        changed,
+    )
