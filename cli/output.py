@@ -68,11 +68,13 @@ def format_result(result: SearchResult, *, debug: bool = False, width: int = 90)
         text = " ".join(h.content.split())
         text = text if len(text) <= width else text[: width - 1] + "…"
         lines.append(
-            f"{rank:>2}. score {h.score:.4f} sim {sim} bm25 {kw} boost {h.boost:.2f}{rr}  "
+            f"{rank:>2}. score {h.score:.4f} sim {sim} bm25 {kw} bonus {h.boost:+.4f}{rr}  "
             f"#{h.channel_name} {when} {h.author_name}\n    {text}"
         )
     t = result.trace
     threshold = f"{t.threshold:.2f} ({t.threshold_mode})" if t.threshold is not None else t.threshold_mode
+    if t.threshold_floor is not None:
+        threshold += f", floor {t.threshold_floor:.2f}"
     lines.append(
         f"[{t.candidates.get('returned', 0)} results, threshold {threshold}, "
         f"{t.timings_ms.get('total', 0):.1f} ms]"

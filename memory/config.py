@@ -65,19 +65,31 @@ class EmbedderConfig:
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """Retrieval knobs: candidate pool, fusion, adaptive threshold and boosts."""
+    """Retrieval knobs: candidate pool, fusion, adaptive threshold and bonuses.
+
+    Each list (vector, words, window words, window vector) fetches ``limit ×
+    oversample`` candidates; RRF weighs them ``1``, ``keyword_weight``,
+    ``window_weight`` and ``window_dense_weight``.  The adaptive threshold steps
+    from ``threshold_start`` down to the guild's calibrated floor (the
+    ``floor_quantile`` of its random-pair similarities; 0 turns calibration off),
+    never below ``threshold_floor``.  ``member_weight``, ``recency_weight`` (only
+    for queries that ask for recent things) and ``time_weight`` (messages inside a
+    time span the query names) are bonuses in units of one list's rank-1 share of
+    the fused score.  The defaults were tuned on three dev sets at once
+    (BENCHMARKS.md, issue 9).
+    """
 
     oversample: int = field(default=5, metadata=_range(1, 100))
     rescore: int = field(default=4, metadata=_range(1, 1000))
     fusion: str = field(default="rrf", metadata=_choice("rrf", "score_sum", "score_max"))
-    rrf_k: int = field(default=60, metadata=_range(1, 10_000))
+    rrf_k: int = field(default=20, metadata=_range(1, 10_000))
     keyword_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
     threshold_start: float = field(default=0.75, metadata=_range(-1.0, 1.0))
     threshold_step: float = field(default=0.05, metadata=_range(0.001, 1.0))
     threshold_floor: float = field(default=0.1, metadata=_range(-1.0, 1.0))
     floor_quantile: float = field(default=0.5, metadata=_range(0.0, 1.0))
     threshold_target: float = field(default=0.8, metadata=_range(0.0, 1.0))
-    window_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
+    window_weight: float = field(default=1.5, metadata=_range(0.0, 10.0))
     window_dense_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
     member_weight: float = field(default=0.5, metadata=_range(0.0, 10.0))
     recency_weight: float = field(default=0.5, metadata=_range(0.0, 10.0))

@@ -152,7 +152,8 @@ MIGRATIONS: list[Migration] = [
         content TEXT NOT NULL DEFAULT '',
         attachments TEXT NOT NULL DEFAULT '',
         context TEXT NOT NULL DEFAULT '',  -- the window: "author: content" lines
-        context_ids TEXT NOT NULL DEFAULT ''  -- the window's message ids, space-separated
+        context_ids TEXT NOT NULL DEFAULT '',  -- the window's message ids, space-separated
+        contentful INTEGER NOT NULL DEFAULT 1  -- 0: "lol", "noted": its window speaks not for it
     );
     CREATE VIRTUAL TABLE IF NOT EXISTS search_fts USING fts5(
         author, content, attachments, context,

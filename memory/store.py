@@ -711,6 +711,8 @@ class MessageStore:
         columns, weights = _KEYWORD_FIELDS[field]
         match = f"{columns} : ({match})"
         clauses: list[str] = ["TRUE"]
+        if field == "window":  # a content-free line is not found by its neighbours' words
+            clauses.append("(SELECT s.contentful FROM search_text s WHERE s.id = m.id)")
         params: list[Any] = []
         filter_sql(filters, "m.", clauses, params)
         k = int(k)
@@ -731,22 +733,33 @@ class MessageStore:
     def window_vectors(self, ids: Sequence[int]) -> dict[int, np.ndarray]:
         """The mean of the stored vectors of each message's window (unit length).
 
-        Messages without a window row or without any embedded member are left out.
+        Messages without a window row, without content of their own ("lol") or
+        without any embedded member are left out.
         """
-        if self.embedding_model() is None:
+        if self.embedding_model() is None or not ids:
             return {}
         members = {
             row[0]: [int(i) for i in row[1].split()] for row in self._query(
-                f"SELECT id, context_ids FROM search_text WHERE id {IN_IDS}", (id_list(ids),))
+                f"SELECT id, context_ids FROM search_text WHERE id {IN_IDS} AND contentful",
+                (id_list(ids),))
         }
-        floats = self.vectors.floats({m for ids_ in members.values() for m in ids_})
-        means = {}
-        for mid, ids_ in members.items():
-            found = [floats[m] for m in ids_ if m in floats]
+        floats = self.vectors.floats({m for window in members.values() for m in window})
+        if not floats:
+            return {}
+        position = {mid: i for i, mid in enumerate(floats)}
+        matrix = np.stack(list(floats.values()))
+        owners, rows = [], []
+        for mid, window in members.items():
+            found = [position[m] for m in window if m in position]
             if found:
-                mean = np.sum(found, axis=0)
-                means[mid] = mean / max(float(np.linalg.norm(mean)), 1e-12)
-        return means
+                owners.append(mid)
+                rows.append(found)
+        if not owners:
+            return {}
+        starts = np.cumsum([0] + [len(r) for r in rows[:-1]])
+        sums = np.add.reduceat(matrix[np.concatenate(rows)], starts, axis=0)
+        sums /= np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
+        return dict(zip(owners, sums))
 
     def similarity_floor(self, guild_id: int | None, quantile: float) -> float | None:
         """The cosine similarity that random pairs of a guild's messages reach at ``quantile``.

@@ -9,6 +9,9 @@ target when that is in the same channel, as ``author: content`` lines.  A search
 ranks messages by their own text and by their windows and fuses the lists
 (:mod:`memory.search`).
 
+A line without content of its own ("lol", "noted", "looks great") is not found by its
+window: the window would speak for its neighbours, not for it.
+
 A window never holds text from another channel, so it cannot carry a message past a
 permission check.  Windows are rewritten whenever a message in them is stored,
 edited or deleted (:func:`reindex`): deleted text does not live on in a neighbour.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.db import IN_IDS, id_list
+from memory.text import content_words
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +147,7 @@ def _rebuild(conn: Any, channel_id: int, lo: int, hi: int) -> set[int]:
         entries.append((
             row.id, row.author, row.content, row.attachments,
             "\n".join(n.line for n in window), " ".join(str(n.id) for n in window),
+            int(bool(row.attachments) or content_words(row.content) >= 2),
         ))
     _write(conn, entries)
     return {entry[0] for entry in entries}
@@ -166,14 +171,15 @@ def _write(conn: Any, entries: list[tuple]) -> None:
         return
     stored = {
         row[0]: tuple(row) for row in conn.execute(
-            "SELECT id, author, content, attachments, context, context_ids FROM search_text "
-            f"WHERE id {IN_IDS}", (id_list(e[0] for e in entries),))
+            "SELECT id, author, content, attachments, context, context_ids, contentful "
+            f"FROM search_text WHERE id {IN_IDS}", (id_list(e[0] for e in entries),))
     }
     changed = [e for e in entries if stored.get(e[0]) != e]
     conn.executemany(
-        "INSERT INTO search_text(id, author, content, attachments, context, context_ids) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET author = excluded.author, "
-        "content = excluded.content, attachments = excluded.attachments, "
-        "context = excluded.context, context_ids = excluded.context_ids",
+        "INSERT INTO search_text(id, author, content, attachments, context, context_ids, "
+        "contentful) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+        "author = excluded.author, content = excluded.content, "
+        "attachments = excluded.attachments, context = excluded.context, "
+        "context_ids = excluded.context_ids, contentful = excluded.contentful",
         changed,
     )

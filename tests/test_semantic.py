@@ -1,11 +1,13 @@
 """Real semantics: the bundled MiniLM on the demo server and its labelled questions.
 
-The floors below were measured on this code with torch on CPU (2026-11-21):
-recall@10 averaged over the 20 demo questions was 0.85 for dense (no threshold, no
-boosts) and 0.825 for the default hybrid pipeline (adaptive threshold and boosts on,
-no reranker).  The asserted floor is the measured value minus a margin of 0.075
-(1.5 questions' worth), so a small model or tokenizer update does not fail the suite
-but a broken fusion, threshold or embedding-text change does.
+The floors below were measured on this code with torch on CPU (2026-11-23) over the
+40 demo questions (20 added for issue 9: vague, named-member and temporal ones):
+recall@10 was 0.80 for dense (no threshold, no boosts) and 0.90 for the default
+hybrid pipeline (windows, adaptive threshold and bonuses on, no reranker); at k=5,
+0.704 dense and 0.788 hybrid (before issue 9: 0.704 and 0.592).  The asserted floor
+is the measured value minus a margin of 0.05 (two questions' worth), so a small model
+or tokenizer update does not fail the suite but a broken fusion, threshold or
+embedding-text change does.
 """
 
 from __future__ import annotations
@@ -34,11 +36,8 @@ QUERIES = [
 # so the result does not drift as the calendar moves on.
 EXPORTED = datetime(2026, 11, 21, tzinfo=timezone.utc)
 K = 10
-HYBRID_FLOOR = 0.825 - 0.075
-DENSE_FLOOR = 0.85 - 0.075
-# Hybrid may trail dense by at most one question's worth on 20 questions (measured
-# 0.025 behind: one question with two evidence messages lost one to the threshold).
-EPSILON = 0.05
+HYBRID_FLOOR = 0.90 - 0.05
+DENSE_FLOOR = 0.80 - 0.05
 
 MODES = {
     "dense": {"mode": "dense", "adaptive": False, "boosts": False},
@@ -56,21 +55,21 @@ def demo(minilm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryEng
     engine.close()
 
 
-def recall_at_k(engine: MemoryEngine, query: dict, **fields) -> float:
+def recall_at_k(engine: MemoryEngine, query: dict, k: int = K, **fields) -> float:
     result = engine.search(SearchRequest(
-        queries=(query["query"],), guild_id=int(query["guild_id"]), limit=K, now=EXPORTED,
+        queries=(query["query"],), guild_id=int(query["guild_id"]), limit=k, now=EXPORTED,
         rerank=False, **fields,
     ))
     relevant = {int(i) for i in query["relevant"]}
     return len(relevant & {h.id for h in result.hits}) / len(relevant)
 
 
-def mean_recall(engine: MemoryEngine, mode: str) -> float:
-    return sum(recall_at_k(engine, q, **MODES[mode]) for q in QUERIES) / len(QUERIES)
+def mean_recall(engine: MemoryEngine, mode: str, k: int = K) -> float:
+    return sum(recall_at_k(engine, q, k, **MODES[mode]) for q in QUERIES) / len(QUERIES)
 
 
 def test_demo_queries_are_loaded() -> None:
-    assert len(QUERIES) == 20
+    assert len(QUERIES) == 40
     assert all(q["relevant"] for q in QUERIES)
 
 
@@ -78,7 +77,11 @@ def test_hybrid_recall_floor_and_not_worse_than_dense(demo: MemoryEngine) -> Non
     dense, hybrid = mean_recall(demo, "dense"), mean_recall(demo, "hybrid")
     assert dense >= DENSE_FLOOR, f"dense recall@{K} {dense:.3f}"
     assert hybrid >= HYBRID_FLOOR, f"hybrid recall@{K} {hybrid:.3f}"
-    assert hybrid >= dense - EPSILON, f"hybrid {hybrid:.3f} vs dense {dense:.3f}"
+    assert hybrid >= dense, f"hybrid {hybrid:.3f} vs dense {dense:.3f}"
+    # issue 9: the named member and recency boosts once lifted content-free lines
+    # over the answers at k=5 (hybrid 0.59 against dense 0.70 on these 40)
+    dense5, hybrid5 = mean_recall(demo, "dense", 5), mean_recall(demo, "hybrid", 5)
+    assert hybrid5 >= dense5, f"recall@5: hybrid {hybrid5:.3f} vs dense {dense5:.3f}"
 
 
 @pytest.mark.parametrize(
@@ -100,11 +103,12 @@ def test_hybrid_trace_on_real_embeddings(demo: MemoryEngine) -> None:
     query = QUERIES[0]
     result = demo.search(query["query"], guild_id=int(query["guild_id"]), now=EXPORTED)
     assert result.hits
-    assert result.trace.threshold_mode == "adaptive"
-    assert 0.35 <= result.trace.threshold <= 0.75
-    # below the threshold only keyword matches survive
-    assert all(h.keyword_score is not None or h.similarity >= result.trace.threshold - 1e-6
-               for h in result.hits)
+    trace = result.trace
+    assert trace.threshold_mode == "adaptive"
+    # the floor calibrated on this guild's messages sits well inside the loop's range
+    assert trace.threshold_floor is not None and 0.05 < trace.threshold_floor < 0.4
+    assert trace.threshold_floor <= trace.threshold <= 0.75
+    assert {"dense", "keyword", "window", "window_dense"} <= set(trace.candidates)
     assert any(h.similarity is not None and h.keyword_score is not None for h in result.hits)
 
 
