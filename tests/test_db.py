@@ -211,6 +211,36 @@ def test_a_foreign_sqlite_file_keeps_its_journal_mode(tmp_path: Path) -> None:
     assert _journal_mode(path) == "delete"  # never flipped to WAL
 
 
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+@pytest.mark.parametrize("user_version", [0, 1, 3, len(MIGRATIONS) - 1, 7, 42])
+def test_another_applications_sqlite_file_is_left_byte_identical(
+    tmp_path: Path, capsys: pytest.CaptureFixture, user_version: int, journal: str
+) -> None:
+    """Whatever its user_version claims, a file with another application's tables is
+    refused before anything writes to it: no migration, no journal-mode switch."""
+    import bot
+
+    path = tmp_path / "other-app.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA journal_mode={journal}")
+    conn.execute("CREATE TABLE notes (x TEXT)")
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")  # a name we use too
+    conn.execute("INSERT INTO notes VALUES ('keep me')")
+    conn.execute(f"PRAGMA user_version = {user_version}")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(DatabaseFileError, match="another application's tables"):
+        MessageStore(path)
+    for command in (["stats"], ["--profile", "cpu-fast", "search", "x"], ["embed"]):
+        assert bot.main(["--db", str(path), *command]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith("error: ") and "another application's tables (meta, notes)" in line
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-app.sqlite3"]
+    assert _journal_mode(path) == journal
+
+
 def test_new_and_own_databases_use_wal(tmp_path: Path) -> None:
     path = tmp_path / "ours.sqlite3"
     MessageStore(path).close()
