@@ -156,3 +156,21 @@ def test_a_read_only_file_that_is_not_sqlite_is_one_line(folder: Path) -> None:
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     assert "not a usable SQLite database" in line
+
+
+@pytest.mark.parametrize("given, needle", [
+    ("file", "is not readable"),  # checked with the arguments
+    ("folder", "cannot read the file"),  # found inside a folder by the importer
+])
+def test_an_export_the_user_cannot_read_is_one_line(folder: Path, given: str, needle: str) -> None:
+    exports = folder / "exports"
+    exports.mkdir(mode=0o755)
+    export = exports / "locked.json"
+    shutil.copy(next(BENCH_MINI.glob("*.json")), export)
+    export.chmod(0)
+    folder.chmod(0o777)  # the database may be created; only the export is locked
+    result = run_as_reader("--db", folder / "memory.sqlite3", "--profile", "cpu-fast", "import",
+                           "--no-embed", export if given == "file" else exports)
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and needle in line
