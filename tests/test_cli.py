@@ -609,3 +609,29 @@ def test_a_broken_environment_is_one_line(
         return
     assert result.returncode == 2 and result.stdout == ""
     assert expected in error_line(result.stderr)
+
+
+def test_the_default_profile_searches_without_the_qwen_weights(tmp_path: Path) -> None:
+    """The shipped `cpu` profile on a machine without the Qwen3 weights, the hub off:
+    the search answers in the hybrid order and says why once, in one line."""
+    db = tmp_path / "m.sqlite3"
+    assert bot.main(["--db", str(db), *PROFILE, "import", "--no-embed", str(BENCH_MINI)]) == 0
+    root = Path(bot.__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf-cache")}
+    env.pop("MEMORY_PROFILE", None)
+    for before, after in (([], ["--debug"]), (["--log-level", "INFO"], [])):
+        argv = ["--db", str(db), *before, "search", "soldering iron", "--mode", "keyword", *after]
+        result = subprocess.run([sys.executable, str(root / "bot.py"), *argv], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "Hannah" in result.stdout
+        assert "Check your internet connection" not in result.stdout + result.stderr
+        if after:  # --debug: the trace says why, on one line, and stderr stays empty
+            assert result.stderr == ""
+            (line,) = [line for line in result.stdout.splitlines() if "skipped" in line]
+            assert "'Qwen/Qwen3-Reranker-0.6B' is not on this machine" in line
+            assert "hf download" in line
+        else:  # the reason is logged once, on one line
+            (line,) = [line for line in result.stderr.splitlines() if "not on this machine" in line]
+            assert line.startswith("INFO cli.app: reranker unavailable")
