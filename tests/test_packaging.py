@@ -23,7 +23,8 @@ def _name(requirement: str) -> str:
     return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def _imports(files: list[Path]) -> set[str]:
+def _all_imports(files: list[Path]) -> set[str]:
+    """Top-level names of every module the files import (first-party and stdlib too)."""
     found = set()
     for path in files:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -31,7 +32,12 @@ def _imports(files: list[Path]) -> set[str]:
                 found |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
-    return found - FIRST_PARTY - set(sys.stdlib_module_names) - {"__future__"}
+    return found
+
+
+def _imports(files: list[Path]) -> set[str]:
+    """Third-party top-level modules the files import."""
+    return _all_imports(files) - FIRST_PARTY - set(sys.stdlib_module_names) - {"__future__"}
 
 
 def _distributions(module: str) -> set[str]:
@@ -70,3 +76,9 @@ def test_the_wheel_carries_the_type_marker_profiles_and_demo_data() -> None:
     assert (ROOT / "data" / "demo-queries.jsonl").is_file()
     scripts = PYPROJECT["project"]["scripts"]
     assert scripts == {"discord-memory-bot": "bot:main"}
+
+
+def test_the_engine_package_holds_the_engine_only() -> None:
+    """memory/ is a synchronous library: no Discord, no event loop, no CLI, no upward import."""
+    imported = _all_imports(list(ROOT.glob("memory/**/*.py")))
+    assert imported & {"discord", "aiohttp", "asyncio", "click", "tqdm", "cli", "cogs", "bot"} == set()
