@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,10 @@ def test_directory_as_database_is_a_clear_error(tmp_path: Path) -> None:
         MessageStore(tmp_path)
 
 
-def _open_and_close(path: str) -> str:
+def _open_and_close(path_and_start: tuple[str, float]) -> str:
+    path, start = path_and_start
+    while time.time() < start:  # every process opens at the same instant
+        pass
     try:
         MessageStore(path).close()
     except Exception as exc:  # reported to the parent, which asserts there are none
@@ -162,9 +166,11 @@ def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) ->
 
     context = multiprocessing.get_context("spawn")
     with context.Pool(4) as pool:
+        pool.map(_open_and_close, [(str(tmp_path / "warm-up.sqlite3"), 0.0)] * 4)  # imports
         for round_ in range(5):
             path = str(tmp_path / f"new-{round_}.sqlite3")
-            errors = [e for e in pool.map(_open_and_close, [path] * 4) if e]
+            start = time.time() + 0.2
+            errors = [e for e in pool.map(_open_and_close, [(path, start)] * 4) if e]
             assert errors == [], errors
             conn = connect(path)
             try:
