@@ -27,10 +27,10 @@ from cli.output import (
     progress_bar,
     result_to_dict,
 )
-from cli.params import ID_OR_NAME, ISO_DATE, LOG_LEVEL, PORT, SNOWFLAKE
+from cli.params import ID_OR_NAME, INPUT_PATH, ISO_DATE, LOG_LEVEL, PORT, SNOWFLAKE
 from memory.config import available_profiles
 from memory.engine import MemoryEngine
-from memory.errors import MemoryBotError, SearchInputError
+from memory.errors import ImportFormatError, MemoryBotError, SearchInputError
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def cli_group(
 
 
 @cli_group.command("import")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=INPUT_PATH)
 @click.option("--no-embed", is_flag=True, help="Store only; embed later with `embed`.")
 @click.pass_obj
 def import_command(settings: Settings, paths: tuple[Path, ...], no_embed: bool) -> int:
@@ -78,6 +78,11 @@ def import_command(settings: Settings, paths: tuple[Path, ...], no_embed: bool) 
     from memory.importer import find_exports
 
     files = find_exports(list(paths))
+    if not files:
+        raise ImportFormatError(
+            f"no .json files in {', '.join(map(str, paths))}: give DiscordChatExporter JSON "
+            "exports (files, or folders that hold them)"
+        )
     engine = open_engine(settings, load_reranker=False)
     try:
         on_file, files_bar = progress_bar(len(files), "reading")
@@ -227,6 +232,7 @@ def stats_command(settings: Settings, as_json: bool) -> int:
 @click.pass_obj
 def embed_command(settings: Settings) -> int:
     """Embed stored messages that have no vector yet."""
+    require_db(settings.db)
     engine = open_engine(settings, load_reranker=False)
     try:
         done = embed_with_progress(engine)
@@ -240,6 +246,7 @@ def embed_command(settings: Settings) -> int:
 @click.pass_obj
 def reembed_command(settings: Settings) -> int:
     """Re-embed every message with the profile's embedder."""
+    require_db(settings.db)
     engine = open_engine(settings, load_reranker=False, check_model=False)
     try:
         update, bar = progress_bar(engine.store.message_count(), "re-embedding")

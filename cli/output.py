@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from memory.engine import MemoryEngine
+from memory.errors import MemoryBotError
 from memory.records import SearchResult, ms_to_datetime
 
 
@@ -35,10 +36,17 @@ def embed_with_progress(engine: MemoryEngine) -> int:
 
 
 def emit_json(data: Any, path: Path | None = None) -> None:
-    """Print ``data`` as JSON, and write it to ``path`` too when given."""
+    """Print ``data`` as JSON, and write it to ``path`` too when given.
+
+    Raises:
+        MemoryBotError: ``path`` cannot be written.
+    """
     text = json.dumps(data, indent=2, ensure_ascii=False, default=str)
     if path:
-        path.write_text(text + "\n", encoding="utf-8")
+        try:
+            path.write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:  # checked before the work began, but the disk may have filled
+            raise MemoryBotError(f"cannot write {path} ({exc.strerror or exc})") from exc
     click.echo(text)
 
 

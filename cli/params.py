@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from datetime import datetime, timezone
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import click
 
@@ -53,8 +55,8 @@ class IdOrName(click.ParamType):
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> int | str:
-        """Return an ``int`` id or the name as given."""
-        text = str(value)
+        """Return an ``int`` id or the name (undecodable bytes replaced, as in queries)."""
+        text = valid_unicode(str(value))
         try:
             number = parse_snowflake(text)
         except ValueError as exc:
@@ -90,8 +92,48 @@ class IsoDate(click.ParamType):
         return parsed
 
 
+class InputPath(click.Path):
+    """An existing file or folder to read; an empty string is not the current folder."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the path, refusing ``""`` (which ``Path`` would read as ``.``)."""
+        if not str(value).strip():
+            self.fail("an empty path; name a file or folder", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class OutputFile(click.Path):
+    """A file a command will write at the end: checked before any work starts."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, dir_okay=False, writable=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the path if its folder exists and may be written, else fail now."""
+        path = cast(Path, super().convert(value, param, ctx))  # path_type=Path
+        folder = path.resolve().parent
+        if not folder.is_dir():
+            self.fail(f"cannot write {str(path)!r}: no folder {str(folder)!r}", param, ctx)
+        try:  # os.access answers yes to root everywhere, even on /proc
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            self.fail(f"cannot write in {str(folder)!r} ({exc.strerror or exc})", param, ctx)
+        return path
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` with lone surrogates (undecodable command-line bytes) replaced by U+FFFD."""
+    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
 SNOWFLAKE = Snowflake()
 ID_OR_NAME = IdOrName()
 ISO_DATE = IsoDate()
 PORT = click.IntRange(1, 65535)
 LOG_LEVEL = click.Choice(LOG_LEVELS, case_sensitive=False)
+INPUT_PATH = InputPath()
+OUTPUT_FILE = OutputFile()

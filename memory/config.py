@@ -347,6 +347,8 @@ def load_profile_file(path: str | Path) -> Profile:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: profile file not found") from None
+    except OSError as exc:  # a folder, no permission, ...
+        raise ConfigError(f"{path}: cannot read the profile ({exc.strerror or exc})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return parse_profile(path.stem, data, str(path))

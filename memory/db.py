@@ -96,7 +96,9 @@ def connect(
     A new database (or one of this bot's) is switched to WAL journaling; any other
     SQLite file keeps its journal mode, so a foreign file is never changed.  A file
     this process cannot write (or whose folder it cannot write: WAL needs its side
-    files) is opened read-only, so searches and stats still work.
+    files) is opened read-only, so searches and stats still work: with SQLite's
+    ``mode=ro`` where the WAL index can be opened, else (a read-only folder and no
+    write-ahead log to lose) as an immutable snapshot.
 
     Args:
         path: Database file, or ``":memory:"``.
@@ -114,23 +116,20 @@ def connect(
     driver = sqlite_driver()
     if read_only is None:
         read_only = not_writable(path)
+    if read_only:
+        return _open_read_only(driver, Path(path), check_same_thread)
     try:
-        if read_only:
-            uri = Path(path).resolve().as_uri() + "?mode=ro"
-            conn = driver.connect(uri, uri=True, check_same_thread=check_same_thread,
-                                  isolation_level=None)
-        else:
-            if str(path) != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            conn = driver.connect(str(path), check_same_thread=check_same_thread,
-                                  isolation_level=None)
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        conn = driver.connect(str(path), check_same_thread=check_same_thread,
+                              isolation_level=None)
     except (OSError, driver.Error) as exc:
         raise DatabaseFileError(f"{path}: cannot open the database ({exc})") from exc
     _load_vec(conn)
     try:
         conn.execute("PRAGMA busy_timeout=5000")  # first: WAL switching waits for locks too
         # The first statement that reads the file: a non-SQLite file fails here.
-        if not read_only and _new_or_ours(conn):
+        if _new_or_ours(conn):
             _set_wal(conn, driver)
             conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
@@ -140,6 +139,85 @@ def connect(
             f"{path}: not a usable SQLite database ({exc}); point --db at another file"
         ) from exc
     return conn
+
+
+def _open_read_only(driver: ModuleType, path: Path, check_same_thread: bool) -> Any:
+    """Open ``path`` read-only: ``mode=ro``, else an immutable snapshot (see :func:`connect`).
+
+    ``mode=ro`` needs the WAL index (``-shm``): it opens when that file exists or the
+    folder lets SQLite create it.  Otherwise the file is read as immutable, which
+    is exact when no write-ahead log holds commits the file lacks; when one does,
+    reading without it would silently miss them, so that is an error instead.
+    """
+    try:
+        return _read_only_connection(driver, path, "mode=ro", check_same_thread)
+    except driver.OperationalError as exc:
+        wal = Path(f"{path}-wal")
+        if not path.is_file() or os.access(path.resolve().parent, os.W_OK):
+            raise DatabaseFileError(f"{path}: cannot open the database read-only ({exc})") from exc
+        if wal.exists() and wal.stat().st_size > 0:
+            raise DatabaseFileError(
+                f"{path}: cannot be read here: this process may not write its folder, "
+                f"and {wal.name} holds commits that SQLite reads only with write access "
+                "to the folder (for its -shm index); open it once with write access, or "
+                "copy the database with its -wal file somewhere writable"
+            ) from exc
+    log.info("%s: the folder is read-only; reading the file as an immutable snapshot", path)
+    try:
+        return _read_only_connection(driver, path, "immutable=1", check_same_thread)
+    except driver.OperationalError as exc:
+        raise DatabaseFileError(f"{path}: cannot open the database read-only ({exc})") from exc
+
+
+def _read_only_connection(
+    driver: ModuleType, path: Path, mode: str, check_same_thread: bool
+) -> Any:
+    """Connect to ``path`` with the URI parameter ``mode`` and read it once.
+
+    Raises:
+        DatabaseFileError: The file cannot be opened or is not an SQLite database.
+        OperationalError: (the driver's) SQLite cannot set up reading (the WAL index).
+    """
+    uri = f"{path.resolve().as_uri()}?{mode}"
+    try:
+        conn = driver.connect(uri, uri=True, check_same_thread=check_same_thread,
+                              isolation_level=None)
+    except driver.Error as exc:
+        raise DatabaseFileError(f"{path}: cannot open the database ({exc})") from exc
+    try:
+        _load_vec(conn)
+        conn.execute("PRAGMA busy_timeout=5000")
+        # the first read: a file that is not SQLite, or a WAL index that cannot open, fails here
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        conn.execute("PRAGMA foreign_keys=ON")
+    except driver.OperationalError:
+        conn.close()
+        raise
+    except driver.DatabaseError as exc:
+        conn.close()
+        raise DatabaseFileError(
+            f"{path}: not a usable SQLite database ({exc}); point --db at another file"
+        ) from exc
+    return conn
+
+
+def check_ours(conn: Any, path: str | Path) -> None:
+    """Refuse an SQLite file that another application made, before anything writes to it.
+
+    Ours is empty (new) or holds this bot's ``meta`` and ``messages`` tables; a file
+    with other tables is left exactly as it is, whatever its ``user_version`` says.
+
+    Raises:
+        DatabaseFileError: The file holds another application's tables.
+    """
+    if _new_or_ours(conn):
+        return
+    tables = sorted(_table_names(conn))
+    shown = ", ".join(tables[:4]) + (", …" if len(tables) > 4 else "")
+    raise DatabaseFileError(
+        f"{path}: this SQLite file holds another application's tables ({shown}) and is not "
+        "the memory bot's; it was left unchanged. Point --db at another file"
+    )
 
 
 def not_writable(path: str | Path) -> bool:
@@ -152,9 +230,13 @@ def not_writable(path: str | Path) -> bool:
     return not (os.access(path, os.W_OK) and os.access(path.resolve().parent, os.W_OK))
 
 
+def _table_names(conn: Any) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
 def _new_or_ours(conn: Any) -> bool:
     """An empty database, or one holding this bot's tables (``meta`` and ``messages``)."""
-    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    names = _table_names(conn)
     return not names or {"meta", "messages"} <= names
 
 

@@ -81,8 +81,13 @@ class SentenceTransformerEmbedder:
     def _load(self):
         with self._lock:
             if self._model is None:
-                from sentence_transformers import SentenceTransformer
-
+                try:
+                    from sentence_transformers import SentenceTransformer
+                except ImportError as exc:
+                    raise ConfigError(
+                        f"the embedder needs sentence-transformers and torch ({exc}): "
+                        "`pip install sentence-transformers torch` in this environment"
+                    ) from exc
                 device = self.config.device
                 if device == "auto":
                     device = detect_accelerator()

@@ -96,7 +96,8 @@ class ExportStream:
                 log.info("%s: lone surrogates; reading on with the Python parser", self.path)
             except _PARSE_ERRORS as exc:
                 raise ImportFormatError(
-                    f"{self.path}: not a readable JSON export after {read} messages ({exc})"
+                    f"{self.path}: not a readable JSON export after {read} messages "
+                    f"({_reason(exc)})"
                 ) from None
         raise ImportFormatError(f"{self.path}: not valid UTF-8 after {read} messages")
 
@@ -123,6 +124,8 @@ def find_exports(paths: Sequence[str | Path]) -> list[Path]:
             found.extend(sorted(p for p in path.rglob("*.json") if p.is_file()))
         elif path.is_file():
             found.append(path)
+        elif path.exists():
+            raise ImportFormatError(f"{path}: not a file or folder")
         else:
             raise ImportFormatError(f"{path}: no such file or folder")
     return list(dict.fromkeys(found))
@@ -145,6 +148,14 @@ _PARSE_ERRORS = (ijson.JSONError, UnicodeDecodeError, ValueError, RecursionError
 # the C parser when it is built (it is in the wheels), then the pure-Python one
 _BACKENDS = tuple(dict.fromkeys((ijson, ijson.get_backend("python"))))
 _BOM = b"\xef\xbb\xbf"
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message on one line (yajl's are bytes quoting the text, with newlines)."""
+    message = exc.args[0] if len(exc.args) == 1 else exc
+    if isinstance(message, bytes):
+        message = message.decode("utf-8", "replace")
+    return " ".join(str(message).split())
 
 
 @contextmanager
@@ -174,7 +185,7 @@ def _read_header(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         except UnicodeDecodeError:
             continue  # lone surrogates: the Python parser accepts them (see records())
         except _PARSE_ERRORS as exc:
-            raise ImportFormatError(f"{path}: not a readable JSON export ({exc})") from None
+            raise ImportFormatError(f"{path}: not a readable JSON export ({_reason(exc)})") from None
     else:
         raise ImportFormatError(f"{path}: not a readable JSON export (not valid UTF-8)")
     if not has_messages:

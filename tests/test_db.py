@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,10 @@ def test_directory_as_database_is_a_clear_error(tmp_path: Path) -> None:
         MessageStore(tmp_path)
 
 
-def _open_and_close(path: str) -> str:
+def _open_and_close(path_and_start: tuple[str, float]) -> str:
+    path, start = path_and_start
+    while time.time() < start:  # every process opens at the same instant
+        pass
     try:
         MessageStore(path).close()
     except Exception as exc:  # reported to the parent, which asserts there are none
@@ -162,9 +166,11 @@ def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) ->
 
     context = multiprocessing.get_context("spawn")
     with context.Pool(4) as pool:
+        pool.map(_open_and_close, [(str(tmp_path / "warm-up.sqlite3"), 0.0)] * 4)  # imports
         for round_ in range(5):
             path = str(tmp_path / f"new-{round_}.sqlite3")
-            errors = [e for e in pool.map(_open_and_close, [path] * 4) if e]
+            start = time.time() + 0.2
+            errors = [e for e in pool.map(_open_and_close, [(path, start)] * 4) if e]
             assert errors == [], errors
             conn = connect(path)
             try:
@@ -209,6 +215,36 @@ def test_a_foreign_sqlite_file_keeps_its_journal_mode(tmp_path: Path) -> None:
     with pytest.raises(DatabaseFileError, match="another application's tables"):
         MessageStore(path)
     assert _journal_mode(path) == "delete"  # never flipped to WAL
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+@pytest.mark.parametrize("user_version", [0, 1, 3, len(MIGRATIONS) - 1, 7, 42])
+def test_another_applications_sqlite_file_is_left_byte_identical(
+    tmp_path: Path, capsys: pytest.CaptureFixture, user_version: int, journal: str
+) -> None:
+    """Whatever its user_version claims, a file with another application's tables is
+    refused before anything writes to it: no migration, no journal-mode switch."""
+    import bot
+
+    path = tmp_path / "other-app.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA journal_mode={journal}")
+    conn.execute("CREATE TABLE notes (x TEXT)")
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")  # a name we use too
+    conn.execute("INSERT INTO notes VALUES ('keep me')")
+    conn.execute(f"PRAGMA user_version = {user_version}")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(DatabaseFileError, match="another application's tables"):
+        MessageStore(path)
+    for command in (["stats"], ["--profile", "cpu-fast", "search", "x"], ["embed"]):
+        assert bot.main(["--db", str(path), *command]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith("error: ") and "another application's tables (meta, notes)" in line
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-app.sqlite3"]
+    assert _journal_mode(path) == journal
 
 
 def test_new_and_own_databases_use_wal(tmp_path: Path) -> None:

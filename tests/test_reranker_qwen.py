@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,8 +26,10 @@ from memory.config import RerankerConfig
 from memory.errors import RerankerUnavailable
 from memory.reranker.base import RerankerBackend
 from memory.reranker.prompt import DEFAULT_INSTRUCTION, SUFFIX, full_prompt, head_text
-from memory.reranker.qwen import QwenReranker
+from memory.reranker.qwen import QwenReranker, load_failure
 from tests.qwen_tiny import save_tiny_reranker
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TOL = 1e-4
 QUERY = "when was the raid moved to?"
@@ -273,8 +279,58 @@ def test_missing_yes_no_tokens_is_a_clear_error(tmp_path, config):
 
 def test_missing_model_is_a_clear_error(tmp_path, config):
     reranker = QwenReranker(dataclasses.replace(config, model=str(tmp_path / "absent")))
-    with pytest.raises(RerankerUnavailable, match="could not load reranker model"):
+    with pytest.raises(RerankerUnavailable, match="reranker model folder .* does not exist"):
         reranker.load()
+
+
+_HUB_ERROR = OSError(
+    "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find "
+    "them in the cached files.\nCheck your internet connection or see how to run the library "
+    "in offline mode at 'https://huggingface.co/docs/transformers/installation#offline-mode'."
+)
+
+
+@pytest.mark.parametrize("model, exc, offline, needles", [
+    ("Qwen/Qwen3-Reranker-0.6B", _HUB_ERROR, "1",
+     ["is not on this machine", "HF_HUB_OFFLINE", "hf download Qwen/Qwen3-Reranker-0.6B"]),
+    ("Qwen/Qwen3-Reranker-0.6B", _HUB_ERROR, "",
+     ["is not on this machine", "We couldn't connect", "hf download"]),
+    ("/srv/models/qwen3-reranker", OSError("no file named config.json\n\nsee the docs"), "1",
+     ["folder '/srv/models/qwen3-reranker' does not exist"]),
+    ("Qwen/Qwen3-Reranker-0.6B", RuntimeError("\n\nout of memory\nwhile loading"), "1",
+     ["could not load reranker model", ": out of memory. Set reranker.model"]),
+    ("Qwen/Qwen3-Reranker-0.6B", ValueError("x" * 5000), "1", ["could not load", "…"]),
+])
+def test_load_failures_are_one_line_that_says_what_to_do(
+    monkeypatch, model, exc, offline, needles
+):
+    monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", offline)
+    message = load_failure(model, "cpu", exc)
+    assert "\n" not in message and len(message) < 500
+    for needle in needles:
+        assert needle in message
+
+
+def test_a_hub_model_that_is_not_cached_fails_in_one_line_offline(tmp_path, config):
+    """The default profile's model id with an empty Hugging Face cache, hub off: no 4-line
+    hub error, one sentence naming the fix (the process runs with HF_HUB_OFFLINE=1)."""
+    script = (
+        "from memory.config import RerankerConfig\n"
+        "from memory.reranker.qwen import QwenReranker\n"
+        "try:\n"
+        "    QwenReranker(RerankerConfig(backend='transformers', "
+        "model='Qwen/Qwen3-Reranker-0.6B')).load()\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    (line,) = out.splitlines()
+    assert line.startswith("RerankerUnavailable reranker model 'Qwen/Qwen3-Reranker-0.6B' is "
+                           "not on this machine")
 
 
 def test_bfloat16_load_scores_close_to_float32(config, per_pair):

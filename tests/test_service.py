@@ -8,6 +8,7 @@ and saved locally (tests/qwen_tiny.py).  Only the trained weights are missing.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -283,6 +284,29 @@ def test_missing_local_model_falls_back(tmp_path):
     assert len(result.hits) == 3
     assert result.trace.rerank_fallback and not result.trace.reranked
     engine.close()
+
+
+@pytest.mark.parametrize("backend, module", [
+    ("transformers", "memory.reranker.qwen"),  # torch or transformers missing
+    ("llama-server", "memory.reranker.llama_server"),  # httpx missing
+])
+def test_a_backend_whose_packages_are_missing_never_fails_a_search(
+    tmp_path, monkeypatch, backend, module
+):
+    monkeypatch.setitem(sys.modules, module, None)  # `import` of it raises ImportError
+    config = RerankerConfig(backend=backend, model="Qwen/Qwen3-Reranker-0.6B",
+                            url="http://127.0.0.1:9")
+    engine = MemoryEngine(tmp_path / "m.sqlite3", Profile(name="x", reranker=config),
+                          HashEmbedder())
+    try:
+        engine.ingest(records())
+        result = search(engine)
+        assert len(result.hits) == 3 and not result.trace.reranked
+        assert f"the {backend} reranker cannot run here" in result.trace.rerank_fallback
+        with pytest.raises(RerankerUnavailable, match="install the missing package"):
+            engine.rerankers.current().load()
+    finally:
+        engine.close()
 
 
 # -- runtime profile switching ---------------------------------------------------------

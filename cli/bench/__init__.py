@@ -12,6 +12,7 @@ import click
 
 from cli.context import Settings, resolve_profile
 from cli.output import emit_json, progress_bar
+from cli.params import OUTPUT_FILE
 from memory.errors import ImportFormatError, SearchInputError
 
 
@@ -35,7 +36,7 @@ def bench() -> None:
               help="Keep the embedder's vectors in this .npz between runs.")
 @click.option("--compare", nargs=2, type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Compare two --json reports (BEFORE AFTER) instead of running.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--json", "json_out", type=OUTPUT_FILE,
               help="Write results to this file.")
 @click.pass_obj
 def retrieval_command(
@@ -101,11 +102,11 @@ def _read_report(path: Path) -> dict:
 
 
 @bench.command("search-scale")
-@click.option("--messages", type=click.IntRange(min=100), default=100_000, show_default=True,
-              help="Synthetic corpus size (at least 100).")
-@click.option("--queries", type=click.IntRange(min=1), default=100, show_default=True,
+@click.option("--messages", type=click.IntRange(100, 10_000_000), default=100_000,
+              show_default=True, help="Synthetic corpus size.")
+@click.option("--queries", type=click.IntRange(1, 100_000), default=100, show_default=True,
               help="Searches timed per mode.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--json", "json_out", type=OUTPUT_FILE,
               help="Write results to this file.")
 @click.pass_obj
 def scale_command(settings: Settings, messages: int, queries: int, json_out: Path | None) -> int:
@@ -138,7 +139,7 @@ def scale_command(settings: Settings, messages: int, queries: int, json_out: Pat
 @click.option("--quick", is_flag=True,
               help="Only the reference, the prefix path and the static-shape (bucketed, "
                    "CUDA graph) variants.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--json", "json_out", type=OUTPUT_FILE,
               help="Write results to this file.")
 def rerank_command(
     candidates: int, repeats: int, device: str, model_size: str, dtype: str | None,
@@ -162,7 +163,7 @@ def rerank_command(
               help="Synthetic messages embedded for the import throughput.")
 @click.option("--queries", type=click.IntRange(1, 10_000), default=100, show_default=True,
               help="Single queries timed for the query latency.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--json", "json_out", type=OUTPUT_FILE,
               help="Write results to this file.")
 @click.pass_obj
 def embedder_command(
@@ -180,14 +181,14 @@ def embedder_command(
 
 
 @bench.command("discord")
-@click.option("--backlog", type=click.IntRange(min=10), default=2000, show_default=True,
+@click.option("--backlog", type=click.IntRange(10, 1_000_000), default=2000, show_default=True,
               help="Messages embedded while the event loop is probed.")
 @click.option("--searches", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Reranked searches running while messages are captured.")
 @click.option("--reranker", "reranker_shape", type=click.Choice(("0.6B", "tiny")),
               default="0.6B", show_default=True,
               help="Shape of the random-weight Qwen3 reranker that is loaded and used.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--json", "json_out", type=OUTPUT_FILE,
               help="Write results to this file.")
 @click.pass_obj
 def discord_command(settings: Settings, backlog: int, searches: int, reranker_shape: str,
@@ -217,7 +218,7 @@ def discord_command(settings: Settings, backlog: int, searches: int, reranker_sh
               help="llama-server --parallel slots, and the backend's parallel.")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True,
               help="llama-server --threads.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--json", "json_out", type=OUTPUT_FILE,
               help="Write results to this file.")
 def remote_command(queries: int, candidates: int, repeats: int, sizes: str, agreement: bool,
                    parallel: int, threads: int, json_out: Path | None) -> int:

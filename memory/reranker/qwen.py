@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import gc
 import logging
+import os
 import threading
 import time
 import warnings
@@ -73,6 +74,39 @@ class EncodedQuery:
     def tokens(self) -> int:
         """Prompt tokens over all texts, counting the head once per text."""
         return sum(len(self.head) + len(t) for t in self.tails)
+
+
+def load_failure(model: str, device: str, exc: BaseException) -> str:
+    """One line saying why ``model`` did not load and how to get it.
+
+    The hub's own errors run to several lines (with a link to its offline docs);
+    a model that is neither a local folder nor reachable gets one sentence instead.
+    """
+    offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+                  for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    if isinstance(exc, OSError) and not os.path.isdir(model):
+        if os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1:
+            return (
+                f"reranker model folder {model!r} does not exist: set reranker.model to a "
+                "local Qwen3-Reranker folder or a hub id"
+            )
+        where = ("it is not in the Hugging Face cache and the hub is off (HF_HUB_OFFLINE)"
+                 if offline else f"the hub did not provide it ({_first_line(exc)})")
+        return (
+            f"reranker model {model!r} is not on this machine: {where}. Download it once "
+            f"with network (`hf download {model}`), or set reranker.model to a local "
+            "Qwen3-Reranker folder"
+        )
+    return (
+        f"could not load reranker model {model!r} on {device}: {_first_line(exc)}. Set "
+        "reranker.model to a Qwen3-Reranker hub id or to a local folder holding one"
+    )
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()),
+                type(exc).__name__)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def resolve_device(name: str) -> str:
@@ -247,11 +281,7 @@ class QwenReranker:
                 name, dtype=self.dtype, device_map=self.device
             )
         except Exception as exc:  # any failure here means "no reranker"; the cause is chained
-            raise RerankerUnavailable(
-                f"could not load reranker model {name!r} on {self.device}: {exc}. Set "
-                "reranker.model to a Qwen3-Reranker hub id (downloaded once with network) "
-                "or to a local folder holding one"
-            ) from exc
+            raise RerankerUnavailable(load_failure(name, self.device, exc)) from exc
         return model, tokenizer
 
     def _install(self, model: Any, tokenizer: Any, owned: bool) -> None:

@@ -36,15 +36,53 @@ def make_backend(config: RerankerConfig) -> RerankerBackend:
 
     Heavy imports happen here, only for the backend in use.
     """
-    if config.backend == "transformers":
-        from memory.reranker.qwen import QwenReranker
+    try:
+        if config.backend == "transformers":
+            from memory.reranker.qwen import QwenReranker
 
-        return QwenReranker(config)
-    if config.backend == "llama-server":
-        from memory.reranker.llama_server import LlamaServerBackend
+            return QwenReranker(config)
+        if config.backend == "llama-server":
+            from memory.reranker.llama_server import LlamaServerBackend
 
-        return LlamaServerBackend(config)
+            return LlamaServerBackend(config)
+    except ImportError as exc:  # searches go on without reranking, saying why
+        return MissingBackend(config.backend, (
+            f"the {config.backend} reranker cannot run here ({exc}); install the missing "
+            "package in this environment"
+        ))
     raise RerankerError(f"reranker backend {config.backend!r} has nothing to load")
+
+
+class MissingBackend:
+    """Stands in for a backend whose packages are not installed: every call says why.
+
+    Args:
+        name: The backend the profile asked for.
+        reason: What is missing and how to install it.
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+
+    def load(self) -> None:
+        """Refuse: the backend's packages are missing.
+
+        Raises:
+            RerankerUnavailable: Always, with :attr:`reason`.
+        """
+        raise RerankerUnavailable(self.reason)
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Refuse, as :meth:`load` does.
+
+        Raises:
+            RerankerUnavailable: Always, with :attr:`reason`.
+        """
+        raise RerankerUnavailable(self.reason)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class RerankerService:
