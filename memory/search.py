@@ -597,6 +597,3 @@ def _normaliser(values: list[float]) -> Callable[[float], float]:
 def _max_or_none(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
 
-
-def _min_or_none(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)

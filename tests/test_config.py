@@ -94,8 +94,10 @@ def test_auto_resolves_to_cpu_here() -> None:
         pytest.param("search = 5\n", "[search]", id="section-not-a-table"),
         pytest.param("[search]\nthreshold_floor = 0.8\nthreshold_start = 0.7\n",
                      "search.threshold_floor", id="floor-above-start"),
-        pytest.param("[search]\nrecency_min = 2.0\nrecency_max = 1.0\n", "search.recency_min",
-                     id="recency-min-above-max"),
+        pytest.param("[search]\nfloor_quantile = 1.5\n", "search.floor_quantile",
+                     id="quantile-above-1"),
+        pytest.param("[search]\nwindow_weight = -1\n", "search.window_weight",
+                     id="negative-window-weight"),
         pytest.param("[reranker]\nbackend = 'llama-server'\n", "reranker.url",
                      id="llama-server-without-url"),
         pytest.param("[reranker]\nbackend = 'llama-server'\nurl = '127.0.0.1:8080'\n",
@@ -151,3 +153,15 @@ def test_a_profile_with_retired_reranker_keys_still_loads(tmp_path: Path, caplog
     assert "reranker.health_interval is retired and ignored" in caplog.text
     both = write(tmp_path, '[reranker]\nconcurrency = 3\nparallel = 2\n', "both.toml")
     assert load_profile(str(both)).reranker.parallel == 2, "the new key wins"
+
+
+def test_a_profile_with_the_old_multiplicative_boosts_still_loads(tmp_path: Path, caplog) -> None:
+    """Issue 9 replaced member_boost and recency_min/max by bounded bonuses."""
+    path = write(tmp_path, "[search]\nmember_boost = 2.0\nrecency_min = 0.8\nrecency_max = 1.5\n"
+                           "oversample = 6\n")
+    with caplog.at_level("WARNING", logger="memory.config"):
+        profile = load_profile(str(path))
+    assert profile.search.oversample == 6
+    assert profile.search.member_weight == SearchConfig().member_weight
+    for key in ("member_boost", "recency_min", "recency_max"):
+        assert f"search.{key} is retired and ignored" in caplog.text
