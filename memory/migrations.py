@@ -138,9 +138,9 @@ MIGRATIONS: list[Migration] = [
         expires_at INTEGER NOT NULL  -- unix ms
     );
     """,
-    # 6: the keyword index sees author names and each message's conversational window
-    # (memory.windows): one FTS5 table over `search_text`, which the store keeps in step
-    # with `messages` -- a message's row and its neighbours' rows change together.
+    # 6: the keyword index sees author names, and each message's conversational window
+    # (memory.windows) gets an index of its own; both read `search_text`, which the
+    # store keeps in step with `messages` (a message's row and its neighbours' together).
     """
     DROP TRIGGER IF EXISTS messages_ai;
     DROP TRIGGER IF EXISTS messages_ad;
@@ -156,23 +156,34 @@ MIGRATIONS: list[Migration] = [
         contentful INTEGER NOT NULL DEFAULT 1  -- 0: "lol", "noted": its window speaks not for it
     );
     CREATE VIRTUAL TABLE IF NOT EXISTS search_fts USING fts5(
-        author, content, attachments, context,
+        author, content, attachments,
+        content='search_text', content_rowid='id',
+        tokenize='porter unicode61 remove_diacritics 2'
+    );
+    -- a table of its own: window postings are ~5x a message's, and a message search
+    -- must not walk them
+    CREATE VIRTUAL TABLE IF NOT EXISTS window_fts USING fts5(
+        context,
         content='search_text', content_rowid='id',
         tokenize='porter unicode61 remove_diacritics 2'
     );
     CREATE TRIGGER IF NOT EXISTS search_text_ai AFTER INSERT ON search_text BEGIN
-        INSERT INTO search_fts(rowid, author, content, attachments, context)
-        VALUES (new.id, new.author, new.content, new.attachments, new.context);
+        INSERT INTO search_fts(rowid, author, content, attachments)
+        VALUES (new.id, new.author, new.content, new.attachments);
+        INSERT INTO window_fts(rowid, context) VALUES (new.id, new.context);
     END;
     CREATE TRIGGER IF NOT EXISTS search_text_ad AFTER DELETE ON search_text BEGIN
-        INSERT INTO search_fts(search_fts, rowid, author, content, attachments, context)
-        VALUES ('delete', old.id, old.author, old.content, old.attachments, old.context);
+        INSERT INTO search_fts(search_fts, rowid, author, content, attachments)
+        VALUES ('delete', old.id, old.author, old.content, old.attachments);
+        INSERT INTO window_fts(window_fts, rowid, context) VALUES ('delete', old.id, old.context);
     END;
     CREATE TRIGGER IF NOT EXISTS search_text_au AFTER UPDATE ON search_text BEGIN
-        INSERT INTO search_fts(search_fts, rowid, author, content, attachments, context)
-        VALUES ('delete', old.id, old.author, old.content, old.attachments, old.context);
-        INSERT INTO search_fts(rowid, author, content, attachments, context)
-        VALUES (new.id, new.author, new.content, new.attachments, new.context);
+        INSERT INTO search_fts(search_fts, rowid, author, content, attachments)
+        VALUES ('delete', old.id, old.author, old.content, old.attachments);
+        INSERT INTO window_fts(window_fts, rowid, context) VALUES ('delete', old.id, old.context);
+        INSERT INTO search_fts(rowid, author, content, attachments)
+        VALUES (new.id, new.author, new.content, new.attachments);
+        INSERT INTO window_fts(rowid, context) VALUES (new.id, new.context);
     END;
     """,
     # 7: fill the new index for messages stored before migration 6.

@@ -44,11 +44,10 @@ _META_DIM = "embedding_dim"
 _META_PROFILE = "active_profile"
 _AUTHOR_NAME = "COALESCE(NULLIF(a.display_name, ''), a.name)"
 
-# keyword() fields: the FTS5 columns matched, and bm25() weights for
-# (author, content, attachments, context)
+# keyword() fields: the FTS5 table searched, and its bm25() with column weights
 _KEYWORD_FIELDS = {
-    "message": ("{author content attachments}", "1.0, 1.0, 0.5, 0.0"),
-    "window": ("context", "0.0, 0.0, 0.0, 1.0"),
+    "message": ("search_fts", "bm25(search_fts, 1.0, 1.0, 0.5)"),  # author, content, attachments
+    "window": ("window_fts", "bm25(window_fts)"),
 }
 
 
@@ -709,8 +708,7 @@ class MessageStore:
         pass most messages (one guild's bot, no author filter); if fewer than
         ``k`` survive, every match is filtered.
         """
-        columns, weights = _KEYWORD_FIELDS[field]
-        match = f"{columns} : ({match})"
+        table, bm25 = _KEYWORD_FIELDS[field]
         clauses: list[str] = ["TRUE"]
         if field == "window":  # a content-free line is not found by its neighbours' words
             clauses.append("(SELECT s.contentful FROM search_text s WHERE s.id = m.id)")
@@ -721,8 +719,8 @@ class MessageStore:
             rows = self._query(
                 # FTS ranks inside the subquery; CROSS JOIN keeps it the outer loop
                 # (a plain JOIN may scan messages and re-run MATCH per row).
-                f"SELECT m.id, f.score FROM (SELECT rowid, -bm25(search_fts, {weights}) "
-                "AS score FROM search_fts WHERE search_fts MATCH ? ORDER BY score DESC LIMIT ?) f "
+                f"SELECT m.id, f.score FROM (SELECT rowid, -{bm25} AS score FROM {table} "
+                f"WHERE {table} MATCH ? ORDER BY score DESC LIMIT ?) f "
                 f"CROSS JOIN messages m ON m.id = f.rowid WHERE {' AND '.join(clauses)} "
                 "ORDER BY f.score DESC LIMIT ?",
                 [match, head, *params, k],

@@ -590,7 +590,7 @@ def test_bench_retrieval_loads_a_missing_reranker_once(
     )
     code, out, err = run_cli(capsys, "--profile", profile, "bench", "retrieval", BENCH_MINI)
     assert code == 0, err
-    assert "rerank" not in json.loads(out)["modes"]
+    assert "rerank" not in json.loads(out)["datasets"]["bench-mini"]["modes"]
     assert len(attempts) == 1
 
 

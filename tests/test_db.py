@@ -105,7 +105,8 @@ def test_migrations_are_idempotent(tmp_db: Path) -> None:
         assert migrate(conn) == len(MIGRATIONS)
         assert conn.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-        assert {"meta", "guilds", "channels", "authors", "messages", "search_fts", "search_text"} <= tables
+        assert {"meta", "guilds", "channels", "authors", "messages", "search_fts", "window_fts",
+                "search_text"} <= tables
     finally:
         conn.close()
 

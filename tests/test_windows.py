@@ -105,6 +105,7 @@ def test_gone_text_leaves_every_window(
     assert engine.store.keyword('"game"', 10, Filters()) == []
     with engine.store._transaction() as conn:  # the FTS index agrees with its table
         conn.execute("INSERT INTO search_fts(search_fts) VALUES ('integrity-check')")
+        conn.execute("INSERT INTO window_fts(window_fts) VALUES ('integrity-check')")
 
 
 def test_windows_stay_in_their_channel_and_allow_lists_hold(
