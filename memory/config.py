@@ -75,8 +75,10 @@ class SearchConfig:
     never below ``threshold_floor``.  ``member_weight``, ``recency_weight`` (only
     for queries that ask for recent things) and ``time_weight`` (messages inside a
     time span the query names) are bonuses in units of one list's rank-1 share of
-    the fused score.  The defaults were tuned on three dev sets at once
-    (BENCHMARKS.md, issue 9).
+    the fused score.  Terms found in more than ``window_term_max_df`` messages are
+    left out of the window search (0: none are); it bounds that stage's time on
+    big servers.  The defaults were tuned on three dev sets at once (BENCHMARKS.md,
+    issue 9).
     """
 
     oversample: int = field(default=5, metadata=_range(1, 100))
@@ -91,6 +93,7 @@ class SearchConfig:
     threshold_target: float = field(default=0.8, metadata=_range(0.0, 1.0))
     window_weight: float = field(default=1.5, metadata=_range(0.0, 10.0))
     window_dense_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
+    window_term_max_df: int = field(default=1000, metadata=_range(0, None))
     member_weight: float = field(default=0.5, metadata=_range(0.0, 10.0))
     recency_weight: float = field(default=0.5, metadata=_range(0.0, 10.0))
     recency_decay_days: float = field(default=30.0, metadata=_range(0.001, None))

@@ -34,7 +34,7 @@ from memory.filters import Filters
 from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
 from memory.reranker.base import RerankerProvider
 from memory.store import MessageStore
-from memory.text import content_words, fts_query
+from memory.text import content_words, fts_match, fts_query, query_terms
 from memory.when import TimeSpan, asks_recent, parse_when
 
 log = logging.getLogger(__name__)
@@ -302,7 +302,8 @@ class Searcher:
         lists = {
             "dense": self._dense(vector, k, filters),
             "keyword": self._keyword(match, k, filters, "message"),
-            "window": self._keyword(match, k, filters, "window") if windows else [],
+            "window": self._keyword(self._window_match(query), k, filters, "window")
+            if windows and match else [],
         }
         pool: dict[int, _Candidate] = {}
         for name, ranked in lists.items():
@@ -337,6 +338,23 @@ class Searcher:
 
     def _keyword(self, match: str | None, k: int, filters: Filters, field: str) -> list:
         return self.store.keyword(match, k, filters, field=field) if match else []
+
+    def _window_match(self, query: str) -> str | None:
+        """The query's terms for the window index, leaving out the very common ones.
+
+        A window holds five messages, so a term found in thousands of messages
+        matches five times as many windows, and ranking them all is most of a
+        search's time at 100k messages while such a term says little about which
+        window matters (it still counts in the message list).  The rarest term is
+        always kept.
+        """
+        terms = query_terms(query)
+        limit = self.config.window_term_max_df
+        if limit and len(terms) > 1:
+            counts = self.store.term_counts(terms)
+            rare = [t for t in terms if counts.get(t, 0) <= limit]
+            terms = rare or [min(terms, key=lambda t: counts.get(t, 0))]
+        return fts_match(terms)
 
     def _window_dense(
         self, vector: np.ndarray, pool: dict[int, _Candidate], k: int

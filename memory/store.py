@@ -729,6 +729,14 @@ class MessageStore:
                 break
         return [(row[0], row[1]) for row in rows]
 
+    def term_counts(self, terms: Sequence[str]) -> dict[str, int]:
+        """In how many messages each term occurs (by text, author or attachment name)."""
+        return {
+            term: self._query("SELECT count(*) FROM search_fts WHERE search_fts MATCH ?",
+                              ('"' + term.replace('"', '""') + '"',))[0][0]
+            for term in terms
+        }
+
     def window_vectors(self, ids: Sequence[int]) -> dict[int, np.ndarray]:
         """The mean of the stored vectors of each message's window (unit length).
 

@@ -80,7 +80,11 @@ def fts_query(text: str) -> str | None:
     Returns:
         The expression, or ``None`` when the text has no searchable word.
     """
-    terms = query_terms(text)
+    return fts_match(query_terms(text))
+
+
+def fts_match(terms: list[str]) -> str | None:
+    """OR the terms together, each a quoted FTS5 string (``None`` for no terms)."""
     if not terms:
         return None
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)

@@ -5,6 +5,7 @@ neighbour's window) without ever crossing a channel."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,20 @@ def test_upgrading_an_older_database_indexes_its_messages(
         assert {mid for mid, _ in store.keyword('"bucks"', 10, Filters())} == {records[0].id}
     finally:
         store.close()
+
+
+def test_very_common_terms_leave_the_window_search_only(
+    make_engine: MakeEngine, make_record: MakeRecord
+) -> None:
+    engine = make_engine(window_term_max_df=3)
+    engine.ingest([make_record(f"printer news {i}") for i in range(5)]
+                  + [make_record("the printer nozzle clogged"), make_record("nozzle swap done")])
+    searcher = engine.searcher
+    # "printer" is in 6 messages (over 3): only the window search drops it
+    assert searcher._window_match("printer nozzle") == '"nozzle"'
+    assert searcher._window_match("printer") == '"printer"'  # the rarest term always stays
+    assert searcher._window_match("printer news") == '"news"'  # 5 vs 6: both common, rarest kept
+    engine.searcher.config = replace(engine.searcher.config, window_term_max_df=0)
+    assert searcher._window_match("printer nozzle") == '"printer" OR "nozzle"'
+    result = engine.search("printer nozzle", guild_id=GUILD, adaptive=False)
+    assert {"window", "keyword"} <= set(result.trace.candidates)
