@@ -248,7 +248,8 @@ def assemble_context(
     allowed = _allowed(request)
     hits = [h for h in result.hits if h.id not in excluded and _may_read(allowed, h.channel_id)]
     windows = _merge(_expand(store, hits, allowed, excluded, before, after))
-    kept, dropped = _fit(windows, budget_tokens, counter)
+    kept, dropped = _fit(windows, budget_tokens, counter,
+                         {hit.id: rank for rank, hit in enumerate(hits)})
     context = _finish(query, kept, hits, result, counter, budget_tokens, dropped)
     trace = context.trace
     trace.candidates.update(
@@ -360,9 +361,10 @@ def _union(a: list[ContextLine], b: list[ContextLine]) -> list[ContextLine]:
 
 
 def _fit(
-    windows: list[ContextWindow], budget: int, counter: TokenCounter
+    windows: list[ContextWindow], budget: int, counter: TokenCounter, ranks: dict[int, int]
 ) -> tuple[list[ContextWindow], int]:
-    """Keep the most relevant windows that fit; a window too big shrinks to its hits.
+    """Keep the most relevant windows that fit; a window too big shrinks to its hits,
+    and then to its best hits (``ranks``: hit id -> search rank).
 
     Returns:
         The kept windows in time order, and how many hits did not fit.
@@ -370,14 +372,21 @@ def _fit(
     kept: list[ContextWindow] = []
     dropped = 0
     for window in sorted(windows, key=lambda w: w.rank):
-        hits_only = replace(window, lines=[ln for ln in window.lines if ln.role == "hit"])
-        for candidate in (window, hits_only):
+        hit_lines = [ln for ln in window.lines if ln.role == "hit"]
+        hits_only = replace(window, lines=hit_lines)
+        by_rank = sorted(hit_lines, key=lambda ln: ranks.get(ln.id, len(ranks)))
+        fewer = [
+            replace(window, lines=[ln for ln in hit_lines if ln in by_rank[:n]])
+            for n in range(len(hit_lines) - 1, 0, -1)
+        ]
+        for candidate in (window, hits_only, *fewer):
             trial = _numbered(sorted([*kept, candidate], key=_first_id))
             if counter.count(render_windows(trial)) <= budget:
                 kept.append(candidate)
+                dropped += len(hit_lines) - sum(ln.role == "hit" for ln in candidate.lines)
                 break
         else:
-            dropped += len(hits_only.lines)
+            dropped += len(hit_lines)
     return sorted(kept, key=_first_id), dropped
 
 

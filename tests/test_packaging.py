@@ -73,7 +73,8 @@ def test_the_wheel_carries_the_type_marker_profiles_and_demo_data() -> None:
     assert (ROOT / "memory" / "py.typed").is_file() and "py.typed" in data["memory"]
     assert "Typing :: Typed" in PYPROJECT["project"]["classifiers"]
     assert list((ROOT / "profiles").glob("*.toml")) and data["memory.profiles"] == ["*.toml"]
-    assert (ROOT / "data" / "demo-queries.jsonl").is_file()
+    assert (ROOT / "data" / "demo-server" / "queries.jsonl").is_file()
+    assert data["cli.data"] == ["demo-server/*.json", "demo-server/*.jsonl"]
     scripts = PYPROJECT["project"]["scripts"]
     assert scripts == {"discord-memory-bot": "bot:main"}
 

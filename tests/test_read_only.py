@@ -116,8 +116,14 @@ def test_a_live_write_ahead_log_is_read_in_a_read_only_folder(imported: Path, fo
     writer = connect(db)
     try:
         writer.execute("PRAGMA wal_autocheckpoint=0")
-        writer.execute("UPDATE messages SET content = 'the kiln key hangs by the fuse box' "
-                       "WHERE id = (SELECT min(id) FROM messages WHERE content NOT LIKE '%solder%')")
+        # an edit as the store writes one: the message and its row in the keyword index
+        writer.execute("BEGIN")
+        writer.execute("CREATE TEMP TABLE edited AS SELECT min(id) AS id FROM messages "
+                       "WHERE content NOT LIKE '%solder%'")
+        for table in ("messages", "search_text"):
+            writer.execute(f"UPDATE {table} SET content = 'the kiln key hangs by the fuse box' "
+                           "WHERE id = (SELECT id FROM edited)")
+        writer.execute("COMMIT")
         assert Path(f"{db}-wal").stat().st_size > 0
         _seal(db, folder_writable=False)
         found = _search(db, "kiln key")

@@ -535,9 +535,10 @@ def test_many_timed_out_searches_leave_no_work(
     time.sleep(0.6)
     assert len(server.requests) == sent, "no request is sent for a search that has gone"
     # One slot, 0.3 s a request: only what fits before the last call's deadline is
-    # sent (thread start-up on a loaded machine spreads the deadlines), not 12 x 4.
+    # sent, not 12 x 4 -- plus, at most, one request per call cut short by its own
+    # deadline (a call whose turn comes with 40 ms left still sends with 40 ms).
     window = max(starts) + 0.5 - min(starts)
-    assert sent <= int(window / 0.3) + 2 < 12 * len(DOCS)
+    assert sent <= int(window / 0.3) + 1 + len(threads) < 12 * len(DOCS)
     assert server.max_in_flight == 1
     server.delay = 0.0
     assert backend.score(QUERY, DOCS) == pytest.approx([relevance(QUERY, d) for d in DOCS])

@@ -320,17 +320,18 @@ def test_reembed_switches_model_and_dimension(
     make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: Path
 ) -> None:
     records = [make_record(f"note {i} about the garden") for i in range(7)]
-    first = make_engine(tmp_db, HashEmbedder(128))
+    first = make_engine(tmp_db, HashEmbedder(128), context="none")
     first.ingest(records)
     first.close()
 
-    second = make_engine(tmp_db, HashEmbedder(64, model_id="test/other-64"), check_model=False)
+    second = make_engine(tmp_db, HashEmbedder(64, model_id="test/other-64"), check_model=False,
+                         context="none")  # each vector is its own note's alone
     assert second.reembed() == 7
     assert second.store.embedding_model() == ("test/other-64", 64)
     assert second.store.pending_count() == 0
     assert row_counts(second.store) == {"messages": 7, "fts": 7, "vectors": 7}
     assert stored_vector(second.store, records[0].id).shape == (64,)
-    result = second.search("note 3 about the garden", guild_id=GUILD)
+    result = second.search("note 3 about the garden", guild_id=GUILD, mode="dense")
     assert result.hits and result.hits[0].id == records[3].id
     second.close()
     # the new model is now the one the database accepts
