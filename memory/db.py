@@ -135,9 +135,7 @@ def connect(
         conn.execute("PRAGMA foreign_keys=ON")
     except driver.DatabaseError as exc:
         conn.close()
-        raise DatabaseFileError(
-            f"{path}: not a usable SQLite database ({exc}); point --db at another file"
-        ) from exc
+        raise _unusable(path, exc) from exc
     return conn
 
 
@@ -195,9 +193,7 @@ def _read_only_connection(
         raise
     except driver.DatabaseError as exc:
         conn.close()
-        raise DatabaseFileError(
-            f"{path}: not a usable SQLite database ({exc}); point --db at another file"
-        ) from exc
+        raise _unusable(path, exc) from exc
     return conn
 
 
@@ -246,6 +242,12 @@ def _load_vec(conn: Any) -> None:
     conn.enable_load_extension(True)
     sqlite_vec.load(conn)
     conn.enable_load_extension(False)
+
+
+def _unusable(path: str | Path, exc: BaseException) -> DatabaseFileError:
+    return DatabaseFileError(
+        f"{path}: not a usable SQLite database ({exc}); point --db at another file"
+    )
 
 
 def _set_wal(conn: Any, driver: Any, *, deadline_s: float = 10.0) -> None:
