@@ -34,7 +34,7 @@ from memory.filters import Filters
 from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
 from memory.reranker.base import RerankerProvider
 from memory.store import MessageStore
-from memory.text import content_words, fts_match, fts_query, query_terms
+from memory.text import content_words, fts_match, query_terms
 from memory.when import TimeSpan, asks_recent, parse_when
 
 log = logging.getLogger(__name__)
@@ -296,14 +296,14 @@ class Searcher:
         trace: Trace,
     ) -> dict[int, _Candidate]:
         cfg = self.config
-        match = fts_query(query) if request.mode in ("hybrid", "keyword") else None
+        terms = query_terms(query) if request.mode in ("hybrid", "keyword") else []
         # keyword mode stays literal (messages holding the words); windows join hybrid
         windows = request.mode == "hybrid" and cfg.window_weight
         lists = {
             "dense": self._dense(vector, k, filters),
-            "keyword": self._keyword(match, k, filters, "message"),
-            "window": self._keyword(self._window_match(query), k, filters, "window")
-            if windows and match else [],
+            "keyword": self._keyword(fts_match(terms), k, filters, "message"),
+            "window": self._keyword(self._window_match(terms), k, filters, "window")
+            if windows and terms else [],
         }
         pool: dict[int, _Candidate] = {}
         for name, ranked in lists.items():
@@ -339,7 +339,7 @@ class Searcher:
     def _keyword(self, match: str | None, k: int, filters: Filters, field: str) -> list:
         return self.store.keyword(match, k, filters, field=field) if match else []
 
-    def _window_match(self, query: str) -> str | None:
+    def _window_match(self, terms: list[str]) -> str | None:
         """The query's terms for the window index, leaving out the very common ones.
 
         A window holds five messages, so a term found in thousands of messages
@@ -348,7 +348,6 @@ class Searcher:
         window matters (it still counts in the message list).  The rarest term is
         always kept.
         """
-        terms = query_terms(query)
         limit = self.config.window_term_max_df
         if limit and len(terms) > 1:
             counts = self.store.term_counts(terms)

@@ -30,6 +30,7 @@ from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
 from memory.records import MessageRecord, PendingMessage, StoredMessage
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
+from memory.text import fts_match
 from memory.vectors import VectorIndex, table_columns
 
 __all__ = [
@@ -733,7 +734,7 @@ class MessageStore:
         """In how many messages each term occurs (by text, author or attachment name)."""
         return {
             term: self._query("SELECT count(*) FROM search_fts WHERE search_fts MATCH ?",
-                              ('"' + term.replace('"', '""') + '"',))[0][0]
+                              (fts_match([term]),))[0][0]
             for term in terms
         }
 

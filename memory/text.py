@@ -70,21 +70,16 @@ def content_words(text: str) -> int:
     )
 
 
-def fts_query(text: str) -> str | None:
-    """Build an FTS5 MATCH expression that can never raise a syntax error.
+def fts_match(terms: list[str]) -> str | None:
+    """Build an FTS5 MATCH expression from terms that can never raise a syntax error.
 
     Every term is a double-quoted string (FTS5 syntax characters and keywords such
     as ``AND``/``NEAR`` inside quotes are plain text), OR-ed together so BM25 ranks
     messages by how many and how rare the matching words are.
 
     Returns:
-        The expression, or ``None`` when the text has no searchable word.
+        The expression, or ``None`` when there is no term (nothing to search for).
     """
-    return fts_match(query_terms(text))
-
-
-def fts_match(terms: list[str]) -> str | None:
-    """OR the terms together, each a quoted FTS5 string (``None`` for no terms)."""
     if not terms:
         return None
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.text import content_words, fts_match, fts_query, query_terms
+from memory.text import content_words, fts_match, query_terms
 
 
 @pytest.mark.parametrize("query, terms", [
@@ -27,7 +27,7 @@ def test_question_words_and_chat_filler_leave_the_keyword_query(
     ("?!", None),
 ])
 def test_fts_queries_are_quoted_terms(text: str, expected: str | None) -> None:
-    assert fts_query(text) == expected
+    assert fts_match(query_terms(text)) == expected
 
 
 def test_fts_match_escapes_quotes() -> None:

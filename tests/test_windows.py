@@ -185,10 +185,10 @@ def test_very_common_terms_leave_the_window_search_only(
                   + [make_record("the printer nozzle clogged"), make_record("nozzle swap done")])
     searcher = engine.searcher
     # "printer" is in 6 messages (over 3): only the window search drops it
-    assert searcher._window_match("printer nozzle") == '"nozzle"'
-    assert searcher._window_match("printer") == '"printer"'  # the rarest term always stays
-    assert searcher._window_match("printer news") == '"news"'  # 5 vs 6: both common, rarest kept
+    assert searcher._window_match(["printer", "nozzle"]) == '"nozzle"'
+    assert searcher._window_match(["printer"]) == '"printer"'  # the rarest term always stays
+    assert searcher._window_match(["printer", "news"]) == '"news"'  # 5 vs 6: both common, rarest kept
     engine.searcher.config = replace(engine.searcher.config, window_term_max_df=0)
-    assert searcher._window_match("printer nozzle") == '"printer" OR "nozzle"'
+    assert searcher._window_match(["printer", "nozzle"]) == '"printer" OR "nozzle"'
     result = engine.search("printer nozzle", guild_id=GUILD, adaptive=False)
     assert {"window", "keyword"} <= set(result.trace.candidates)

@@ -106,9 +106,9 @@ class CachedEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors for ``texts``: from the cache, or computed once and remembered."""
         keys = [self._key(t) for t in texts]
-        missing = list(dict.fromkeys(k for k in keys if k not in self._vectors))
+        todo = {k: t for k, t in zip(keys, texts) if k not in self._vectors}
+        missing = list(todo)
         if missing:
-            todo = {k: t for k, t in zip(keys, texts) if k in set(missing)}
             computed = self.inner.embed([todo[k] for k in missing])
             self._vectors.update(zip(missing, computed))
             self._dirty = True
