@@ -19,7 +19,7 @@ from typing import Any
 from memory.db import sqlite_driver
 from memory.errors import DatabaseFileError
 from memory.vectors import upgrade_float_table
-from memory.windows import index_all_windows
+from memory.windows import index_all_window_vectors, index_all_windows
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,9 @@ MIGRATIONS: list[Migration] = [
     """,
     # 7: fill the new index for messages stored before migration 6.
     index_all_windows,
+    # 8: each window's mean vector, stored (memory.windows) so that a search looks it
+    # up instead of averaging its members' vectors for every candidate.
+    index_all_window_vectors,
 ]
 
 

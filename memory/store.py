@@ -145,7 +145,7 @@ class MessageStore:
         self._conn = connect(path, read_only=self.read_only)
         self._lock = threading.RLock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
-        self.vectors = VectorIndex(self._query)
+        self.vectors = VectorIndex(self._query, on_change=windows.vectors_changed)
         try:
             check_ours(self._conn, self.path)  # before any migration writes to it
             migrate(self._conn, read_only=self.read_only)
@@ -237,6 +237,7 @@ class MessageStore:
         """Drop every vector and bind to a new model; all messages become pending."""
         with self._transaction() as conn:
             self.vectors.drop(conn)
+            conn.execute("DELETE FROM window_vectors")
             conn.execute("DELETE FROM meta WHERE key IN (?, ?)", (_META_MODEL, _META_DIM))
             conn.execute("UPDATE messages SET embedded = 0")
             self._bind_model(conn, model_id, dimension)
@@ -381,11 +382,11 @@ class MessageStore:
             [(i, now) for i in ids],
         )
         self._reembed_dependents(conn, ids)
-        self.vectors.delete(conn, ids)
         places = conn.execute(
             f"SELECT channel_id, id FROM messages WHERE id {IN_IDS}", (id_list(ids),)
         ).fetchall()
         removed = conn.execute(f"DELETE FROM messages WHERE id {IN_IDS}", (id_list(ids),)).rowcount
+        self.vectors.delete(conn, ids)  # after the rows: no window vector is made for them
         windows.reindex(conn, places)  # their rows go; neighbours' windows lose their text
         return removed
 
@@ -739,35 +740,18 @@ class MessageStore:
         }
 
     def window_vectors(self, ids: Sequence[int]) -> dict[int, np.ndarray]:
-        """The mean of the stored vectors of each message's window (unit length).
+        """The window vector of each message: its window's mean vector, unit length.
 
-        Messages without a window row, without content of their own ("lol") or
-        without any embedded member are left out.
+        Kept up to date by :mod:`memory.windows`; messages without content of their
+        own ("lol") or without any embedded member in their window have none.
         """
-        if self.embedding_model() is None or not ids:
+        if not ids:
             return {}
-        members = {
-            row[0]: [int(i) for i in row[1].split()] for row in self._query(
-                f"SELECT id, context_ids FROM search_text WHERE id {IN_IDS} AND contentful",
-                (id_list(ids),))
+        return {
+            mid: np.frombuffer(blob, dtype=np.float16).astype(np.float32)
+            for mid, blob in self._query(
+                f"SELECT id, vector FROM window_vectors WHERE id {IN_IDS}", (id_list(ids),))
         }
-        floats = self.vectors.floats({m for window in members.values() for m in window})
-        if not floats:
-            return {}
-        position = {mid: i for i, mid in enumerate(floats)}
-        matrix = np.stack(list(floats.values()))
-        owners, rows = [], []
-        for mid, window in members.items():
-            found = [position[m] for m in window if m in position]
-            if found:
-                owners.append(mid)
-                rows.append(found)
-        if not owners:
-            return {}
-        starts = np.cumsum([0] + [len(r) for r in rows[:-1]])
-        sums = np.add.reduceat(matrix[np.concatenate(rows)], starts, axis=0)
-        sums /= np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
-        return dict(zip(owners, sums))
 
     def similarity_floor(self, guild_id: int | None, quantile: float) -> float | None:
         """The cosine similarity that random pairs of a guild's messages reach at ``quantile``.

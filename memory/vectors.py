@@ -31,6 +31,8 @@ MAX_KNN_K = 4096  # sqlite-vec's upper bound for k
 VECTOR_FIELDS = "message_id, guild_id, channel_id, author_id, created_at, has_attachment"
 
 Query = Callable[[str, Sequence[Any]], list[tuple]]
+OnChange = Callable[[Any, Sequence[int]], None]
+"""Called inside the writing transaction with the ids whose vectors were stored or deleted."""
 VectorRow = tuple[int, int, int, int, int, bool, np.ndarray]
 """What :meth:`VectorIndex.write` stores per message: its id, guild, channel, author,
 creation time, whether it has attachments, and its vector."""
@@ -57,6 +59,26 @@ def binary_code(vector: np.ndarray) -> bytes:
     Bit order matches sqlite-vec's ``vec_quantize_binary`` (least significant first).
     """
     return np.packbits(np.asarray(vector) > 0, bitorder="little").tobytes()
+
+
+def shadow_table_readable(query: Query) -> bool:
+    """Whether vec0 keeps the ``+embedding`` floats in a shadow table readable by rowid."""
+    return bool(query(
+        "SELECT 1 FROM pragma_table_info('message_vectors_auxiliary') WHERE name = 'value00'", ()
+    ))
+
+
+def read_floats(query: Query, ids: Iterable[int], *, auxiliary: bool) -> dict[int, np.ndarray]:
+    """The stored float vectors of ``ids`` that have one (see :meth:`VectorIndex.floats`)."""
+    ids = list(ids)
+    if not ids:
+        return {}
+    sql = (
+        f"SELECT rowid, value00 FROM message_vectors_auxiliary WHERE rowid {IN_IDS}"
+        if auxiliary else
+        f"SELECT message_id, embedding FROM message_vectors WHERE message_id {IN_IDS}"
+    )
+    return {mid: np.frombuffer(blob, dtype=np.float32) for mid, blob in query(sql, (id_list(ids),))}
 
 
 def table_columns(conn: Any) -> set[str]:
@@ -212,10 +234,13 @@ class VectorIndex:
 
     Args:
         query: Runs one read-only statement and returns its rows.
+        on_change: Told which messages' vectors each write or delete changed
+            (the store keeps its window vectors in step with them).
     """
 
-    def __init__(self, query: Query) -> None:
+    def __init__(self, query: Query, on_change: OnChange | None = None) -> None:
         self._query = query
+        self._on_change = on_change or (lambda conn, ids: None)
         self._radii = _RadiusMemory()
         self._auxiliary: bool | None = None  # vec0's float shadow table is readable
 
@@ -246,9 +271,9 @@ class VectorIndex:
             ],
         )
         count_codes(conn, ((row[1], row[6]) for row in rows))
+        self._on_change(conn, [row[0] for row in rows])
 
-    @staticmethod
-    def delete(conn: Any, ids: Sequence[int]) -> None:
+    def delete(self, conn: Any, ids: Sequence[int]) -> None:
         """Remove the vectors of ``ids`` (where present) and subtract their code bits."""
         if not ids or not table_columns(conn):
             return
@@ -262,6 +287,7 @@ class VectorIndex:
         conn.executemany(
             "DELETE FROM message_vectors WHERE message_id = ?", [(row[0],) for row in found]
         )
+        self._on_change(conn, [row[0] for row in found])
 
     # -- reads -------------------------------------------------------------------------
 
@@ -288,20 +314,9 @@ class VectorIndex:
         sqlite-vec release lays its shadow tables out otherwise, the vec0 query is
         used (slower, same answer; tests/test_store.py checks both agree).
         """
-        ids = list(ids)
-        if not ids:
-            return {}
         if self._auxiliary is None:
-            self._auxiliary = bool(self._query(
-                "SELECT 1 FROM pragma_table_info('message_vectors_auxiliary') "
-                "WHERE name = 'value00'", ()))
-        sql = (
-            f"SELECT rowid, value00 FROM message_vectors_auxiliary WHERE rowid {IN_IDS}"
-            if self._auxiliary else
-            f"SELECT message_id, embedding FROM message_vectors WHERE message_id {IN_IDS}"
-        )
-        return {mid: np.frombuffer(blob, dtype=np.float32)
-                for mid, blob in self._query(sql, (id_list(ids),))}
+            self._auxiliary = shadow_table_readable(self._query)
+        return read_floats(self._query, ids, auxiliary=self._auxiliary)
 
     def knn(
         self, vector: np.ndarray, k: int, filters: Filters, *, rescore: int = 4

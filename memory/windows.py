@@ -15,6 +15,13 @@ window: the window would speak for its neighbours, not for it.
 A window never holds text from another channel, so it cannot carry a message past a
 permission check.  Windows are rewritten whenever a message in them is stored,
 edited or deleted (:func:`reindex`): deleted text does not live on in a neighbour.
+
+Each contentful window also has a stored *window vector* (``window_vectors``): the
+normalised mean of its members' message vectors, kept as float16 so a search ranks
+its candidates by their windows with one lookup.  It is recomputed whenever the
+window's members change (:func:`reindex`) or a member's vector is stored or deleted
+(:func:`vectors_changed`), so an edited or deleted message's vector does not live on
+in its neighbours' window vectors either.
 The window's shape is part of the index format: changing these constants needs a
 new migration that rebuilds it.
 """
@@ -27,8 +34,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from memory.db import IN_IDS, id_list
 from memory.text import content_words
+from memory.vectors import read_floats, shadow_table_readable, table_columns
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +89,11 @@ def reindex(conn: Any, touched: Iterable[tuple[int, int]]) -> None:
     if not by_channel:
         return
     every = sorted({mid for ids in by_channel.values() for mid in ids})
-    conn.execute(
-        f"DELETE FROM search_text WHERE id {IN_IDS} AND id NOT IN (SELECT id FROM messages)",
-        (id_list(every),),
-    )
+    for table in ("search_text", "window_vectors"):
+        conn.execute(
+            f"DELETE FROM {table} WHERE id {IN_IDS} AND id NOT IN (SELECT id FROM messages)",
+            (id_list(every),),
+        )
     rewritten: set[int] = set()
     for channel_id, ids in by_channel.items():
         for lo, hi in _segments(conn, channel_id, sorted(ids)):
@@ -97,6 +108,79 @@ def reindex(conn: Any, touched: Iterable[tuple[int, int]]) -> None:
         _rebuild(conn, channel_id, message_id, message_id)
 
 
+def vectors_changed(conn: Any, ids: Sequence[int]) -> None:
+    """Recompute the window vectors of every window holding one of ``ids``.
+
+    Called when those messages' own vectors were stored or deleted.  A window's
+    neighbours are symmetric (if B is within two messages and two hours of A, A is
+    of B), so the windows holding a message are those of the messages in its own
+    window, plus those of the messages replying to it.
+    """
+    if not ids:
+        return
+    holders = set(ids)
+    batch = (id_list(ids),)
+    for (members,) in conn.execute(f"SELECT context_ids FROM search_text WHERE id {IN_IDS}", batch):
+        holders.update(int(m) for m in members.split())
+    holders.update(row[0] for row in conn.execute(
+        f"SELECT id FROM messages WHERE reply_to_id {IN_IDS}", batch))
+    refresh_vectors(conn, holders)
+
+
+def refresh_vectors(conn: Any, ids: Iterable[int]) -> None:
+    """Store the window vector of each of ``ids`` (drop it where there is none).
+
+    A window vector is the normalised mean of the window's embedded members'
+    vectors; a message without content of its own, or whose window has no
+    embedded member yet, has none.
+    """
+    ids = sorted(set(ids))
+    for start in range(0, len(ids), _SEGMENT):  # bounded memory when a whole guild goes
+        chunk = ids[start:start + _SEGMENT]
+        means = _window_means(conn, chunk)
+        conn.execute(f"DELETE FROM window_vectors WHERE id {IN_IDS}", (id_list(chunk),))
+        conn.executemany(
+            "INSERT INTO window_vectors(id, vector) VALUES (?, ?)",
+            [(mid, vector.astype(np.float16).tobytes()) for mid, vector in means.items()],
+        )
+
+
+def _window_means(conn: Any, ids: list[int]) -> dict[int, np.ndarray]:
+    if not table_columns(conn):  # no embedding model bound yet: no vectors
+        return {}
+    members = {
+        mid: [int(m) for m in context_ids.split()] for mid, context_ids in conn.execute(
+            f"SELECT id, context_ids FROM search_text WHERE id {IN_IDS} AND contentful "
+            "AND id IN (SELECT id FROM messages)", (id_list(ids),))  # not one being deleted
+    }
+
+    def query(sql: str, params: Sequence[Any]) -> list[tuple]:
+        return conn.execute(sql, params).fetchall()
+    floats = read_floats(query, {m for window in members.values() for m in window},
+                         auxiliary=shadow_table_readable(query))
+    owners, rows = [], []
+    for mid, window in members.items():
+        found = [floats[m] for m in window if m in floats]
+        if found:
+            owners.append(mid)
+            rows.append(np.sum(found, axis=0))
+    if not owners:
+        return {}
+    sums = np.stack(rows)
+    sums /= np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
+    return dict(zip(owners, sums))
+
+
+def index_all_window_vectors(conn: Any) -> None:
+    """Compute every window's vector (a migration: windows stored before they had one)."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS window_vectors (id INTEGER PRIMARY KEY, vector BLOB NOT NULL)"
+    )
+    ids = [row[0] for row in conn.execute("SELECT id FROM search_text WHERE contentful")]
+    refresh_vectors(conn, ids)
+    log.info("computed the window vectors of %d messages", len(ids))
+
+
 def index_all_windows(conn: Any) -> None:
     """Index every stored message (a migration: messages stored before windows existed)."""
     channels = [row[0] for row in conn.execute("SELECT DISTINCT channel_id FROM messages")]
@@ -105,7 +189,7 @@ def index_all_windows(conn: Any) -> None:
             "SELECT id FROM messages WHERE channel_id = ? ORDER BY id", (channel_id,))]
         for start in range(0, len(ids), _SEGMENT):
             chunk = ids[start:start + _SEGMENT]
-            _rebuild(conn, channel_id, chunk[0], chunk[-1])
+            _rebuild(conn, channel_id, chunk[0], chunk[-1], vectors=False)  # migration 8's work
     log.info("indexed the windows of %d channels", len(channels))
 
 
@@ -121,7 +205,7 @@ def _segments(conn: Any, channel_id: int, ids: list[int]) -> list[tuple[int, int
     return [(i, i) for i in ids]
 
 
-def _rebuild(conn: Any, channel_id: int, lo: int, hi: int) -> set[int]:
+def _rebuild(conn: Any, channel_id: int, lo: int, hi: int, *, vectors: bool = True) -> set[int]:
     """Rewrite the rows of messages ``lo..hi`` and of the neighbours whose windows reach them."""
     reach = BEFORE + AFTER
     before = _rows(conn, "m.channel_id = ? AND m.id < ? ORDER BY m.id DESC LIMIT ?",
@@ -149,7 +233,7 @@ def _rebuild(conn: Any, channel_id: int, lo: int, hi: int) -> set[int]:
             "\n".join(n.line for n in window), " ".join(str(n.id) for n in window),
             int(bool(row.attachments) or content_words(row.content) >= 2),
         ))
-    _write(conn, entries)
+    _write(conn, entries, vectors=vectors)
     return {entry[0] for entry in entries}
 
 
@@ -165,7 +249,7 @@ def _reply_targets(conn: Any, rows: list[_Row], channel_id: int) -> dict[int, _R
     return {r.id: r for r in found}
 
 
-def _write(conn: Any, entries: list[tuple]) -> None:
+def _write(conn: Any, entries: list[tuple], *, vectors: bool = True) -> None:
     """Write index rows, leaving alone the ones that would not change (FTS work is not free)."""
     if not entries:
         return
@@ -175,6 +259,7 @@ def _write(conn: Any, entries: list[tuple]) -> None:
             f"FROM search_text WHERE id {IN_IDS}", (id_list(e[0] for e in entries),))
     }
     changed = [e for e in entries if stored.get(e[0]) != e]
+    refresh = [e[0] for e in changed if stored.get(e[0], ())[5:] != e[5:]]  # members, contentful
     conn.executemany(
         "INSERT INTO search_text(id, author, content, attachments, context, context_ids, "
         "contentful) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
@@ -183,3 +268,5 @@ def _write(conn: Any, entries: list[tuple]) -> None:
         "context_ids = excluded.context_ids, contentful = excluded.contentful",
         changed,
     )
+    if vectors:
+        refresh_vectors(conn, refresh)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memory.db import connect
@@ -192,3 +193,116 @@ def test_very_common_terms_leave_the_window_search_only(
     assert searcher._window_match(["printer", "nozzle"]) == '"printer" OR "nozzle"'
     result = engine.search("printer nozzle", guild_id=GUILD, adaptive=False)
     assert {"window", "keyword"} <= set(result.trace.candidates)
+
+
+# -- window vectors ---------------------------------------------------------------------
+
+
+def window_vectors_from_scratch(store: MessageStore) -> dict[int, np.ndarray]:
+    """Every window vector as it should be: its embedded members' normalised mean."""
+    expected = {}
+    for mid, members in store._query(
+        "SELECT id, context_ids FROM search_text WHERE contentful"
+    ):
+        floats = store.vectors.floats(int(m) for m in members.split())
+        if floats:
+            total = np.sum(list(floats.values()), axis=0)
+            expected[mid] = total / np.linalg.norm(total)
+    return expected
+
+
+def assert_window_vectors_fresh(store: MessageStore) -> None:
+    expected = window_vectors_from_scratch(store)
+    stored = store.window_vectors([row[0] for row in store._query("SELECT id FROM messages")])
+    orphans = store._query("SELECT count(*) FROM window_vectors WHERE id NOT IN "
+                           "(SELECT id FROM messages)")[0][0]
+    assert orphans == 0
+    assert stored.keys() == expected.keys()
+    for mid, vector in expected.items():
+        np.testing.assert_allclose(stored[mid], vector, atol=2e-3)  # stored as float16
+
+
+def edited(record: MessageRecord, content: str) -> MessageRecord:
+    return MessageRecord(**{**vars(record), "content": content,
+                            "edited_at": BASE_MS + 3_600_000})
+
+
+@pytest.mark.parametrize("how", [
+    "ingest", "store-then-embed", "delete", "edit-pending", "edit-reembedded", "opt-out",
+    "purge-channel", "reply-target-deleted", "out-of-order", "reembed", "becomes-content-free",
+])
+def test_window_vectors_follow_every_change(
+    engine: MemoryEngine, make_record: MakeRecord, how: str
+) -> None:
+    records = conversation(make_record, LINES)
+    target = make_record("the budget meeting is on monday", created_at=BASE_MS - 3 * GAP_MS)
+    reply = make_record("monday works for the budget", reply_to_id=target.id,
+                        created_at=BASE_MS + 30 * 60_000)
+    everything = [target, *records, reply]
+    if how == "out-of-order":
+        for index in (5, 0, 7, 2, 1, 3, 6, 4):
+            engine.ingest([everything[index]])
+    else:
+        engine.ingest(everything, embed=how != "store-then-embed")
+    secret = records[2]
+    if how == "store-then-embed":
+        assert engine.store._query("SELECT count(*) FROM window_vectors")[0][0] == 0
+        engine.embed_pending()
+    elif how == "delete":
+        engine.delete([secret.id])
+    elif how.startswith("edit"):
+        engine.upsert([edited(secret, "never mind, the car needs fixing")])
+        if how == "edit-reembedded":
+            engine.embed_pending()
+    elif how == "opt-out":
+        engine.update_settings(GUILD, opt_out=secret.author_id)
+        engine.forget_member(GUILD, secret.author_id)
+    elif how == "purge-channel":
+        engine.purge_channels([CHANNEL])
+    elif how == "reply-target-deleted":
+        engine.delete([target.id])
+    elif how == "reembed":
+        engine.reembed()
+    elif how == "becomes-content-free":
+        engine.upsert([edited(secret, "lol")])
+        engine.embed_pending()
+        assert engine.store.window_vectors([secret.id]) == {}
+    assert_window_vectors_fresh(engine.store)
+    if how in ("ingest", "out-of-order"):
+        found = engine.store.window_vectors([r.id for r in everything])
+        assert found.keys() == {r.id for r in everything} - {records[1].id, records[5].id}
+        # "what for" and "fine" have no content of their own: no window vector
+
+
+def test_a_deleted_messages_vector_leaves_its_neighbours_window_vectors(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    records = conversation(make_record, LINES)
+    engine.ingest(records)
+    secret, neighbour = records[2], records[3]
+    old = engine.store.vectors.floats([secret.id])[secret.id]
+    before = engine.store.window_vectors([neighbour.id])[neighbour.id]
+    engine.delete([secret.id])
+    after = engine.store.window_vectors([neighbour.id])[neighbour.id]
+    rest = engine.store.vectors.floats(r.id for r in records if r is not secret)  # its window now
+    without = np.sum(list(rest.values()), axis=0)
+    np.testing.assert_allclose(after, without / np.linalg.norm(without), atol=2e-3)
+    assert float(after @ old) < float(before @ old)  # its direction is gone from the mean
+
+
+def test_upgrading_computes_the_window_vectors_of_stored_messages(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    engine.ingest(conversation(make_record, LINES))
+    path = engine.store.path
+    with engine.store._transaction() as conn:  # the database as migration 7 left it
+        conn.execute("DROP TABLE window_vectors")
+        conn.execute("PRAGMA user_version = 7")
+    engine.close()
+    store = MessageStore(path)
+    try:
+        assert store.stats().schema_version == len(MIGRATIONS)
+        assert len(store.window_vectors([r[0] for r in store._query("SELECT id FROM messages")])) == 4
+        assert_window_vectors_fresh(store)
+    finally:
+        store.close()
