@@ -160,8 +160,21 @@ def run_command(settings: Settings, sync: bool, dev_guild: int | None, owner: tu
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line (the offline tools plus ``run``); returns the exit status."""
+    idle_threads_sleep()
     prog = "bot.py" if argv is not None or sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
     return cli_main(argv, commands=[run_command], prog_name=prog)
+
+
+def idle_threads_sleep() -> None:
+    """Let torch's idle OpenMP workers sleep at once instead of spinning.
+
+    By default each worker spins for about 10 ms of CPU after every parallel region
+    (a query's embedding), taking a core from the SQLite work that follows: the
+    vector KNN right after an embedding ran 14 ms instead of 9 on a 2-core machine
+    (BENCHMARKS.md).  OpenMP reads the policy when torch is first imported, which
+    the engine does lazily, after this; a value set in the environment wins.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,12 @@ for Discord's API (tests/fake_discord.py) running on its own thread.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import discord
 import pytest
@@ -81,3 +85,28 @@ def test_the_bot_registers_no_prefix_commands_and_syncs_only_when_asked(engine):
     context = bot.run_command.make_context(
         "run", ["--dev-guild", "123", "--owner", "5", "--owner", "6"])
     assert context.params == {"sync": False, "dev_guild": 123, "owner": (5, 6)}
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_torch_threads_sleep_when_idle_unless_told_otherwise(
+    given: str | None, expected: str
+) -> None:
+    """The wait policy must be in the environment before torch (and OpenMP) is imported."""
+    script = (
+        "import os, sys\n"
+        "import bot\n"
+        "assert 'torch' not in sys.modules\n"
+        "try:\n"
+        "    bot.main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "import torch\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, cwd=Path(bot.__file__).parent, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == expected
