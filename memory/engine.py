@@ -131,8 +131,9 @@ class MemoryEngine:
                 log.warning("searches run without reranking until %s loads: %s", service.name, exc)
 
     def close(self) -> None:
-        """Unload the reranker and close the database."""
+        """Unload the reranker, stop the searcher's worker and close the database."""
         self.rerankers.close()
+        self.searcher.close()
         self.store.close()
 
     # -- writes -----------------------------------------------------------------------

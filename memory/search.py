@@ -21,6 +21,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -32,7 +33,7 @@ from memory.embedder import Embedder
 from memory.errors import SearchInputError
 from memory.filters import Filters
 from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
-from memory.reranker.base import RerankerProvider
+from memory.reranker.base import Reranker, RerankerProvider
 from memory.store import MessageStore
 from memory.text import content_words, fts_match, query_terms
 from memory.when import TimeSpan, asks_recent, parse_when
@@ -200,6 +201,7 @@ class Searcher:
         self.config = config
         self._reranker: RerankerProvider = reranker or (lambda: None)
         self._members: tuple[int, dict[int | None, _MemberNames]] = (-1, {})
+        self._beside = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-keyword")
 
     def search(self, request: SearchRequest) -> SearchResult:
         """Run one search.
@@ -214,13 +216,22 @@ class Searcher:
         if request.allowed_channel_ids is not None and not filters.channel_ids:
             trace.timings_ms["total"] = 0.0
             return SearchResult([], trace, "none of the channels searched are readable here")
-        need_dense = request.mode in ("hybrid", "dense")
-        vectors = self._embed(queries) if need_dense else None
-        clock.lap("embed")
         k = min(request.limit * self.config.oversample, 4096)
+        vectors = self._embed(queries) if request.mode in ("hybrid", "dense") else None
+        clock.lap("embed")
+        # the keyword lists run beside the vector KNN
+        words = (
+            self._beside.submit(self._word_lists, queries, k, filters, request)
+            if request.mode == "hybrid" else None
+        )
+        query_vectors = list(vectors) if vectors is not None else [None] * len(queries)
+        dense = [self._dense(vector, k, filters) for vector in query_vectors]
+        word_lists = (
+            words.result() if words is not None else self._word_lists(queries, k, filters, request)
+        )
         per_query = [
-            self._retrieve(i, q, None if vectors is None else vectors[i], k, filters, request, trace)
-            for i, q in enumerate(queries)
+            self._pool(i, vector, {"dense": dense[i], **word_lists[i]}, k, request, trace)
+            for i, vector in enumerate(query_vectors)
         ]
         clock.lap("retrieve")
         pool = self._merge(per_query, len(queries))
@@ -228,11 +239,15 @@ class Searcher:
         pool = self._threshold(pool, request, trace)
         trace.candidates["passed_threshold"] = len(pool)
         clock.lap("fuse")
+        context = self._boost_context(queries, request)
+        reranker = self._reranker() if request.rerank else None
+        if reranker is None:  # a reranker takes a wider head than the limit
+            pool = self._contenders(pool, request.limit, context)
         rows = self.store.hydrate([c.id for c in pool])
         clock.lap("hydrate")
-        hits = self._hits(self._boost(pool, rows, queries, request), rows)
+        hits = self._hits(self._boost(pool, rows, context), rows)
         clock.lap("boost")
-        hits = self._rerank(queries[0], hits, request, trace)
+        hits = self._rerank(reranker, queries[0], hits, request.limit, trace)
         clock.lap("rerank")
         hits = hits[: request.limit]
         trace.candidates["returned"] = len(hits)
@@ -285,26 +300,37 @@ class Searcher:
             return None
         return self.embedder.embed(queries)
 
-    def _retrieve(
+    def close(self) -> None:
+        """Stop the worker thread that runs keyword lists beside the vector side."""
+        self._beside.shutdown(wait=True)
+
+    def _word_lists(
+        self, queries: list[str], k: int, filters: Filters, request: SearchRequest
+    ) -> list[dict[str, list]]:
+        """Each query's keyword list (its own words) and window list (its window's words)."""
+        lists = []
+        for query in queries:
+            terms = query_terms(query) if request.mode in ("hybrid", "keyword") else []
+            # keyword mode stays literal (messages holding the words); windows join hybrid
+            windows = request.mode == "hybrid" and self.config.window_weight and terms
+            lists.append({
+                "keyword": self._keyword(fts_match(terms), k, filters, "message"),
+                "window": self._keyword(self._window_match(terms), k, filters, "window")
+                if windows else [],
+            })
+        return lists
+
+    def _pool(
         self,
         index: int,
-        query: str,
         vector: np.ndarray | None,
+        lists: dict[str, list],
         k: int,
-        filters: Filters,
         request: SearchRequest,
         trace: Trace,
     ) -> dict[int, _Candidate]:
+        """One query's candidates from its lists, with the window-vector list, fused."""
         cfg = self.config
-        terms = query_terms(query) if request.mode in ("hybrid", "keyword") else []
-        # keyword mode stays literal (messages holding the words); windows join hybrid
-        windows = request.mode == "hybrid" and cfg.window_weight
-        lists = {
-            "dense": self._dense(vector, k, filters),
-            "keyword": self._keyword(fts_match(terms), k, filters, "message"),
-            "window": self._keyword(self._window_match(terms), k, filters, "window")
-            if windows and terms else [],
-        }
         pool: dict[int, _Candidate] = {}
         for name, ranked in lists.items():
             self._add(pool, name, ranked, index, trace)
@@ -442,12 +468,50 @@ class Searcher:
         )
         return max(cfg.threshold_floor, calibrated if calibrated is not None else -1.0)
 
+    def _boost_context(self, queries: list[str], request: SearchRequest) -> _BoostContext | None:
+        """What this search's bonuses depend on (``None``: bonuses are off)."""
+        if not request.boosts:
+            return None
+        now = request.now or datetime.now(timezone.utc)
+        return _BoostContext(
+            unit=1.0 / (self.config.rrf_k + 1) if self.config.fusion == "rrf" else 1.0,
+            now_ms=datetime_to_ms(now),
+            named=self._named_members(queries, request.guild_id),
+            recent=any(asks_recent(q) for q in queries),
+            span=next((span for q in queries if (span := parse_when(q, now))), None),
+        )
+
+    def _contenders(
+        self, pool: list[_Candidate], limit: int, context: _BoostContext | None
+    ) -> list[_Candidate]:
+        """The candidates that can still reach the top ``limit`` once bonuses are added.
+
+        Bonuses are bounded: a candidate whose fused score plus the largest bonus
+        this search can give stays below the ``limit``-th best fused score cannot
+        make the top, so it is neither read back from the database nor boosted.
+        """
+        if len(pool) <= limit:
+            return pool
+        bar = sorted((c.fused for c in pool), reverse=True)[limit - 1]
+        reach = self._max_bonus(context)
+        return [c for c in pool if c.fused + reach >= bar]
+
+    def _max_bonus(self, context: _BoostContext | None) -> float:
+        if context is None:
+            return 0.0
+        cfg = self.config
+        most = cfg.member_weight + 1e-6  # the tie-break (see _bonus)
+        if context.recent:
+            most += cfg.recency_weight
+        if context.span is not None:
+            most += cfg.time_weight
+        return most * context.unit
+
     def _boost(
         self,
         pool: list[_Candidate],
         rows: dict[int, StoredMessage],
-        queries: list[str],
-        request: SearchRequest,
+        context: _BoostContext | None,
     ) -> list[tuple[_Candidate, float]]:
         """Pair each candidate with its bonus, best final score (fused + bonus) first.
 
@@ -458,16 +522,8 @@ class Searcher:
         bonus alone can lift them.  Otherwise recency only breaks ties.
         """
         pool = [c for c in pool if c.id in rows]  # deleted since retrieval
-        if not request.boosts:
+        if context is None:
             return sorted(((c, 0.0) for c in pool), key=lambda cb: -cb[0].fused)
-        now = request.now or datetime.now(timezone.utc)
-        context = _BoostContext(
-            unit=1.0 / (self.config.rrf_k + 1) if self.config.fusion == "rrf" else 1.0,
-            now_ms=datetime_to_ms(now),
-            named=self._named_members(queries, request.guild_id),
-            recent=any(asks_recent(q) for q in queries),
-            span=next((span for q in queries if (span := parse_when(q, now))), None),
-        )
         boosted = [(cand, self._bonus(rows[cand.id], context)) for cand in pool]
         return sorted(boosted, key=lambda cb: -(cb[0].fused + cb[1]))
 
@@ -526,11 +582,13 @@ class Searcher:
             for cand, boost in ranked
         ]
 
-    def _rerank(self, query: str, hits: list[Hit], request: SearchRequest, trace: Trace) -> list[Hit]:
-        service = self._reranker() if request.rerank else None
+    @staticmethod
+    def _rerank(
+        service: Reranker | None, query: str, hits: list[Hit], limit: int, trace: Trace
+    ) -> list[Hit]:
         if service is None or not hits:
             return hits
-        return service.rerank_search(query, hits, request.limit, trace)
+        return service.rerank_search(query, hits, limit, trace)
 
     def _empty_reason(self, hits: list[Hit], request: SearchRequest) -> str | None:
         if hits:

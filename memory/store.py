@@ -144,6 +144,8 @@ class MessageStore:
         self.read_only = not_writable(path) if read_only is None else read_only
         self._conn = connect(path, read_only=self.read_only)
         self._lock = threading.RLock()
+        self._words_conn: Any = None  # opened on the first keyword read (_read_words)
+        self._words_lock = threading.Lock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
         self.vectors = VectorIndex(self._query, on_change=windows.vectors_changed)
         try:
@@ -163,7 +165,11 @@ class MessageStore:
             self.reset_embeddings(*model)
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connections."""
+        with self._words_lock:
+            if self._words_conn is not None:
+                self._words_conn.close()
+                self._words_conn = None
         with self._lock:
             self._conn.close()
 
@@ -187,6 +193,21 @@ class MessageStore:
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
+
+    def _read_words(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """Run a read of the keyword indexes on the store's second, read-only connection.
+
+        A search reads its keyword lists there while its query is embedded and its
+        vector KNN runs on the main connection: SQLite lets go of the GIL while it
+        works, so on a multi-core machine the two overlap, and a WAL reader sees
+        every committed write.  An in-memory database has only the one connection.
+        """
+        if self.path == ":memory:":
+            return self._query(sql, params)
+        with self._words_lock:
+            if self._words_conn is None:
+                self._words_conn = connect(self.path, read_only=True)
+            return self._words_conn.execute(sql, params).fetchall()
 
     # -- metadata ---------------------------------------------------------------
 
@@ -718,7 +739,7 @@ class MessageStore:
         filter_sql(filters, "m.", clauses, params)
         k = int(k)
         for head in (4 * k, -1):  # -1: no limit
-            rows = self._query(
+            rows = self._read_words(
                 # FTS ranks inside the subquery; CROSS JOIN keeps it the outer loop
                 # (a plain JOIN may scan messages and re-run MATCH per row).
                 f"SELECT m.id, f.score FROM (SELECT rowid, -{bm25} AS score FROM {table} "
@@ -734,8 +755,8 @@ class MessageStore:
     def term_counts(self, terms: Sequence[str]) -> dict[str, int]:
         """In how many messages each term occurs (by text, author or attachment name)."""
         return {
-            term: self._query("SELECT count(*) FROM search_fts WHERE search_fts MATCH ?",
-                              (fts_match([term]),))[0][0]
+            term: self._read_words("SELECT count(*) FROM search_fts WHERE search_fts MATCH ?",
+                                   (fts_match([term]),))[0][0]
             for term in terms
         }
 
@@ -758,7 +779,8 @@ class MessageStore:
 
         It calibrates the adaptive threshold's floor to the embedding model and to
         how alike the guild's messages are (short chat lines sit closer together
-        than long posts).  Computed from a sample of up to 400 stored vectors, kept
+        than long posts).  Computed from up to 400 stored vectors spread evenly over
+        the guild's history (the same messages give the same floor), kept
         in ``meta`` and computed again when the guild's vectors have grown by half.
         ``None`` while fewer than 20 vectors are stored.
         """
@@ -770,9 +792,11 @@ class MessageStore:
         if cached.get("quantile") == quantile and cached.get("vectors", 0) * 1.5 >= count:
             return float(cached["floor"])
         where, params = ("guild_id = ? AND ", [guild_id]) if guild_id is not None else ("", [])
+        # evenly spaced over the guild's history: the same floor for the same messages
         sample = [row[0] for row in self._query(
-            f"SELECT id FROM messages WHERE {where}embedded = 1 ORDER BY random() LIMIT 400",
-            params)]
+            f"SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM messages "
+            f"WHERE {where}embedded = 1) WHERE n % ? = 0 LIMIT 400",
+            [*params, max(1, count // 400)])]
         vectors = np.array(list(self.vectors.floats(sample).values()), dtype=np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         pairs = (vectors @ vectors.T)[np.triu_indices(len(vectors), k=1)]

@@ -314,6 +314,57 @@ def test_the_floor_is_calibrated_per_guild_stored_and_renewed_as_it_grows(
     assert json.loads(engine.store.get_meta(f"similarity_floor:{GUILD}") or "{}")["vectors"] == 50
 
 
+def test_the_floor_is_the_same_for_the_same_messages(
+    make_engine: MakeEngine, make_record: MakeRecord
+) -> None:
+    engine = make_engine()
+    engine.ingest([make_record(f"note {i} about {word}") for i, word in
+                   enumerate(["tomatoes", "routers", "solder", "beans", "printers"] * 200)])
+    floors = set()
+    for _ in range(3):  # the sample is spread over the history, not drawn at random
+        engine.store.set_meta(f"similarity_floor:{GUILD}", "{}")
+        floors.add(engine.store.similarity_floor(GUILD, 0.5))
+    assert len(floors) == 1
+
+
+@pytest.mark.parametrize(("fields", "prunes"), [
+    ({}, True), ({"boosts": False}, True),
+    ({"queries": ("what did Sam say about the solder last week", "iron")}, None),
+    # one list: ranks 11-85 are within a member bonus of rank 10, and the pool is smaller
+    ({"mode": "dense"}, False), ({"mode": "keyword"}, False),
+    ({"limit": 3}, None),  # (near-ties in this corpus: whether any is left out varies)
+])
+def test_only_candidates_that_cannot_reach_the_top_are_left_unread(
+    make_engine: MakeEngine, make_record: MakeRecord, fields: dict, prunes: bool | None
+) -> None:
+    """Leaving out candidates whose best possible score cannot reach the top changes nothing."""
+    corpus = make_engine()
+    words = ["solder", "iron", "pizza", "tomatoes", "hakko", "tip", "router", "compost"]
+    corpus.ingest([
+        make_record(f"{words[i % 8]} and {words[i * 3 % 8]} note {i}", author_id=1 + i % 4,
+                    author_display_name=("Sam", "Priya", "Ollie", "Hannah")[i % 4],
+                    created_at=BASE_MS + i * 86_400_000 * 2)
+        for i in range(160)
+    ])
+    every = corpus.searcher._contenders
+    hydrated: list[int] = []  # how many candidates each search read back, newest first
+    hydrate = corpus.store.hydrate
+    corpus.store.hydrate = lambda ids: hydrated.insert(0, len(ids)) or hydrate(ids)  # type: ignore
+    pruned_any = False
+    for query in ("soldering iron", "Sam", "recent pizza", "tomatoes in May", "hakko tip"):
+        request = replace(SearchRequest(queries=(query,), guild_id=GUILD, now=NOW), **fields)
+        pruned = corpus.search(request)
+        pruned_read = hydrated[0]
+        corpus.searcher._contenders = lambda pool, limit, context: pool  # type: ignore[method-assign]
+        try:
+            full = corpus.search(request)
+        finally:
+            corpus.searcher._contenders = every  # type: ignore[method-assign]
+        assert [(h.id, h.score) for h in pruned.hits] == [(h.id, h.score) for h in full.hits]
+        pruned_any |= pruned_read < pruned.trace.candidates["passed_threshold"]
+    assert prunes is None or pruned_any == prunes
+
+
 def test_search_embeds_queries_once(corpus: MemoryEngine) -> None:
     before = corpus.embedder.calls
     corpus.search(SearchRequest(queries=("solder", "iron", "hakko"), guild_id=GUILD))

@@ -637,6 +637,27 @@ def test_keyword_search_filters_every_match_when_the_best_are_elsewhere(
     assert scores == sorted(scores, reverse=True)
 
 
+def test_keyword_reads_on_the_second_connection_see_every_committed_write(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    """Keyword lists are read on a connection of their own: it must never lag behind."""
+    first = make_record("the pizza oven is hot")
+    engine.ingest([first])
+    assert [mid for mid, _ in engine.store.keyword('"pizza"', 5, Filters())] == [first.id]
+    second = make_record("more pizza tonight")
+    engine.ingest([second])
+    found = {mid for mid, _ in engine.store.keyword('"pizza"', 5, Filters())}
+    assert found == {first.id, second.id}
+    engine.delete([first.id])
+    for field in ("message", "window"):
+        found = {mid for mid, _ in engine.store.keyword('"oven"', 5, Filters(), field=field)}
+        assert found == set(), field  # a deleted message is gone from the reader at once
+    hits = engine.search("pizza oven", guild_id=GUILD, adaptive=False)
+    assert [h.id for h in hits.hits] == [second.id]
+    with pytest.raises(Exception, match="readonly|read-only|read only"):
+        engine.store._read_words("DELETE FROM search_text")  # it cannot write
+
+
 def test_empty_id_filter_is_an_input_error(engine: MemoryEngine, make_record: MakeRecord) -> None:
     engine.ingest([make_record("hello")])
     with pytest.raises(SearchInputError):
