@@ -4,12 +4,15 @@ thresholded, boosted, reranked.
 One search embeds its queries once and, per query text, ranks messages four ways:
 by their own vector (KNN), by their own words and author (BM25), by the words of
 their conversational window (BM25, :mod:`memory.windows`) and by the mean vector of
-that window (computed for the candidates the other lists found).  Reciprocal rank
-fusion merges the lists; an adaptive similarity threshold over that one pool (never
+that window (stored per message; looked up for the candidates the other lists
+found).  The two keyword lists are read on the store's second connection while the
+vector KNN runs on its first (SQLite releases the GIL).  Reciprocal rank fusion
+merges the lists; an adaptive similarity threshold over that one pool (never
 re-querying) drops what is too far, with a floor calibrated to the guild's own
 similarity distribution; small bounded bonuses (a named member, recency when the
 query asks for it, a time span the query names) are added to the fused score, never
-multiplied into it; a cross-encoder may rerank the head; the top ``limit`` return.
+multiplied into it (so a candidate that cannot reach the top even with every bonus
+is never read back); a cross-encoder may rerank the head; the top ``limit`` return.
 """
 
 from __future__ import annotations

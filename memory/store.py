@@ -4,9 +4,11 @@ the embedding backlog and the database's metadata.
 Messages are written first and embedded later in batches (:meth:`MessageStore.claim`
 / :meth:`MessageStore.write_vectors`), so a crash between the two loses nothing: the
 next run finds the backlog by the ``embedded = 0`` flag.  The vectors themselves,
-their 1-bit KNN and the code statistics live in :mod:`memory.vectors`; the store
-holds the one connection and its lock, and writes a message and its vector in one
-transaction.
+their 1-bit KNN and the code statistics live in :mod:`memory.vectors`, the
+conversational windows and their vectors in :mod:`memory.windows`; the store holds
+the connection (and its lock) that everything is written through, a message and its
+vector in one transaction, and a second, read-only one for the keyword indexes
+(:meth:`MessageStore._read_words`).
 """
 
 from __future__ import annotations
