@@ -222,18 +222,10 @@ class Searcher:
         k = min(request.limit * self.config.oversample, 4096)
         vectors = self._embed(queries) if request.mode in ("hybrid", "dense") else None
         clock.lap("embed")
-        # the keyword lists run beside the vector KNN
-        words = (
-            self._beside.submit(self._word_lists, queries, k, filters, request)
-            if request.mode == "hybrid" else None
-        )
         query_vectors = list(vectors) if vectors is not None else [None] * len(queries)
-        dense = [self._dense(vector, k, filters) for vector in query_vectors]
-        word_lists = (
-            words.result() if words is not None else self._word_lists(queries, k, filters, request)
-        )
+        lists = self._retrieve(queries, query_vectors, k, filters, request)
         per_query = [
-            self._pool(i, vector, {"dense": dense[i], **word_lists[i]}, k, request, trace)
+            self._pool(i, vector, lists[i], k, request, trace)
             for i, vector in enumerate(query_vectors)
         ]
         clock.lap("retrieve")
@@ -306,6 +298,29 @@ class Searcher:
     def close(self) -> None:
         """Stop the worker thread that runs keyword lists beside the vector side."""
         self._beside.shutdown(wait=True)
+
+    def _retrieve(
+        self,
+        queries: list[str],
+        vectors: list[np.ndarray | None],
+        k: int,
+        filters: Filters,
+        request: SearchRequest,
+    ) -> list[dict[str, list]]:
+        """Each query's ranked lists: the vector KNN here, the keyword lists beside it.
+
+        In hybrid mode the keyword lists run on a worker thread (and the store's second
+        connection) while this thread runs the KNN.
+        """
+        words = (
+            self._beside.submit(self._word_lists, queries, k, filters, request)
+            if request.mode == "hybrid" else None
+        )
+        dense = [self._dense(vector, k, filters) for vector in vectors]
+        word_lists = (
+            words.result() if words is not None else self._word_lists(queries, k, filters, request)
+        )
+        return [{"dense": d, **w} for d, w in zip(dense, word_lists)]
 
     def _word_lists(
         self, queries: list[str], k: int, filters: Filters, request: SearchRequest
