@@ -22,6 +22,7 @@ its candidates by their windows with one lookup.  It is recomputed whenever the
 window's members change (:func:`reindex`) or a member's vector is stored or deleted
 (:func:`vectors_changed`), so an edited or deleted message's vector does not live on
 in its neighbours' window vectors either.
+
 The window's shape is part of the index format: changing these constants needs a
 new migration that rebuilds it.
 """
