@@ -770,11 +770,14 @@ class MessageStore:
         """
         if not ids:
             return {}
-        return {
-            mid: np.frombuffer(blob, dtype=np.float16).astype(np.float32)
-            for mid, blob in self._query(
-                f"SELECT id, vector FROM window_vectors WHERE id {IN_IDS}", (id_list(ids),))
-        }
+        rows = self._query(f"SELECT id, vector FROM window_vectors WHERE id {IN_IDS}",
+                           (id_list(ids),))
+        if not rows:
+            return {}
+        # one conversion for all rows: per-row numpy calls cost more than the query
+        matrix = np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float16)
+        return dict(zip((row[0] for row in rows),
+                        matrix.reshape(len(rows), -1).astype(np.float32)))
 
     def similarity_floor(self, guild_id: int | None, quantile: float) -> float | None:
         """The cosine similarity that random pairs of a guild's messages reach at ``quantile``.
