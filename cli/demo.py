@@ -32,7 +32,7 @@ def demo_dir() -> Path:
 
 def demo_queries() -> Path:
     """The sample server's labelled questions."""
-    return data_dir() / "demo-server" / "queries.jsonl"
+    return demo_dir() / "queries.jsonl"
 
 
 def run_demo(settings: Settings, db: Path) -> int:

@@ -35,10 +35,10 @@ from typing import Any
 
 import httpx
 
-from cli.bench.common import machine_description
+from cli.bench.common import load_queries, machine_description
 from cli.bench.llama_cpp import LlamaCpp, LlamaServer, locate
 from cli.bench.qwen_gguf import convert, save_checkpoint
-from cli.context import data_dir
+from cli.demo import demo_dir, demo_queries
 from memory.config import RerankerConfig
 from memory.errors import RerankerUnavailable
 from memory.reranker.llama_server import (
@@ -166,10 +166,9 @@ def run_remote_bench(
 
 def demo_corpus() -> tuple[list[str], list[str]]:
     """The demo server's questions and its non-empty message texts, in file order."""
-    with (data_dir() / "demo-server" / "queries.jsonl").open(encoding="utf-8") as lines:
-        questions = [json.loads(line)["query"] for line in lines if line.strip()]
+    questions = [query.text for query in load_queries(demo_queries())]
     messages: list[str] = []
-    for path in sorted((data_dir() / "demo-server").glob("*.json")):
+    for path in sorted(demo_dir().glob("*.json")):
         messages += [m["content"] for m in json.loads(path.read_text("utf-8"))["messages"]]
     return questions, [m for m in messages if m.strip()]
 
