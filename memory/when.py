@@ -90,21 +90,18 @@ def _last(which: str, unit: str, now: datetime, midnight: datetime, text: str) -
     if unit == "weekend":
         saturday = midnight - timedelta(days=(midnight.weekday() - 5) % 7 or 7)
         return TimeSpan(saturday, saturday + timedelta(days=2), text)
-    days = {"week": 7, "month": 31, "year": 366}[unit]
-    if which == "this":
-        start = {"week": midnight - timedelta(days=midnight.weekday()),
-                 "month": midnight.replace(day=1),
-                 "year": midnight.replace(month=1, day=1)}[unit]
-        return TimeSpan(start, now + timedelta(seconds=1), text)
     if which == "past":
+        days = {"week": 7, "month": 31, "year": 366}[unit]
         return TimeSpan(now - timedelta(days=days), now + timedelta(seconds=1), text)
-    end = {"week": midnight - timedelta(days=midnight.weekday()),
-           "month": midnight.replace(day=1),
-           "year": midnight.replace(month=1, day=1)}[unit]
-    start = {"week": end - timedelta(days=7),
-             "month": (end - timedelta(days=1)).replace(day=1),
-             "year": end.replace(year=end.year - 1)}[unit]
-    return TimeSpan(start, end, text)
+    current = {"week": midnight - timedelta(days=midnight.weekday()),  # this period's start
+               "month": midnight.replace(day=1),
+               "year": midnight.replace(month=1, day=1)}[unit]
+    if which == "this":
+        return TimeSpan(current, now + timedelta(seconds=1), text)
+    previous = {"week": current - timedelta(days=7),
+                "month": (current - timedelta(days=1)).replace(day=1),
+                "year": current.replace(year=current.year - 1)}[unit]
+    return TimeSpan(previous, current, text)
 
 
 def _month(month: int, year: int | None, now: datetime, text: str) -> TimeSpan:
