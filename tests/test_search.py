@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,7 +19,7 @@ import pytest
 from memory.config import SearchConfig
 from memory.engine import MemoryEngine
 from memory.errors import SearchInputError
-from memory.records import MessageRecord, SearchResult, ms_to_datetime
+from memory.records import MessageRecord, SearchResult, StoredMessage, ms_to_datetime
 from memory.search import MAX_QUERIES, SearchRequest, adaptive_threshold, recency
 from tests.conftest import (
     BASE_MS,
@@ -347,14 +347,19 @@ def test_only_candidates_that_cannot_reach_the_top_are_left_unread(
         for i in range(160)
     ])
     every = corpus.searcher._contenders
-    hydrated: list[int] = []  # how many candidates each search read back, newest first
+    hydrated: list[int] = []  # how many candidates each search read back
     hydrate = corpus.store.hydrate
-    corpus.store.hydrate = lambda ids: hydrated.insert(0, len(ids)) or hydrate(ids)  # type: ignore
+
+    def counting_hydrate(ids: Sequence[int]) -> dict[int, StoredMessage]:
+        hydrated.append(len(ids))
+        return hydrate(ids)
+
+    corpus.store.hydrate = counting_hydrate  # type: ignore[method-assign]
     pruned_any = False
     for query in ("soldering iron", "Sam", "recent pizza", "tomatoes in May", "hakko tip"):
         request = replace(SearchRequest(queries=(query,), guild_id=GUILD, now=NOW), **fields)
         pruned = corpus.search(request)
-        pruned_read = hydrated[0]
+        pruned_read = hydrated[-1]
         corpus.searcher._contenders = lambda pool, limit, context: pool  # type: ignore[method-assign]
         try:
             full = corpus.search(request)
