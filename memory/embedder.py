@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 _DIRECT_MAX = 32  # up to this many texts skip encode()'s per-call set-up
 _TRACING = threading.Lock()
+_ONE_THREAD = threading.Lock()
 
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -45,6 +47,32 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Return an ``(len(texts), dimension)`` float32 array of unit vectors."""
         ...
+
+
+@contextmanager
+def one_cpu_thread() -> Iterator[None]:
+    """Run torch's CPU work inside the block on one thread, for work running beside it.
+
+    A hybrid search reads its keyword lists on another thread while its query is
+    embedded.  On two cores torch's second thread and that reader took turns on one
+    core, and a 100k-message search took 31.5 ms p50; with the embedding on one
+    thread (alone a little slower than on two: one short query 10.6 vs 9.4 ms), 29.1
+    ms (BENCHMARKS.md).  torch's thread count is process-wide (MKL's with it), so
+    such blocks run one at a time and each restores the count it found; other torch
+    work that overlaps one (an import's batch) runs on one thread meanwhile.  A no-op
+    until torch is imported.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    with _ONE_THREAD:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
 
 def resolve_model(name: str) -> tuple[str, str]:

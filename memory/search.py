@@ -6,7 +6,8 @@ by their own vector (KNN), by their own words and author (BM25), by the words of
 their conversational window (BM25, :mod:`memory.windows`) and by the mean vector of
 that window (stored per message; looked up for the candidates the other lists
 found).  The two keyword lists are read on the store's second connection while the
-vector KNN runs on its first (SQLite releases the GIL).  Reciprocal rank fusion
+query is embedded and the vector KNN runs on the first (torch and SQLite release
+the GIL).  Reciprocal rank fusion
 merges the lists; an adaptive similarity threshold over that one pool (never
 re-querying) drops what is too far, with a floor calibrated to the guild's own
 similarity distribution; small bounded bonuses (a named member, recency when the
@@ -24,7 +25,8 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -32,7 +34,7 @@ import numpy as np
 
 from memory import metrics
 from memory.config import SearchConfig
-from memory.embedder import Embedder
+from memory.embedder import Embedder, one_cpu_thread
 from memory.errors import SearchInputError
 from memory.filters import Filters
 from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
@@ -220,10 +222,17 @@ class Searcher:
             trace.timings_ms["total"] = 0.0
             return SearchResult([], trace, "none of the channels searched are readable here")
         k = min(request.limit * self.config.oversample, 4096)
-        vectors = self._embed(queries) if request.mode in ("hybrid", "dense") else None
+        # hybrid: the keyword lists start on the worker thread before the query is
+        # embedded, and run on while this thread embeds it (on one core) and runs the KNN
+        words = (
+            self._beside.submit(self._word_lists, queries, k, filters, request)
+            if request.mode == "hybrid" else None
+        )
+        with one_cpu_thread() if words is not None else nullcontext():
+            vectors = self._embed(queries) if request.mode in ("hybrid", "dense") else None
         clock.lap("embed")
         query_vectors = list(vectors) if vectors is not None else [None] * len(queries)
-        lists = self._retrieve(queries, query_vectors, k, filters, request)
+        lists = self._retrieve(queries, query_vectors, k, filters, request, words)
         per_query = [
             self._pool(i, vector, lists[i], k, request, trace)
             for i, vector in enumerate(query_vectors)
@@ -306,16 +315,13 @@ class Searcher:
         k: int,
         filters: Filters,
         request: SearchRequest,
+        words: Future[list[dict[str, list]]] | None,
     ) -> list[dict[str, list]]:
         """Each query's ranked lists: the vector KNN here, the keyword lists beside it.
 
-        In hybrid mode the keyword lists run on a worker thread (and the store's second
-        connection) while this thread runs the KNN.
+        ``words`` holds the keyword lists when they already run on the worker thread
+        (and the store's second connection); otherwise they are read here, after the KNN.
         """
-        words = (
-            self._beside.submit(self._word_lists, queries, k, filters, request)
-            if request.mode == "hybrid" else None
-        )
         dense = [self._dense(vector, k, filters) for vector in vectors]
         word_lists = (
             words.result() if words is not None else self._word_lists(queries, k, filters, request)

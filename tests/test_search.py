@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+import torch
 
 from memory.config import SearchConfig
+from memory.embedder import one_cpu_thread
 from memory.engine import MemoryEngine
 from memory.errors import SearchInputError
 from memory.records import MessageRecord, SearchResult, StoredMessage, ms_to_datetime
@@ -36,6 +39,7 @@ MakeEngine = Callable[..., MemoryEngine]
 CONFIG = SearchConfig()
 THREAD = CHANNEL + 1
 OTHER_CHANNEL = CHANNEL + 2
+THREADS = torch.get_num_threads()
 
 HOSTILE_QUERIES = {
     "10kB": "solder iron " * 850,
@@ -374,6 +378,60 @@ def test_search_embeds_queries_once(corpus: MemoryEngine) -> None:
     before = corpus.embedder.calls
     corpus.search(SearchRequest(queries=("solder", "iron", "hakko"), guild_id=GUILD))
     assert corpus.embedder.calls == before + 1
+
+
+class _EmbedderWatch:
+    """Wraps an engine's embedder: what was true of the rest of the search while it embedded."""
+
+    def __init__(
+        self, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch, wait: float = 5.0
+    ) -> None:
+        self.keyword_started = threading.Event()
+        self.seen: list[tuple[bool, int]] = []  # (keyword list started, torch threads)
+        keyword, embed = engine.store.keyword, engine.embedder.embed
+
+        def watched_keyword(*args, **kwargs):
+            self.keyword_started.set()
+            return keyword(*args, **kwargs)
+
+        def watched_embed(texts: Sequence[str]):
+            self.seen.append((self.keyword_started.wait(timeout=wait), torch.get_num_threads()))
+            return embed(texts)
+
+        monkeypatch.setattr(engine.store, "keyword", watched_keyword)
+        monkeypatch.setattr(engine.embedder, "embed", watched_embed)
+
+
+def test_keyword_lists_run_while_the_query_is_embedded_on_one_torch_thread(
+    corpus: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want = corpus.search(SearchRequest(queries=("solder iron",), guild_id=GUILD))
+    threads = torch.get_num_threads()
+    watch = _EmbedderWatch(corpus, monkeypatch)
+    got = corpus.search(SearchRequest(queries=("solder iron",), guild_id=GUILD))
+    assert watch.seen == [(True, 1)]
+    assert torch.get_num_threads() == threads
+    assert [(h.id, h.score) for h in got.hits] == [(h.id, h.score) for h in want.hits]
+
+
+def test_a_dense_search_embeds_on_torchs_own_threads(
+    corpus: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.set_num_threads(2)  # the test machine may have one core
+    try:
+        watch = _EmbedderWatch(corpus, monkeypatch, wait=0.0)  # no keyword list comes
+        corpus.search(SearchRequest(queries=("solder iron",), guild_id=GUILD, mode="dense"))
+        assert watch.seen == [(False, 2)]
+    finally:
+        torch.set_num_threads(THREADS)
+
+
+def test_one_cpu_thread_restores_the_count_after_an_error() -> None:
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError), one_cpu_thread():
+        assert torch.get_num_threads() == 1
+        raise RuntimeError("embedding failed")
+    assert torch.get_num_threads() == before
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.99])
