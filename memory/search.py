@@ -24,7 +24,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -172,6 +172,27 @@ def recency(age_days: float, config: SearchConfig) -> float:
     return math.exp(-max(0.0, age_days) / config.recency_decay_days)
 
 
+class _WindowVectors:
+    """The window vectors one search has read so far, and which ids it asked for."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self._store = store
+        self._asked: set[int] = set()
+        self._vectors: dict[int, np.ndarray] = {}
+
+    def read(self, ids: Iterable[int], *, beside: bool = False) -> dict[int, np.ndarray]:
+        """The window vectors of ``ids`` (those that have one), reading only new ids."""
+        ids = list(ids)
+        new = [i for i in ids if i not in self._asked]
+        self._asked.update(new)
+        self._vectors.update(self._store.window_vectors(new, beside=beside))
+        return {i: self._vectors[i] for i in ids if i in self._vectors}
+
+
+_WordLists = tuple[list[dict[str, list]], _WindowVectors]
+"""Each query's keyword and window lists, and the window vectors of what they found."""
+
+
 @dataclass(frozen=True)
 class _BoostContext:
     """What the bonuses of one search depend on."""
@@ -232,9 +253,9 @@ class Searcher:
             vectors = self._embed(queries) if request.mode in ("hybrid", "dense") else None
         clock.lap("embed")
         query_vectors = list(vectors) if vectors is not None else [None] * len(queries)
-        lists = self._retrieve(queries, query_vectors, k, filters, request, words)
+        lists, windows = self._retrieve(queries, query_vectors, k, filters, request, words)
         per_query = [
-            self._pool(i, vector, lists[i], k, request, trace)
+            self._pool(i, vector, lists[i], windows, k, request, trace)
             for i, vector in enumerate(query_vectors)
         ]
         clock.lap("retrieve")
@@ -315,23 +336,28 @@ class Searcher:
         k: int,
         filters: Filters,
         request: SearchRequest,
-        words: Future[list[dict[str, list]]] | None,
-    ) -> list[dict[str, list]]:
-        """Each query's ranked lists: the vector KNN here, the keyword lists beside it.
+        words: Future[_WordLists] | None,
+    ) -> tuple[list[dict[str, list]], _WindowVectors]:
+        """Each query's ranked lists, and the window vectors read so far.
 
-        ``words`` holds the keyword lists when they already run on the worker thread
-        (and the store's second connection); otherwise they are read here, after the KNN.
+        The vector KNN runs here.  ``words`` holds the keyword lists when they already
+        run on the worker thread (and the store's second connection); otherwise they
+        are read here, after the KNN.
         """
         dense = [self._dense(vector, k, filters) for vector in vectors]
-        word_lists = (
+        word_lists, windows = (
             words.result() if words is not None else self._word_lists(queries, k, filters, request)
         )
-        return [{"dense": d, **w} for d, w in zip(dense, word_lists)]
+        return [{"dense": d, **w} for d, w in zip(dense, word_lists)], windows
 
     def _word_lists(
         self, queries: list[str], k: int, filters: Filters, request: SearchRequest
-    ) -> list[dict[str, list]]:
-        """Each query's keyword list (its own words) and window list (its window's words)."""
+    ) -> _WordLists:
+        """Each query's keyword list (its own words) and window list (its window's words).
+
+        In hybrid mode the window vectors of what they found are read here too: on the
+        worker thread that is time the KNN takes anyway.
+        """
         lists = []
         for query in queries:
             terms = query_terms(query) if request.mode in ("hybrid", "keyword") else []
@@ -342,13 +368,18 @@ class Searcher:
                 "window": self._keyword(self._window_match(terms), k, filters, "window")
                 if windows else [],
             })
-        return lists
+        found = _WindowVectors(self.store)
+        if request.mode == "hybrid" and self.config.window_dense_weight:
+            found.read({mid for named in lists for ranked in named.values() for mid, _ in ranked},
+                       beside=True)
+        return lists, found
 
     def _pool(
         self,
         index: int,
         vector: np.ndarray | None,
         lists: dict[str, list],
+        windows: _WindowVectors,
         k: int,
         request: SearchRequest,
         trace: Trace,
@@ -359,7 +390,7 @@ class Searcher:
         for name, ranked in lists.items():
             self._add(pool, name, ranked, index, trace)
         if request.mode == "hybrid" and vector is not None and cfg.window_dense_weight:
-            lists["window_dense"] = self._window_dense(vector, pool, k)
+            lists["window_dense"] = self._window_dense(vector, pool, windows, k)
             self._add(pool, "window_dense", lists["window_dense"], index, trace)
         self._fuse(pool, lists)
         return pool
@@ -405,15 +436,16 @@ class Searcher:
             terms = rare or [min(terms, key=lambda t: counts.get(t, 0))]
         return fts_match(terms)
 
+    @staticmethod
     def _window_dense(
-        self, vector: np.ndarray, pool: dict[int, _Candidate], k: int
+        vector: np.ndarray, pool: dict[int, _Candidate], windows: _WindowVectors, k: int
     ) -> list[tuple[int, float]]:
         """The pool's candidates ranked by how close their window's mean vector is.
 
         Only candidates the other lists found are ranked: a window around a message
         no list found is not looked for (that would be a second KNN).
         """
-        means = self.store.window_vectors(list(pool))
+        means = windows.read(pool)
         if not means:
             return []
         query = vector / max(float(np.linalg.norm(vector)), 1e-12)

@@ -8,7 +8,7 @@ their 1-bit KNN and the code statistics live in :mod:`memory.vectors`, the
 conversational windows and their vectors in :mod:`memory.windows`; the store holds
 the connection (and its lock) that everything is written through, a message and its
 vector in one transaction, and a second, read-only one for the keyword indexes
-(:meth:`MessageStore._read_words`).
+(:meth:`MessageStore._read_beside`).
 """
 
 from __future__ import annotations
@@ -146,8 +146,8 @@ class MessageStore:
         self.read_only = not_writable(path) if read_only is None else read_only
         self._conn = connect(path, read_only=self.read_only)
         self._lock = threading.RLock()
-        self._words_conn: Any = None  # opened on the first keyword read (_read_words)
-        self._words_lock = threading.Lock()
+        self._beside_conn: Any = None  # opened on the first read beside the KNN (_read_beside)
+        self._beside_lock = threading.Lock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
         self.vectors = VectorIndex(self._query, on_change=windows.vectors_changed)
         try:
@@ -168,10 +168,10 @@ class MessageStore:
 
     def close(self) -> None:
         """Close the connections."""
-        with self._words_lock:
-            if self._words_conn is not None:
-                self._words_conn.close()
-                self._words_conn = None
+        with self._beside_lock:
+            if self._beside_conn is not None:
+                self._beside_conn.close()
+                self._beside_conn = None
         with self._lock:
             self._conn.close()
 
@@ -196,20 +196,21 @@ class MessageStore:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
 
-    def _read_words(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        """Run a read of the keyword indexes on the store's second, read-only connection.
+    def _read_beside(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """Run a read on the store's second, read-only connection.
 
-        A search reads its keyword lists there while its query is embedded and its
-        vector KNN runs on the main connection: SQLite lets go of the GIL while it
-        works, so on a multi-core machine the two overlap, and a WAL reader sees
-        every committed write.  An in-memory database has only the one connection.
+        A search reads its keyword lists (and the window vectors of what they found)
+        there while its query is embedded and its vector KNN runs on the main
+        connection: SQLite lets go of the GIL while it works, so on a multi-core
+        machine the two overlap, and a WAL reader sees every committed write.  An
+        in-memory database has only the one connection.
         """
         if self.path == ":memory:":
             return self._query(sql, params)
-        with self._words_lock:
-            if self._words_conn is None:
-                self._words_conn = connect(self.path, read_only=True)
-            return self._words_conn.execute(sql, params).fetchall()
+        with self._beside_lock:
+            if self._beside_conn is None:
+                self._beside_conn = connect(self.path, read_only=True)
+            return self._beside_conn.execute(sql, params).fetchall()
 
     # -- metadata ---------------------------------------------------------------
 
@@ -741,7 +742,7 @@ class MessageStore:
         filter_sql(filters, "m.", clauses, params)
         k = int(k)
         for head in (4 * k, -1):  # -1: no limit
-            rows = self._read_words(
+            rows = self._read_beside(
                 # FTS ranks inside the subquery; CROSS JOIN keeps it the outer loop
                 # (a plain JOIN may scan messages and re-run MATCH per row).
                 f"SELECT m.id, f.score FROM (SELECT rowid, -{bm25} AS score FROM {table} "
@@ -757,21 +758,24 @@ class MessageStore:
     def term_counts(self, terms: Sequence[str]) -> dict[str, int]:
         """In how many messages each term occurs (by text, author or attachment name)."""
         return {
-            term: self._read_words("SELECT count(*) FROM search_fts WHERE search_fts MATCH ?",
+            term: self._read_beside("SELECT count(*) FROM search_fts WHERE search_fts MATCH ?",
                                    (fts_match([term]),))[0][0]
             for term in terms
         }
 
-    def window_vectors(self, ids: Sequence[int]) -> dict[int, np.ndarray]:
+    def window_vectors(
+        self, ids: Sequence[int], *, beside: bool = False
+    ) -> dict[int, np.ndarray]:
         """The window vector of each message: its window's mean vector, unit length.
 
         Kept up to date by :mod:`memory.windows`; messages without content of their
         own ("lol") or without any embedded member in their window have none.
+        ``beside``: read on the second connection (:meth:`_read_beside`).
         """
         if not ids:
             return {}
-        rows = self._query(f"SELECT id, vector FROM window_vectors WHERE id {IN_IDS}",
-                           (id_list(ids),))
+        read = self._read_beside if beside else self._query
+        rows = read(f"SELECT id, vector FROM window_vectors WHERE id {IN_IDS}", (id_list(ids),))
         if not rows:
             return {}
         # one conversion for all rows: per-row numpy calls cost more than the query

@@ -426,6 +426,30 @@ def test_a_dense_search_embeds_on_torchs_own_threads(
         torch.set_num_threads(THREADS)
 
 
+def test_window_vectors_of_keyword_finds_are_read_beside_the_knn(
+    corpus: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want = corpus.search(SearchRequest(queries=("solder iron", "hakko tip"), guild_id=GUILD))
+    reads: list[tuple[bool, list[int]]] = []
+    window_vectors = corpus.store.window_vectors
+
+    def watched(ids, *, beside=False):
+        reads.append((beside, list(ids)))
+        return window_vectors(ids, beside=beside)
+
+    monkeypatch.setattr(corpus.store, "window_vectors", watched)
+    got = corpus.search(SearchRequest(queries=("solder iron", "hakko tip"), guild_id=GUILD))
+    assert [(h.id, h.score) for h in got.hits] == [(h.id, h.score) for h in want.hits]
+    assert reads[0][0] and reads[0][1]  # the keyword lists' finds, on the worker thread
+    assert not any(beside for beside, _ in reads[1:])  # then only what the KNN added
+    read = [i for _, ids in reads for i in ids]
+    assert len(read) == len(set(read))  # no id is read twice
+    before = len(reads)
+    keyword_only = corpus.search(SearchRequest(queries=("solder iron",), guild_id=GUILD,
+                                               mode="keyword"))
+    assert keyword_only.hits and len(reads) == before  # keyword mode has no window lists
+
+
 def test_one_cpu_thread_restores_the_count_after_an_error() -> None:
     before = torch.get_num_threads()
     with pytest.raises(RuntimeError), one_cpu_thread():

@@ -640,7 +640,8 @@ def test_keyword_search_filters_every_match_when_the_best_are_elsewhere(
 def test_keyword_reads_on_the_second_connection_see_every_committed_write(
     engine: MemoryEngine, make_record: MakeRecord
 ) -> None:
-    """Keyword lists are read on a connection of their own: it must never lag behind."""
+    """Keyword lists (and window vectors) are read on a connection of their own: it must
+    never lag behind."""
     first = make_record("the pizza oven is hot")
     engine.ingest([first])
     assert [mid for mid, _ in engine.store.keyword('"pizza"', 5, Filters())] == [first.id]
@@ -654,8 +655,13 @@ def test_keyword_reads_on_the_second_connection_see_every_committed_write(
         assert found == set(), field  # a deleted message is gone from the reader at once
     hits = engine.search("pizza oven", guild_id=GUILD, adaptive=False)
     assert [h.id for h in hits.hits] == [second.id]
+    engine.embed_pending()  # the deleted message's neighbour is embedded again without it
+    beside = engine.store.window_vectors([first.id, second.id], beside=True)
+    assert list(beside) == [second.id]  # so are window vectors
+    np.testing.assert_array_equal(beside[second.id],
+                                  engine.store.window_vectors([second.id])[second.id])
     with pytest.raises(Exception, match="readonly|read-only|read only"):
-        engine.store._read_words("DELETE FROM search_text")  # it cannot write
+        engine.store._read_beside("DELETE FROM search_text")  # it cannot write
 
 
 def test_empty_id_filter_is_an_input_error(engine: MemoryEngine, make_record: MakeRecord) -> None:
