@@ -5,9 +5,9 @@ One search embeds its queries once and, per query text, ranks messages four ways
 by their own vector (KNN), by their own words and author (BM25), by the words of
 their conversational window (BM25, :mod:`memory.windows`) and by the mean vector of
 that window (stored per message; looked up for the candidates the other lists
-found).  The two keyword lists are read on the store's second connection while the
-query is embedded and the vector KNN runs on the first (torch and SQLite release
-the GIL).  Reciprocal rank fusion
+found).  The two keyword lists (and the window vectors of what they found) are read
+on the store's second connection while the query is embedded and the vector KNN
+runs on the first (torch and SQLite release the GIL).  Reciprocal rank fusion
 merges the lists; an adaptive similarity threshold over that one pool (never
 re-querying) drops what is too far, with a floor calibrated to the guild's own
 similarity distribution; small bounded bonuses (a named member, recency when the

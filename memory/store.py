@@ -7,8 +7,8 @@ next run finds the backlog by the ``embedded = 0`` flag.  The vectors themselves
 their 1-bit KNN and the code statistics live in :mod:`memory.vectors`, the
 conversational windows and their vectors in :mod:`memory.windows`; the store holds
 the connection (and its lock) that everything is written through, a message and its
-vector in one transaction, and a second, read-only one for the keyword indexes
-(:meth:`MessageStore._read_beside`).
+vector in one transaction, and a second, read-only one for a search's reads beside
+its vector KNN (:meth:`MessageStore._read_beside`).
 """
 
 from __future__ import annotations
