@@ -60,10 +60,11 @@ def one_cpu_thread() -> Iterator[None]:
     ms (BENCHMARKS.md).  torch's thread count is process-wide (MKL's with it), so
     such blocks run one at a time and each restores the count it found; other torch
     work that overlaps one (an import's batch) runs on one thread meanwhile.  A no-op
-    until torch is imported.
+    until torch is imported, and with torch's own thread pool instead of OpenMP (it
+    cannot be resized once used).
     """
     torch = sys.modules.get("torch")
-    if torch is None:
+    if torch is None or not torch.backends.openmp.is_available():
         yield
         return
     with _ONE_THREAD:

@@ -451,11 +451,27 @@ def test_window_vectors_of_keyword_finds_are_read_beside_the_knn(
 
 
 def test_one_cpu_thread_restores_the_count_after_an_error() -> None:
-    before = torch.get_num_threads()
-    with pytest.raises(RuntimeError), one_cpu_thread():
-        assert torch.get_num_threads() == 1
-        raise RuntimeError("embedding failed")
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError), one_cpu_thread():
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("embedding failed")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(THREADS)
+
+
+def test_one_cpu_thread_leaves_torchs_own_thread_pool_alone(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # without OpenMP, torch's pool cannot be resized once used (it would only warn)
+    monkeypatch.setattr(torch.backends.openmp, "is_available", lambda: False)
+    torch.set_num_threads(2)
+    try:
+        with one_cpu_thread():
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(THREADS)
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.99])
