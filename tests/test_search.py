@@ -21,6 +21,7 @@ import torch
 from memory.config import SearchConfig
 from memory.embedder import one_cpu_thread
 from memory.engine import MemoryEngine
+from memory.names import MemberNames
 from memory.errors import SearchInputError
 from memory.records import MessageRecord, SearchResult, StoredMessage, ms_to_datetime
 from memory.search import MAX_QUERIES, SearchRequest, adaptive_threshold, recency
@@ -568,6 +569,35 @@ def test_member_named_in_query_gets_a_bounded_bonus(
     first, second = result.hits[:2]
     assert first.author_name == expected
     assert first.boost - second.boost == pytest.approx(CONFIG.member_weight / (CONFIG.rrf_k + 1))
+
+
+def test_member_names_are_indexed_again_only_when_they_change(
+    engine: MemoryEngine, make_record: MakeRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[list] = []
+    build = MemberNames.build
+    monkeypatch.setattr(MemberNames, "build", staticmethod(lambda rows: (
+        built.append(rows), build(rows))[1]))
+
+    def boosted(query: str) -> set[int]:
+        result = engine.search(query, guild_id=GUILD, mode="keyword", now=NOW)
+        return {h.author_id for h in result.hits if h.boost > 1e-4}
+
+    alice, bobby = 700000000000000007, 800000000000000008
+    engine.ingest([make_record("the meeting moved to friday", author_id=alice,
+                               author_name="alice.w", author_display_name="Alice")])
+    assert boosted("what did Alice say about the meeting") == {alice}
+    engine.ingest([make_record("and the meeting room too", author_id=alice,  # same members
+                               author_name="alice.w", author_display_name="Alice")])
+    assert boosted("what did Alice say about the meeting") == {alice}
+    assert len(built) == 1
+    engine.ingest([make_record("meeting notes are up", author_id=bobby,
+                               author_name="bobby_t", author_display_name="Bobby")])
+    assert boosted("what did Bobby say about the meeting") == {bobby}  # a new member
+    engine.ingest([make_record("meeting again", author_id=alice,
+                               author_name="alice.w", author_display_name="Ally")])
+    assert boosted("what did Ally say about the meeting") == {alice}  # a new name
+    assert len(built) == 3
 
 
 def test_member_bonus_matches_username_case_insensitively(
