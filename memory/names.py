@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import difflib
 import re
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -134,8 +133,7 @@ class _CloseNames:
         self._ids = {label: frozenset(ids) for label, ids in labels.items()}
         self._labels = list(labels)
         self._lengths = np.array([len(label) for label in self._labels], dtype=np.int32)
-        self._counts = np.stack([_letter_counts(label) for label in self._labels]) \
-            if labels else np.zeros((0, _BUCKETS), dtype=np.uint8)
+        self._counts = _letter_counts(self._labels)
 
     def close_to(self, word: str) -> frozenset[int]:
         """The members whose names ``word`` is close to (the best three names)."""
@@ -143,7 +141,7 @@ class _CloseNames:
             return frozenset()
         # difflib's ratio is 2 M / (len(a) + len(b)) with M letters matched in order,
         # and M is at most the letters the two share, whatever their order
-        shared = np.minimum(self._counts, _letter_counts(word)).sum(axis=1, dtype=np.int64)
+        shared = np.minimum(self._counts, _letter_counts([word])[0]).sum(axis=1, dtype=np.int64)
         bound = 2.0 * shared / (len(word) + self._lengths)
         maybe = [self._labels[i] for i in np.flatnonzero(bound >= CLOSE - 1e-9)]
         found: set[int] = set()
@@ -152,13 +150,14 @@ class _CloseNames:
         return frozenset(found)
 
 
-def _letter_counts(text: str) -> np.ndarray:
-    """How many of ``text``'s letters fall in each of 64 buckets (by code point), up to 255.
+def _letter_counts(texts: list[str]) -> np.ndarray:
+    """How many of each text's letters fall in each of 64 buckets (by code point), up
+    to 255: one row per text.
 
     Letters sharing a bucket only raise the bound.  A name has at most 255 letters
     (longer ones are left out), so capping a word's counts at 255 changes no minimum.
     """
-    counts = np.zeros(_BUCKETS, dtype=np.int64)
-    for char, count in Counter(text).items():
-        counts[ord(char) % _BUCKETS] += count
-    return np.minimum(counts, 255).astype(np.uint8)
+    cells = [row * _BUCKETS + ord(char) % _BUCKETS
+             for row, text in enumerate(texts) for char in text]
+    counts = np.bincount(np.array(cells, dtype=np.int64), minlength=len(texts) * _BUCKETS)
+    return np.minimum(counts, 255).astype(np.uint8).reshape(len(texts), _BUCKETS)
