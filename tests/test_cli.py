@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 COMMANDS = [
     [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
-    ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"],
+    ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"], ["bench", "member-names"],
 ]
 
 
@@ -301,12 +301,18 @@ BAD_INPUT = [
                  id="scale-queries-huge"),
     pytest.param([*PROFILE, "bench", "discord", "--backlog", "9" * 26], "--backlog",
                  id="discord-backlog-huge"),
+    pytest.param(["bench", "member-names", "--members", "ten"], "--members",
+                 id="member-names-not-numbers"),
+    pytest.param(["bench", "member-names", "--members", "0"], "--members",
+                 id="member-names-zero"),
+    pytest.param(["bench", "member-names", "--members", "9" * 26], "--members",
+                 id="member-names-huge"),
     # --json is checked before a benchmark starts its (minutes of) work
     *(
         pytest.param([*PROFILE, "bench", *command, "--json", target], "--json",
                      id=f"bench-{command[0]}-json-{label}")
         for command in (["retrieval", str(BENCH_MINI)], ["search-scale"], ["rerank"],
-                        ["embedder"], ["discord"], ["remote"])
+                        ["embedder"], ["discord"], ["remote"], ["member-names"])
         for label, target in (("no-folder", "/no/such/folder/out.json"),
                               ("under-a-file", "@not-json.json"), ("a-folder", "@no-queries"))
     ),
@@ -396,6 +402,20 @@ def test_run_without_a_token(
 
 
 # -- benchmarks and the demo ------------------------------------------------------------------
+
+
+def test_bench_member_names(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out_file = tmp_path / "names.json"
+    code, out, err = run_cli(capsys, "bench", "member-names", "--members", "30,300",
+                             "--queries", "40", "--plain-max", "30", "--json", out_file)
+    assert code == 0, err
+    result = json.loads(out_file.read_text(encoding="utf-8"))
+    assert json.loads(out) == result and result["queries"] == 40
+    small, large = result["sizes"]
+    assert (small["members"], large["members"]) == (30, 300)
+    assert small["queries_that_differ"] == 0  # the index finds whom the definition finds
+    assert small["plain_p50_ms"] > 0 and small["index_p50_ms"] > 0
+    assert "plain_p50_ms" not in large  # above --plain-max only the index is timed
 
 
 def test_bench_retrieval_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

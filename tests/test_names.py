@@ -1,19 +1,20 @@
 """Which members a query names: the indexed matcher against the plain definition.
 
-The plain definition is a case-blind regular expression per name and display name,
-a case-sensitive one per capitalised first name, and ``difflib`` over every name
-for misspellings: what the search used before the names were indexed.  The index
-must find exactly the same members, for any names and any text.
+The plain definition (``cli.bench.names.PlainNames``, which ``bench member-names``
+times the index against) is a case-blind regular expression per name and display
+name, a case-sensitive one per capitalised first name, and ``difflib`` over every
+name for misspellings: what the search used before the names were indexed.  The
+index must find exactly the same members, for any names and any text.
 """
 
 from __future__ import annotations
 
-import difflib
 import random
 import re
 
 import pytest
 
+from cli.bench.names import PlainNames
 from memory.names import MAX_FUZZY_NAMES, MemberNames, _bounded_spans, fold
 
 MIXED_NAMES = [
@@ -22,28 +23,6 @@ MIXED_NAMES = [
     "xX_gamer_Xx", "a.b", "Will", "Will Turner", "max-power", "o'neil", "   spaced   ",
     "MiXeD CaSe", "émile", "Émile Zola", "ab", "abc", "x" * 40,
 ]
-
-
-def plain_named_in(members: list[tuple[int, str, str]], text: str) -> set[int]:
-    """The definition, written the slow way."""
-    named = {int(m) for m in re.findall(r"<@!?(\d{15,21})>", text)
-             if int(m) in {m[0] for m in members}}
-    fuzzy: dict[str, set[int]] = {}
-    for author_id, name, display in members:
-        for label in {name, display} - {""}:
-            if len(label) >= 3 and re.search(rf"(?<!\w){re.escape(label)}(?!\w)", text, re.I):
-                named.add(author_id)
-            if len(label) >= 5:
-                fuzzy.setdefault(label.lower(), set()).add(author_id)
-        first = display.split()[0] if display.split() else ""
-        if len(first) >= 3 and first != display and re.search(
-            rf"(?<!\w){re.escape(first.capitalize())}(?!\w)", text
-        ):
-            named.add(author_id)
-    for token in {t.lower() for t in re.findall(r"\w+", text) if len(t) >= 5}:
-        for label in difflib.get_close_matches(token, fuzzy, n=3, cutoff=0.85):
-            named |= fuzzy[label]
-    return named
 
 
 def _mutate(rng: random.Random, name: str) -> str:
@@ -78,7 +57,7 @@ def _random_guild(rng: random.Random, size: int) -> list[tuple[int, str, str]]:
 def test_the_index_finds_exactly_who_the_plain_definition_finds(seed: int) -> None:
     rng = random.Random(seed)
     members = _random_guild(rng, rng.choice([3, 20, 120]))
-    names = MemberNames.build(members)
+    names, plain = MemberNames.build(members), PlainNames(members)
     filler = ["what", "did", "say", "about", "the", "printer", "yesterday", "?", ",", "—",
               "\n", "lol", "<@123456789012345678>", "café", "_", "..."]
     for _ in range(300):
@@ -89,7 +68,7 @@ def test_the_index_finds_exactly_who_the_plain_definition_finds(seed: int) -> No
             else:
                 parts.append(rng.choice(filler))
         text = rng.choice(["", " "]).join(parts) if rng.random() < 0.2 else " ".join(parts)
-        assert names.named_in(text) == plain_named_in(members, text), text
+        assert names.named_in(text) == plain.named_in(text, fuzzy_limit=None), text
 
 
 def test_names_in_text() -> None:

@@ -21,8 +21,8 @@ import torch
 from memory.config import SearchConfig
 from memory.embedder import one_cpu_thread
 from memory.engine import MemoryEngine
-from memory.names import MemberNames
 from memory.errors import SearchInputError
+from memory.names import MemberNames
 from memory.records import MessageRecord, SearchResult, StoredMessage, ms_to_datetime
 from memory.search import MAX_QUERIES, SearchRequest, adaptive_threshold, recency
 from tests.conftest import (

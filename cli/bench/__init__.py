@@ -123,6 +123,30 @@ def scale_command(settings: Settings, messages: int, queries: int, json_out: Pat
     return 0
 
 
+@bench.command("member-names")
+@click.option("--members", "sizes", default="40,500,2500,5000,20000", show_default=True,
+              help="Comma-separated member counts.")
+@click.option("--queries", type=click.IntRange(1, 100_000), default=200, show_default=True,
+              help="Query texts timed per member count.")
+@click.option("--plain-max", type=click.IntRange(0, 100_000), default=5000, show_default=True,
+              help="Largest member count to time the plain definition at (it is slow).")
+@click.option("--json", "json_out", type=OUTPUT_FILE,
+              help="Write results to this file.")
+def member_names_command(sizes: str, queries: int, plain_max: int, json_out: Path | None) -> int:
+    """How fast a query's member names are found, index against one regex per name."""
+    from cli.bench.names import run_member_names
+
+    try:
+        counts = [int(part) for part in sizes.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of whole numbers",
+                                 param_hint="--members") from None
+    if not counts or min(counts) < 1 or max(counts) > 200_000:
+        raise click.BadParameter("member counts from 1 to 200,000", param_hint="--members")
+    emit_json(run_member_names(counts, queries=queries, plain_max=plain_max), json_out)
+    return 0
+
+
 @bench.command("rerank")
 @click.option("--candidates", type=click.IntRange(1, 1000), default=30, show_default=True,
               help="Documents scored for one query.")
