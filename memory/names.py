@@ -2,10 +2,10 @@
 
 A search gives a small bonus to messages by a member its query names
 (:mod:`memory.search`).  The names are those the guild's stored messages were
-written under; :class:`MemberNames` indexes them once per store generation so that
-a query is matched in time that grows with the query, not with the member count:
-a server with thousands of members who have spoken must not pay per member on
-every search.
+written under; :class:`MemberNames` indexes them (again only when they change, see
+``Searcher._member_names``) so that a query is matched in time that grows with the
+query, not with the member count: a server with thousands of members who have
+spoken must not pay per member on every search (``bench member-names``).
 
 - A name or display name of 3+ characters is found anywhere in the query, in any
   letter case, between non-word characters: where a case-blind regular expression
@@ -40,7 +40,7 @@ MAX_FUZZY_NAMES = 20_000  # names; beyond, misspellings cost a search over ~4 ms
 
 @dataclass(frozen=True)
 class MemberNames:
-    """How a guild's members can be named in a query, built once per store generation."""
+    """How a guild's members can be named in a query."""
 
     ids: frozenset[int]
     exact: dict[str, frozenset[int]]  # names and display names, folded -> members
