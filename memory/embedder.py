@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 _DIRECT_MAX = 32  # up to this many texts skip encode()'s per-call set-up
 _TRACING = threading.Lock()
 _ONE_THREAD = threading.Lock()
+_SETTLED = threading.local()  # .done: this thread has its torch thread count
 
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -51,17 +52,19 @@ class Embedder(Protocol):
 
 @contextmanager
 def one_cpu_thread() -> Iterator[None]:
-    """Run torch's CPU work inside the block on one thread, for work running beside it.
+    """Run this thread's torch CPU work inside the block on one thread, for work
+    running beside it.
 
     A hybrid search reads its keyword lists on another thread while its query is
     embedded.  On two cores torch's second thread and that reader took turns on one
-    core, and a 100k-message search took 31.5 ms p50; with the embedding on one
-    thread (alone a little slower than on two: one short query 10.6 vs 9.4 ms), 29.1
-    ms (BENCHMARKS.md).  torch's thread count is process-wide (MKL's with it), so
-    such blocks run one at a time and each restores the count it found; other torch
-    work that overlaps one (an import's batch) runs on one thread meanwhile.  A no-op
-    until torch is imported, and with torch's own thread pool instead of OpenMP (it
-    cannot be resized once used).
+    core, and a 100k-message search took 34.9 ms p50; with the embedding on one
+    thread (alone a little slower than on two: one short query 10.6 vs 9.4 ms), 31.0
+    ms (BENCHMARKS.md).  With OpenMP each thread keeps its own count, but
+    ``set_num_threads`` also sets the default that a thread takes at its first torch
+    work: blocks run one at a time (so each finds and restores the default), and
+    :func:`settle_cpu_threads` keeps other threads from starting inside one.  A
+    no-op until torch is imported, and with torch's own thread pool instead of
+    OpenMP (it cannot be resized once used).
     """
     torch = sys.modules.get("torch")
     if torch is None or not torch.backends.openmp.is_available():
@@ -69,11 +72,31 @@ def one_cpu_thread() -> Iterator[None]:
         return
     with _ONE_THREAD:
         before = torch.get_num_threads()
+        _SETTLED.done = True
         torch.set_num_threads(1)
         try:
             yield
         finally:
             torch.set_num_threads(before)
+
+
+def settle_cpu_threads() -> None:
+    """Give this thread torch's default CPU thread count, if it has no count yet.
+
+    torch gives a thread its count at its first torch work, from a default that a
+    :func:`one_cpu_thread` block lowers to one while it runs; a thread that began
+    inside such a block (an import's first batch, a reranker's first scoring) would
+    stay on one thread for good.  Called before torch work by the embedder and the
+    reranker; cheap after the first call in a thread.
+    """
+    if getattr(_SETTLED, "done", False):
+        return
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    with _ONE_THREAD:  # no block is open: the default is the real one
+        torch.get_num_threads()  # this fixes the thread's count
+    _SETTLED.done = True
 
 
 def resolve_model(name: str) -> tuple[str, str]:
@@ -142,6 +165,7 @@ class SentenceTransformerEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed ``texts`` in batches of ``config.batch_size``; empty input gives (0, dim)."""
+        settle_cpu_threads()
         model = self._load()
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)

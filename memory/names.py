@@ -17,7 +17,9 @@ spoken must not pay per member on every search (``bench member-names``).
   the best three) names its member: "kariton" for "karitton".  Each name's letters
   are counted once, in 64 buckets; a name that shares too few letters with the word
   to reach the ratio is skipped without running ``difflib`` (the count bounds the
-  ratio from above, so the result is the same as comparing every name).
+  ratio from above, so the result is the same as comparing every name).  Names
+  longer than 255 characters are only found as written, and above
+  :data:`MAX_FUZZY_NAMES` names a guild's misspellings are not looked for.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import difflib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -46,6 +47,7 @@ class MemberNames:
     exact: dict[str, frozenset[int]]  # names and display names, folded -> members
     capitalised: dict[str, frozenset[int]]  # "Priya" of "Priya Raman", as written
     lengths: frozenset[int]  # how long the names in exact and capitalised are
+    firsts: frozenset[str]  # their first letters, folded
     fuzzy: _CloseNames | None  # None: too many names to look for misspellings
 
     @classmethod
@@ -65,11 +67,13 @@ class MemberNames:
             if len(first) >= 3 and first != display:
                 capitalised.setdefault(first.capitalize(), set()).add(author_id)
         lengths = {len(label) for label in exact} | {len(label) for label in capitalised}
+        firsts = {label[0] for label in exact} | {fold(label[0]) for label in capitalised}
         return cls(
             ids=frozenset(m[0] for m in members),
             exact={label: frozenset(ids) for label, ids in exact.items()},
             capitalised={label: frozenset(ids) for label, ids in capitalised.items()},
             lengths=frozenset(lengths),
+            firsts=frozenset(firsts),
             fuzzy=_CloseNames(close) if len(close) <= MAX_FUZZY_NAMES else None,
         )
 
@@ -77,9 +81,10 @@ class MemberNames:
         """The ids of the members ``text`` names."""
         named = {int(m) for m in MENTION.findall(text) if int(m) in self.ids}
         folded = fold(text)  # as long as text: spans line up
-        for start, end in _bounded_spans(text, self.lengths):
-            named |= self.exact.get(folded[start:end], frozenset())
-            named |= self.capitalised.get(text[start:end], frozenset())
+        for start, end in _bounded_spans(text, folded, self.lengths, self.firsts):
+            named.update(self.exact.get(folded[start:end], ()))
+            if self.capitalised:
+                named.update(self.capitalised.get(text[start:end], ()))
         if self.fuzzy is not None:
             for word in {w.lower() for w in _WORD.findall(text) if len(w) >= 5}:
                 named |= self.fuzzy.close_to(word)
@@ -90,14 +95,13 @@ def fold(text: str) -> str:
     """``text`` with each character replaced by one that stands for its letter case
     class: two strings are equal folded when ``re.IGNORECASE`` would match one by the
     other.  Unlike ``str.casefold`` it keeps the length ("ß" stays one letter)."""
-    return "".join(_fold_char(c) for c in text)
+    return text.translate(_FOLDED)
 
 
 # letters re.IGNORECASE equates that case folding one character at a time keeps apart
 _ALSO = {"ı": "i", "İ": "i", "\u1fd3": "\u0390", "\u1fe3": "\u03b0", "\ufb05": "\ufb06"}
 
 
-@lru_cache(maxsize=4096)
 def _fold_char(char: str) -> str:
     for form in (char.casefold(), char.lower()):
         if len(form) == 1:
@@ -105,25 +109,44 @@ def _fold_char(char: str) -> str:
     return _ALSO.get(char, char)
 
 
-def _is_word(char: str) -> bool:
-    return char.isalnum() or char == "_"  # what \w matches in a str pattern
+class _FoldTable(dict):
+    """``str.translate``'s table for :func:`fold`, filled in as characters turn up."""
+
+    def __missing__(self, code: int) -> str:
+        folded = self[code] = _fold_char(chr(code))
+        return folded
 
 
-def _bounded_spans(text: str, lengths: frozenset[int]) -> Iterator[tuple[int, int]]:
-    """Where ``text`` has a substring of one of ``lengths`` with no word character on
+_FOLDED = _FoldTable()
+_NON_WORD = re.compile(r"\W")
+
+
+def _bounded_spans(
+    text: str, folded: str, lengths: frozenset[int], firsts: frozenset[str]
+) -> Iterator[tuple[int, int]]:
+    """Where ``text`` has a substring of one of ``lengths``, starting with one of
+    ``firsts`` (in ``folded``, :func:`fold` of ``text``), with no word character on
     either side of it (the text's ends count as non-word): ``(start, end)`` pairs."""
     if not lengths:
         return
-    shortest, longest = min(lengths), max(lengths)
-    word = [_is_word(c) for c in text]
-    ends = [j for j in range(1, len(text) + 1) if j == len(text) or not word[j]]
-    for start in range(len(text)):
-        if start and word[start - 1]:
+    by_length = sorted(lengths)
+    shortest, longest = by_length[0], by_length[-1]
+    breaks = [m.start() for m in _NON_WORD.finditer(text)]  # where a non-word character is
+    ends = [j for j in breaks if j] + [len(text)]
+    is_end = set(ends)
+    for start in [0, *(j + 1 for j in breaks)]:
+        if start >= len(text) or folded[start] not in firsts:
             continue
-        first = bisect.bisect_left(ends, start + shortest)
-        for end in ends[first:bisect.bisect_right(ends, start + longest)]:
-            if end - start in lengths:
-                yield start, end
+        low = bisect.bisect_left(ends, start + shortest)
+        high = bisect.bisect_right(ends, start + longest)
+        if high - low <= len(by_length):  # try the ends in reach, or each length: fewer
+            for end in ends[low:high]:
+                if end - start in lengths:
+                    yield start, end
+        else:
+            for length in by_length:
+                if start + length in is_end:
+                    yield start, start + length
 
 
 class _CloseNames:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -227,6 +228,7 @@ class Searcher:
         self._reranker: RerankerProvider = reranker or (lambda: None)
         # guild -> (store generation, its members' rows, their index); see _member_names
         self._members: dict[int | None, tuple[int, list, MemberNames]] = {}
+        self._members_lock = threading.Lock()
         self._beside = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-keyword")
 
     def search(self, request: SearchRequest) -> SearchResult:
@@ -249,11 +251,16 @@ class Searcher:
             self._beside.submit(self._word_lists, queries, k, filters, request)
             if request.mode == "hybrid" else None
         )
-        with one_cpu_thread() if words is not None else nullcontext():
-            vectors = self._embed(queries) if request.mode in ("hybrid", "dense") else None
-        clock.lap("embed")
-        query_vectors = list(vectors) if vectors is not None else [None] * len(queries)
-        lists, windows = self._retrieve(queries, query_vectors, k, filters, request, words)
+        try:
+            with one_cpu_thread() if words is not None else nullcontext():
+                vectors = self._embed(queries) if request.mode in ("hybrid", "dense") else None
+            clock.lap("embed")
+            query_vectors = list(vectors) if vectors is not None else [None] * len(queries)
+            lists, windows = self._retrieve(queries, query_vectors, k, filters, request, words)
+        except BaseException:
+            if words is not None and not words.cancel():
+                wait([words])  # no search leaves work behind on the worker
+            raise
         per_query = [
             self._pool(i, vector, lists[i], windows, k, request, trace)
             for i, vector in enumerate(query_vectors)
@@ -449,7 +456,7 @@ class Searcher:
         if not means:
             return []
         query = vector / max(float(np.linalg.norm(vector)), 1e-12)
-        ids = list(means)
+        ids = sorted(means)  # equal scores: by id, whichever order the reads came in
         sims = np.stack([means[i] for i in ids]) @ query
         order = np.argsort(-sims, kind="stable")[:k]
         return [(ids[i], float(sims[i])) for i in order]
@@ -610,15 +617,17 @@ class Searcher:
         name, or who the guild's members are, has changed.
         """
         generation = self.store.generation
-        known = self._members.get(guild_id)
+        with self._members_lock:  # searches run on several threads
+            known = self._members.get(guild_id)
         if known is not None and known[0] == generation:
             return known[2]
         rows = self.store.members(guild_id)
         names = known[2] if known is not None and known[1] == rows else MemberNames.build(rows)
-        self._members.pop(guild_id, None)
-        if len(self._members) >= _MEMBER_GUILDS:  # the guild searched longest ago goes
-            self._members.pop(next(iter(self._members)))
-        self._members[guild_id] = (generation, rows, names)
+        with self._members_lock:
+            self._members.pop(guild_id, None)
+            if len(self._members) >= _MEMBER_GUILDS:  # the longest unchecked guild goes
+                self._members.pop(next(iter(self._members)))
+            self._members[guild_id] = (generation, rows, names)
         return names
 
     @staticmethod

@@ -117,16 +117,21 @@ def test_hostile_text_is_matched_without_trouble() -> None:
     assert names.named_in("\x00solder\x00") == {1}
 
 
-@pytest.mark.parametrize(("text", "lengths", "spans"), [
-    ("ab cd", {2}, ["ab", "cd"]),
-    ("ab cd", {5}, ["ab cd"]),
-    ("ab,cd", {3}, []),  # none starts after a word letter or ends before one
-    ("ab, cd", {3}, ["ab,", " cd"]),
-    ("a_b c", {3}, ["a_b"]),
-    ("", {1}, []),
+@pytest.mark.parametrize(("text", "lengths", "firsts", "spans"), [
+    ("ab cd", {2}, "ac", ["ab", "cd"]),
+    ("ab cd", {2}, "c", ["cd"]),
+    ("ab cd", {5}, "a", ["ab cd"]),
+    ("ab,cd", {3}, "abcd,", []),  # none starts after a word letter or ends before one
+    ("ab, cd", {3}, "a ", ["ab,", " cd"]),
+    ("a_b c", {3}, "a", ["a_b"]),
+    ("AB cd", {2, 5}, "a", ["AB", "AB cd"]),  # firsts are folded
+    ("x y z w", {1, 3, 5, 7}, "x", ["x", "x y", "x y z", "x y z w"]),
+    ("x y z w", {1, 7}, "xz", ["x", "x y z w", "z"]),  # more ends in reach than lengths
+    ("", {1}, "a", []),
 ])
-def test_bounded_spans(text: str, lengths: set[int], spans: list[str]) -> None:
-    assert [text[a:b] for a, b in _bounded_spans(text, frozenset(lengths))] == spans
+def test_bounded_spans(text: str, lengths: set[int], firsts: str, spans: list[str]) -> None:
+    found = _bounded_spans(text, fold(text), frozenset(lengths), frozenset(firsts))
+    assert [text[a:b] for a, b in found] == spans
 
 
 def _case_partners(char: str) -> set[str]:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from memory.config import SearchConfig
-from memory.embedder import one_cpu_thread
+from memory.embedder import one_cpu_thread, settle_cpu_threads
 from memory.engine import MemoryEngine
 from memory.errors import SearchInputError
 from memory.names import MemberNames
@@ -407,12 +407,41 @@ def test_keyword_lists_run_while_the_query_is_embedded_on_one_torch_thread(
     corpus: MemoryEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     want = corpus.search(SearchRequest(queries=("solder iron",), guild_id=GUILD))
-    threads = torch.get_num_threads()
-    watch = _EmbedderWatch(corpus, monkeypatch)
-    got = corpus.search(SearchRequest(queries=("solder iron",), guild_id=GUILD))
-    assert watch.seen == [(True, 1)]
-    assert torch.get_num_threads() == threads
+    torch.set_num_threads(2)  # the test machine may have one core
+    try:
+        watch = _EmbedderWatch(corpus, monkeypatch)
+        got = corpus.search(SearchRequest(queries=("solder iron",), guild_id=GUILD))
+        assert watch.seen == [(True, 1)]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(THREADS)
     assert [(h.id, h.score) for h in got.hits] == [(h.id, h.score) for h in want.hits]
+
+
+def test_a_failed_embedding_leaves_no_keyword_work_running(
+    corpus: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+    keyword = corpus.store.keyword
+
+    def slow_keyword(*args, **kwargs):
+        started.set()
+        release.wait(timeout=5)
+        try:
+            return keyword(*args, **kwargs)
+        finally:
+            finished.set()
+
+    def failing_embed(texts: Sequence[str]):
+        started.wait(timeout=5)
+        threading.Timer(0.2, release.set).start()
+        raise RuntimeError("the embedder broke")
+
+    monkeypatch.setattr(corpus.store, "keyword", slow_keyword)
+    monkeypatch.setattr(corpus.embedder, "embed", failing_embed)
+    with pytest.raises(RuntimeError, match="embedder broke"):
+        corpus.search(SearchRequest(queries=("solder iron",), guild_id=GUILD))
+    assert finished.is_set()  # the search waited for the worker before it gave up
 
 
 def test_a_dense_search_embeds_on_torchs_own_threads(
@@ -460,6 +489,35 @@ def test_one_cpu_thread_restores_the_count_after_an_error() -> None:
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(THREADS)
+
+
+def test_a_thread_starting_torch_work_during_a_block_gets_the_default_count() -> None:
+    torch.set_num_threads(2)
+    inside, release = threading.Event(), threading.Event()
+    counts: list[int] = []
+
+    def narrowed() -> None:
+        with one_cpu_thread():
+            inside.set()
+            release.wait(timeout=5)
+
+    def fresh() -> None:  # e.g. an import's first batch, on a thread new to torch
+        settle_cpu_threads()
+        torch.ones(64).sum()
+        counts.append(torch.get_num_threads())
+
+    try:
+        block = threading.Thread(target=narrowed)
+        block.start()
+        inside.wait(timeout=5)
+        worker = threading.Thread(target=fresh)
+        worker.start()
+        threading.Timer(0.2, release.set).start()
+        block.join()
+        worker.join()
+    finally:
+        torch.set_num_threads(THREADS)
+    assert counts == [2]  # not the 1 of the block it began beside
 
 
 def test_one_cpu_thread_leaves_torchs_own_thread_pool_alone(
@@ -598,6 +656,20 @@ def test_member_names_are_indexed_again_only_when_they_change(
                                author_name="alice.w", author_display_name="Ally")])
     assert boosted("what did Ally say about the meeting") == {alice}  # a new name
     assert len(built) == 3
+
+
+def test_member_names_are_kept_for_at_most_64_guilds(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    engine.ingest([make_record("hello there", guild_id=GUILD + g, author_id=10 + g,
+                               author_name=f"member{g}", author_display_name="")
+                   for g in range(70)])
+    searcher = engine.searcher
+    for g in range(70):
+        assert searcher._named_members([f"what did member{g} say"], GUILD + g) == {10 + g}
+    assert len(searcher._members) == 64
+    assert GUILD not in searcher._members  # the first guild went first
+    assert searcher._named_members(["what did member0 say"], GUILD) == {10}
 
 
 def test_member_bonus_matches_username_case_insensitively(

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from memory.config import RerankerConfig, detect_accelerator
+from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.reranker.prompt import SUFFIX, document_text, head_text
 from memory.reranker.qwen_static import StaticScorer, plan_runs
@@ -211,6 +212,7 @@ class QwenReranker:
         """
         if not texts:
             return []
+        settle_cpu_threads()
         with self._lock:
             self.load()
             encoded = self.encode(query, texts)
