@@ -125,6 +125,27 @@ class OutputFile(click.Path):
         return path
 
 
+class CountList(click.ParamType):
+    """Comma-separated whole numbers, each from ``low`` to ``high``: ``"20,50"`` → ``[20, 50]``."""
+
+    name = "N,N,..."
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the counts as a list of ints."""
+        if isinstance(value, list):
+            return value
+        try:
+            counts = [int(part) for part in str(value).split(",") if part.strip()]
+        except ValueError:
+            self.fail(f"comma-separated whole numbers, got {value!r}", param, ctx)
+        if not counts or not all(self.low <= n <= self.high for n in counts):
+            self.fail(f"counts from {self.low:,} to {self.high:,}, got {value!r}", param, ctx)
+        return counts
+
+
 def valid_unicode(text: str) -> str:
     """``text`` with lone surrogates (undecodable command-line bytes) replaced by U+FFFD."""
     return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")

@@ -12,8 +12,11 @@ import click
 
 from cli.context import Settings, resolve_profile
 from cli.output import emit_json, progress_bar
-from cli.params import OUTPUT_FILE
+from cli.params import OUTPUT_FILE, CountList
 from memory.errors import ImportFormatError, SearchInputError
+
+JSON_OUT = click.option("--json", "json_out", type=OUTPUT_FILE,
+                        help="Write results to this file.")
 
 
 @click.group("bench")
@@ -36,8 +39,7 @@ def bench() -> None:
               help="Keep the embedder's vectors in this .npz between runs.")
 @click.option("--compare", nargs=2, type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Compare two --json reports (BEFORE AFTER) instead of running.")
-@click.option("--json", "json_out", type=OUTPUT_FILE,
-              help="Write results to this file.")
+@JSON_OUT
 @click.pass_obj
 def retrieval_command(
     settings: Settings, data: tuple[Path, ...], queries: Path | None, k: int, scope: str,
@@ -106,8 +108,7 @@ def _read_report(path: Path) -> dict:
               show_default=True, help="Synthetic corpus size.")
 @click.option("--queries", type=click.IntRange(1, 100_000), default=100, show_default=True,
               help="Searches timed per mode.")
-@click.option("--json", "json_out", type=OUTPUT_FILE,
-              help="Write results to this file.")
+@JSON_OUT
 @click.pass_obj
 def scale_command(settings: Settings, messages: int, queries: int, json_out: Path | None) -> int:
     """Search latency and import throughput at scale."""
@@ -124,26 +125,20 @@ def scale_command(settings: Settings, messages: int, queries: int, json_out: Pat
 
 
 @bench.command("member-names")
-@click.option("--members", "sizes", default="40,500,2500,5000,20000", show_default=True,
-              help="Comma-separated member counts.")
+@click.option("--members", "sizes", type=CountList(1, 200_000), default="40,500,2500,5000,20000",
+              show_default=True, help="Comma-separated member counts.")
 @click.option("--queries", type=click.IntRange(1, 100_000), default=200, show_default=True,
               help="Query texts timed per member count.")
 @click.option("--plain-max", type=click.IntRange(0, 100_000), default=5000, show_default=True,
               help="Largest member count to time the plain definition at (it is slow).")
-@click.option("--json", "json_out", type=OUTPUT_FILE,
-              help="Write results to this file.")
-def member_names_command(sizes: str, queries: int, plain_max: int, json_out: Path | None) -> int:
+@JSON_OUT
+def member_names_command(
+    sizes: list[int], queries: int, plain_max: int, json_out: Path | None
+) -> int:
     """How fast a query's member names are found, index against one regex per name."""
     from cli.bench.names import run_member_names
 
-    try:
-        counts = [int(part) for part in sizes.split(",") if part.strip()]
-    except ValueError:
-        raise click.BadParameter("a comma-separated list of whole numbers",
-                                 param_hint="--members") from None
-    if not counts or min(counts) < 1 or max(counts) > 200_000:
-        raise click.BadParameter("member counts from 1 to 200,000", param_hint="--members")
-    emit_json(run_member_names(counts, queries=queries, plain_max=plain_max), json_out)
+    emit_json(run_member_names(sizes, queries=queries, plain_max=plain_max), json_out)
     return 0
 
 
@@ -163,8 +158,7 @@ def member_names_command(sizes: str, queries: int, plain_max: int, json_out: Pat
 @click.option("--quick", is_flag=True,
               help="Only the reference, the prefix path and the static-shape (bucketed, "
                    "CUDA graph) variants.")
-@click.option("--json", "json_out", type=OUTPUT_FILE,
-              help="Write results to this file.")
+@JSON_OUT
 def rerank_command(
     candidates: int, repeats: int, device: str, model_size: str, dtype: str | None,
     quick: bool, json_out: Path | None,
@@ -187,8 +181,7 @@ def rerank_command(
               help="Synthetic messages embedded for the import throughput.")
 @click.option("--queries", type=click.IntRange(1, 10_000), default=100, show_default=True,
               help="Single queries timed for the query latency.")
-@click.option("--json", "json_out", type=OUTPUT_FILE,
-              help="Write results to this file.")
+@JSON_OUT
 @click.pass_obj
 def embedder_command(
     settings: Settings, device: str, dtype: str | None, messages: int, queries: int,
@@ -212,8 +205,7 @@ def embedder_command(
 @click.option("--reranker", "reranker_shape", type=click.Choice(("0.6B", "tiny")),
               default="0.6B", show_default=True,
               help="Shape of the random-weight Qwen3 reranker that is loaded and used.")
-@click.option("--json", "json_out", type=OUTPUT_FILE,
-              help="Write results to this file.")
+@JSON_OUT
 @click.pass_obj
 def discord_command(settings: Settings, backlog: int, searches: int, reranker_shape: str,
                     json_out: Path | None) -> int:
@@ -234,7 +226,7 @@ def discord_command(settings: Settings, backlog: int, searches: int, reranker_sh
               help="Demo messages scored per question.")
 @click.option("--repeats", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Timed calls per latency cell (median kept).")
-@click.option("--sizes", default="20,50", show_default=True,
+@click.option("--sizes", type=CountList(1, 1000), default="20,50", show_default=True,
               help="Comma-separated candidate counts of the latency rows.")
 @click.option("--agreement/--no-agreement", default=True, show_default=True,
               help="Measure the agreement table (most of the run's time).")
@@ -242,21 +234,14 @@ def discord_command(settings: Settings, backlog: int, searches: int, reranker_sh
               help="llama-server --parallel slots, and the backend's parallel.")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, show_default=True,
               help="llama-server --threads.")
-@click.option("--json", "json_out", type=OUTPUT_FILE,
-              help="Write results to this file.")
-def remote_command(queries: int, candidates: int, repeats: int, sizes: str, agreement: bool,
+@JSON_OUT
+def remote_command(queries: int, candidates: int, repeats: int, sizes: list[int], agreement: bool,
                    parallel: int, threads: int, json_out: Path | None) -> int:
     """llama-server reranker vs in-process on a tiny model: agreement and latency."""
     from cli.bench.remote import run_remote_bench
 
-    try:
-        counts = [int(n) for n in sizes.split(",") if n.strip()]
-    except ValueError:
-        raise SearchInputError(f"--sizes must be comma-separated numbers, got {sizes!r}") from None
-    if not counts or not all(1 <= n <= 1000 for n in counts):
-        raise SearchInputError(f"--sizes must list counts from 1 to 1000, got {sizes!r}")
     result = run_remote_bench(queries=queries, candidates=candidates, repeats=repeats,
-                              sizes=counts, parallel=parallel, threads=threads,
+                              sizes=sizes, parallel=parallel, threads=threads,
                               with_agreement=agreement,
                               progress=lambda stage: click.echo(f"… {stage}", err=True))
     emit_json(result, json_out)
