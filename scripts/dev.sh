@@ -20,7 +20,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+"$PYTHON" -c '' >/dev/null 2>&1 || PYTHON=python3
 VENV=.venv
 STAMP=$VENV/.installed
 TORCH=${TORCH_SPEC:-torch==2.13.0}
@@ -67,18 +67,24 @@ print(" ".join(i["metadata"]["name"] + "==" + i["metadata"]["version"] for i in 
 
 setup() {
     local lock
-    lock=$(lock_file "$PYTHON")
+    lock=$(lock_file "$PYTHON") || exit 2
     local want
     want="$(cat pyproject.toml "$lock" | sha256sum | cut -c1-16) $TORCH ${TORCH_INDEX_URL:-}"
     if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
         return 0
     fi
     [ -x "$VENV/bin/python" ] || new_venv "$VENV"
-    # Exactly the locked versions, each checked against its hash; nothing else resolved.
-    "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$lock"
-    install_torch "$VENV/bin/python"
-    # The project itself, built with the locked setuptools (no unlocked build download).
-    "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+    if [ "$(uname -sm)" = "Linux x86_64" ]; then
+        # Exactly the locked versions, each checked against its hash; nothing else resolved.
+        "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$lock"
+        install_torch "$VENV/bin/python"
+        # The project itself, built with the locked setuptools (no unlocked build download).
+        "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+    else
+        echo "note: the lock is for Linux x86-64; on $(uname -sm) pip resolves pyproject.toml's ranges" >&2
+        install_torch "$VENV/bin/python"
+        "$VENV/bin/python" -m pip install --quiet -e ".[test]"
+    fi
     "$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; exit 1; }
     echo "$want" > "$STAMP"
 }
@@ -91,14 +97,13 @@ uv() {  # uv, installed on first use into .venv-tools/ (never into the project's
 compile() {  # compile PYVERSION OUT [uv args...]: resolve pyproject.toml's ranges for Linux x86-64
     local version=$1 out=$2
     shift 2
-    uv pip compile --quiet pyproject.toml requirements/torch-deps.in --extra test \
-        --overrides requirements/overrides.txt --python-version "$version" \
-        --python-platform x86_64-manylinux_2_28 --output-file "$out" "$@"
+    uv pip compile --quiet pyproject.toml --extra test --overrides requirements/overrides.txt \
+        --python-version "$version" --python-platform x86_64-manylinux_2_28 --output-file "$out" "$@"
 }
 
 lock() {
-    compile 3.11 requirements/py311.txt --generate-hashes --upgrade
-    compile 3.12 requirements/py312.txt --generate-hashes --upgrade
+    compile 3.11 requirements/py311.txt requirements/torch-deps.in --generate-hashes --upgrade
+    compile 3.12 requirements/py312.txt requirements/torch-deps.in --generate-hashes --upgrade
     echo "refreshed requirements/py311.txt and py312.txt; run: bash scripts/dev.sh test" >&2
 }
 
@@ -111,6 +116,7 @@ throwaway_test() {  # throwaway_test newest|lowest-direct [pytest args...]
     new_venv "$dir/venv"
     local version
     version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    # torch's own dependencies are left to pip when it installs torch (newest releases)
     compile "$version" "$dir/requirements.txt" --resolution "$resolution" --no-header
     echo "testing against ($resolution):" >&2
     grep -E '^(discord-py|transformers|accelerate|sentence-transformers|numpy|sqlite-vec|httpx|click|tokenizers)==' \
