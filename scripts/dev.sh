@@ -73,6 +73,11 @@ setup() {
     if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
         return 0
     fi
+    if [ -f "$STAMP" ]; then
+        # pip would leave behind what the old lock had and the new one dropped: start clean
+        echo "the lock, pyproject.toml or the torch choice changed: rebuilding $VENV/" >&2
+        rm -rf "$VENV"
+    fi
     [ -x "$VENV/bin/python" ] || new_venv "$VENV"
     if [ "$(uname -sm)" = "Linux x86_64" ]; then
         # Exactly the locked versions, each checked against its hash; nothing else resolved.
