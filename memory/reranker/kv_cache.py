@@ -6,10 +6,16 @@ keys and values.  They reach transformers only through what its cache guide
 documents (``docs/source/en/cache_explanation.md``), the same in 4.56 and 5.x:
 
 * a :class:`transformers.DynamicCache`, passed to the base model's ``forward``
-  with ``use_cache=True``, which the attention layers fill;
+  with ``use_cache=True``, which the attention layers fill (the head pass);
 * ``cache.layers[i].keys`` / ``.values``, each ``[batch, kv_heads, length,
   head_dim]`` (the documented storage layout), to read a layer back;
-* ``Cache.update(keys, values, layer_idx)``, to pre-fill a cache.
+* ``Cache.update(keys, values, layer_idx)``, to pre-fill a cache (the dynamic
+  prefix path, whose 2D mask transformers sizes from the cache);
+* for passes with a prepared 4D mask (the static path), a ``DynamicCache``
+  subclass overriding ``Cache``'s documented ``update(key_states, value_states,
+  layer_idx, ...)``: it answers with the head in front of the new keys and values
+  and keeps nothing, so a pass holds one layer's concatenation at a time, not
+  every layer's until the pass ends.
 
 The one thing that differs across the supported range is the ``forward`` argument
 that takes the cache: ``past_key_values`` in 4.x, ``cache`` in 5.x (which keeps
@@ -20,6 +26,7 @@ release that takes neither fails at load with a clear error instead of at a sear
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -80,12 +87,63 @@ def layer_states(cache: Any) -> list[LayerKV]:
 
 
 def repeated_cache(head: list[LayerKV], batch: int) -> Any:
-    """A fresh cache holding ``head``'s keys/values repeated ``batch`` times.
+    """A ``DynamicCache`` holding ``head``'s keys/values repeated ``batch`` times.
 
-    ``update`` concatenates into new tensors, so the forward pass that appends to
-    this cache never writes into ``head``.
+    For passes with a 2D padding mask: transformers sizes the mask it builds from
+    the cache, so the cache must really hold the head.  ``update`` concatenates into
+    new tensors, so the pass that appends to this cache never writes into ``head``.
     """
     cache = new_cache()
     for layer, (keys, values) in enumerate(head):
         cache.update(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1), layer)
     return cache
+
+
+def prefix_cache(head: list[LayerKV], batch: int) -> Any:
+    """A cache that puts ``head`` (repeated ``batch`` times) in front of every layer's keys.
+
+    Only for passes given a prepared 4D attention mask (which transformers uses as
+    is, never asking the cache for mask sizes).  It stores nothing, so a pass holds
+    one layer's concatenated keys and values at a time: for the largest static
+    buckets, keeping every layer's until the pass ends would cost gigabytes.
+
+    Args:
+        head: Each layer's (keys, values) of the shared head, batch size 1.
+        batch: Rows of the pass that runs on top of it.
+    """
+    return _prefix_cache_class()(head, batch)
+
+
+@functools.cache
+def _prefix_cache_class() -> type:
+    # Built on first use: importing transformers is the reranker backend's business.
+    from transformers import DynamicCache
+
+    class PrefixCache(DynamicCache):
+        """A read-only ``DynamicCache`` holding a fixed prefix.
+
+        ``update`` is ``Cache``'s documented method; extra positional and keyword
+        arguments (``cache_kwargs`` in 4.x, ``kwargs=`` in 5.x) are accepted and not
+        needed.  The returned tensors are new (``torch.cat``), so the pass never
+        writes into ``head``, and nothing is stored: a scoring pass never reads its
+        own keys back.
+        """
+
+        def __init__(self, head: list[LayerKV], batch: int) -> None:
+            super().__init__()
+            self.head, self.batch = head, batch
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+            *args: Any, **kwargs: Any,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            keys, values = self.head[layer_idx]
+            return (
+                torch.cat([keys.expand(self.batch, -1, -1, -1), key_states], dim=-2),
+                torch.cat([values.expand(self.batch, -1, -1, -1), value_states], dim=-2),
+            )
+
+        def get_seq_length(self, layer_idx: int | None = 0) -> int:
+            return int(self.head[0][0].shape[-2])
+
+    return PrefixCache

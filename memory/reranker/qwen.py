@@ -43,7 +43,13 @@ import torch
 from memory.config import RerankerConfig, detect_accelerator
 from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
-from memory.reranker.kv_cache import LayerKV, cache_argument, layer_states, new_cache, repeated_cache
+from memory.reranker.kv_cache import (
+    LayerKV,
+    cache_argument,
+    layer_states,
+    new_cache,
+    repeated_cache,
+)
 from memory.reranker.prompt import SUFFIX, document_text, head_text
 from memory.reranker.qwen_static import StaticScorer, plan_runs
 

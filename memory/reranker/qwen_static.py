@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from memory.reranker.kv_cache import cache_argument, layer_states, new_cache, repeated_cache
+from memory.reranker.kv_cache import cache_argument, layer_states, new_cache, prefix_cache
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +139,9 @@ class StaticScorer:
 
     Both steps call the base model's public ``forward`` with a prepared 4D attention
     mask (which transformers uses as given), explicit position ids and a
-    ``DynamicCache`` (:mod:`memory.reranker.kv_cache`): the head step copies the
-    cache's keys and values into the static head buffers; a tail step starts from a
-    cache holding them, repeated over its batch.
+    cache (:mod:`memory.reranker.kv_cache`): the head step fills a ``DynamicCache``
+    and copies its keys and values into the static head buffers; a tail step runs on
+    a prefix cache that puts them in front of its own, repeated over its batch.
 
     Args:
         model: A loaded ``Qwen3ForCausalLM`` (or any causal LM whose ``model`` is a
@@ -268,7 +268,7 @@ class StaticScorer:
         sees_tail = (key >= cap) & (key - cap <= query)  # causal within the tail
         mask = self._additive(sees_head | sees_tail)
         positions = (self.head_len + self.positions[:length])[None]
-        cache = repeated_cache(list(zip(head.keys, head.values)), batch)
+        cache = prefix_cache(list(zip(head.keys, head.values)), batch)
         hidden = self._forward(slot.ids, positions, mask, cache)
         last = hidden[self.positions[:batch], slot.last]
         return self._yes_probability(last)
