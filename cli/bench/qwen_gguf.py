@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from cli.bench.qwen_models import qwen3_config
+from cli.bench.qwen_models import qwen3_config, tiktoken_backend
 from memory.reranker.prompt import DEFAULT_INSTRUCTION, full_prompt
 
 # Qwen3's added tokens, in id order from 151643 (the same list every Qwen3 size ships).
@@ -87,7 +87,7 @@ def build_qwen_tokenizer(chat_template: str | None = None) -> Any:
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    tok = TikTokenConverter(vocab_file=str(qwen_ranks_file()), pattern=PAT_STR).converted()
+    tok = tiktoken_backend(TikTokenConverter, str(qwen_ranks_file()), PAT_STR)
     tok.normalizer = normalizers.NFC()
     tok.post_processor = None
     tok.model.ignore_merges = False  # as Qwen's own tokenizer.json

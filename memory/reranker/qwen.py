@@ -43,6 +43,13 @@ import torch
 from memory.config import RerankerConfig, detect_accelerator
 from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
+from memory.reranker.kv_cache import (
+    LayerKV,
+    cache_argument,
+    layer_states,
+    new_cache,
+    repeated_cache,
+)
 from memory.reranker.prompt import SUFFIX, document_text, head_text
 from memory.reranker.qwen_static import StaticScorer, plan_runs
 
@@ -51,10 +58,6 @@ log = logging.getLogger(__name__)
 LOAD_RETRY_S = 60.0  # how long a failed model load is answered from memory
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _AUTO_DTYPE = {"cuda": torch.bfloat16, "mps": torch.float16, "cpu": torch.float32}
-
-# One layer's cached (keys, values), each [1, kv_heads, head_len, head_dim].
-_LayerKV = tuple[torch.Tensor, torch.Tensor]
-
 
 @dataclass(frozen=True)
 class EncodedQuery:
@@ -85,12 +88,15 @@ def load_failure(model: str, device: str, exc: BaseException) -> str:
     """
     offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
                   for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    is_path = os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1
+    if is_path and not os.path.isdir(model):
+        # Whatever the hub client made of it (OSError, or a ValueError "Repo id must be
+        # in the form ..." from huggingface-hub 0.x), a missing folder is the cause.
+        return (
+            f"reranker model folder {model!r} does not exist: set reranker.model to a "
+            "local Qwen3-Reranker folder or a hub id"
+        )
     if isinstance(exc, OSError) and not os.path.isdir(model):
-        if os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1:
-            return (
-                f"reranker model folder {model!r} does not exist: set reranker.model to a "
-                "local Qwen3-Reranker folder or a hub id"
-            )
         where = ("it is not in the Hugging Face cache and the hub is off (HF_HUB_OFFLINE)"
                  if offline else f"the hub did not provide it ({_first_line(exc)})")
         return (
@@ -150,6 +156,7 @@ class QwenReranker:
         self._answer_bias: torch.Tensor | None = None
         self._pad_id = 0
         self._suffix_ids: list[int] = []
+        self._cache_arg = ""  # forward's KV cache argument (kv_cache.cache_argument)
         self._static: StaticScorer | None = None  # the bucketed path, when the profile asks
         # A failed load is remembered for a while: retrying a missing model on every
         # search would cost a hub round-trip (or its retries) each time.
@@ -298,6 +305,8 @@ class QwenReranker:
         self._answer_rows = rows.clone()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else no_id
         self._suffix_ids = list(tokenizer(SUFFIX, add_special_tokens=False)["input_ids"])
+        if self.config.prefix_cache or self.config.buckets:
+            self._cache_arg = cache_argument(model.model)
         self._model, self._tokenizer = model, tokenizer
         self._static = self._static_scorer(model) if self.config.buckets else None
 
@@ -427,16 +436,14 @@ class QwenReranker:
                 scores[i] = value
         return scores
 
-    def _head_kv(self, head: list[int]) -> list[_LayerKV]:
+    def _head_kv(self, head: list[int]) -> list[LayerKV]:
         """Run the shared head once and return each layer's keys and values."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
+        cache = new_cache()
         ids = torch.tensor([head], device=self.device)
-        self._model.model(input_ids=ids, past_key_values=cache, use_cache=True)
-        return [(layer[0], layer[1]) for layer in cache]
+        self._model.model(input_ids=ids, use_cache=True, **{self._cache_arg: cache})
+        return layer_states(cache)
 
-    def _score_batch(self, batch: list[list[int]], head_kv: list[_LayerKV] | None) -> list[float]:
+    def _score_batch(self, batch: list[list[int]], head_kv: list[LayerKV] | None) -> list[float]:
         """Score right-padded sequences, on top of the head cache when given."""
         lengths = torch.tensor([len(s) for s in batch], device=self.device)
         width = int(lengths.max())
@@ -448,7 +455,7 @@ class QwenReranker:
         kwargs: dict[str, Any] = {}
         if head_kv is not None:
             offset = head_kv[0][0].shape[-2]
-            kwargs["past_key_values"] = _expanded_cache(head_kv, len(batch))
+            kwargs[self._cache_arg] = repeated_cache(head_kv, len(batch))
             kwargs["position_ids"] = (
                 torch.arange(offset, offset + width, device=self.device).expand(len(batch), -1)
             )
@@ -475,20 +482,6 @@ def micro_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-
-
-def _expanded_cache(head_kv: list[_LayerKV], batch: int) -> Any:
-    """A fresh cache holding the head's keys/values repeated ``batch`` times.
-
-    ``DynamicCache.update`` concatenates, so the expanded views are copied into new
-    tensors: the forward pass appends to this cache, never to ``head_kv``.
-    """
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    for layer, (keys, values) in enumerate(head_kv):
-        cache.update(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1), layer)
-    return cache
 
 
 def _answer_token_ids(tokenizer: Any, model_name: str) -> tuple[int, int]:

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from memory.reranker.kv_cache import cache_argument, layer_states, new_cache, prefix_cache
+
 log = logging.getLogger(__name__)
 
 HEAD_MIN = 64  # smallest head capacity; the official prompt head alone is ~60 tokens
@@ -131,37 +133,19 @@ class _TailSlot:
     graph: Any = None
 
 
-class _HeadWriter:
-    """Cache stand-in for the head pass: stores each layer's K/V in static buffers."""
-
-    def __init__(self, slot: _HeadSlot) -> None:
-        self.slot = slot
-
-    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *_: Any) -> Any:
-        self.slot.keys[layer].copy_(keys)
-        self.slot.values[layer].copy_(values)
-        return keys, values
-
-
-class _HeadReader:
-    """Cache stand-in for a tail pass: the head's K/V in front of the tail's own."""
-
-    def __init__(self, slot: _HeadSlot, batch: int) -> None:
-        self.slot, self.batch = slot, batch
-
-    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *_: Any) -> Any:
-        head_k = self.slot.keys[layer].expand(self.batch, -1, -1, -1)
-        head_v = self.slot.values[layer].expand(self.batch, -1, -1, -1)
-        return torch.cat([head_k, keys], dim=2), torch.cat([head_v, values], dim=2)
-
-
 @dataclass
 class StaticScorer:
     """Scores candidates through fixed (head capacity, bucket) shapes.
 
+    Both steps call the base model's public ``forward`` with a prepared 4D attention
+    mask (which transformers uses as given), explicit position ids and a
+    cache (:mod:`memory.reranker.kv_cache`): the head step fills a ``DynamicCache``
+    and copies its keys and values into the static head buffers; a tail step runs on
+    a prefix cache that puts them in front of its own, repeated over its batch.
+
     Args:
-        model: A loaded ``Qwen3ForCausalLM`` (or any causal LM whose ``model`` has
-            ``embed_tokens``, ``layers``, ``norm`` and ``rotary_emb``), in eval mode.
+        model: A loaded ``Qwen3ForCausalLM`` (or any causal LM whose ``model`` is a
+            transformers base model with full attention), in eval mode.
         answer_rows: float32 ``[2, hidden]``: the lm_head rows of "no" and "yes".
         answer_bias: Their bias, or ``None``.
         pad_id: Token id used for padding (any valid id: padding is masked).
@@ -183,6 +167,7 @@ class StaticScorer:
         param = next(self.model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.base = self.model.model
+        self.cache_arg = cache_argument(self.base)
         self.capacities = head_capacities(self.max_length)
         longest = self.capacities[-1] + max(length for _, length in self.buckets)
         self.positions = torch.arange(longest, device=self.device)
@@ -268,8 +253,11 @@ class StaticScorer:
         cap = slot.ids.shape[1]
         positions = self.positions[:cap][None]
         causal = positions <= positions.T  # [cap, cap]: right padding cannot reach back
-        mask = self._additive(causal)
-        self._layers(slot.ids, positions, mask, _HeadWriter(slot))
+        cache = new_cache()
+        self._forward(slot.ids, positions, self._additive(causal), cache)
+        for (keys, values), key_buf, value_buf in zip(layer_states(cache), slot.keys, slot.values):
+            key_buf.copy_(keys)
+            value_buf.copy_(values)
 
     def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
         batch, length = slot.ids.shape
@@ -280,25 +268,20 @@ class StaticScorer:
         sees_tail = (key >= cap) & (key - cap <= query)  # causal within the tail
         mask = self._additive(sees_head | sees_tail)
         positions = (self.head_len + self.positions[:length])[None]
-        hidden = self._layers(slot.ids, positions, mask, _HeadReader(head, batch))
+        cache = prefix_cache(list(zip(head.keys, head.values)), batch)
+        hidden = self._forward(slot.ids, positions, mask, cache)
         last = hidden[self.positions[:batch], slot.last]
-        return self._yes_probability(self.base.norm(last))
+        return self._yes_probability(last)
 
-    def _layers(
+    def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        hidden = self.base.embed_tokens(ids)
-        rotary = self.base.rotary_emb(hidden, positions)
-        for layer in self.base.layers:
-            hidden = layer(
-                hidden,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                position_embeddings=rotary,
-            )
-        return hidden
+        """The base model's final (normed) hidden states for ``ids`` on top of ``cache``."""
+        out = self.base(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+            **{self.cache_arg: cache},
+        )
+        return out.last_hidden_state
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """A [1, 1, q, k] additive mask in the model dtype (eager and SDPA accept it)."""
