@@ -52,7 +52,9 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
         author_is_bot=author.bot,
         guild_name=message.guild.name,
         channel_name=getattr(channel, "name", "") or "",
-        channel_type=str(channel.type),
+        # a channel discord.py does not cache (an archived thread's MESSAGE_UPDATE) has no
+        # type: "" tells the store that this event does not know it
+        channel_type=str(channel.type) if channel.type is not None else "",
         parent_id=parent_id,
         reply_to_id=(
             reference.message_id

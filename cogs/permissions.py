@@ -2,7 +2,8 @@
 
 A search on behalf of a member may only find messages in channels and threads
 that member can read *now* (view channel + read message history, and for a
-private thread: a participant or someone who can manage threads).  A reply that
+private thread: a current member of it, or someone who can manage threads in its
+parent).  A reply that
 others will read (a mention reply, ``/search private:False``) is further limited
 to sources that everyone who can read the reply channel can also read.
 
@@ -12,7 +13,13 @@ and keyword stages.  Threads the cache does not hold (archived ones) are judged
 from what the database knows of them (:class:`StoredThread`): a public thread is
 readable where its parent is; an uncached private thread only by members who can
 manage threads there, because its participants cannot be known without asking
-Discord.
+Discord.  A thread whose type the database does not know (an event that did not
+say) is judged like a private one: "unknown" is never "public".
+
+Thread membership is what discord.py's cache knows (``THREAD_MEMBERS_UPDATE``,
+``THREAD_LIST_SYNC``).  A private thread's creator is a member only until they
+leave or are removed, so ``owner_id`` grants nothing: where the cache does not
+list a member, only Manage Threads in the parent opens the thread.
 """
 
 from __future__ import annotations
@@ -22,8 +29,13 @@ from dataclasses import dataclass
 
 import discord
 
-# how a private thread's type is stored: by live capture, and by DiscordChatExporter
-_PRIVATE_THREAD_TYPES = frozenset({str(discord.ChannelType.private_thread), "GuildPrivateThread"})
+# how a public thread's type is stored: by live capture, and by DiscordChatExporter; any
+# other stored type of a thread (private, "", or "None" written by older versions) is
+# judged as private
+_PUBLIC_THREAD_TYPES = frozenset({
+    str(discord.ChannelType.public_thread), str(discord.ChannelType.news_thread),
+    "GuildPublicThread", "GuildNewsThread",
+})
 
 
 @dataclass(frozen=True)
@@ -36,7 +48,8 @@ class StoredThread:
 
     @property
     def private(self) -> bool:
-        return self.type in _PRIVATE_THREAD_TYPES
+        """Whether only members and thread managers may read it (also when its type is unknown)."""
+        return self.type not in _PUBLIC_THREAD_TYPES
 
 
 def _reads(perms: discord.Permissions) -> bool:
@@ -53,11 +66,9 @@ def can_read(member: discord.Member, channel: discord.abc.GuildChannel | discord
         if not _reads(perms):
             return False
         if channel.is_private():
-            return (
-                perms.manage_threads
-                or channel.owner_id == member.id
-                or any(m.id == member.id for m in channel.members)
-            )
+            # the creator (owner_id) is a member only until they leave or are removed,
+            # which THREAD_MEMBERS_UPDATE tells the cache: membership alone decides
+            return perms.manage_threads or any(m.id == member.id for m in channel.members)
         return True
     if isinstance(channel, discord.CategoryChannel):
         return False

@@ -314,9 +314,24 @@ def _record(raw: Any, ctx: _ChannelContext) -> MessageRecord | None:
         channel_name=ctx.channel_name,
         channel_type=ctx.channel_type,
         parent_id=ctx.parent_id,
-        reply_to_id=_snowflake(reference.get("messageId")),
+        reply_to_id=_same_channel_reply(reference, ctx),
         attachments=attachments,
     )
+
+
+def _same_channel_reply(reference: dict[str, Any], ctx: _ChannelContext) -> int | None:
+    """The replied-to message's id when it is in this channel, else ``None``.
+
+    A reply to another channel (a forwarded or cross-posted reference) must not
+    carry that channel's text into this one's index, as live capture does not.
+    An export without ``channelId`` leaves the check to the store, which embeds a
+    reply with its target only when both are in the same channel.
+    """
+    target = _snowflake(reference.get("messageId"))
+    channel = reference.get("channelId")
+    if target is None or (channel is not None and _snowflake(channel) != ctx.channel_id):
+        return None
+    return target
 
 
 def _snowflake(value: Any) -> int | None:

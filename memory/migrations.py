@@ -16,14 +16,36 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from memory.db import sqlite_driver
+from memory.db import IN_IDS, id_list, sqlite_driver
 from memory.errors import DatabaseFileError
-from memory.vectors import upgrade_float_table
-from memory.windows import index_all_window_vectors, index_all_windows
+from memory.vectors import VectorIndex, upgrade_float_table
+from memory.windows import index_all_window_vectors, index_all_windows, vectors_changed
 
 log = logging.getLogger(__name__)
 
 Migration = str | Callable[[Any], None]
+
+
+def reembed_cross_channel_replies(conn: Any) -> None:
+    """Drop the vectors of replies embedded with another channel's text; they re-embed.
+
+    Before :meth:`memory.store.MessageStore.pending` kept a reply's context to its
+    own channel, an imported reply to a message elsewhere was embedded with that
+    message's text.  Their vectors (and the window vectors holding them) are
+    removed and the messages marked pending, so the embedder redoes them with
+    same-channel context.
+    """
+    ids = [row[0] for row in conn.execute(
+        "SELECT m.id FROM messages m JOIN messages r ON r.id = m.reply_to_id "
+        "WHERE m.embedded = 1 AND r.channel_id != m.channel_id"
+    )]
+    if ids:
+        conn.execute(f"UPDATE messages SET embedded = 0 WHERE id {IN_IDS}", (id_list(ids),))
+        index = VectorIndex(lambda sql, params: conn.execute(sql, params).fetchall(),
+                            on_change=vectors_changed)
+        index.delete(conn, ids)
+    log.info("%d replies embedded with another channel's text will be embedded again", len(ids))
+
 
 MIGRATIONS: list[Migration] = [
     # 1: core tables, FTS5 index kept in sync by triggers.
@@ -191,6 +213,9 @@ MIGRATIONS: list[Migration] = [
     # 8: each window's mean vector, stored (memory.windows) so that a search looks it
     # up instead of averaging its members' vectors for every candidate.
     index_all_window_vectors,
+    # 9: replies embedded with a reply target from another channel go back to the
+    # backlog: their vectors carried that channel's text (issue 19, item 3).
+    reembed_cross_channel_replies,
 ]
 
 

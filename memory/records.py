@@ -43,7 +43,9 @@ class MessageRecord:
     """One Discord message as the store keeps it, independent of where it came from.
 
     Times are unix milliseconds (UTC).  ``parent_id`` is the parent channel of a
-    thread, ``None`` for a normal channel.
+    thread, ``None`` for a normal channel or when the source does not know it;
+    ``channel_type`` and ``channel_name`` are ``""`` when the source does not know
+    them.  Unknown fields never overwrite what the store already knows.
     """
 
     id: int

@@ -97,6 +97,16 @@ class StoreStats:
     path: str
 
 
+# what an event that does not know a channel's type says: "" (and "None", str(None),
+# which live capture wrote before it said "")
+_UNKNOWN_TYPES = frozenset({"", "None"})
+
+
+def _known_type(channel_type: str) -> str:
+    """``channel_type``, or ``""`` where it says nothing (a stored type is then kept)."""
+    return "" if channel_type.strip() in _UNKNOWN_TYPES else channel_type
+
+
 def _context_key(r: MessageRecord) -> tuple:
     """Every field :meth:`MessageStore._upsert_context` writes."""
     return (
@@ -347,7 +357,7 @@ class MessageStore:
             "parent_id = COALESCE(excluded.parent_id, parent_id), "
             "name = CASE WHEN excluded.name != '' THEN excluded.name ELSE name END, "
             "type = CASE WHEN excluded.type != '' THEN excluded.type ELSE type END",
-            (r.channel_id, r.guild_id, r.parent_id, r.channel_name, r.channel_type),
+            (r.channel_id, r.guild_id, r.parent_id, r.channel_name, _known_type(r.channel_type)),
         )
         conn.execute(
             "INSERT INTO authors(id, name, display_name, is_bot) VALUES (?, ?, ?, ?) "
@@ -596,8 +606,11 @@ class MessageStore:
     def pending(self, limit: int) -> list[PendingMessage]:
         """Return up to ``limit`` unembedded messages, oldest first, with their context.
 
-        The context of a message is its reply target if stored, else the previous
-        message in its channel.  Nothing is claimed: an embedder uses :meth:`claim`.
+        The context of a message is its reply target if stored in the same channel
+        (or thread), else the previous message in its channel.  Text from another
+        channel never enters a message's vector, whatever path stored the reply: a
+        search by that text would tell readers of this channel what the other said.
+        Nothing is claimed: an embedder uses :meth:`claim`.
         """
         return self._pending_where("m.embedded = 0 ORDER BY m.id LIMIT ?", (limit,))
 
@@ -633,7 +646,8 @@ class MessageStore:
             f"""SELECT m.id, m.guild_id, m.channel_id, m.author_id, {_AUTHOR_NAME}, m.content,
                       m.created_at, c.name, m.reply_to_id, m.attachments,
                       COALESCE(
-                        (SELECT r.id FROM messages r WHERE r.id = m.reply_to_id),
+                        (SELECT r.id FROM messages r WHERE r.id = m.reply_to_id
+                           AND r.channel_id = m.channel_id),
                         (SELECT p.id FROM messages p WHERE p.channel_id = m.channel_id
                            AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
                FROM messages m JOIN authors a ON a.id = m.author_id
