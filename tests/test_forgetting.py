@@ -199,7 +199,6 @@ async def test_retention_deletes_an_old_message_still_queued_while_the_database_
 async def test_the_hourly_retention_pass_runs_behind_queued_writes(setup):
     h, _ = setup
     h.engine.update_settings(G, retention_days=30)
-    h.bot._connection._guilds = {g.id: g for g in h.guilds}  # the guilds the bot is in
     queued = old(h, "a stale rumour", 45)
     async with busy_database(h):
         h.cog.writes.put("upsert", [old_record(h, queued)])
