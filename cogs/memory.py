@@ -76,7 +76,11 @@ channels it can read (admins choose which channels with `/memory-admin channels`
 
 **How it goes away**
 • Deleting a message on Discord deletes it here (text, search index and vectors).
-• `/memory forget-me` deletes all your messages from this server's memory.
+• Editing a stored message updates it here, even in a channel no longer remembered; \
+after `/memory opt-out` an edit deletes the stored copy instead.
+• `/memory forget-me` deletes all your messages and your name from this server's memory, \
+including ones still being saved, and stops storing you (a backfill or import too) until \
+`/memory opt-in`.
 • `/memory opt-out` stops storing your new messages; `/memory opt-in` resumes.
 • Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten.
 • Admins may set a retention period (`/memory-admin retention`) and purge channels."""
@@ -181,6 +185,7 @@ class MemoryCog(commands.Cog):
         """Apply a batch from the write queue, in order (runs on the write thread)."""
         actions: dict[str, Callable[[list], object]] = {
             "upsert": self.engine.upsert,
+            "edit": self.engine.apply_edits,
             "delete": self.engine.delete,
             "purge_channels": self.engine.purge_channels,
             "purge_guilds": lambda ids: [self.engine.purge_guild(g) for g in ids],
@@ -193,6 +198,40 @@ class MemoryCog(commands.Cog):
                 run = []
             if write is not None:
                 run.append(write)
+
+    async def _in_order(self, fn: Callable[..., T], *args: Any) -> list[T]:
+        """Run ``fn`` on the write queue, behind every write queued before it.
+
+        Returns what each run returned: a batch retried while the database is busy
+        runs it again (every engine write is one transaction, so a run either
+        committed or changed nothing).
+
+        Raises:
+            MemoryBotError: The engine refused (at once: it is not worth retrying).
+        """
+        results: list[T] = []
+        refused: list[MemoryBotError] = []
+
+        def run() -> None:
+            try:
+                results.append(fn(*args))
+            except MemoryBotError as exc:
+                refused.append(exc)
+
+        await self.writes.run_and_wait(run)
+        if refused:
+            raise refused[-1]
+        return results
+
+    async def forget(self, fn: Callable[..., int], *args: Any) -> int:
+        """Run a deletion behind every write queued before it; return what it really removed.
+
+        A message captured just before ``/memory forget-me`` (or a purge) may still
+        wait in the queue while the database is busy; in the same ordered queue it
+        is stored first and then deleted, never stored after.  What each run of a
+        retried batch removed is added up, so nothing is missed or counted twice.
+        """
+        return sum(await self._in_order(fn, *args))
 
     # -- settings --------------------------------------------------------------------------
 
@@ -211,7 +250,8 @@ class MemoryCog(commands.Cog):
         return settings
 
     async def _update_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
-        settings = await self._on(self._write_pool, lambda: self.engine.update_settings(guild_id, **changes))
+        # in the write queue: retried while the database is busy, in order with the writes
+        settings = (await self._in_order(lambda: self.engine.update_settings(guild_id, **changes)))[-1]
         self._settings[guild_id] = (time.monotonic(), settings)
         return settings
 
@@ -238,9 +278,7 @@ class MemoryCog(commands.Cog):
                 settings = await self.settings(guild.id)
                 if settings.retention_days:
                     cutoff = datetime.now(timezone.utc) - timedelta(days=settings.retention_days)
-                    removed = await self._on(
-                        self._write_pool, self.engine.purge_older_than, guild.id, cutoff
-                    )
+                    removed = await self.forget(self.engine.purge_older_than, guild.id, cutoff)
                     if removed:
                         log.info("retention: forgot %d messages in guild %d", removed, guild.id)
             except Exception:
@@ -278,8 +316,11 @@ class MemoryCog(commands.Cog):
         if self.bot.user is not None and message.author.id == self.bot.user.id:
             return
         record = record_from_message(message)
-        if record is not None and await self.remembers(message):
-            self.writes.put("upsert", [record])
+        if record is None:
+            return
+        # an edit of a stored message is always applied: where a new message would not
+        # be stored, the stored copy is updated (or forgotten, if its author opted out)
+        self.writes.put("upsert" if await self.remembers(message) else "edit", [record])
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
@@ -536,12 +577,12 @@ class MemoryCog(commands.Cog):
     async def forget_me(self, interaction: discord.Interaction) -> None:
         """Delete every stored message by the member in this guild."""
         await interaction.response.defer(ephemeral=True, thinking=True)
-        removed = await self._on(
-            self._write_pool, self.engine.forget_member, interaction.guild_id, interaction.user.id
-        )
+        guild_id = _guild_id(interaction)
+        removed = await self.forget(self.engine.forget_member, guild_id, interaction.user.id)
+        self._settings.pop(guild_id, None)  # the member is opted out now
         await interaction.followup.send(
-            f"Deleted {removed} of your messages from my memory of this server. "
-            "New messages are still stored unless you use `/memory opt-out`.", ephemeral=True)
+            f"Deleted {removed} of your messages from my memory of this server. Your new "
+            "messages here are not stored either until you use `/memory opt-in`.", ephemeral=True)
 
     @memory.command(name="opt-out", description="Stop storing your messages in this server")
     async def opt_out(self, interaction: discord.Interaction) -> None:
@@ -595,9 +636,7 @@ class MemoryCog(commands.Cog):
         removed = 0
         if days:
             cutoff = datetime.now(timezone.utc) - timedelta(days=days)
-            removed = await self._on(
-                self._write_pool, self.engine.purge_older_than, interaction.guild_id, cutoff
-            )
+            removed = await self.forget(self.engine.purge_older_than, interaction.guild_id, cutoff)
         text = f"Messages are kept for {days} days" if days else "Messages are kept until deleted"
         await interaction.followup.send(f"{text}; {removed} older messages forgotten now.",
                                         ephemeral=True)
@@ -611,7 +650,7 @@ class MemoryCog(commands.Cog):
     ) -> None:
         """Delete a channel's and its threads' stored messages."""
         await interaction.response.defer(ephemeral=True, thinking=True)
-        removed = await self._on(self._write_pool, self.engine.purge_channels, [channel.id])
+        removed = await self.forget(self.engine.purge_channels, [channel.id])
         await interaction.followup.send(
             f"Forgot {removed} messages from {channel.mention} and its threads.", ephemeral=True)
 

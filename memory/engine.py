@@ -223,6 +223,15 @@ class MemoryEngine:
         """Store messages without embedding them (they join the backlog)."""
         return self.store.upsert(records)
 
+    def apply_edits(self, records: Iterable[MessageRecord]) -> UpsertStats:
+        """Apply edits to messages already stored; never store a new one.
+
+        For an edit the guild would not store as a new message (a channel it no
+        longer remembers): the stored copy is updated, or forgotten when its
+        author opted out (see :meth:`MessageStore.upsert`).
+        """
+        return self.store.upsert(records, insert=False)
+
     def delete(self, message_ids: Iterable[int]) -> int:
         """Forget messages everywhere (table, FTS index, vectors); they stay forgotten."""
         return self.store.delete(message_ids)
@@ -236,7 +245,11 @@ class MemoryEngine:
         return self.store.purge_guild(guild_id)
 
     def forget_member(self, guild_id: int, author_id: int) -> int:
-        """Forget every message one member wrote in one guild."""
+        """Forget a member in one guild: their messages and name, and (opted out) their next ones.
+
+        Returns:
+            How many messages were removed.
+        """
         return self.store.forget_author(guild_id, author_id)
 
     def purge_older_than(self, guild_id: int, cutoff: datetime) -> int:

@@ -61,6 +61,7 @@ class UpsertStats:
     inserted: int = 0
     updated: int = 0
     unchanged: int = 0
+    forgotten: int = 0  # stored copies deleted because their author opted out, then edited
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,16 @@ _SETTING_LISTS = {
 def _older_edit(incoming: int | None, stored: int | None) -> bool:
     """Whether an incoming copy of a message predates the edit already stored."""
     return stored is not None and (incoming is None or incoming < stored)
+
+
+def _message_row(r: MessageRecord) -> tuple:
+    """A message's stored text, edit time and attachments, as :meth:`MessageStore._existing` reads them."""
+    return (r.content, r.edited_at, "\n".join(r.attachments))
+
+
+def _newer_version(r: MessageRecord, stored: tuple | None) -> bool:
+    """Whether ``r`` changes a stored message (not an older copy of it, not the same)."""
+    return stored is not None and stored != _message_row(r) and not _older_edit(r.edited_at, stored[1])
 
 
 def _split_attachments(value: str) -> tuple[str, ...]:
@@ -283,17 +294,32 @@ class MessageStore:
 
     # -- writes -------------------------------------------------------------------
 
-    def upsert(self, records: Iterable[MessageRecord]) -> UpsertStats:
+    def upsert(self, records: Iterable[MessageRecord], *, insert: bool = True) -> UpsertStats:
         """Insert new messages and update changed ones, idempotently, in one transaction.
 
         A message whose text or attachments changed (an edit) gets its FTS entry
         rewritten by trigger and its vector dropped; it is re-embedded with the
         backlog.  Re-importing identical messages changes nothing.
+
+        Nothing by a member who opted out of a guild (``/memory forget-me`` opts
+        out too) is stored there, whichever path brings it: an edit of their
+        message stored before is applied by forgetting the stored copy, so the bot
+        keeps neither their new text nor the text they took out.
+
+        Args:
+            records: The messages, as they are now.
+            insert: ``False`` only applies changes to messages already stored (an
+                edit in a channel the guild no longer remembers).
         """
-        records = self._admissible(list(records))
-        if not records:
+        records, withheld = self._admissible(list(records))
+        if not records and not withheld:
             return UpsertStats()
-        existing = self._existing([r.id for r in records])
+        existing = self._existing([r.id for r in [*records, *withheld]])
+        if not insert:
+            records = [r for r in records if r.id in existing]
+        withdrawn = [r.id for r in withheld if _newer_version(r, existing.get(r.id))]
+        if not records and not withdrawn:
+            return UpsertStats()
         inserted = updated = unchanged = 0
         contexts_done: set[tuple] = set()
         touched: list[tuple[int, int]] = []  # (channel, message) whose index rows change
@@ -305,13 +331,13 @@ class MessageStore:
                 if context not in contexts_done:
                     self._upsert_context(conn, record)
                     contexts_done.add(context)
-                row = (record.content, record.edited_at, "\n".join(record.attachments))
+                row = _message_row(record)
                 before = existing.get(record.id)
                 if before is None:
                     self._insert_message(conn, record)
                     touched.append((record.channel_id, record.id))
                     inserted += 1
-                elif before != row and not _older_edit(record.edited_at, before[1]):
+                elif _newer_version(record, before):
                     text_changed = before[0::2] != row[0::2]
                     self._update_message(conn, record, text_changed=text_changed)
                     if text_changed:
@@ -321,21 +347,29 @@ class MessageStore:
                     unchanged += 1
                 existing[record.id] = row
             windows.reindex(conn, touched)
-        return UpsertStats(inserted, updated, unchanged)
+            forgotten = self._forget(conn, withdrawn)
+        return UpsertStats(inserted, updated, unchanged, forgotten)
 
-    def _admissible(self, records: list[MessageRecord]) -> list[MessageRecord]:
-        """Leave out deleted messages (tombstoned) and members who opted out."""
+    def _admissible(
+        self, records: list[MessageRecord]
+    ) -> tuple[list[MessageRecord], list[MessageRecord]]:
+        """Split ``records`` into those that may be stored and those whose author opted out.
+
+        Deleted (tombstoned) messages are in neither: they stay deleted.
+        """
         if not records:
-            return records
+            return records, []
         gone = {row[0] for row in self._query(
             f"SELECT message_id FROM tombstones WHERE message_id {IN_IDS}",
             (id_list(r.id for r in records),),
         )}
         opted_out = {tuple(row) for row in self._query("SELECT guild_id, author_id FROM member_optouts")}
-        return [
-            r for r in records
-            if r.id not in gone and (r.guild_id, r.author_id) not in opted_out
-        ]
+        admitted: list[MessageRecord] = []
+        withheld: list[MessageRecord] = []
+        for r in records:
+            if r.id not in gone:
+                (withheld if (r.guild_id, r.author_id) in opted_out else admitted).append(r)
+        return admitted, withheld
 
     def _existing(self, ids: list[int]) -> dict[int, tuple]:
         rows = self._query(
@@ -480,8 +514,25 @@ class MessageStore:
         return removed
 
     def forget_author(self, guild_id: int, author_id: int) -> int:
-        """Forget every message one member wrote in one guild."""
-        return self._forget_where("guild_id = ? AND author_id = ?", (guild_id, author_id))
+        """Forget a member in one guild: their messages, their name, their future messages.
+
+        In one transaction the member is opted out of the guild (so no later
+        write, whichever path brings it, stores them there again until they opt
+        in), their messages there are deleted and tombstoned, and their name row
+        goes once no guild in this database holds a message of theirs.
+
+        Returns:
+            How many messages were removed.
+        """
+        with self._transaction() as conn:
+            conn.execute("INSERT OR IGNORE INTO member_optouts(guild_id, author_id) VALUES (?, ?)",
+                         (guild_id, author_id))
+            ids = [row[0] for row in conn.execute(
+                "SELECT id FROM messages WHERE guild_id = ? AND author_id = ?", (guild_id, author_id))]
+            removed = self._forget(conn, ids)
+            conn.execute("DELETE FROM authors WHERE id = ? AND NOT EXISTS "
+                         "(SELECT 1 FROM messages WHERE author_id = ?)", (author_id, author_id))
+        return removed
 
     def purge_older_than(self, guild_id: int, cutoff_ms: int) -> int:
         """Forget a guild's messages created before ``cutoff_ms`` (unix milliseconds)."""
