@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from memory import windows
-from memory.db import IN_IDS, check_ours, connect, id_list, not_writable
+from memory import scrub, windows
+from memory.db import IN_IDS, check_ours, connect, id_list, not_writable, sqlite_driver
 from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SettingsError
 from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 _META_MODEL = "embedding_model"
 _META_DIM = "embedding_dim"
 _META_PROFILE = "active_profile"
+_META_SCRUBBED = "deleted_text_scrubbed"  # set once the file holds no pre-secure_delete leftovers
 _AUTHOR_NAME = "COALESCE(NULLIF(a.display_name, ''), a.name)"
+_DAY_MS = 86_400_000
 
 # keyword() fields: the FTS5 table searched, and its bm25() with column weights
 _KEYWORD_FIELDS = {
@@ -61,6 +63,7 @@ class UpsertStats:
     inserted: int = 0
     updated: int = 0
     unchanged: int = 0
+    expired: int = 0  # older than the guild's retention period: not stored
 
 
 @dataclass(frozen=True)
@@ -149,12 +152,15 @@ class MessageStore:
         self._beside_conn: Any = None  # opened on the first read beside the KNN (_read_beside)
         self._beside_lock = threading.Lock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
+        self._forgot = False  # this transaction deleted messages: empty the WAL after it
         self.vectors = VectorIndex(self._query, on_change=windows.vectors_changed)
         try:
             check_ours(self._conn, self.path)  # before any migration writes to it
             migrate(self._conn, read_only=self.read_only)
+            scrub.check_keyword_index_readable(self._conn, self.path)
             if not self.read_only:
                 self._check_vector_table()
+                self._secure_deletes()
         except BaseException:
             self._conn.close()
             raise
@@ -165,6 +171,19 @@ class MessageStore:
         if model is not None and not table_columns(self._conn):
             log.warning("%s has no vector table; every message will be embedded again", self.path)
             self.reset_embeddings(*model)
+
+    def _secure_deletes(self) -> None:
+        """Keep deleted text out of the file (:mod:`memory.scrub`); scrub an older file once."""
+        scrub.secure_keyword_index(self._conn)
+        if self.get_meta(_META_SCRUBBED) is None:
+            if self.has_messages():
+                try:
+                    scrub.scrub_file(self._conn)
+                except sqlite_driver().DatabaseError as exc:  # e.g. no room for VACUUM's copy
+                    log.warning("%s: could not scrub the file (%s); trying again at the "
+                                "next start", self.path, exc)
+                    return
+            self.set_meta(_META_SCRUBBED, "1")
 
     def close(self) -> None:
         """Close the connections."""
@@ -187,10 +206,14 @@ class MessageStore:
             try:
                 yield self._conn
             except BaseException:
+                self._forgot = False
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
             self.generation += 1
+            if self._forgot:  # the WAL still holds the deleted rows' pages as they were
+                self._forgot = False
+                scrub.truncate_wal(self._conn)
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
@@ -278,11 +301,14 @@ class MessageStore:
 
         A message whose text or attachments changed (an edit) gets its FTS entry
         rewritten by trigger and its vector dropped; it is re-embedded with the
-        backlog.  Re-importing identical messages changes nothing.
+        backlog.  Re-importing identical messages changes nothing.  Messages older
+        than their guild's retention period are not stored, whichever path brings
+        them (live capture, backfill, import); ``expired`` counts them.
         """
-        records = self._admissible(list(records))
+        records, expired = self._within_retention(list(records))
+        records = self._admissible(records)
         if not records:
-            return UpsertStats()
+            return UpsertStats(expired=expired)
         existing = self._existing([r.id for r in records])
         inserted = updated = unchanged = 0
         contexts_done: set[tuple] = set()
@@ -311,7 +337,34 @@ class MessageStore:
                     unchanged += 1
                 existing[record.id] = row
             windows.reindex(conn, touched)
-        return UpsertStats(inserted, updated, unchanged)
+        return UpsertStats(inserted, updated, unchanged, expired)
+
+    def _within_retention(self, records: list[MessageRecord]) -> tuple[list[MessageRecord], int]:
+        """Leave out messages older than their guild's retention period; count them."""
+        cutoffs = self.retention_cutoffs({r.guild_id for r in records})
+        if not cutoffs:
+            return records, 0
+        kept = [r for r in records if r.created_at >= cutoffs.get(r.guild_id, r.created_at)]
+        if expired := len(records) - len(kept):
+            log.info("left out %d messages older than their server's retention period", expired)
+        return kept, expired
+
+    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None) -> dict[int, int]:
+        """The oldest creation time (unix ms) each guild with a retention period keeps.
+
+        Args:
+            guild_ids: Only these guilds; ``None``: every guild that set a period.
+
+        Returns:
+            ``{guild_id: cutoff_ms}``; a guild that keeps everything is absent.
+        """
+        sql = (f"SELECT guild_id, ? - retention_days * {_DAY_MS} FROM guild_settings "
+               "WHERE retention_days IS NOT NULL")
+        params: list[Any] = [_now_ms()]
+        if guild_ids is not None:
+            sql += f" AND guild_id {IN_IDS}"
+            params.append(id_list(guild_ids))
+        return {row[0]: row[1] for row in self._query(sql, params)}
 
     def _admissible(self, records: list[MessageRecord]) -> list[MessageRecord]:
         """Leave out deleted messages (tombstoned) and members who opted out."""
@@ -400,6 +453,7 @@ class MessageStore:
         """Delete ``ids`` everywhere inside the caller's transaction; tombstone them."""
         if not ids:
             return 0
+        self._forgot = True
         now = int(time.time() * 1000)
         conn.executemany(
             "INSERT OR IGNORE INTO tombstones(message_id, deleted_at) VALUES (?, ?)",
@@ -462,6 +516,7 @@ class MessageStore:
         """Forget a guild entirely: messages, channels, settings, opt-outs, cursors."""
         removed = self._forget_where("guild_id = ?", (guild_id,))
         with self._transaction() as conn:
+            self._forgot = True  # the guild's and its channels' names go too
             for table in ("channel_rules", "autoresponse_channels", "member_optouts",
                           "backfill_cursors", "guild_settings", "code_stats"):
                 conn.execute(f"DELETE FROM {table} WHERE guild_id = ?", (guild_id,))
@@ -844,13 +899,19 @@ class MessageStore:
         return [row[0] for row in self._query(sql, params)]
 
     def hydrate(self, ids: Sequence[int]) -> dict[int, StoredMessage]:
-        """Return the stored messages by id (missing ids are left out)."""
+        """Return the stored messages by id (missing ids are left out).
+
+        A message older than its guild's retention period is left out too: the
+        hourly purge may not have removed it yet, and it is never shown.
+        """
         rows = self._query(
             f"SELECT m.id, m.guild_id, m.channel_id, m.author_id, {_AUTHOR_NAME}, m.content, "
             "m.created_at, c.name, m.reply_to_id, m.attachments FROM messages m "
             "JOIN authors a ON a.id = m.author_id JOIN channels c ON c.id = m.channel_id "
-            f"WHERE m.id {IN_IDS}",
-            (id_list(ids),),
+            "LEFT JOIN guild_settings s ON s.guild_id = m.guild_id "
+            f"WHERE m.id {IN_IDS} AND (s.retention_days IS NULL "
+            f"OR m.created_at >= ? - s.retention_days * {_DAY_MS})",
+            (id_list(ids), _now_ms()),
         )
         return {row[0]: StoredMessage(**_message_fields(row)) for row in rows}
 
