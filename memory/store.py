@@ -132,7 +132,9 @@ class MessageStore:
     synchronous and safe to call from worker threads.
     """
 
-    def __init__(self, path: str | Path, *, read_only: bool | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, read_only: bool | None = None, erase_deleted: bool = True
+    ) -> None:
         """Open (creating if needed) and migrate the database at ``path``.
 
         Args:
@@ -140,6 +142,9 @@ class MessageStore:
             read_only: Open read-only (searches and stats work, writes raise
                 :class:`DatabaseFileError`); by default, when this process cannot
                 write the file.
+            erase_deleted: Remove deleted text from the file (:mod:`memory.scrub`).
+                ``False`` only measures what that costs (``bench secure-delete``):
+                deleted text then stays readable in the file.
 
         Raises:
             ExtensionLoadError: sqlite-vec cannot be loaded.
@@ -152,7 +157,8 @@ class MessageStore:
         self._beside_conn: Any = None  # opened on the first read beside the KNN (_read_beside)
         self._beside_lock = threading.Lock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
-        self._forgot = False  # this transaction deleted messages: empty the WAL after it
+        self._forgot = False  # this transaction removed text: empty the WAL after it
+        self._erase_deleted = erase_deleted
         self.vectors = VectorIndex(self._query, on_change=windows.vectors_changed)
         try:
             check_ours(self._conn, self.path)  # before any migration writes to it
@@ -160,7 +166,10 @@ class MessageStore:
             scrub.check_keyword_index_readable(self._conn, self.path)
             if not self.read_only:
                 self._check_vector_table()
-                self._secure_deletes()
+                if erase_deleted:
+                    self._secure_deletes()
+                else:
+                    self._conn.execute("PRAGMA secure_delete=OFF")
         except BaseException:
             self._conn.close()
             raise
@@ -211,9 +220,10 @@ class MessageStore:
                 raise
             self._conn.execute("COMMIT")
             self.generation += 1
-            if self._forgot:  # the WAL still holds the deleted rows' pages as they were
+            if self._forgot:  # the WAL still holds the changed pages as they were
                 self._forgot = False
-                scrub.truncate_wal(self._conn)
+                if self._erase_deleted:
+                    scrub.truncate_wal(self._conn)
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
@@ -429,6 +439,7 @@ class MessageStore:
             (r.content, r.edited_at, "\n".join(r.attachments), int(text_changed), r.id),
         )
         if text_changed:
+            self._forgot = True  # the author removed the old text: it leaves the file too
             self.vectors.delete(conn, [r.id])
             self._reembed_dependents(conn, [r.id])
 

@@ -3,14 +3,17 @@ from the tables: every way of forgetting, read back as raw bytes (issue 19, item
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import bot
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord, ms_to_datetime
 from memory.store import MessageStore
@@ -80,6 +83,23 @@ def test_forgotten_text_and_vectors_leave_the_file_and_the_wal(
     assert engine.search(secret, guild_id=GUILD, mode="keyword").hits == []
 
 
+def test_text_removed_by_an_edit_leaves_the_file(
+    engine: MemoryEngine, make_record: Callable[..., MessageRecord], tmp_db: Path,
+) -> None:
+    secret = marker()
+    original = make_record(f"my password is {secret}", created_at=now_ms(1))
+    engine.ingest([original, make_record("filler about the harbour", created_at=now_ms(1) + 1)])
+    needles = {"text": secret.encode(), "index term": secret[-10:].encode()}
+    found = traces(tmp_db, needles)
+    assert set(found["db"] + found["wal"]) == set(needles)
+
+    engine.ingest([replace(original, content="my password is (removed)",
+                           edited_at=original.created_at + 60_000)])
+
+    assert traces(tmp_db, needles) == {"db": [], "wal": []}
+    assert engine.search("removed", guild_id=GUILD, mode="keyword").hits
+
+
 def test_a_file_written_before_secure_delete_is_scrubbed_once(
     make_engine: Callable[..., MemoryEngine], make_record: Callable[..., MessageRecord],
     tmp_db: Path,
@@ -108,3 +128,19 @@ def test_a_file_written_before_secure_delete_is_scrubbed_once(
         assert reopened.get_meta("deleted_text_scrubbed") == "1"
     finally:
         reopened.close()
+
+
+def test_bench_secure_delete_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out_file = tmp_path / "erasure.json"
+    code = bot.main(["bench", "secure-delete", "--messages", "300", "--repeats", "1",
+                     "--db-dir", str(tmp_path), "--json", str(out_file)])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(out_file.read_text(encoding="utf-8"))
+    (row,) = result["sizes"]
+    assert row["messages"] == 300 and row["repeats"] == 1
+    for mode in ("off", "on"):
+        assert row[mode]["import_msgs_per_s"] > 0 and row[mode]["delete_p50_ms"] > 0
+        assert row[mode]["forget_me_messages"] > 0
+    assert row["off"]["purge_channel_messages"] == row["on"]["purge_channel_messages"] > 0
+    assert row["scrub_once_s"] >= 0 and "delete_p50_ms" in row["on_vs_off"]
+    assert list(tmp_path.iterdir()) == [out_file]  # the databases were removed
