@@ -12,9 +12,9 @@ message cannot be read back from the file:
   which removes a deleted document's entries from the index at once
   (:func:`secure_keyword_index`).  The option is kept in the database and moves
   the index to a file format that SQLite before 3.42 cannot read.
-* after a transaction that deleted messages the write-ahead log is checkpointed
-  into the file and truncated to zero bytes (:func:`truncate_wal`): until then
-  it holds the pages as they were before the delete.
+* after a transaction that deleted messages or changed a message's text the
+  write-ahead log is checkpointed into the file and truncated to zero bytes
+  (:func:`truncate_wal`): until then it holds the pages as they were before.
 * a database written before these rules held is scrubbed once when it is opened
   (:func:`scrub_file`): the keyword indexes are merged (dropping what earlier
   deletes left in them) and the file is vacuumed (dropping free pages).

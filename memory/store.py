@@ -183,16 +183,17 @@ class MessageStore:
 
     def _secure_deletes(self) -> None:
         """Keep deleted text out of the file (:mod:`memory.scrub`); scrub an older file once."""
-        scrub.secure_keyword_index(self._conn)
-        if self.get_meta(_META_SCRUBBED) is None:
+        try:
+            scrub.secure_keyword_index(self._conn)
+            if self.get_meta(_META_SCRUBBED) is not None:
+                return
             if self.has_messages():
-                try:
-                    scrub.scrub_file(self._conn)
-                except sqlite_driver().DatabaseError as exc:  # e.g. no room for VACUUM's copy
-                    log.warning("%s: could not scrub the file (%s); trying again at the "
-                                "next start", self.path, exc)
-                    return
-            self.set_meta(_META_SCRUBBED, "1")
+                scrub.scrub_file(self._conn)
+        except sqlite_driver().DatabaseError as exc:  # busy; no room for VACUUM's copy
+            log.warning("%s: could not make sure deleted text leaves the file (%s); "
+                        "trying again at the next start", self.path, exc)
+            return
+        self.set_meta(_META_SCRUBBED, "1")
 
     def close(self) -> None:
         """Close the connections."""
