@@ -16,14 +16,18 @@ message cannot be read back from the file:
   write-ahead log is checkpointed into the file and truncated to zero bytes
   (:func:`truncate_wal`): until then it holds the pages as they were before.
 * a database written before these rules held is scrubbed once when it is opened
-  (:func:`scrub_file`): the keyword indexes are merged (dropping what earlier
+  (:func:`scrub_file`): the keyword indexes are rebuilt (dropping what earlier
   deletes left in them) and the file is vacuumed (dropping free pages).
+* forgetting many messages at once deletes them plainly and then rebuilds the
+  keyword indexes, which is much faster than erasing word by word (:func:`erasing`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from memory.db import FTS_SECURE_DELETE_SINCE, sqlite_driver
@@ -32,6 +36,10 @@ from memory.errors import DatabaseFileError
 log = logging.getLogger(__name__)
 
 KEYWORD_INDEXES = ("search_fts", "window_fts")
+BULK_MIN = 64
+BULK_SHARE = 500
+"""Forgetting at least :data:`BULK_MIN` messages and 1 in :data:`BULK_SHARE` of those
+stored rebuilds the keyword indexes instead of erasing word by word."""
 
 
 def check_keyword_index_readable(conn: Any, path: str) -> None:
@@ -85,8 +93,44 @@ def secure_keyword_index(conn: Any) -> bool:
     return True
 
 
+def erasing(conn: Any, count: int) -> Any:
+    """A context for forgetting ``count`` messages in the caller's transaction.
+
+    FTS5's secure-delete mode finds and rewrites each deleted word's entries one at
+    a time (about 11 ms a message at 100k stored, windows included); for a large
+    forget it is an order of magnitude faster to delete plainly and then rebuild
+    both keyword indexes from the rows that remain (about 2 s at 100k stored),
+    which leaves nothing of the deleted ones.  (A merge, ``optimize``, is not
+    enough: it can keep a deleted word's term in the index.)  Small forgets keep
+    the secure-delete mode.
+    """
+    if count < BULK_MIN:
+        return nullcontext()
+    stored = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+    return _rebuilt_after(conn) if count * BULK_SHARE >= stored else nullcontext()
+
+
+@contextmanager
+def _rebuilt_after(conn: Any) -> Iterator[None]:
+    secure = sqlite_driver().sqlite_version_info >= FTS_SECURE_DELETE_SINCE
+    if secure:
+        _set_secure_delete(conn, 0)
+    try:
+        yield
+        for table in KEYWORD_INDEXES:
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('rebuild')")
+    finally:  # a failed forget rolls back; the mode must not stay off for the next one
+        if secure:
+            _set_secure_delete(conn, 1)
+
+
+def _set_secure_delete(conn: Any, value: int) -> None:
+    for table in KEYWORD_INDEXES:
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('secure-delete', ?)", (value,))
+
+
 def scrub_file(conn: Any) -> None:
-    """Remove what earlier deletes and edits left in the file: merge the keyword
+    """Remove what earlier deletes and edits left in the file: rebuild the keyword
     indexes, vacuum, and empty the write-ahead log.
 
     Run once on a database written before deleted content was overwritten; it
@@ -100,7 +144,7 @@ def scrub_file(conn: Any) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         for table in KEYWORD_INDEXES:
-            conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('rebuild')")
     except BaseException:
         conn.execute("ROLLBACK")
         raise

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -458,7 +458,7 @@ class MessageStore:
         ids = sorted(set(ids))
         if not ids:
             return 0
-        with self._transaction() as conn:
+        with self._transaction() as conn, self._erasing(conn, len(ids)):
             return self._forget(conn, ids)
 
     def _forget(self, conn: Any, ids: Sequence[int]) -> int:
@@ -507,7 +507,12 @@ class MessageStore:
         """Forget every message matching a WHERE clause over ``messages``."""
         with self._transaction() as conn:
             ids = [row[0] for row in conn.execute(f"SELECT id FROM messages WHERE {where}", params)]
-            return self._forget(conn, ids)
+            with self._erasing(conn, len(ids)):
+                return self._forget(conn, ids)
+
+    def _erasing(self, conn: Any, count: int) -> Any:
+        """How the keyword index lets go of ``count`` forgotten messages (:func:`scrub.erasing`)."""
+        return scrub.erasing(conn, count) if self._erase_deleted else nullcontext()
 
     def purge_channels(self, channel_ids: Iterable[int]) -> int:
         """Forget every message in these channels and in their threads.

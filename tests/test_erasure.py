@@ -64,11 +64,15 @@ def test_forgotten_text_and_vectors_leave_the_file_and_the_wal(
     secret, attachment = marker(), marker()
     fillers = [make_record(f"filler line {i} about the harbour {uuid.uuid4().hex[:6]}",
                            created_at=now_ms(1) + i, author_id=1) for i in range(200)]
+    # forget-me, purge-channel and leaving the server forget 100+ messages: the keyword
+    # index is rebuilt; a single delete or the retention purge erase word by word
+    theirs = [make_record(f"crew note {i} {uuid.uuid4().hex[:6]}", created_at=now_ms(2) + i,
+                          author_id=9, channel_id=OTHER_CHANNEL) for i in range(100)]
     target = make_record(f"the code word is {secret} so keep it", created_at=now_ms(40),
                          author_id=9, channel_id=OTHER_CHANNEL, attachments=(f"{attachment}.png",))
     after = make_record("noted, thanks", created_at=now_ms(40) + 1000, author_id=9,
                         channel_id=OTHER_CHANNEL)  # its window and vector context held the secret
-    engine.ingest([*fillers, target, after])
+    engine.ingest([*fillers, *theirs, target, after])
     vector = engine.store.vectors.floats([target.id])[target.id].astype(np.float32).tobytes()
     needles = {"text": secret.encode(), "attachment": attachment.encode(),
                # the index stores a term after the prefix it shares with the one before it
