@@ -98,6 +98,8 @@ def import_command(settings: Settings, paths: tuple[Path, ...], no_embed: bool) 
         f"{summary.files} files ({len(summary.errors)} unreadable), {summary.inserted} new, "
         f"{summary.updated} updated, {summary.unchanged} unchanged, "
         f"{summary.skipped} skipped, {summary.embedded} embedded"
+        + (f", {summary.expired} older than the server's retention period (not stored)"
+           if summary.expired else "")
     )
     for error in summary.errors:
         click.echo(f"  skipped file: {error}", err=True)

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 _driver: ModuleType | None = None
 
+FTS_SECURE_DELETE_SINCE = (3, 42, 0)
+"""The first SQLite whose FTS5 has ``secure-delete`` (:mod:`memory.scrub`)."""
+
 IN_IDS = "IN (SELECT value FROM json_each(?))"
 """``column IN_IDS`` with :func:`id_list` as its one parameter: any number of ids, one query."""
 
@@ -74,11 +77,15 @@ def sqlite_driver() -> ModuleType:
         candidates.append(pysqlite3)
     except ImportError:
         pass
-    for module in candidates:
-        if hasattr(module.Connection, "enable_load_extension") and _can_load_extensions(module):
-            _driver = module
-            log.debug("using %s (SQLite %s)", module.__name__, module.sqlite_version)
-            return module
+    usable = [module for module in candidates
+              if hasattr(module.Connection, "enable_load_extension") and _can_load_extensions(module)]
+    # an SQLite that can erase deleted words from the keyword index (memory.scrub)
+    # first: a database that uses it cannot be read by an older one
+    usable.sort(key=lambda module: module.sqlite_version_info < FTS_SECURE_DELETE_SINCE)
+    if usable:
+        _driver = usable[0]
+        log.debug("using %s (SQLite %s)", _driver.__name__, _driver.sqlite_version)
+        return _driver
     raise ExtensionLoadError(
         "sqlite-vec could not be loaded: this Python's sqlite3 cannot load extensions. "
         "On x86-64 Linux install pysqlite3-binary (`pip install pysqlite3-binary`); it has "
@@ -93,7 +100,8 @@ def connect(
 ) -> Any:
     """Open ``path`` with sqlite-vec loaded, foreign keys on and a 5 s busy timeout.
 
-    A new database (or one of this bot's) is switched to WAL journaling; any other
+    A new database (or one of this bot's) is switched to WAL journaling and
+    ``secure_delete`` (deleted content is overwritten with zeros); any other
     SQLite file keeps its journal mode, so a foreign file is never changed.  A file
     this process cannot write (or whose folder it cannot write: WAL needs its side
     files) is opened read-only, so searches and stats still work: with SQLite's
@@ -132,6 +140,9 @@ def connect(
         if _new_or_ours(conn):
             _set_wal(conn, driver)
             conn.execute("PRAGMA synchronous=NORMAL")
+            # deleted rows and freed pages are overwritten with zeros, so forgotten
+            # text does not linger in the file (FAST would leave it in freelist pages)
+            conn.execute("PRAGMA secure_delete=ON")
         conn.execute("PRAGMA foreign_keys=ON")
     except driver.DatabaseError as exc:
         conn.close()

@@ -39,17 +39,25 @@ EMBED_CHUNK = 256  # messages fetched, encoded and written per step of the backl
 
 @dataclass(frozen=True)
 class IngestStats:
-    """What an ingest did: the upsert counts plus how many vectors were written."""
+    """What an ingest did: the upsert counts plus how many vectors were written.
+
+    ``expired``: messages older than their server's retention period, not stored.
+    """
 
     inserted: int = 0
     updated: int = 0
     unchanged: int = 0
     embedded: int = 0
+    expired: int = 0
 
 
 @dataclass
 class ImportSummary:
-    """What an import of export files did."""
+    """What an import of export files did.
+
+    ``skipped``: entries that are not messages; ``expired``: messages older than
+    their server's retention period, not stored.
+    """
 
     files: int = 0
     inserted: int = 0
@@ -57,6 +65,7 @@ class ImportSummary:
     unchanged: int = 0
     skipped: int = 0
     embedded: int = 0
+    expired: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -145,7 +154,7 @@ class MemoryEngine:
         """Store messages, then embed whatever is pending (the new ones and any backlog)."""
         stats = self.store.upsert(records)
         embedded = self.embed_pending(progress=progress) if embed else 0
-        return IngestStats(stats.inserted, stats.updated, stats.unchanged, embedded)
+        return IngestStats(stats.inserted, stats.updated, stats.unchanged, embedded, stats.expired)
 
     def import_exports(
         self,
@@ -180,6 +189,7 @@ class MemoryEngine:
             summary.inserted += stats.inserted
             summary.updated += stats.updated
             summary.unchanged += stats.unchanged
+            summary.expired += stats.expired
         if embed:
             summary.embedded = self.embed_pending(progress=on_embedded)
         return summary

@@ -318,11 +318,18 @@ class Searcher:
             channels = tuple(sorted(allowed)) if channels is None else tuple(
                 c for c in channels if c in allowed
             )
+        after_ms = datetime_to_ms(request.after) if request.after else None
+        if request.guild_id is not None:
+            # past the guild's retention period nothing is returned, purged yet or not;
+            # as a filter inside the KNN and keyword queries, not after their top-k
+            cutoff = self.store.retention_cutoffs([request.guild_id]).get(request.guild_id)
+            if cutoff is not None:
+                after_ms = max(cutoff - 1, after_ms if after_ms is not None else cutoff - 1)
         return Filters(
             guild_id=request.guild_id,
             channel_ids=channels,
             author_ids=request.author_ids,
-            after_ms=datetime_to_ms(request.after) if request.after else None,
+            after_ms=after_ms,
             before_ms=datetime_to_ms(request.before) if request.before else None,
             has_attachment=request.has_attachment,
         )

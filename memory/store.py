@@ -18,15 +18,15 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from memory import windows
-from memory.db import IN_IDS, check_ours, connect, id_list, not_writable
+from memory import scrub, windows
+from memory.db import IN_IDS, check_ours, connect, id_list, not_writable, sqlite_driver
 from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SettingsError
 from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 _META_MODEL = "embedding_model"
 _META_DIM = "embedding_dim"
 _META_PROFILE = "active_profile"
+_META_SCRUBBED = "deleted_text_scrubbed"  # set once the file holds no pre-secure_delete leftovers
 _AUTHOR_NAME = "COALESCE(NULLIF(a.display_name, ''), a.name)"
+_DAY_MS = 86_400_000
 
 # keyword() fields: the FTS5 table searched, and its bm25() with column weights
 _KEYWORD_FIELDS = {
@@ -62,6 +64,7 @@ class UpsertStats:
     updated: int = 0
     unchanged: int = 0
     forgotten: int = 0  # stored copies deleted because their author opted out, then edited
+    expired: int = 0  # older than the guild's retention period: not stored
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,9 @@ class MessageStore:
     synchronous and safe to call from worker threads.
     """
 
-    def __init__(self, path: str | Path, *, read_only: bool | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, read_only: bool | None = None, erase_deleted: bool = True
+    ) -> None:
         """Open (creating if needed) and migrate the database at ``path``.
 
         Args:
@@ -158,6 +163,9 @@ class MessageStore:
             read_only: Open read-only (searches and stats work, writes raise
                 :class:`DatabaseFileError`); by default, when this process cannot
                 write the file.
+            erase_deleted: Remove deleted text from the file (:mod:`memory.scrub`).
+                ``False`` only measures what that costs (``bench secure-delete``):
+                deleted text then stays readable in the file.
 
         Raises:
             ExtensionLoadError: sqlite-vec cannot be loaded.
@@ -170,12 +178,19 @@ class MessageStore:
         self._beside_conn: Any = None  # opened on the first read beside the KNN (_read_beside)
         self._beside_lock = threading.Lock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
+        self._forgot = False  # this transaction removed text: empty the WAL after it
+        self._erase_deleted = erase_deleted
         self.vectors = VectorIndex(self._query, on_change=windows.vectors_changed)
         try:
             check_ours(self._conn, self.path)  # before any migration writes to it
             migrate(self._conn, read_only=self.read_only)
+            scrub.check_keyword_index_readable(self._conn, self.path)
             if not self.read_only:
                 self._check_vector_table()
+                if erase_deleted:
+                    self._secure_deletes()
+                else:
+                    self._conn.execute("PRAGMA secure_delete=OFF")
         except BaseException:
             self._conn.close()
             raise
@@ -186,6 +201,20 @@ class MessageStore:
         if model is not None and not table_columns(self._conn):
             log.warning("%s has no vector table; every message will be embedded again", self.path)
             self.reset_embeddings(*model)
+
+    def _secure_deletes(self) -> None:
+        """Keep deleted text out of the file (:mod:`memory.scrub`); scrub an older file once."""
+        try:
+            scrub.secure_keyword_index(self._conn)
+            if self.get_meta(_META_SCRUBBED) is not None:
+                return
+            if self.has_messages():
+                scrub.scrub_file(self._conn)
+        except sqlite_driver().DatabaseError as exc:  # busy; no room for VACUUM's copy
+            log.warning("%s: could not make sure deleted text leaves the file (%s); "
+                        "trying again at the next start", self.path, exc)
+            return
+        self.set_meta(_META_SCRUBBED, "1")
 
     def close(self) -> None:
         """Close the connections."""
@@ -208,10 +237,15 @@ class MessageStore:
             try:
                 yield self._conn
             except BaseException:
+                self._forgot = False
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
             self.generation += 1
+            if self._forgot:  # the WAL still holds the changed pages as they were
+                self._forgot = False
+                if self._erase_deleted:
+                    scrub.truncate_wal(self._conn)
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
@@ -299,7 +333,9 @@ class MessageStore:
 
         A message whose text or attachments changed (an edit) gets its FTS entry
         rewritten by trigger and its vector dropped; it is re-embedded with the
-        backlog.  Re-importing identical messages changes nothing.
+        backlog.  Re-importing identical messages changes nothing.  Messages older
+        than their guild's retention period are not stored, whichever path brings
+        them (live capture, backfill, import); ``expired`` counts them.
 
         Nothing by a member who opted out of a guild (``/memory forget-me`` opts
         out too) is stored there, whichever path brings it: an edit of their
@@ -311,15 +347,16 @@ class MessageStore:
             insert: ``False`` only applies changes to messages already stored (an
                 edit in a channel the guild no longer remembers).
         """
-        records, withheld = self._admissible(list(records))
+        records, expired = self._within_retention(list(records))
+        records, withheld = self._admissible(records)
         if not records and not withheld:
-            return UpsertStats()
+            return UpsertStats(expired=expired)
         existing = self._existing([r.id for r in [*records, *withheld]])
         if not insert:
             records = [r for r in records if r.id in existing]
         withdrawn = [r.id for r in withheld if _newer_version(r, existing.get(r.id))]
         if not records and not withdrawn:
-            return UpsertStats()
+            return UpsertStats(expired=expired)
         inserted = updated = unchanged = 0
         contexts_done: set[tuple] = set()
         touched: list[tuple[int, int]] = []  # (channel, message) whose index rows change
@@ -348,7 +385,34 @@ class MessageStore:
                 existing[record.id] = row
             windows.reindex(conn, touched)
             forgotten = self._forget(conn, withdrawn)
-        return UpsertStats(inserted, updated, unchanged, forgotten)
+        return UpsertStats(inserted, updated, unchanged, forgotten, expired)
+
+    def _within_retention(self, records: list[MessageRecord]) -> tuple[list[MessageRecord], int]:
+        """Leave out messages older than their guild's retention period; count them."""
+        cutoffs = self.retention_cutoffs({r.guild_id for r in records})
+        if not cutoffs:
+            return records, 0
+        kept = [r for r in records if r.created_at >= cutoffs.get(r.guild_id, r.created_at)]
+        if expired := len(records) - len(kept):
+            log.info("left out %d messages older than their server's retention period", expired)
+        return kept, expired
+
+    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None) -> dict[int, int]:
+        """The oldest creation time (unix ms) each guild with a retention period keeps.
+
+        Args:
+            guild_ids: Only these guilds; ``None``: every guild that set a period.
+
+        Returns:
+            ``{guild_id: cutoff_ms}``; a guild that keeps everything is absent.
+        """
+        sql = (f"SELECT guild_id, ? - retention_days * {_DAY_MS} FROM guild_settings "
+               "WHERE retention_days IS NOT NULL")
+        params: list[Any] = [_now_ms()]
+        if guild_ids is not None:
+            sql += f" AND guild_id {IN_IDS}"
+            params.append(id_list(guild_ids))
+        return {row[0]: row[1] for row in self._query(sql, params)}
 
     def _admissible(
         self, records: list[MessageRecord]
@@ -420,6 +484,7 @@ class MessageStore:
             (r.content, r.edited_at, "\n".join(r.attachments), int(text_changed), r.id),
         )
         if text_changed:
+            self._forgot = True  # the author removed the old text: it leaves the file too
             self.vectors.delete(conn, [r.id])
             self._reembed_dependents(conn, [r.id])
 
@@ -437,13 +502,14 @@ class MessageStore:
         ids = sorted(set(ids))
         if not ids:
             return 0
-        with self._transaction() as conn:
+        with self._transaction() as conn, self._erasing(conn, len(ids)):
             return self._forget(conn, ids)
 
     def _forget(self, conn: Any, ids: Sequence[int]) -> int:
         """Delete ``ids`` everywhere inside the caller's transaction; tombstone them."""
         if not ids:
             return 0
+        self._forgot = True
         now = int(time.time() * 1000)
         conn.executemany(
             "INSERT OR IGNORE INTO tombstones(message_id, deleted_at) VALUES (?, ?)",
@@ -485,7 +551,12 @@ class MessageStore:
         """Forget every message matching a WHERE clause over ``messages``."""
         with self._transaction() as conn:
             ids = [row[0] for row in conn.execute(f"SELECT id FROM messages WHERE {where}", params)]
-            return self._forget(conn, ids)
+            with self._erasing(conn, len(ids)):
+                return self._forget(conn, ids)
+
+    def _erasing(self, conn: Any, count: int) -> Any:
+        """How the keyword index lets go of ``count`` forgotten messages (:func:`scrub.erasing`)."""
+        return scrub.erasing(conn, count) if self._erase_deleted else nullcontext()
 
     def purge_channels(self, channel_ids: Iterable[int]) -> int:
         """Forget every message in these channels and in their threads.
@@ -506,6 +577,7 @@ class MessageStore:
         """Forget a guild entirely: messages, channels, settings, opt-outs, cursors."""
         removed = self._forget_where("guild_id = ?", (guild_id,))
         with self._transaction() as conn:
+            self._forgot = True  # the guild's and its channels' names go too
             for table in ("channel_rules", "autoresponse_channels", "member_optouts",
                           "backfill_cursors", "guild_settings", "code_stats"):
                 conn.execute(f"DELETE FROM {table} WHERE guild_id = ?", (guild_id,))
@@ -909,13 +981,19 @@ class MessageStore:
         return [row[0] for row in self._query(sql, params)]
 
     def hydrate(self, ids: Sequence[int]) -> dict[int, StoredMessage]:
-        """Return the stored messages by id (missing ids are left out)."""
+        """Return the stored messages by id (missing ids are left out).
+
+        A message older than its guild's retention period is left out too: the
+        hourly purge may not have removed it yet, and it is never shown.
+        """
         rows = self._query(
             f"SELECT m.id, m.guild_id, m.channel_id, m.author_id, {_AUTHOR_NAME}, m.content, "
             "m.created_at, c.name, m.reply_to_id, m.attachments FROM messages m "
             "JOIN authors a ON a.id = m.author_id JOIN channels c ON c.id = m.channel_id "
-            f"WHERE m.id {IN_IDS}",
-            (id_list(ids),),
+            "LEFT JOIN guild_settings s ON s.guild_id = m.guild_id "
+            f"WHERE m.id {IN_IDS} AND (s.retention_days IS NULL "
+            f"OR m.created_at >= ? - s.retention_days * {_DAY_MS})",
+            (id_list(ids), _now_ms()),
         )
         return {row[0]: StoredMessage(**_message_fields(row)) for row in rows}
 

@@ -142,6 +142,24 @@ def member_names_command(
     return 0
 
 
+@bench.command("secure-delete")
+@click.option("--messages", "sizes", type=CountList(100, 2_000_000), default="20000",
+              show_default=True, help="Comma-separated message counts.")
+@click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True,
+              help="Runs per setting, off and on taking turns; figures are medians.")
+@click.option("--db-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Folder for the temporary databases (default: the system's temp folder).")
+@JSON_OUT
+def secure_delete_command(
+    sizes: list[int], repeats: int, db_dir: Path | None, json_out: Path | None
+) -> int:
+    """What erasing deleted text from the file costs: import, edits and deletes, on and off."""
+    from cli.bench.erasure import run_secure_delete
+
+    emit_json(run_secure_delete(sizes, repeats=repeats, db_dir=db_dir), json_out)
+    return 0
+
+
 @bench.command("rerank")
 @click.option("--candidates", type=click.IntRange(1, 1000), default=30, show_default=True,
               help="Documents scored for one query.")
