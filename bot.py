@@ -23,6 +23,7 @@ from discord.ext import commands
 from cli.app import main as cli_main
 from cli.context import Settings, open_engine
 from cli.params import SNOWFLAKE
+from cogs.errors import ReportingTree
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError
 
@@ -60,7 +61,8 @@ class MemoryBot(commands.Bot):
         if owner_ids:
             options["owner_ids"] = set(owner_ids)
         super().__init__(
-            command_prefix=commands.when_mentioned, intents=intents, help_command=None, **options
+            command_prefix=commands.when_mentioned, intents=intents, help_command=None,
+            tree_cls=ReportingTree, **options
         )
         self.engine = engine
         self.initial_extensions = tuple(extensions)
