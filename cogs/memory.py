@@ -14,8 +14,9 @@ Three rules hold everywhere:
   behind a retrying queue (:mod:`cogs.capture`), searches on a small capped pool,
   embedding on its own, so a slow rerank never delays storing a message and the
   event loop never waits on SQLite, torch or HTTP.
-* Errors reach the member as one short ephemeral line; unexpected ones are logged
-  with a trace id the member can quote.
+* Errors reach the member as one short line, never silence; unexpected ones are
+  logged with a trace id the member can quote (:mod:`cogs.errors`: the bot's
+  command tree answers failed commands, :func:`cogs.errors.answering` mentions).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +39,7 @@ from discord.ext import commands, tasks
 from cogs import answers
 from cogs.backfill import Backfiller
 from cogs.capture import Write, WriteQueue, record_from_message
+from cogs.errors import answering
 from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
 from cogs.render import inert, render_hits
 from memory.config import available_profiles, load_profile
@@ -143,7 +144,6 @@ class MemoryCog(commands.Cog):
             name="Find related messages", callback=self.find_related
         )
         self.find_related_menu.guild_only = True
-        self.find_related_menu.error(self._menu_error)
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -442,19 +442,15 @@ class MemoryCog(commands.Cog):
         question = answers.question_text(message)
         if not question or not isinstance(message.author, discord.Member) or place is None:
             return
-        try:
+        async with answering(message, "mention reply"):
             readable, public = await self._scopes(message.author, place)
             safe = readable if public is None else public
             probe = SearchRequest(queries=(question[:answers.MAX_QUERY_CHARS],),
                                   limit=answers.CONTEXT_LIMIT)
             withheld = await self._withheld(replace(probe, guild_id=message.author.guild.id),
                                             readable, safe)
-        except MemoryBotError as exc:
-            await message.reply(f"Search failed: {exc}", mention_author=False,
-                                allowed_mentions=discord.AllowedMentions.none())
-            return
-        await answers.answer_mention(message, self.engine, self.chat, allowed_channel_ids=safe,
-                                     question=question, withheld=withheld, run=self._searching)
+            await answers.answer_mention(message, self.engine, self.chat, allowed_channel_ids=safe,
+                                         question=question, withheld=withheld, run=self._searching)
 
     async def context_for(
         self,
@@ -509,7 +505,9 @@ class MemoryCog(commands.Cog):
         self,
         interaction: discord.Interaction,
         query: app_commands.Range[str, 1, 500],
-        channel: discord.TextChannel | discord.Thread | discord.VoiceChannel
+        # a thread comes as Discord describes it: archived ones are not in discord.py's
+        # cache, and only the id is needed (the allow-list judges who may read it)
+        channel: discord.TextChannel | app_commands.AppCommandThread | discord.VoiceChannel
         | discord.ForumChannel | None = None,
         author: discord.Member | None = None,
         after: str | None = None,
@@ -775,42 +773,6 @@ class MemoryCog(commands.Cog):
             self.bot.tree.copy_global_to(guild=guild)
         synced = await self.bot.tree.sync(guild=guild)
         await interaction.followup.send(f"Synced {len(synced)} commands.", ephemeral=True)
-
-    # -- errors ------------------------------------------------------------------------------
-
-    async def cog_app_command_error(
-        self, interaction: discord.Interaction, error: app_commands.AppCommandError
-    ) -> None:
-        """One short ephemeral line for the member; unexpected errors logged with a trace id."""
-        await report_error(interaction, error)
-
-    async def _menu_error(
-        self, interaction: discord.Interaction, error: app_commands.AppCommandError
-    ) -> None:
-        await report_error(interaction, error)
-
-
-async def report_error(interaction: discord.Interaction, error: app_commands.AppCommandError) -> None:
-    """Tell the member what went wrong, in one ephemeral line, whatever state the reply is in."""
-    original = getattr(error, "original", error)
-    if isinstance(error, app_commands.CommandOnCooldown):
-        text = f"Slow down: try again in {error.retry_after:.0f} s."
-    elif isinstance(error, app_commands.CheckFailure):
-        text = str(error) or "You can't use this command here."
-    elif isinstance(original, MemoryBotError):
-        text = str(original)
-    else:
-        trace = secrets.token_hex(4)
-        name = interaction.command.qualified_name if interaction.command else "?"
-        log.error("command %s failed [trace %s]", name, trace, exc_info=original)
-        text = f"Something went wrong (trace id `{trace}`); the bot's owner can find it in the log."
-    try:
-        if interaction.response.is_done():
-            await interaction.followup.send(text, ephemeral=True)
-        else:
-            await interaction.response.send_message(text, ephemeral=True)
-    except discord.HTTPException as exc:
-        log.warning("could not report an error to the member: %s", exc)
 
 
 async def setup(bot: commands.Bot) -> None:

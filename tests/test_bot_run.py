@@ -74,7 +74,7 @@ def test_no_route_to_discord_is_one_line_and_exit_2(engine, capsys, monkeypatch)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setattr(discord.http.Route, "BASE", f"http://127.0.0.1:{port}/api/v10")
-    assert bot.run_bot(engine, "good-token") == 2
+    assert bot.run_bot(engine, "good-token", retry_delays=(0.01,)) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot reach Discord") and "\n" not in err
 

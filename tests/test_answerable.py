@@ -1,0 +1,199 @@
+"""The bot stays answerable: every member-facing path replies, whatever goes wrong.
+
+Failures here are real ones, not patched functions: the database loses a table
+underneath the bot (another process dropped it), so SQLite raises its own error,
+not the engine's.  Messages arrive through discord.py's gateway parser, commands
+through the command tree, as in tests/test_cog.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import discord
+import pytest
+
+from memory.config import Profile
+from memory.db import connect
+from memory.engine import MemoryEngine
+from tests.conftest import HashEmbedder
+from tests.discord_harness import BOT_ID, READ, Harness, channel, guild, member, next_id, role, user
+from tests.test_permissions import (  # noqa: F401  (harness: the permission-matrix server)
+    ARCHIVED_PRIVATE,
+    ARCHIVED_STAFF_THREAD,
+    GENERAL,
+    READABLE,
+    STAFF_ONLY,
+    WORD,
+    _invoker,
+    _quoted,
+    harness,
+)
+
+G, HALL = 300, 301
+ALICE = 3001
+
+
+@pytest.fixture
+async def small(tmp_path):
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
+                          load_reranker=False)
+    h = Harness(engine, [guild(G, "Small", owner=9999, roles=[role(G, "@everyone", READ)],
+                               members=[member(ALICE, "alice")], channels=[channel(HALL, G, "hall")])])
+    await h.start()
+    await h.cog.on_message(h.message("the lockbox code is 4417", author=(ALICE, "alice"), channel=HALL))
+    await h.cog.writes.stop()
+    h.cog.writes.start()
+    await asyncio.to_thread(engine.embed_pending)
+    yield h
+    await h.close()
+    engine.close()
+
+
+def break_tables(h: Harness, *tables: str) -> None:
+    """Another process drops tables: what reads them next fails inside SQLite."""
+    other = connect(h.engine.store.path)
+    other.execute("PRAGMA foreign_keys = OFF")
+    for table in tables:
+        other.execute(f"DROP TABLE {table}")
+    other.commit()
+    other.close()
+
+
+def break_vectors(h: Harness) -> None:
+    break_tables(h, "message_vectors")
+
+
+async def deliver(h: Harness, data: dict[str, Any], invoker: dict[str, Any], where: int) -> None:
+    """An INTERACTION_CREATE through the gateway parser, as Discord sends it; wait for the answer."""
+    home = h.find_guild(where)
+    place = home.get_channel_or_thread(where)
+    perms = place.permissions_for(home.get_member(int(invoker["user"]["id"])) or home.default_role)
+    answered = len(h.adapter.callbacks)
+    h.state.parse_interaction_create({
+        "id": str(next_id()), "application_id": str(h.state.application_id), "type": 2,
+        "token": "tok", "version": 1, "guild_id": str(home.id), "channel_id": str(where),
+        "channel": {"id": str(where), "type": place.type.value, "name": place.name,
+                    "guild_id": str(home.id), "position": 0, "permission_overwrites": []},
+        "member": invoker | {"permissions": str(perms.value)},
+        "app_permissions": str(discord.Permissions.all().value), "locale": "en-US",
+        "guild_locale": "en-US", "entitlements": [], "authorizing_integration_owners": {},
+        "context": 0, "attachment_size_limit": 10_485_760, "data": data,
+    })
+    # a deferred command answers twice (thinking, then the result)
+    await wait_for(lambda: len(h.adapter.followups) > 0
+                   or (len(h.adapter.callbacks) > answered and h.adapter.callbacks[-1]["type"] == 4))
+
+
+def traced(text: str, caplog: pytest.LogCaptureFixture) -> logging.LogRecord:
+    """The log record that carries the trace id quoted in ``text``, with its traceback."""
+    assert "Something went wrong (trace id `" in text
+    trace = text.split("`")[1]
+    records = [r for r in caplog.records if trace in r.getMessage()]
+    assert len(records) == 1 and records[0].exc_info is not None
+    return records[0]
+
+
+async def wait_for(condition: Any, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("nothing happened in time")
+
+
+async def test_a_mention_whose_search_fails_gets_an_apology_with_a_trace_id(small, caplog):
+    h = small
+    break_vectors(h)
+    payload = h.message_payload(f"<@{BOT_ID}> what is the lockbox code?", author=(ALICE, "alice"),
+                                channel=HALL, mentions=[user(BOT_ID, "memorybot", bot=True)])
+    with caplog.at_level(logging.ERROR):
+        h.state.parse_message_create(payload)  # as the gateway delivers it: listeners run as tasks
+        await wait_for(lambda: h.sent)
+    channel_id, reply = h.sent[-1]
+    assert channel_id == HALL and int(reply["message_reference"]["message_id"]) == int(payload["id"])
+    assert reply["allowed_mentions"] == {"parse": [], "replied_user": False}
+    record = traced(reply["content"], caplog)
+    assert "mention reply" in record.getMessage()
+
+
+@pytest.mark.parametrize(("command", "options"), [
+    ("search", {"query": "lockbox"}),
+    ("search", {"query": "lockbox", "private": False}),
+    ("memory stats", {}),
+    ("memory forget-me", {}),
+])
+async def test_every_slash_command_answers_a_failure_with_a_trace_id(small, caplog, command, options):
+    h = small
+    break_tables(h, "message_vectors", "search_fts", "messages", "channels")
+    with caplog.at_level(logging.ERROR):
+        await h.slash(command, invoker=member(ALICE, "alice"), where=HALL, **options)
+    answers = [*h.adapter.followups, *(c.get("data", {}) for c in h.adapter.callbacks)]
+    texts = [a.get("content") or "" for a in answers]
+    assert any("trace id" in t for t in texts), texts
+    traced(next(t for t in texts if "trace id" in t), caplog)
+
+
+async def test_the_context_menu_answers_a_failure_with_a_trace_id(small, caplog):
+    h = small
+    break_vectors(h)
+    target = h.message("lockbox code?", author=(ALICE, "alice"), channel=HALL)
+    with caplog.at_level(logging.ERROR):
+        await h.context_menu("Find related messages", invoker=member(ALICE, "alice"), where=HALL,
+                             target=target)
+    reply = h.adapter.followups[-1]
+    assert reply["flags"] == 64
+    traced(reply["content"], caplog)
+
+
+async def test_a_command_the_bot_no_longer_has_is_answered(small):
+    """Discord shows removed commands until the next sync: the member hears why nothing ran."""
+    h = small
+    data = {"id": str(next_id()), "name": "remember", "type": 1, "options": []}
+    await deliver(h, data, member(ALICE, "alice"), HALL)
+    reply = h.adapter.callbacks[-1]["data"]
+    assert "/memory-owner sync" in reply["content"] and reply["flags"] == 64
+
+
+# -- /search channel:<archived thread> ------------------------------------------------------
+
+def archived(thread_id: int, parent_id: int, private: bool) -> dict[str, Any]:
+    """The thread as an interaction's ``resolved`` data carries it (discord.py has no cache entry)."""
+    return {"id": str(thread_id), "name": f"archived {thread_id}", "type": 12 if private else 11,
+            "permissions": "0", "parent_id": str(parent_id), "owner_id": "9999",
+            "member_count": 1, "message_count": 1,
+            "thread_metadata": {"archived": True, "auto_archive_duration": 1440,
+                                "archive_timestamp": "2026-01-01T00:00:00+00:00", "locked": False}}
+
+
+@pytest.mark.parametrize("uid", list(READABLE))
+@pytest.mark.parametrize(("thread_id", "parent_id", "private"), [
+    (ARCHIVED_STAFF_THREAD, STAFF_ONLY, False), (ARCHIVED_PRIVATE, GENERAL, True)])
+async def test_search_in_an_archived_thread_follows_who_may_read_it(
+    harness, uid, thread_id, parent_id, private  # noqa: F811
+):
+    h = harness
+    assert h.guild.get_thread(thread_id) is None  # archived: not in discord.py's cache
+    data = {"id": str(next_id()), "name": "search", "type": 1, "options": [
+        {"name": "query", "type": 3, "value": WORD},
+        {"name": "channel", "type": 7, "value": str(thread_id)}],
+        "resolved": {"channels": {str(thread_id): archived(thread_id, parent_id, private)}}}
+    await deliver(h, data, _invoker(uid), GENERAL)
+    texts = h.adapter.texts()
+    assert not any("Something went wrong" in t for t in texts), texts
+    expected = {thread_id} & READABLE[uid]
+    assert _quoted(texts) == expected
+    if not expected:  # refused like any channel the member cannot read
+        assert any("readable" in t for t in texts), texts
+
+
+async def test_the_option_still_takes_channels_and_live_threads(small):
+    """Discord is told the option takes channels and threads, each type once."""
+    h = small
+    option = next(p for p in h.bot.tree.get_command("search").parameters if p.name == "channel")
+    types = option.channel_types
+    assert len(types) == len(set(types))
+    assert {discord.ChannelType.text, discord.ChannelType.public_thread,
+            discord.ChannelType.private_thread, discord.ChannelType.forum} <= set(types)
