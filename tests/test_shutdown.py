@@ -100,7 +100,7 @@ sys.exit(bot.run_bot(engine, "good-token"))
 
 
 def test_sigterm_to_a_running_bot_exits_within_the_bound_and_keeps_the_backlog(
-    fake_api, tmp_path
+    fake_api, tmp_path  # noqa: F811  (the fixture imported above)
 ):
     fake_api.gateway_close_code = None  # the gateway hangs up; the bot keeps reconnecting
     db = tmp_path / "bot.sqlite3"
