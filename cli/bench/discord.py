@@ -132,7 +132,7 @@ def _messages(server: discord.Guild, state: Any, texts: list[str]) -> list[disco
 def _message_payloads(texts: list[str]) -> list[dict]:
     """MESSAGE_CREATE payloads from the member in channel 10001, one per text."""
     first = discord.utils.time_snowflake(discord.utils.utcnow())
-    out = []
+    out: list[dict] = []
     for i, text in enumerate(texts):
         mid = first + (i << 22)
         out.append({

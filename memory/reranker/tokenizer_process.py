@@ -13,17 +13,21 @@ the GIL.
 
 from __future__ import annotations
 
-import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
-from typing import Any
-
-LOAD_TIMEOUT_S = 600.0  # a child that neither answers nor exits by then is killed
+from typing import IO, Any
 
 
 class TokenizerProcess:
     """The subset of a fast tokenizer the reranker uses, answered by a child process.
+
+    The child is a fresh interpreter (``python -m memory.reranker.tokenizer_process``),
+    not a ``multiprocessing`` child, so it never re-imports the caller's main module;
+    requests and replies are pickled over its stdin and stdout.
 
     Args:
         name: A folder or hub id, as for ``AutoTokenizer.from_pretrained``.
@@ -33,17 +37,17 @@ class TokenizerProcess:
     """
 
     def __init__(self, name: str) -> None:
-        context = multiprocessing.get_context("spawn")  # no copy of torch's threads
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, name), daemon=True,
-                                        name="reranker-tokenizer")
-        self._process.start()
-        child.close()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str))
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__, name], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env=env)
         self._lock = threading.Lock()
-        if not self._conn.poll(LOAD_TIMEOUT_S):
+        try:
+            attributes = self._reply()
+        except OSError:
             self.close()
-            raise OSError(f"the tokenizer of {name!r} did not load within {LOAD_TIMEOUT_S:g} s")
-        attributes = self._reply()
+            raise
         self.pad_token_id: int | None = attributes["pad_token_id"]
         self.unk_token_id: int | None = attributes["unk_token_id"]
 
@@ -60,42 +64,60 @@ class TokenizerProcess:
         return self._ask("token_id", token)
 
     def close(self) -> None:
-        """Stop the child process (it also stops when this object is collected)."""
-        self._conn.close()
-        self._process.join(5)
-        if self._process.is_alive():
+        """Stop the child process (closing its stdin ends it)."""
+        for stream in (self._process.stdin, self._process.stdout):
+            if stream is not None:
+                stream.close()
+        try:
+            self._process.wait(5)
+        except subprocess.TimeoutExpired:
             self._process.kill()
+            self._process.wait()
+
+    def __del__(self) -> None:
+        if getattr(self, "_process", None) is not None and self._process.poll() is None:
+            self.close()
 
     def _ask(self, *request: Any) -> Any:
         with self._lock:
-            self._conn.send(request)
+            assert self._process.stdin is not None
+            try:
+                pickle.dump(request, self._process.stdin)
+                self._process.stdin.flush()
+            except (BrokenPipeError, ValueError) as exc:
+                raise OSError(f"the tokenizer process ended ({exc!r})") from exc
             return self._reply()
 
     def _reply(self) -> Any:
+        assert self._process.stdout is not None
         try:
-            status, value = self._conn.recv()
-        except (EOFError, OSError) as exc:
+            status, value = pickle.load(self._process.stdout)
+        except (EOFError, pickle.UnpicklingError, ValueError) as exc:
             raise OSError(f"the tokenizer process ended ({exc!r})") from exc
         if status == "error":
             raise OSError(value)
         return value
 
 
-def _serve(conn: Connection, name: str) -> None:
-    """The child: load the tokenizer, then answer requests until the pipe closes."""
+def _serve(name: str, requests: IO[bytes], replies: IO[bytes]) -> None:
+    """The child: load the tokenizer, then answer requests until stdin closes."""
+
+    def send(status: str, value: Any) -> None:
+        pickle.dump((status, value), replies)
+        replies.flush()
+
     try:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(name)
     except Exception as exc:  # the parent raises it as an OSError with this text
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        send("error", f"{type(exc).__name__}: {exc}")
         return
-    conn.send(("ok", {"pad_token_id": tokenizer.pad_token_id,
-                      "unk_token_id": tokenizer.unk_token_id}))
+    send("ok", {"pad_token_id": tokenizer.pad_token_id, "unk_token_id": tokenizer.unk_token_id})
     while True:
         try:
-            request = conn.recv()
-        except (EOFError, OSError):
+            request = pickle.load(requests)
+        except EOFError:
             return
         try:
             if request[0] == "encode":
@@ -103,6 +125,13 @@ def _serve(conn: Connection, name: str) -> None:
             else:
                 value = tokenizer.convert_tokens_to_ids(request[1])
         except Exception as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            send("error", f"{type(exc).__name__}: {exc}")
             continue
-        conn.send(("ok", value))
+        send("ok", value)
+
+
+if __name__ == "__main__":
+    # replies go on the real stdout; anything a library prints goes to stderr instead
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    _serve(sys.argv[1], sys.stdin.buffer, replies)
