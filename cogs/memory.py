@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -139,6 +140,7 @@ class MemoryCog(commands.Cog):
             1, MENTION_COOLDOWN_S, commands.BucketType.member
         )
         self._embed_failures = 0
+        self._stop_embedding = threading.Event()  # set at unload: embedding ends at its next chunk
         self.chat = answers.make_chat_client(engine.profile)  # None without an [llm] section
         self.find_related_menu = app_commands.ContextMenu(
             name="Find related messages", callback=self.find_related
@@ -151,10 +153,16 @@ class MemoryCog(commands.Cog):
         """Start the write queue and the background loops."""
         self.bot.tree.add_command(self.find_related_menu)
         self.writes.start()
+        self._stop_embedding.clear()
         self.embed_backlog.start()
 
     async def cog_unload(self) -> None:
-        """Finish queued writes, stop the loops, release the worker threads."""
+        """Finish queued writes, stop the loops, release the worker threads.
+
+        A backlog being embedded stops at its next chunk and stays pending (the next
+        start embeds it), so shutdown waits for one chunk, not the whole backlog.
+        """
+        self._stop_embedding.set()
         self.bot.tree.remove_command(
             self.find_related_menu.name, type=self.find_related_menu.type
         )
@@ -261,7 +269,8 @@ class MemoryCog(commands.Cog):
     async def embed_backlog(self) -> None:
         """Embed stored-but-unembedded messages; any failure is logged and retried later."""
         try:
-            await self._on(self._embed_pool, self.engine.embed_pending)
+            await self._on(self._embed_pool, functools.partial(
+                self.engine.embed_pending, stop=self._stop_embedding))
             self._embed_failures = 0
         except Exception as exc:
             self._embed_failures += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -294,11 +295,18 @@ class MemoryEngine:
         """The newest stored message in a channel, where a catch-up starts."""
         return self.store.latest_message_id(channel_id)
 
-    def embed_pending(self, *, progress: Progress | None = None) -> int:
+    def embed_pending(
+        self, *, progress: Progress | None = None, stop: threading.Event | None = None
+    ) -> int:
         """Embed every stored message that has no vector yet, in chunks.
 
         Each chunk is written in its own transaction, so an interrupted run keeps
         what it finished and the next run continues with the rest.
+
+        Args:
+            progress: Called with the size of each chunk written.
+            stop: Once set, the run ends after the chunk it is on (a shutdown waits
+                for one chunk, not the whole backlog); the rest stays pending.
 
         Returns:
             How many messages were embedded.
@@ -309,7 +317,9 @@ class MemoryEngine:
         owner = uuid.uuid4().hex  # claims keep concurrent embedders off each other's batches
         done = 0
         try:
-            while batch := self.store.claim(EMBED_CHUNK, owner=owner):
+            while not (stop is not None and stop.is_set()) and (
+                batch := self.store.claim(EMBED_CHUNK, owner=owner)
+            ):
                 vectors = self.embedder.embed([self.embedding_text(m) for m in batch])
                 self.store.write_vectors(batch, vectors, owner=owner)
                 done += len(batch)

@@ -34,7 +34,7 @@ COMMANDS = [
     [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
     ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"], ["bench", "member-names"],
-    ["bench", "secure-delete"],
+    ["bench", "secure-delete"], ["bench", "stalls"],
 ]
 
 
@@ -302,6 +302,8 @@ BAD_INPUT = [
                  id="scale-queries-huge"),
     pytest.param([*PROFILE, "bench", "discord", "--backlog", "9" * 26], "--backlog",
                  id="discord-backlog-huge"),
+    pytest.param([*PROFILE, "bench", "stalls", "--shutdown", "1500,ten"], "--shutdown",
+                 id="stalls-shutdown-not-numbers"),
     pytest.param(["bench", "member-names", "--members", "ten"], "--members",
                  id="member-names-not-numbers"),
     pytest.param(["bench", "member-names", "--members", "0"], "--members",
@@ -313,7 +315,7 @@ BAD_INPUT = [
         pytest.param([*PROFILE, "bench", *command, "--json", target], "--json",
                      id=f"bench-{command[0]}-json-{label}")
         for command in (["retrieval", str(BENCH_MINI)], ["search-scale"], ["rerank"],
-                        ["embedder"], ["discord"], ["remote"], ["member-names"])
+                        ["embedder"], ["discord"], ["remote"], ["member-names"], ["stalls"])
         for label, target in (("no-folder", "/no/such/folder/out.json"),
                               ("under-a-file", "@not-json.json"), ("a-folder", "@no-queries"))
     ),

@@ -237,6 +237,30 @@ def discord_command(settings: Settings, backlog: int, searches: int, reranker_sh
     return 0
 
 
+@bench.command("stalls")
+@click.option("--backlog", type=click.IntRange(10, 1_000_000), default=3000, show_default=True,
+              help="Messages in the first embed pass that is probed.")
+@click.option("--burst", type=click.IntRange(1, 100_000), default=300, show_default=True,
+              help="Messages delivered in one event-loop tick.")
+@click.option("--shutdown", "shutdown", type=CountList(10, 1_000_000), default="1500,6000",
+              show_default=True, help="Comma-separated backlogs that bot.close() interrupts.")
+@click.option("--reranker", "reranker_shape", type=click.Choice(("0.6B", "tiny")),
+              default="tiny", show_default=True,
+              help="Shape of the random-weight Qwen3 reranker a profile switch loads.")
+@JSON_OUT
+@click.pass_obj
+def stalls_command(settings: Settings, backlog: int, burst: int, shutdown: list[int],
+                   reranker_shape: str, json_out: Path | None) -> int:
+    """Event-loop stalls (embed pass, message burst, profile switch) and shutdown time."""
+    from cli.bench.stalls import run_stalls_bench
+
+    result = run_stalls_bench(resolve_profile(settings), backlog=backlog, burst=burst,
+                              shutdown=tuple(shutdown), reranker_shape=reranker_shape,
+                              progress=lambda stage: click.echo(f"… {stage}", err=True))
+    emit_json(result, json_out)
+    return 0
+
+
 @bench.command("remote")
 @click.option("--queries", type=click.IntRange(1, 20), default=20, show_default=True,
               help="Demo questions in the agreement table.")

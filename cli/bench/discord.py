@@ -123,21 +123,27 @@ def _member(server: discord.Guild, state: Any) -> discord.Member:
 
 
 def _messages(server: discord.Guild, state: Any, texts: list[str]) -> list[discord.Message]:
-    first = discord.utils.time_snowflake(discord.utils.utcnow())
     general = server.get_channel(10_001)
     assert isinstance(general, discord.TextChannel)
-    out = []
+    return [discord.Message(state=state, channel=general, data=cast(Any, data))
+            for data in _message_payloads(texts)]
+
+
+def _message_payloads(texts: list[str]) -> list[dict]:
+    """MESSAGE_CREATE payloads from the member in channel 10001, one per text."""
+    first = discord.utils.time_snowflake(discord.utils.utcnow())
+    out: list[dict] = []
     for i, text in enumerate(texts):
         mid = first + (i << 22)
-        out.append(discord.Message(state=state, channel=general, data=cast(Any, {
-            "id": str(mid), "channel_id": str(general.id), "guild_id": str(GUILD),
+        out.append({
+            "id": str(mid), "channel_id": "10001", "guild_id": str(GUILD),
             "author": user(MEMBER, "member"), "content": text,
             "member": {"roles": [], "joined_at": "2025-01-01T00:00:00+00:00", "deaf": False,
                        "mute": False, "flags": 0},
             "timestamp": discord.utils.snowflake_time(mid).isoformat(),
             "edited_timestamp": None, "tts": False, "mention_everyone": False, "mentions": [],
             "mention_roles": [], "attachments": [], "embeds": [], "pinned": False, "type": 0,
-            "flags": 0})))
+            "flags": 0})
     return out
 
 

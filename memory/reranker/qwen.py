@@ -52,6 +52,7 @@ from memory.reranker.kv_cache import (
 )
 from memory.reranker.prompt import SUFFIX, document_text, head_text
 from memory.reranker.qwen_static import StaticScorer, plan_runs
+from memory.reranker.tokenizer_process import TokenizerProcess
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ class QwenReranker:
 
     def _from_pretrained(self) -> tuple[Any, Any]:
         try:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM
         except ImportError as exc:
             raise RerankerUnavailable(
                 "the transformers reranker needs the transformers package: "
@@ -283,7 +284,8 @@ class QwenReranker:
         name = self.config.model
         log.info("loading reranker %s on %s as %s", name, self.device, self.dtype)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
+            # in a child process: parsing tokenizer.json holds the GIL for most of a second
+            tokenizer = TokenizerProcess(name)
             # device_map puts the weights straight on the device, so an 8B model
             # never needs a full copy in CPU memory first.
             model = AutoModelForCausalLM.from_pretrained(

@@ -1,0 +1,130 @@
+"""Shutdown is bounded: queued writes commit, embedding stops at its next chunk, nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import discord
+import numpy as np
+
+from cogs.capture import record_from_message
+from memory.config import Profile
+from memory.engine import EMBED_CHUNK, MemoryEngine
+from tests.conftest import HashEmbedder, record_factory
+from tests.discord_harness import READ, Harness, channel, guild, member, role
+from tests.test_bot_run import fake_api  # noqa: F401  (the stand-in for Discord's API)
+
+G, GENERAL, OWNER, ALICE = 100, 200, 10, 11
+BACKLOG = 6000
+CHUNK_S = 0.25  # per embedded chunk: the whole backlog takes ~6 s, one chunk a quarter second
+CLOSE_BOUND_S = 2.0
+
+
+class PacedEmbedder(HashEmbedder):
+    """The hash embedder at a model's pace: each call takes ``CHUNK_S``."""
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        time.sleep(CHUNK_S)
+        return super().embed(texts)
+
+
+def server() -> dict:
+    return guild(G, "Test Guild", owner=OWNER, roles=[role(G, "@everyone", READ, position=0)],
+                 members=[member(ALICE, "alice")], channels=[channel(GENERAL, G, "general")])
+
+
+async def test_close_stops_embedding_at_the_next_chunk_and_loses_nothing(tmp_path):
+    db = tmp_path / "bot.sqlite3"
+    embedder = PacedEmbedder()
+    engine = MemoryEngine(db, Profile(name="test"), embedder, load_reranker=False)
+    make = record_factory()
+    engine.upsert(make(f"backlog message {i}", guild_id=G, channel_id=GENERAL)
+                  for i in range(BACKLOG))
+    h = Harness(engine, [server()])
+    await h.start()
+    while embedder.calls < 1:  # the backlog loop is embedding its first chunk
+        await asyncio.sleep(0.01)
+    queued = [h.message(f"sent just before shutdown {i}", author=(ALICE, "alice"),
+                        channel=GENERAL) for i in range(300)]
+    for message in queued:
+        h.cog.writes.put("upsert", [record_from_message(message)])
+
+    started = time.perf_counter()
+    await h.bot.close()  # what Ctrl-C / SIGTERM run: the cog unloads, the engine closes
+    took = time.perf_counter() - started
+
+    assert took < CLOSE_BOUND_S, f"close took {took:.1f} s"
+    reopened = MemoryEngine(db, Profile(name="test"), HashEmbedder(), load_reranker=False)
+    try:
+        assert set(reopened.store.hydrate([m.id for m in queued])) == {m.id for m in queued}
+        pending = reopened.store.pending_count()
+        assert pending >= BACKLOG + len(queued) - 3 * EMBED_CHUNK  # at most a chunk or two done
+        assert reopened.embed_pending() == pending
+        assert reopened.store.pending_count() == 0
+    finally:
+        reopened.close()
+
+
+SIGTERM_SCRIPT = """
+import sys, time
+import discord, yarl
+from memory.config import Profile
+from memory.engine import MemoryEngine
+from tests.conftest import record_factory
+from tests.test_shutdown import PacedEmbedder
+import bot
+
+base, gateway, db = sys.argv[1:4]
+discord.http.Route.BASE = base
+discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(gateway)
+
+
+class Announcing(PacedEmbedder):
+    def embed(self, texts):
+        if len(texts) > 1:
+            print("embedding", flush=True)
+        return super().embed(texts)
+
+
+engine = MemoryEngine(db, Profile(name="test"), Announcing(), load_reranker=False)
+make = record_factory()
+engine.upsert(make(f"backlog message {i}") for i in range(int(sys.argv[4])))
+sys.exit(bot.run_bot(engine, "good-token"))
+"""
+
+
+def test_sigterm_to_a_running_bot_exits_within_the_bound_and_keeps_the_backlog(
+    fake_api, tmp_path  # noqa: F811  (the fixture imported above)
+):
+    fake_api.gateway_close_code = None  # the gateway hangs up; the bot keeps reconnecting
+    db = tmp_path / "bot.sqlite3"
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_SCRIPT, discord.http.Route.BASE,
+         str(discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY), str(db), str(BACKLOG)],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "embedding", process.stderr.read()
+        started = time.perf_counter()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+        took = time.perf_counter() - started
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert code == 0, process.stderr.read() if process.stderr else ""
+    assert took < 5.0, f"exit took {took:.1f} s after SIGTERM"
+    reopened = MemoryEngine(db, Profile(name="test"), HashEmbedder(), load_reranker=False)
+    try:
+        pending = reopened.store.pending_count()
+        assert BACKLOG - 3 * EMBED_CHUNK <= pending < BACKLOG
+        assert reopened.embed_pending() == pending
+    finally:
+        reopened.close()
