@@ -40,6 +40,7 @@ from cogs import answers
 from cogs.backfill import Backfiller
 from cogs.capture import Write, WriteQueue, record_from_message
 from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
+from cogs.reconcile import Reconciler
 from cogs.render import inert, render_hits
 from memory.config import available_profiles, load_profile
 from memory.context import Context
@@ -78,7 +79,9 @@ channels it can read (admins choose which channels with `/memory-admin channels`
 • Deleting a message on Discord deletes it here (text, search index and vectors).
 • `/memory forget-me` deletes all your messages from this server's memory.
 • `/memory opt-out` stops storing your new messages; `/memory opt-in` resumes.
-• Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten.
+• Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten. \
+What was deleted while the bot was offline is forgotten when it starts again (recent \
+messages of each channel are checked against Discord).
 • Admins may set a retention period (`/memory-admin retention`) and purge channels."""
 
 
@@ -129,6 +132,7 @@ class MemoryCog(commands.Cog):
         self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
         self.writes = WriteQueue(self._apply_writes, self._write)
         self.backfill = Backfiller(self)
+        self.reconciler = Reconciler(self)
         self._settings: dict[int, tuple[float, GuildSettings]] = {}
         self._mention_cooldown = commands.CooldownMapping.from_cooldown(
             1, MENTION_COOLDOWN_S, commands.BucketType.member
@@ -157,6 +161,7 @@ class MemoryCog(commands.Cog):
         self.enforce_retention.cancel()
         self.embed_backlog.cancel()
         self.backfill.cancel()
+        self.reconciler.cancel()
         await self.writes.stop(SHUTDOWN_WRITES_S)
         for pool in (self._search_pool, self._read_pool, self._embed_pool, self._write_pool):
             pool.shutdown(wait=True, cancel_futures=True)
@@ -309,10 +314,11 @@ class MemoryCog(commands.Cog):
 
     @commands.Cog.listener()
     async def on_ready(self) -> None:
-        """Start the retention job and catch up on what was said while the bot was away."""
+        """Start the retention job; catch up on what was said and deleted while the bot was away."""
         if not self.enforce_retention.is_running():
             self.enforce_retention.start()
         self.backfill.catch_up_once()
+        self.reconciler.start_once()
 
     # -- searching for members ---------------------------------------------------------------
 
@@ -582,6 +588,12 @@ class MemoryCog(commands.Cog):
     ) -> None:
         """Backfill history with a progress message edited in place."""
         await self.backfill.command(interaction, channel)
+
+    @admin.command(name="reconcile", description="Forget what was deleted on Discord while the bot was away")
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def admin_reconcile(self, interaction: discord.Interaction) -> None:
+        """Check stored channels and recent messages against Discord, with progress."""
+        await self.reconciler.command(interaction)
 
     @admin.command(name="retention", description="Forget messages older than this many days")
     @app_commands.describe(days="Days to keep messages; 0 keeps them until deleted")

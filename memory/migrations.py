@@ -191,6 +191,21 @@ MIGRATIONS: list[Migration] = [
     # 8: each window's mean vector, stored (memory.windows) so that a search looks it
     # up instead of averaging its members' vectors for every candidate.
     index_all_window_vectors,
+    # 9: where a guild's reconcile with Discord (cogs.reconcile) got to, per channel,
+    # so an interrupted run resumes; both go when the run finishes.
+    """
+    CREATE TABLE reconcile_runs (
+        guild_id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL  -- the run's start, unix ms
+    );
+    CREATE TABLE reconcile_cursors (
+        channel_id INTEGER PRIMARY KEY,
+        guild_id INTEGER NOT NULL,
+        run_id INTEGER NOT NULL,  -- the run's start, unix ms
+        before_id INTEGER,  -- recent messages checked down to this id; the rest lie before it
+        complete INTEGER NOT NULL DEFAULT 0
+    );
+    """,
 ]
 
 
