@@ -317,8 +317,7 @@ class MemoryCog(commands.Cog):
         """Start the retention job; catch up on what was said and deleted while the bot was away."""
         if not self.enforce_retention.is_running():
             self.enforce_retention.start()
-        self.backfill.catch_up_once()
-        self.reconciler.start_once()
+        self.reconciler.start_once(after=self.backfill.catch_up_once())
 
     # -- searching for members ---------------------------------------------------------------
 

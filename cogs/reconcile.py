@@ -114,17 +114,25 @@ class Reconciler:
 
     # -- start-up ------------------------------------------------------------------------
 
-    def start_once(self) -> None:
-        """Reconcile every guild in the background, the first time the bot is ready."""
-        if self._startup is None and self.cog.engine.profile.reconcile.on_start:
-            self._startup = asyncio.create_task(self.at_start_up(), name="memory-reconcile")
+    def start_once(self, *, after: asyncio.Task | None = None) -> None:
+        """Reconcile every guild in the background, the first time the bot is ready.
 
-    async def at_start_up(self) -> ReconcileProgress:
+        Args:
+            after: Start once this task (the start-up catch-up) is done, so that the
+                two do not share Discord's rate limits at the same time.
+        """
+        if self._startup is None and self.cog.engine.profile.reconcile.on_start:
+            self._startup = asyncio.create_task(self.at_start_up(after=after),
+                                                name="memory-reconcile")
+
+    async def at_start_up(self, *, after: asyncio.Task | None = None) -> ReconcileProgress:
         """Forget the guilds the bot left, then reconcile each guild it is in.
 
         A guild that fails is logged and the next one is reconciled; nothing here
         ends the bot.
         """
+        if after is not None:
+            await asyncio.wait({after})  # its own failures are its own to log
         started = time.monotonic()
         progress = ReconcileProgress()
         try:
@@ -221,7 +229,9 @@ class Reconciler:
             progress.channels += len(channels)
             forgotten: set[int] = set()
             for channel_id, parent_id in channels:
-                if parent_id not in forgotten:  # else gone with its parent
+                if parent_id in forgotten:
+                    progress.channels_forgotten += 1  # a thread, forgotten with its channel
+                else:
                     await self._reconcile_channel(guild, channel_id, run_id, progress, forgotten)
                 progress.channels_done += 1
             await self.cog.writes.run_and_wait(lambda: store.end_reconcile_run(guild.id))
