@@ -194,11 +194,11 @@ MIGRATIONS: list[Migration] = [
     # 9: where a guild's reconcile with Discord (cogs.reconcile) got to, per channel,
     # so an interrupted run resumes; both go when the run finishes.
     """
-    CREATE TABLE reconcile_runs (
+    CREATE TABLE IF NOT EXISTS reconcile_runs (
         guild_id INTEGER PRIMARY KEY,
         run_id INTEGER NOT NULL  -- the run's start, unix ms
     );
-    CREATE TABLE reconcile_cursors (
+    CREATE TABLE IF NOT EXISTS reconcile_cursors (
         channel_id INTEGER PRIMARY KEY,
         guild_id INTEGER NOT NULL,
         run_id INTEGER NOT NULL,  -- the run's start, unix ms
