@@ -79,9 +79,7 @@ channels it can read (admins choose which channels with `/memory-admin channels`
 • Deleting a message on Discord deletes it here (text, search index and vectors).
 • `/memory forget-me` deletes all your messages from this server's memory.
 • `/memory opt-out` stops storing your new messages; `/memory opt-in` resumes.
-• Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten. \
-What was deleted while the bot was offline is forgotten when it starts again (recent \
-messages of each channel are checked against Discord).
+• Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten.
 • Admins may set a retention period (`/memory-admin retention`) and purge channels."""
 
 

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 
 PAGE = 100  # messages per history request (Discord's maximum)
 GUILDS_PAGE = 200  # guilds per GET /users/@me/guilds
-PROGRESS_EVERY_S = 3.0
+PROGRESS_EVERY_S = 3.0  # the command's progress message
+LOG_EVERY_S = 30.0  # a long run's progress in the log
 UNKNOWN_CHANNEL = 10003  # Discord's JSON error code for a channel that does not exist
 
 Place = discord.abc.GuildChannel | discord.Thread
@@ -228,7 +229,11 @@ class Reconciler:
             channels = await self.cog.read(store.channels_with_messages, guild.id)
             progress.channels += len(channels)
             forgotten: set[int] = set()
+            logged = time.monotonic()
             for channel_id, parent_id in channels:
+                if time.monotonic() - logged > LOG_EVERY_S:
+                    log.info("reconciling guild %d: %s", guild.id, progress.line())
+                    logged = time.monotonic()
                 if parent_id in forgotten:
                     progress.channels_forgotten += 1  # a thread, forgotten with its channel
                 else:

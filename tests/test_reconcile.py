@@ -16,7 +16,8 @@ from datetime import datetime, timedelta, timezone
 import discord
 import pytest
 
-from memory.config import Profile, ReconcileConfig
+from memory.config import Profile, ReconcileConfig, parse_profile
+from memory.errors import ConfigError
 from memory.engine import MemoryEngine
 from tests.conftest import HashEmbedder
 from tests.discord_harness import READ, Harness, channel, guild, member, role, thread
@@ -295,3 +296,19 @@ async def test_start_up_runs_reconcile_after_the_catch_up(world):
     assert forgotten(w, [w.ids(GENERAL)[0]])
     kinds = [("before" in q) for p, q in w.fake.requests if p.endswith(f"/{GENERAL}/messages")]
     assert kinds[0] is False and kinds[-1] is True, "catch-up (after) first, then reconcile"
+
+
+@pytest.mark.parametrize(("table", "problem"), [
+    ({"recent_messages": -1}, "reconcile.recent_messages"),
+    ({"pause_s": "fast"}, "reconcile.pause_s"),
+    ({"window": 10}, "window"),
+])
+def test_a_bad_reconcile_setting_is_refused_by_name(table, problem):
+    with pytest.raises(ConfigError, match=problem):
+        parse_profile("bad", {"reconcile": table}, "bad.toml")
+
+
+def test_reconcile_settings_come_from_the_profile():
+    profile = parse_profile("ok", {"reconcile": {"recent_messages": 200, "on_start": False}},
+                            "ok.toml")
+    assert profile.reconcile == ReconcileConfig(on_start=False, recent_messages=200)
