@@ -10,15 +10,17 @@ discord.py's own HTTP client makes the requests.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 
 import discord
 import pytest
 
+import bot
 from memory.config import Profile, ReconcileConfig, parse_profile
-from memory.errors import ConfigError
 from memory.engine import MemoryEngine
+from memory.errors import ConfigError
 from tests.conftest import HashEmbedder
 from tests.discord_harness import READ, Harness, channel, guild, member, role, thread
 from tests.fake_discord import FakeDiscord
@@ -312,3 +314,20 @@ def test_reconcile_settings_come_from_the_profile():
     profile = parse_profile("ok", {"reconcile": {"recent_messages": 200, "on_start": False}},
                             "ok.toml")
     assert profile.reconcile == ReconcileConfig(on_start=False, recent_messages=200)
+
+
+def test_bench_reconcile_runs_and_counts_requests(tmp_path, capsys):
+    out = tmp_path / "reconcile.json"
+    code = bot.main(["--profile", "cpu-fast", "bench", "reconcile", "--messages", "1000",
+                     "--channels", "4", "--gone", "1", "--deleted", "0.02", "--recent", "50,1000",
+                     "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    narrow, wide = report["runs"]
+    # three channels left, 250 messages each: one page each for 50, three for all 250
+    assert narrow["requests"] == {"GET /channels/{id}/messages": 3, "GET /channels/{id}": 1}
+    assert wide["requests"] == {"GET /channels/{id}/messages": 9, "GET /channels/{id}": 1}
+    assert wide["channels_forgotten"] == 1 and wide["messages_compared"] == 750
+    assert wide["stored_before"] - wide["stored_after"] == wide["messages_forgotten"]
+    assert narrow["messages_forgotten"] < wide["messages_forgotten"]
+    assert wide["rate_limited_s"] == pytest.approx(10 * report["pause_s"])

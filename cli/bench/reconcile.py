@@ -149,19 +149,26 @@ def run_reconcile_bench(
     channels: int = 100,
     messages: int = 100_000,
     deleted_share: float = 0.01,
+    gone_channels: int = 0,
     windows: Sequence[int] = (100, 1000),
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Build the server once, reconcile a copy of it per window size; a JSON-ready dict."""
+    """Build the server once, reconcile a copy of it per window size; a JSON-ready dict.
+
+    The last ``gone_channels`` channels were deleted while the bot was away: the
+    gateway does not list them and Discord answers 404 for them.
+    """
     per_channel = _corpus(channels, messages)
     rng = random.Random(0)
     every = [mid for ids in per_channel.values() for mid in ids]
     deleted = set(rng.sample(every, int(len(every) * deleted_share)))
-    on_discord = {cid: [m for m in ids if m not in deleted] for cid, ids in per_channel.items()}
+    gone = set(list(per_channel)[channels - gone_channels:])
+    on_discord = {cid: [m for m in ids if m not in deleted] for cid, ids in per_channel.items()
+                  if cid not in gone}
     pause_s = profile.reconcile.pause_s
     result: dict[str, Any] = {
         "machine": machine_description(), "channels": channels, "messages": messages,
-        "deleted_on_discord": len(deleted), "pause_s": pause_s,
+        "deleted_on_discord": len(deleted), "gone_channels": gone_channels, "pause_s": pause_s,
         "discord_global_limit_per_s": DISCORD_GLOBAL_LIMIT, "runs": [],
     }
     with tempfile.TemporaryDirectory(prefix="memory-reconcile-bench-") as tmp:
@@ -204,7 +211,7 @@ async def _reconcile(db: Path, profile: Profile, window: int, per_channel: dict[
         payload = guild(GUILD, "Bench server", owner=1, members=[],
                         roles=[role(GUILD, "@everyone", READ, position=0)],
                         channels=[channel(cid, GUILD, f"channel-{cid - CHANNEL0}")
-                                  for cid in per_channel])
+                                  for cid in on_discord])
         state._add_guild_from_data(cast(Any, payload))
         await bot.load_extension("cogs.memory")
         await bot.http.static_login("bench-token")
@@ -218,6 +225,7 @@ async def _reconcile(db: Path, profile: Profile, window: int, per_channel: dict[
             "recent_messages": window, "local_s": round(local_s, 2),
             "requests": dict(stand_in.requests), "messages_compared": done.messages_checked,
             "messages_forgotten": done.messages_forgotten,
+            "channels_forgotten": done.channels_forgotten,
             "stored_after": engine.store.message_count(), "stored_before": before,
         }
     finally:
