@@ -34,6 +34,7 @@ COMMANDS = [
     [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
     ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"], ["bench", "member-names"],
+    ["bench", "reconcile"],
 ]
 
 
