@@ -218,10 +218,11 @@ class Backfiller:
 
     # -- start-up catch-up ---------------------------------------------------------------
 
-    def catch_up_once(self) -> None:
+    def catch_up_once(self) -> asyncio.Task:
         """Start catching up every remembered channel, the first time the bot is ready."""
         if self._catch_up is None:
             self._catch_up = asyncio.create_task(self._catch_up_all(), name="memory-catch-up")
+        return self._catch_up
 
     async def _catch_up_all(self) -> None:
         started = time.monotonic()

@@ -42,6 +42,7 @@ from cogs.backfill import Backfiller
 from cogs.capture import Write, WriteQueue, record_from_message
 from cogs.errors import answering
 from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
+from cogs.reconcile import Reconciler
 from cogs.render import inert, render_hits
 from memory.config import available_profiles, load_profile
 from memory.context import Context
@@ -135,6 +136,7 @@ class MemoryCog(commands.Cog):
         self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
         self.writes = WriteQueue(self._apply_writes, self._write)
         self.backfill = Backfiller(self)
+        self.reconciler = Reconciler(self)
         self._settings: dict[int, tuple[float, GuildSettings]] = {}
         self._mention_cooldown = commands.CooldownMapping.from_cooldown(
             1, MENTION_COOLDOWN_S, commands.BucketType.member
@@ -169,6 +171,7 @@ class MemoryCog(commands.Cog):
         self.enforce_retention.cancel()
         self.embed_backlog.cancel()
         self.backfill.cancel()
+        self.reconciler.cancel()
         await self.writes.stop(SHUTDOWN_WRITES_S)
         for pool in (self._search_pool, self._read_pool, self._embed_pool, self._write_pool):
             pool.shutdown(wait=True, cancel_futures=True)
@@ -359,10 +362,10 @@ class MemoryCog(commands.Cog):
 
     @commands.Cog.listener()
     async def on_ready(self) -> None:
-        """Start the retention job and catch up on what was said while the bot was away."""
+        """Start the retention job; catch up on what was said and deleted while the bot was away."""
         if not self.enforce_retention.is_running():
             self.enforce_retention.start()
-        self.backfill.catch_up_once()
+        self.reconciler.start_once(after=self.backfill.catch_up_once())
 
     # -- searching for members ---------------------------------------------------------------
 
@@ -630,6 +633,12 @@ class MemoryCog(commands.Cog):
     ) -> None:
         """Backfill history with a progress message edited in place."""
         await self.backfill.command(interaction, channel)
+
+    @admin.command(name="reconcile", description="Forget what was deleted on Discord while the bot was away")
+    @app_commands.checks.has_permissions(manage_guild=True)
+    async def admin_reconcile(self, interaction: discord.Interaction) -> None:
+        """Check stored channels and recent messages against Discord, with progress."""
+        await self.reconciler.command(interaction)
 
     @admin.command(name="retention", description="Forget messages older than this many days")
     @app_commands.describe(days="Days to keep messages; 0 keeps them until deleted")

@@ -186,6 +186,24 @@ class LLMConfig:
 
 
 @dataclass(frozen=True)
+class ReconcileConfig:
+    """How the bot reconciles its memory with what still exists on Discord.
+
+    On start-up (when ``on_start``) and on ``/memory-admin reconcile`` the bot
+    forgets the guilds it left and the channels and threads that are gone, and,
+    in each channel, checks its ``recent_messages`` newest stored messages against
+    the channel's history, forgetting those Discord no longer has (0 checks no
+    messages; older ones are left as they are).  ``pause_s`` is waited after each
+    request to Discord, so a reconcile takes at most ``1 / pause_s`` of the bot's
+    shared 50 requests a second.
+    """
+
+    on_start: bool = True
+    recent_messages: int = field(default=1000, metadata=_range(0, 1_000_000))
+    pause_s: float = field(default=0.25, metadata=_range(0.0, 60.0))
+
+
+@dataclass(frozen=True)
 class Profile:
     """A named hardware profile: one config per component."""
 
@@ -195,11 +213,12 @@ class Profile:
     reranker: RerankerConfig = RerankerConfig()
     llm: LLMConfig = LLMConfig()
     source: str = "<defaults>"
+    reconcile: ReconcileConfig = ReconcileConfig()
 
 
 _SECTIONS = {
     "embedder": EmbedderConfig, "search": SearchConfig, "reranker": RerankerConfig,
-    "llm": LLMConfig,
+    "llm": LLMConfig, "reconcile": ReconcileConfig,
 }
 
 

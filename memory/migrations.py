@@ -216,6 +216,21 @@ MIGRATIONS: list[Migration] = [
     # 9: replies embedded with a reply target from another channel go back to the
     # backlog: their vectors carried that channel's text (issue 19, item 3).
     reembed_cross_channel_replies,
+    # 10: where a guild's reconcile with Discord (cogs.reconcile) got to, per channel,
+    # so an interrupted run resumes; both go when the run finishes.
+    """
+    CREATE TABLE IF NOT EXISTS reconcile_runs (
+        guild_id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL  -- the run's start, unix ms
+    );
+    CREATE TABLE IF NOT EXISTS reconcile_cursors (
+        channel_id INTEGER PRIMARY KEY,
+        guild_id INTEGER NOT NULL,
+        run_id INTEGER NOT NULL,  -- the run's start, unix ms
+        before_id INTEGER,  -- recent messages checked down to this id; the rest lie before it
+        complete INTEGER NOT NULL DEFAULT 0
+    );
+    """,
 ]
 
 

@@ -36,8 +36,8 @@ from memory.text import fts_match
 from memory.vectors import VectorIndex, table_columns
 
 __all__ = [
-    "BackfillCursor", "Filters", "GuildStats", "MessageStore", "PendingMessage", "StoreStats",
-    "UpsertStats",
+    "BackfillCursor", "Filters", "GuildStats", "MessageStore", "PendingMessage", "ReconcileCursor",
+    "StoreStats", "UpsertStats",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,15 @@ class UpsertStats:
 class BackfillCursor:
     """A channel's backfill position: read back to ``before_id``; ``complete`` at its start."""
 
+    before_id: int | None
+    complete: bool
+
+
+@dataclass(frozen=True)
+class ReconcileCursor:
+    """A channel's place in a reconcile run: recent messages checked down to ``before_id``."""
+
+    run_id: int
     before_id: int | None
     complete: bool
 
@@ -1054,6 +1063,72 @@ class MessageStore:
             schema_version=self._query("PRAGMA user_version")[0][0],
             path=self.path,
         )
+
+    # -- reconciling with what Discord says exists (cogs.reconcile) ----------------------
+
+    def known_guild_ids(self) -> list[int]:
+        """Every guild something is stored for: messages, channels or settings."""
+        return [row[0] for row in self._query(
+            "SELECT id FROM guilds UNION SELECT guild_id FROM channels "
+            "UNION SELECT guild_id FROM guild_settings UNION SELECT guild_id FROM member_optouts "
+            "ORDER BY 1")]
+
+    def channels_with_messages(self, guild_id: int) -> list[tuple[int, int | None]]:
+        """``(channel_id, parent_id)`` of a guild's channels and threads that hold messages."""
+        return [(row[0], row[1]) for row in self._query(
+            "SELECT c.id, c.parent_id FROM channels c WHERE c.guild_id = ? AND EXISTS "
+            "(SELECT 1 FROM messages m WHERE m.channel_id = c.id) ORDER BY c.id", (guild_id,))]
+
+    def recent_floor(self, channel_id: int, below_id: int, count: int) -> int | None:
+        """The oldest of a channel's ``count`` newest stored messages below ``below_id``."""
+        rows = self._query(
+            "SELECT min(id) FROM (SELECT id FROM messages WHERE channel_id = ? AND id < ? "
+            "ORDER BY id DESC LIMIT ?)", (channel_id, below_id, max(0, count)))
+        return rows[0][0]
+
+    def message_ids_between(self, channel_id: int, low: int, high: int) -> list[int]:
+        """Stored message ids of a channel with ``low <= id < high``, oldest first."""
+        return [row[0] for row in self._query(
+            "SELECT id FROM messages WHERE channel_id = ? AND id >= ? AND id < ? ORDER BY id",
+            (channel_id, low, high))]
+
+    def reconcile_run(self, guild_id: int) -> int | None:
+        """A guild's unfinished reconcile run (its start, unix ms), or ``None``."""
+        rows = self._query("SELECT run_id FROM reconcile_runs WHERE guild_id = ?", (guild_id,))
+        return rows[0][0] if rows else None
+
+    def begin_reconcile_run(self, guild_id: int, run_id: int) -> None:
+        """Start a guild's reconcile run; what an earlier run saved is dropped."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM reconcile_cursors WHERE guild_id = ?", (guild_id,))
+            conn.execute("INSERT OR REPLACE INTO reconcile_runs(guild_id, run_id) VALUES (?, ?)",
+                         (guild_id, run_id))
+
+    def end_reconcile_run(self, guild_id: int) -> None:
+        """Mark a guild's reconcile run finished: the next one starts from scratch."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM reconcile_cursors WHERE guild_id = ?", (guild_id,))
+            conn.execute("DELETE FROM reconcile_runs WHERE guild_id = ?", (guild_id,))
+
+    def reconcile_cursor(self, channel_id: int) -> ReconcileCursor | None:
+        """Where the current reconcile run got to in a channel, ``None`` if not there yet."""
+        rows = self._query("SELECT run_id, before_id, complete FROM reconcile_cursors "
+                           "WHERE channel_id = ?", (channel_id,))
+        return ReconcileCursor(rows[0][0], rows[0][1], bool(rows[0][2])) if rows else None
+
+    def save_reconcile_cursor(
+        self, guild_id: int, channel_id: int, run_id: int, before_id: int | None,
+        *, complete: bool = False,
+    ) -> None:
+        """Record a reconcile run's progress in a channel."""
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO reconcile_cursors(channel_id, guild_id, run_id, before_id, complete) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT(channel_id) DO UPDATE SET "
+                "run_id = excluded.run_id, before_id = COALESCE(excluded.before_id, before_id), "
+                "complete = excluded.complete",
+                (channel_id, guild_id, run_id, before_id, int(complete)),
+            )
 
 
 def _message_fields(row: Sequence[Any]) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Discord's servers cannot exist in a test, so this aiohttp app answers what
 discord.py asks of them: ``/users/@me`` (login), channel message history with
 ``before``/``after``/``limit`` as Discord pages it (newest first), archived thread
 listings, ``/gateway/bot`` plus a gateway websocket that says HELLO and then
-closes with a chosen code.  It can answer a route with 429 (and the headers
+closes with a chosen code, one channel or thread by id (404 *Unknown Channel* for
+one it does not hold, 403 *Missing Access* for a forbidden one) and the bot's
+guild list.  It can answer a route with 429 (and the headers
 discord.py's rate-limit handling reads) or 500 a given number of times.
 """
 
@@ -31,6 +33,10 @@ class FakeDiscord:
         self.token = token
         self.history: dict[int, list[dict[str, Any]]] = defaultdict(list)
         self.archived: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        self.channels: dict[int, dict[str, Any]] = {}  # GET /channels/{id}; others are 404
+        self.forbidden: set[int] = set()  # channels answering 403 Missing Access
+        self.gone: set[int] = set()  # channels whose history answers 404 Unknown Channel
+        self.guilds: list[dict[str, Any]] = []  # GET /users/@me/guilds
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.rate_limit_next = 0  # answer the next N history requests with 429
         self.stall_after: int | None = None  # history requests served before the rest hang
@@ -43,6 +49,8 @@ class FakeDiscord:
         app = web.Application()
         app.router.add_get("/api/v10/users/@me", self._me)
         app.router.add_get("/api/v10/channels/{cid}/messages", self._messages)
+        app.router.add_get("/api/v10/channels/{cid}", self._channel)
+        app.router.add_get("/api/v10/users/@me/guilds", self._guilds)
         app.router.add_get("/api/v10/channels/{cid}/threads/archived/public", self._archived)
         app.router.add_get("/api/v10/channels/{cid}/users/@me/threads/archived/private",
                            self._no_threads)
@@ -84,6 +92,9 @@ class FakeDiscord:
 
     async def _messages(self, request: web.Request) -> web.Response:
         self.requests.append((request.path, dict(request.query)))
+        refusal = self._refusal(int(request.match_info["cid"]))
+        if refusal is not None:
+            return refusal
         if self.rate_limit_next > 0:
             self.rate_limit_next -= 1
             return _json(
@@ -107,6 +118,30 @@ class FakeDiscord:
         else:
             messages = messages[:limit]
         return _json(messages)
+
+    def _refusal(self, cid: int) -> web.Response | None:
+        if cid in self.forbidden:
+            return _json({"message": "Missing Access", "code": 50001}, status=403)
+        if cid in self.gone:
+            return _json({"message": "Unknown Channel", "code": 10003}, status=404)
+        return None
+
+    async def _channel(self, request: web.Request) -> web.Response:
+        self.requests.append((request.path, dict(request.query)))
+        cid = int(request.match_info["cid"])
+        refusal = self._refusal(cid)
+        if refusal is not None:
+            return refusal
+        if cid not in self.channels:
+            return _json({"message": "Unknown Channel", "code": 10003}, status=404)
+        return _json(self.channels[cid])
+
+    async def _guilds(self, request: web.Request) -> web.Response:
+        self.requests.append((request.path, dict(request.query)))
+        after = int(request.query.get("after", 0))
+        limit = int(request.query.get("limit", 200))
+        listed = sorted((g for g in self.guilds if int(g["id"]) > after), key=lambda g: int(g["id"]))
+        return _json(listed[:limit])
 
     async def _archived(self, request: web.Request) -> web.Response:
         threads = self.archived[int(request.match_info["cid"])]

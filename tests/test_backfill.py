@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import discord
 import pytest
 
-from memory.config import Profile
+from memory.config import Profile, ReconcileConfig
 from memory.engine import MemoryEngine
 from tests.conftest import HashEmbedder
 from tests.discord_harness import READ, Harness, channel, guild, member, role, thread
@@ -39,8 +39,9 @@ async def setup(tmp_path, monkeypatch):
     base = await fake.start()
     monkeypatch.setattr(discord.http.Route, "BASE", base)
     monkeypatch.setattr("cogs.backfill.PAGE_PAUSE_S", 0)
-    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
-                          load_reranker=False)
+    # start-up reconcile has its own tests (test_reconcile.py); these count backfill requests
+    profile = Profile(name="test", reconcile=ReconcileConfig(on_start=False))
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", profile, HashEmbedder(), load_reranker=False)
     h = Harness(engine, [server()])
     await h.start()
     await h.bot.http.static_login("good-token")

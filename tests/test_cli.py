@@ -34,7 +34,7 @@ COMMANDS = [
     [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
     ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"], ["bench", "member-names"],
-    ["bench", "secure-delete"], ["bench", "stalls"],
+    ["bench", "secure-delete"], ["bench", "stalls"], ["bench", "reconcile"],
 ]
 
 

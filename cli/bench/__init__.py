@@ -288,3 +288,29 @@ def remote_command(queries: int, candidates: int, repeats: int, sizes: list[int]
                               progress=lambda stage: click.echo(f"… {stage}", err=True))
     emit_json(result, json_out)
     return 0
+
+
+@bench.command("reconcile")
+@click.option("--channels", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="Text channels in the server.")
+@click.option("--messages", type=click.IntRange(1, 10_000_000), default=100_000,
+              show_default=True, help="Stored messages, spread evenly over the channels.")
+@click.option("--deleted", type=click.FloatRange(0.0, 1.0), default=0.01, show_default=True,
+              help="Share of the stored messages deleted on Discord while the bot was away.")
+@click.option("--gone", type=click.IntRange(0, 10_000), default=0, show_default=True,
+              help="Channels (of --channels) deleted on Discord while the bot was away.")
+@click.option("--recent", "windows", type=CountList(0, 1_000_000), default="100,1000",
+              show_default=True, help="Comma-separated reconcile.recent_messages values to run.")
+@JSON_OUT
+@click.pass_obj
+def reconcile_command(settings: Settings, channels: int, messages: int, deleted: float,
+                      gone: int, windows: list[int], json_out: Path | None) -> int:
+    """Reconcile with a local Discord stand-in: wall time, requests, rate-limited time."""
+    from cli.bench.reconcile import run_reconcile_bench
+
+    result = run_reconcile_bench(resolve_profile(settings), channels=channels, messages=messages,
+                                 deleted_share=deleted, gone_channels=min(gone, channels),
+                                 windows=windows,
+                                 progress=lambda stage: click.echo(f"… {stage}", err=True))
+    emit_json(result, json_out)
+    return 0

@@ -1,0 +1,389 @@
+"""What changed while the bot was away: start-up and ``/memory-admin reconcile``.
+
+Live events keep memory in step while the bot runs.  What happened while it was
+offline (a message or a thread deleted, a channel removed, the bot removed from a
+server) is found by asking Discord what still exists:
+
+1. **Guilds.**  A stored guild the bot is in neither by its cache nor by Discord's
+   own list of its guilds is forgotten whole, settings included (start-up only).
+2. **Channels and threads.**  A stored channel the cache does not know is looked
+   up (archived threads exist but are not cached): 404 *Unknown Channel* means it
+   is gone and it is forgotten with its threads; 403 means it exists but the bot
+   may not see it, and it is kept.
+3. **Recent messages.**  In each channel that is left, the profile's
+   ``reconcile.recent_messages`` newest stored messages are compared with the
+   channel's history over the same span; stored ones Discord no longer returns
+   are forgotten.  Older stored messages are not checked.
+
+Every deletion goes through the cog's write queue to the engine's forgetting code
+(tombstones, vectors, keyword rows, windows), in order with live writes.  A run
+saves each channel's position after every page (``reconcile_cursors``), so a run
+stopped by a restart resumes where it was.  discord.py waits out Discord's 429s;
+``reconcile.pause_s`` after each request keeps a run from crowding out live
+traffic.  Only messages older than the run's start are judged, so a message
+posted during a run is never mistaken for a deleted one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import discord
+
+from memory.records import ms_to_datetime
+
+if TYPE_CHECKING:
+    from cogs.memory import MemoryCog
+    from memory.store import ReconcileCursor
+
+log = logging.getLogger(__name__)
+
+PAGE = 100  # messages per history request (Discord's maximum)
+GUILDS_PAGE = 200  # guilds per GET /users/@me/guilds
+PROGRESS_EVERY_S = 3.0  # the command's progress message
+LOG_EVERY_S = 30.0  # a long run's progress in the log
+UNKNOWN_CHANNEL = 10003  # Discord's JSON error code for a channel that does not exist
+
+Place = discord.abc.GuildChannel | discord.Thread
+# where messages live (a forum or a category holds none of its own)
+History = discord.TextChannel | discord.VoiceChannel | discord.StageChannel | discord.Thread
+HISTORY_TYPES = (discord.TextChannel, discord.VoiceChannel, discord.StageChannel, discord.Thread)
+
+
+@dataclass
+class ReconcileProgress:
+    """What a reconcile has done so far (the command shows it; start-up logs it)."""
+
+    guilds_forgotten: int = 0
+    channels: int = 0
+    channels_done: int = 0
+    channels_forgotten: int = 0
+    channels_no_access: int = 0
+    channels_unchecked: int = 0
+    messages_checked: int = 0
+    messages_forgotten: int = 0
+    requests: int = 0
+    resumed: bool = False
+
+    def line(self) -> str:
+        """One line for a progress message or the log."""
+        parts = [f"{self.channels_done}/{self.channels} channels checked",
+                 f"{self.messages_checked} recent messages compared",
+                 f"{self.messages_forgotten} messages forgotten",
+                 f"{self.channels_forgotten} channels gone"]
+        if self.guilds_forgotten:
+            parts.append(f"{self.guilds_forgotten} servers left")
+        if self.channels_no_access:
+            parts.append(f"{self.channels_no_access} kept without access")
+        if self.channels_unchecked:
+            parts.append(f"{self.channels_unchecked} could not be checked")
+        parts.append(f"{self.requests} requests to Discord")
+        return " · ".join(parts) + (" (resumed)" if self.resumed else "")
+
+
+class _Gone:
+    """Discord says the channel does not exist."""
+
+
+GONE = _Gone()
+
+
+class Reconciler:
+    """Reconciles a :class:`cogs.memory.MemoryCog`'s memory with Discord."""
+
+    def __init__(self, cog: MemoryCog) -> None:
+        self.cog = cog
+        self._locks: dict[int, asyncio.Lock] = {}  # guild id -> one run at a time
+        self._startup: asyncio.Task | None = None
+        self._commands: set[asyncio.Task] = set()
+
+    @property
+    def _pause_s(self) -> float:
+        return self.cog.engine.profile.reconcile.pause_s
+
+    def cancel(self) -> None:
+        """Stop every running reconcile (saved positions keep what was done)."""
+        for task in [self._startup, *self._commands]:
+            if task is not None:
+                task.cancel()
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def start_once(self, *, after: asyncio.Task | None = None) -> None:
+        """Reconcile every guild in the background, the first time the bot is ready.
+
+        Args:
+            after: Start once this task (the start-up catch-up) is done, so that the
+                two do not share Discord's rate limits at the same time.
+        """
+        if self._startup is None and self.cog.engine.profile.reconcile.on_start:
+            self._startup = asyncio.create_task(self.at_start_up(after=after),
+                                                name="memory-reconcile")
+
+    async def at_start_up(self, *, after: asyncio.Task | None = None) -> ReconcileProgress:
+        """Forget the guilds the bot left, then reconcile each guild it is in.
+
+        A guild that fails is logged and the next one is reconciled; nothing here
+        ends the bot.
+        """
+        if after is not None:
+            await asyncio.wait({after})  # its own failures are its own to log
+        started = time.monotonic()
+        progress = ReconcileProgress()
+        try:
+            await self.forget_left_guilds(progress)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reconcile: checking which servers the bot left failed")
+        for guild in list(self.cog.bot.guilds):
+            if guild.unavailable:  # an outage is not a deletion: judge it next time
+                continue
+            try:
+                await self.reconcile_guild(guild, progress)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconcile of guild %d stopped; the next run resumes it", guild.id)
+        log.info("reconciled with Discord in %.0f s: %s", time.monotonic() - started,
+                 progress.line())
+        return progress
+
+    async def forget_left_guilds(self, progress: ReconcileProgress) -> None:
+        """Forget every stored guild the bot is no longer in."""
+        store = self.cog.engine.store
+        stored = await self.cog.read(store.known_guild_ids)
+        cached = {g.id for g in self.cog.bot.guilds}
+        missing = [g for g in stored if g not in cached]
+        if not missing:
+            return
+        # Discord's own list decides: a cache still filling must not cost a server its memory
+        member_of: set[int] = set()
+        async for guild in self.cog.bot.fetch_guilds(limit=None):
+            member_of.add(guild.id)
+        progress.requests += 1 + len(member_of) // GUILDS_PAGE
+        for guild_id in missing:
+            if guild_id in member_of:
+                continue
+            removed = await self._forget(functools.partial(self.cog.engine.purge_guild, guild_id))
+            await self.cog.writes.run_and_wait(functools.partial(store.end_reconcile_run, guild_id))
+            progress.guilds_forgotten += 1
+            progress.messages_forgotten += removed
+            log.info("reconcile: the bot left guild %d; forgot its %d messages", guild_id, removed)
+
+    # -- the command ---------------------------------------------------------------------
+
+    async def command(self, interaction: discord.Interaction) -> None:
+        """Reconcile the command's guild, editing one progress message in place."""
+        guild = interaction.guild
+        assert guild is not None  # the command is guild-only
+        if self._lock(guild.id).locked():
+            await interaction.response.send_message(
+                "A reconcile is already running in this server.", ephemeral=True)
+            return
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        progress = ReconcileProgress()
+        status = await interaction.followup.send(
+            f"Reconciling with Discord… {progress.line()}", ephemeral=True, wait=True)
+        task = asyncio.create_task(self.reconcile_guild(guild, progress))
+        self._commands.add(task)
+        task.add_done_callback(self._commands.discard)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=PROGRESS_EVERY_S)
+                if not task.done():
+                    await _edit(status, f"Reconciling with Discord… {progress.line()}")
+            task.result()
+            await _edit(status, f"Reconcile finished: {progress.line()}")
+        except discord.HTTPException as exc:
+            log.warning("reconcile of guild %d stopped: %s", guild.id, exc)
+            await _edit(status, f"Reconcile stopped: Discord answered {exc.status}. Run it again "
+                                f"to resume where it stopped. {progress.line()}")
+        except asyncio.CancelledError:
+            task.cancel()
+            await _edit(status, f"Reconcile stopped (it resumes where it was): {progress.line()}")
+            raise
+
+    # -- one guild -----------------------------------------------------------------------
+
+    def _lock(self, guild_id: int) -> asyncio.Lock:
+        return self._locks.setdefault(guild_id, asyncio.Lock())
+
+    async def reconcile_guild(self, guild: discord.Guild, progress: ReconcileProgress) -> None:
+        """Check every stored channel of ``guild``, resuming an unfinished run."""
+        async with self._lock(guild.id):
+            store = self.cog.engine.store
+            run_id = await self.cog.read(store.reconcile_run, guild.id)
+            if run_id is None:
+                run_id = int(time.time() * 1000)
+                await self.cog.writes.run_and_wait(
+                    lambda: store.begin_reconcile_run(guild.id, run_id))
+            else:
+                progress.resumed = True
+            channels = await self.cog.read(store.channels_with_messages, guild.id)
+            progress.channels += len(channels)
+            forgotten: set[int] = set()
+            logged = time.monotonic()
+            for channel_id, parent_id in channels:
+                if time.monotonic() - logged > LOG_EVERY_S:
+                    log.info("reconciling guild %d: %s", guild.id, progress.line())
+                    logged = time.monotonic()
+                if parent_id in forgotten:
+                    progress.channels_forgotten += 1  # a thread, forgotten with its channel
+                else:
+                    await self._reconcile_channel(guild, channel_id, run_id, progress, forgotten)
+                progress.channels_done += 1
+            await self.cog.writes.run_and_wait(lambda: store.end_reconcile_run(guild.id))
+        log.info("reconciled guild %d: %s", guild.id, progress.line())
+
+    async def _reconcile_channel(
+        self, guild: discord.Guild, channel_id: int, run_id: int,
+        progress: ReconcileProgress, forgotten: set[int],
+    ) -> None:
+        store = self.cog.engine.store
+        cursor = await self.cog.read(store.reconcile_cursor, channel_id)
+        if cursor is not None and cursor.run_id == run_id and cursor.complete:
+            return
+        place = await self._locate(guild, channel_id, progress)
+        if place is GONE:
+            await self._forget_channel(channel_id, progress)
+            forgotten.add(channel_id)
+        elif isinstance(place, HISTORY_TYPES):
+            try:
+                await self._check_recent(place, run_id, cursor, progress)
+            except discord.NotFound as exc:
+                if exc.code != UNKNOWN_CHANNEL:
+                    raise
+                await self._forget_channel(channel_id, progress)  # deleted while we looked
+                forgotten.add(channel_id)
+            except discord.Forbidden:
+                progress.channels_no_access += 1
+        await self.cog.writes.run_and_wait(
+            lambda: store.save_reconcile_cursor(guild.id, channel_id, run_id, None, complete=True))
+
+    async def _locate(
+        self, guild: discord.Guild, channel_id: int, progress: ReconcileProgress
+    ) -> Place | _Gone | None:
+        """The channel or thread, :data:`GONE`, or ``None`` (exists, but cannot be checked)."""
+        place = guild.get_channel_or_thread(channel_id)
+        if place is not None:
+            return place
+        progress.requests += 1
+        try:
+            fetched = await self.cog.bot.fetch_channel(channel_id)
+        except discord.NotFound as exc:
+            if exc.code == UNKNOWN_CHANNEL:
+                return GONE
+            log.warning("reconcile: looking up channel %d answered %s; kept", channel_id, exc)
+            progress.channels_unchecked += 1
+            return None
+        except discord.Forbidden:
+            progress.channels_no_access += 1  # it exists; the bot may not see it: keep it
+            return None
+        except discord.HTTPException as exc:
+            log.warning("reconcile: looking up channel %d failed (%s); kept", channel_id, exc)
+            progress.channels_unchecked += 1
+            return None
+        finally:
+            await asyncio.sleep(self._pause_s)
+        if not isinstance(fetched, (discord.abc.GuildChannel, discord.Thread)) or (
+            fetched.guild.id != guild.id
+        ):
+            log.warning("reconcile: channel %d is not in guild %d any more; kept", channel_id,
+                        guild.id)
+            progress.channels_unchecked += 1
+            return None
+        return fetched
+
+    async def _forget_channel(self, channel_id: int, progress: ReconcileProgress) -> None:
+        removed = await self._forget(lambda: self.cog.engine.purge_channels([channel_id]))
+        progress.channels_forgotten += 1
+        progress.messages_forgotten += removed
+        log.info("reconcile: channel %d is gone; forgot its %d messages", channel_id, removed)
+
+    # -- recent messages -----------------------------------------------------------------
+
+    async def _check_recent(
+        self, place: History, run_id: int, cursor: ReconcileCursor | None,
+        progress: ReconcileProgress,
+    ) -> None:
+        """Forget a channel's recent stored messages that its history no longer has.
+
+        The span is from the run's start back to the oldest of the channel's
+        ``recent_messages`` newest stored messages; history is read newest first,
+        and after each page every stored message between that page's oldest and
+        the previous page's is either in the page or gone.
+        """
+        count = self.cog.engine.profile.reconcile.recent_messages
+        if count == 0:
+            return
+        if not _readable(place):
+            progress.channels_no_access += 1
+            return
+        channel_id = place.id
+        start = discord.utils.time_snowflake(ms_to_datetime(run_id))
+        low = await self.cog.read(self.cog.engine.store.recent_floor, channel_id, start, count)
+        upper = cursor.before_id if cursor and cursor.run_id == run_id and cursor.before_id else start
+        if low is None or upper <= low:
+            return
+        seen: list[int] = []
+        progress.requests += 1
+        async for message in place.history(limit=None, before=discord.Object(upper)):
+            seen.append(message.id)
+            if len(seen) == PAGE or message.id <= low:
+                upper = await self._settle_span(place, run_id, seen, max(min(seen), low), upper,
+                                                progress)
+                seen = []
+                if upper <= low:
+                    return
+                await asyncio.sleep(self._pause_s)
+                progress.requests += 1
+        # the channel's first message was reached: what is stored below it is gone too
+        await self._settle_span(place, run_id, seen, low, upper, progress)
+
+    async def _settle_span(
+        self, place: History, run_id: int, seen: list[int], lower: int,
+        upper: int, progress: ReconcileProgress,
+    ) -> int:
+        """Forget stored messages in ``[lower, upper)`` Discord did not return; save the place."""
+        store = self.cog.engine.store
+        channel_id, guild_id = place.id, place.guild.id
+        stored = await self.cog.read(store.message_ids_between, channel_id, lower, upper)
+        gone = sorted(set(stored).difference(seen))
+        progress.messages_checked += len(stored)
+        if gone:
+            removed = await self._forget(lambda: self.cog.engine.delete(gone))
+            progress.messages_forgotten += removed
+            log.info("reconcile: %d messages in channel %d were deleted while the bot was away",
+                     removed, channel_id)
+        await self.cog.writes.run_and_wait(
+            lambda: store.save_reconcile_cursor(guild_id, channel_id, run_id, lower))
+        return lower
+
+    async def _forget(self, deletion: Callable[[], int]) -> int:
+        """Run an engine deletion in order with the queued writes; how many it removed."""
+        removed: list[int] = []
+        await self.cog.writes.run_and_wait(lambda: removed.append(deletion()))
+        return removed[0] if removed else 0
+
+
+def _readable(place: History) -> bool:
+    """Whether the bot may read ``place``'s history (by the cache; Discord has the last word)."""
+    me = place.guild.me
+    if me is None:
+        return True
+    perms = place.permissions_for(me)
+    return perms.view_channel and perms.read_message_history
+
+
+async def _edit(message: discord.WebhookMessage, content: str) -> None:
+    try:
+        await message.edit(content=content[:2000])
+    except discord.HTTPException as exc:  # e.g. the interaction token expired after 15 min
+        log.debug("could not update reconcile progress: %s", exc)
