@@ -106,16 +106,31 @@ class ExportStream:
                     f"{self.path}: not a readable JSON export after {read} messages "
                     f"({_reason(exc)})"
                 ) from None
+            except _RepeatedKey as exc:
+                raise ImportFormatError(
+                    f"{self.path}: a second top-level {exc.key!r} key after {read} messages "
+                    "(an export has one, and JSON readers disagree about which counts): "
+                    "re-export the channel"
+                ) from None
         raise ImportFormatError(f"{self.path}: not valid UTF-8 after {read} messages")
 
     def _messages(self, backend: Any) -> Iterator[Any]:
+        """The items of the ``messages`` list; then the rest of the file is read for a second.
+
+        JSON parsers disagree about a repeated key (Python's keeps the last, a
+        stream reader meets the first), so an export with two is refused, not guessed.
+        """
         with _open_json(self.path) as handle:
             events = backend.basic_parse(handle, use_float=True)
+            seen: set[str] = set()
             for key, event, value in _top_level(events):
+                if key in seen and key in _ONCE:
+                    raise _RepeatedKey(key)
+                seen.add(key)
                 if key == "messages" and event == "start_array":
                     yield from _array_items(events)
-                    return
-                _skip(event, events)
+                else:
+                    _skip(event, events)
 
 
 def find_exports(paths: Sequence[str | Path]) -> list[Path]:
@@ -149,6 +164,16 @@ def read_export(path: str | Path) -> ExportFile:
     records = list(stream.records())
     ctx = stream.context
     return ExportFile(stream.path, ctx.guild_name, ctx.channel_name, records, stream.skipped)
+
+
+# keys an export has once; a second one is refused (see ExportStream._messages)
+_ONCE = frozenset(("guild", "channel", "messages"))
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
 
 
 _PARSE_ERRORS = (ijson.JSONError, UnicodeDecodeError, ValueError, RecursionError, OSError)
