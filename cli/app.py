@@ -27,7 +27,7 @@ from cli.output import (
     progress_bar,
     result_to_dict,
 )
-from cli.params import ID_OR_NAME, INPUT_PATH, ISO_DATE, LOG_LEVEL, PORT, SNOWFLAKE
+from cli.params import DATABASE_PATH, ID_OR_NAME, INPUT_PATH, ISO_DATE, LOG_LEVEL, PORT, SNOWFLAKE
 from memory.config import available_profiles
 from memory.engine import MemoryEngine
 from memory.errors import ImportFormatError, MemoryBotError, SearchInputError
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), default=default_db,
+@click.option("--db", type=DATABASE_PATH, default=default_db,
               show_default="data/memory.sqlite3, env MEMORY_DB",
               help="SQLite database file.")
 @click.option("--profile", envvar="MEMORY_PROFILE",

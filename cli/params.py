@@ -10,6 +10,9 @@ from typing import Any, cast
 
 import click
 
+from memory.db import refuse_url
+from memory.errors import DatabaseFileError
+
 MAX_SNOWFLAKE = 2**63 - 1  # what SQLite's INTEGER holds
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _ASCII_DIGITS = re.compile(r"[0-9]+")
@@ -105,6 +108,21 @@ class InputPath(click.Path):
         return super().convert(value, param, ctx)
 
 
+class DatabasePath(click.Path):
+    """The database file; a URL (``postgresql://…``) is refused before it becomes folders."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the path, or fail on a URL (checked before ``Path`` folds its ``//``)."""
+        try:
+            refuse_url(value)
+        except DatabaseFileError as exc:
+            self.fail(str(exc), param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class OutputFile(click.Path):
     """A file a command will write at the end: checked before any work starts."""
 
@@ -157,4 +175,5 @@ ISO_DATE = IsoDate()
 PORT = click.IntRange(1, 65535)
 LOG_LEVEL = click.Choice(LOG_LEVELS, case_sensitive=False)
 INPUT_PATH = InputPath()
+DATABASE_PATH = DatabasePath()
 OUTPUT_FILE = OutputFile()

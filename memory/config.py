@@ -395,6 +395,31 @@ def detect_accelerator() -> str:
     return "cpu"
 
 
+def missing_device(device: str) -> str | None:
+    """Why torch cannot use ``device`` on this machine, or ``None`` when it can.
+
+    Checked before a model loads: a CUDA profile on a machine without CUDA then says
+    so in one line, not torch's ``AssertionError: Torch not compiled with CUDA enabled``.
+    """
+    kind = device.split(":", 1)[0]
+    if kind not in ("cuda", "mps"):
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None  # the loader says that torch is missing
+    if kind == "cuda":
+        if torch.cuda.is_available():
+            return None
+        why = "this torch is built without CUDA" if torch.version.cuda is None else (
+            "torch sees no CUDA device")
+        return f"there is no CUDA here ({why})"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return None
+    return "there is no MPS here (torch sees no Apple GPU)"
+
+
 def load_profile(name_or_path: str, directory: Path = PROFILES_DIR) -> Profile:
     """Load a profile by name (``cpu``, ``cuda``, ..., or ``auto``) or by file path.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sqlite3 as _stdlib_sqlite3
 import time
 from collections.abc import Iterable
@@ -27,6 +28,10 @@ _driver: ModuleType | None = None
 
 FTS_SECURE_DELETE_SINCE = (3, 42, 0)
 """The first SQLite whose FTS5 has ``secure-delete`` (:mod:`memory.scrub`)."""
+
+# scheme://… (a Path folds the two slashes into one); two letters at least, so a
+# Windows drive (C:/) is still a path
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
 IN_IDS = "IN (SELECT value FROM json_each(?))"
 """``column IN_IDS`` with :func:`id_list` as its one parameter: any number of ids, one query."""
@@ -95,6 +100,19 @@ def sqlite_driver() -> ModuleType:
     )
 
 
+def refuse_url(path: str | Path) -> None:
+    """Refuse a database given as a URL (``postgresql://…``), which would become folders.
+
+    Raises:
+        DatabaseFileError: ``path`` starts with ``scheme:/``.
+    """
+    if _URL.match(str(path)):
+        raise DatabaseFileError(
+            f"{path} is a URL, but the memory is an SQLite file: no database engine for "
+            "URLs exists yet; give a file path such as data/memory.sqlite3"
+        )
+
+
 def connect(
     path: str | Path, *, check_same_thread: bool = False, read_only: bool | None = None
 ) -> Any:
@@ -119,8 +137,9 @@ def connect(
 
     Raises:
         ExtensionLoadError: sqlite-vec cannot be loaded.
-        DatabaseFileError: The path cannot be opened or is not an SQLite database.
+        DatabaseFileError: The path cannot be opened, is a URL or is not an SQLite database.
     """
+    refuse_url(path)
     driver = sqlite_driver()
     if read_only is None:
         read_only = not_writable(path)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from memory.config import DEFAULT_EMBEDDER, EmbedderConfig, detect_accelerator
+from memory.config import DEFAULT_EMBEDDER, EmbedderConfig, detect_accelerator, missing_device
 from memory.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,12 @@ class SentenceTransformerEmbedder:
                 device = self.config.device
                 if device == "auto":
                     device = detect_accelerator()
+                missing = missing_device(device)
+                if missing:
+                    raise ConfigError(
+                        f"embedder.device is {device!r} but {missing}: use --profile cpu, "
+                        "or --profile auto to pick what this machine has"
+                    )
                 if os.path.isdir(self._load_from):
                     os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 log.info("loading embedder %s on %s", self.model_id, device)

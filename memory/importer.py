@@ -19,11 +19,16 @@ from typing import Any, BinaryIO
 import ijson
 
 from memory.errors import ImportFormatError
-from memory.records import MessageRecord, datetime_to_ms, snowflake_time_ms
+from memory.records import DISCORD_EPOCH_MS, MessageRecord, datetime_to_ms, snowflake_time_ms
 
 log = logging.getLogger(__name__)
 
 _MAX_ID = 2**63 - 1  # SQLite INTEGER
+# A message's time is one a Discord message id can carry: from Discord's epoch
+# (2015-01-01) to the time the largest id SQLite stores encodes (2084-09-06).  Anything
+# else (0001-01-01, 9999-12-31 in UTC, 1970-01-01) is no Discord time, and a year
+# outside 1..9999 in UTC would not even read back as a datetime.
+_TIME_RANGE_MS = (DISCORD_EPOCH_MS, snowflake_time_ms(_MAX_ID))
 THREAD_TYPES = {"GuildPublicThread", "GuildPrivateThread", "GuildNewsThread"}
 # System notices carry no conversation worth remembering.
 SKIPPED_TYPES = {
@@ -59,6 +64,7 @@ class ExportStream:
         """
         self.path = Path(path)
         self.skipped = 0
+        self._times = _TimeCheck()
         guild, channel = _read_header(self.path)
         guild_id, channel_id = _snowflake(guild.get("id")), _snowflake(channel.get("id"))
         if guild_id is None or channel_id is None:
@@ -84,11 +90,12 @@ class ExportStream:
             try:
                 for raw in itertools.islice(self._messages(backend), read, None):
                     read += 1
-                    record = _record(raw, self.context)
+                    record = _record(raw, self.context, self._times)
                     if record is None:
                         self.skipped += 1
                     else:
                         yield record
+                self._times.report(self.path)
                 return
             except UnicodeDecodeError:
                 # yajl rejects escaped lone surrogates ("\udfff") that Python's JSON
@@ -99,16 +106,31 @@ class ExportStream:
                     f"{self.path}: not a readable JSON export after {read} messages "
                     f"({_reason(exc)})"
                 ) from None
+            except _RepeatedKey as exc:
+                raise ImportFormatError(
+                    f"{self.path}: a second top-level {exc.key!r} key after {read} messages "
+                    "(an export has one, and JSON readers disagree about which counts): "
+                    "re-export the channel"
+                ) from None
         raise ImportFormatError(f"{self.path}: not valid UTF-8 after {read} messages")
 
     def _messages(self, backend: Any) -> Iterator[Any]:
+        """The items of the ``messages`` list; then the rest of the file is read for a second.
+
+        JSON parsers disagree about a repeated key (Python's keeps the last, a
+        stream reader meets the first), so an export with two is refused, not guessed.
+        """
         with _open_json(self.path) as handle:
             events = backend.basic_parse(handle, use_float=True)
+            seen: set[str] = set()
             for key, event, value in _top_level(events):
+                if key in seen and key in _ONCE:
+                    raise _RepeatedKey(key)
+                seen.add(key)
                 if key == "messages" and event == "start_array":
                     yield from _array_items(events)
-                    return
-                _skip(event, events)
+                else:
+                    _skip(event, events)
 
 
 def find_exports(paths: Sequence[str | Path]) -> list[Path]:
@@ -142,6 +164,16 @@ def read_export(path: str | Path) -> ExportFile:
     records = list(stream.records())
     ctx = stream.context
     return ExportFile(stream.path, ctx.guild_name, ctx.channel_name, records, stream.skipped)
+
+
+# keys an export has once; a second one is refused (see ExportStream._messages)
+_ONCE = frozenset(("guild", "channel", "messages"))
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
 
 
 _PARSE_ERRORS = (ijson.JSONError, UnicodeDecodeError, ValueError, RecursionError, OSError)
@@ -280,7 +312,31 @@ def _parent_id(channel: dict[str, Any]) -> int | None:
     return _snowflake(channel.get("parentId") or channel.get("categoryId"))
 
 
-def _record(raw: Any, ctx: _ChannelContext) -> MessageRecord | None:
+class _TimeCheck:
+    """Reads an export's times, refusing those outside :data:`_TIME_RANGE_MS`, and counts them."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    def __call__(self, value: Any) -> int | None:
+        """The time in unix milliseconds, or ``None`` when missing, unreadable or refused."""
+        ms = _time_ms(value)
+        if ms is None or _TIME_RANGE_MS[0] <= ms <= _TIME_RANGE_MS[1]:
+            return ms
+        self.refused += 1
+        return None
+
+    def report(self, path: Path) -> None:
+        """Say once per file how many times were refused and what was used instead."""
+        if self.refused:
+            log.warning(
+                "%s: %d timestamps outside 2015-01-01 .. 2084-09-06 UTC (no Discord message "
+                "has one) were refused: a message's creation time was taken from its id, an "
+                "edit time was dropped", path, self.refused,
+            )
+
+
+def _record(raw: Any, ctx: _ChannelContext, times: _TimeCheck) -> MessageRecord | None:
     """Build a record from one exported message, or ``None`` if it is unusable."""
     if not isinstance(raw, dict) or _text(raw.get("type", "Default")) in SKIPPED_TYPES:
         return None
@@ -299,13 +355,14 @@ def _record(raw: Any, ctx: _ChannelContext) -> MessageRecord | None:
     reference: dict[str, Any] = (
         raw["reference"] if isinstance(raw.get("reference"), dict) else {}
     )
+    created_at = times(raw.get("timestamp"))  # 0 (1970) is a time, refused by its range
     return MessageRecord(
         id=message_id,
         guild_id=ctx.guild_id,
         channel_id=ctx.channel_id,
         author_id=_snowflake(author.get("id")) or 0,
-        created_at=_time_ms(raw.get("timestamp")) or snowflake_time_ms(message_id),
-        edited_at=_time_ms(raw.get("timestampEdited")),
+        created_at=snowflake_time_ms(message_id) if created_at is None else created_at,
+        edited_at=times(raw.get("timestampEdited")),
         content=content,
         author_name=_text(author.get("name")),
         author_display_name=_text(author.get("nickname")) or _text(author.get("name")),

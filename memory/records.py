@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 DISCORD_EPOCH_MS = 1420070400000
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_DATETIME_RANGE_MS = tuple(
+    (edge.replace(tzinfo=timezone.utc) - _UNIX_EPOCH) // timedelta(milliseconds=1)
+    for edge in (datetime.min, datetime.max)
+)
 
 
 def snowflake_time_ms(snowflake: int) -> int:
@@ -22,8 +27,13 @@ def snowflake_time_ms(snowflake: int) -> int:
 
 
 def ms_to_datetime(ms: int) -> datetime:
-    """Convert unix milliseconds to an aware UTC datetime."""
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    """Convert unix milliseconds to an aware UTC datetime.
+
+    A time beyond what a datetime holds (years 1 to 9999) is shown at that edge: the
+    importer refuses such times, but a database written before it did may hold one.
+    """
+    low, high = _DATETIME_RANGE_MS
+    return _UNIX_EPOCH + timedelta(milliseconds=min(max(ms, low), high))
 
 
 def datetime_to_ms(value: datetime) -> int:

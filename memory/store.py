@@ -206,7 +206,11 @@ class MessageStore:
 
     def _check_vector_table(self) -> None:
         """Rebuild a vector table that is gone (dropped by hand?): everything is re-embedded."""
-        model = self.embedding_model()
+        try:
+            model = self.embedding_model()
+        except DatabaseFileError as exc:  # said by whatever needs the model; reembed repairs it
+            log.info("%s", exc)
+            return
         if model is not None and not table_columns(self._conn):
             log.warning("%s has no vector table; every message will be embedded again", self.path)
             self.reset_embeddings(*model)
@@ -298,9 +302,26 @@ class MessageStore:
         self.set_meta(_META_PROFILE, name)
 
     def embedding_model(self) -> tuple[str, int] | None:
-        """Return ``(model_id, dimension)`` the vectors were made with, if any."""
+        """Return ``(model_id, dimension)`` the vectors were made with, if any.
+
+        Raises:
+            DatabaseFileError: The stored dimension is not a positive whole number (the
+                file was edited or damaged); ``reembed`` rewrites it.
+        """
         model, dim = self.get_meta(_META_MODEL), self.get_meta(_META_DIM)
-        return (model, int(dim)) if model and dim else None
+        if not (model and dim):
+            return None
+        try:
+            size = int(dim)
+        except ValueError:
+            size = 0
+        if size <= 0:
+            raise DatabaseFileError(
+                f"{self.path}: the stored vector size (meta.embedding_dim) is {dim[:40]!r}, "
+                "not a positive whole number; run `python bot.py reembed` to rebuild the "
+                "vectors and record it again (the messages are intact)"
+            )
+        return model, size
 
     def set_embedding_model(self, model_id: str, dimension: int) -> None:
         """Bind this database to an embedding model, creating the vector table.

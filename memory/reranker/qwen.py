@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from memory.config import RerankerConfig, detect_accelerator
+from memory.config import RerankerConfig, detect_accelerator, missing_device
 from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.reranker.kv_cache import (
@@ -281,6 +281,12 @@ class QwenReranker:
                 "the transformers reranker needs the transformers package: "
                 "pip install 'transformers>=4.51'"
             ) from exc
+        missing = missing_device(self.device)
+        if missing:
+            raise RerankerUnavailable(
+                f"reranker.device is {self.device!r} but {missing}: use --profile cpu, "
+                "or --profile auto to pick what this machine has"
+            )
         name = self.config.model
         log.info("loading reranker %s on %s as %s", name, self.device, self.dtype)
         try:
