@@ -117,7 +117,7 @@ throwaway_test() {  # throwaway_test newest|lowest-direct [pytest args...]
     shift
     local dir
     dir=$(mktemp -d "${TMPDIR:-/tmp}/memory-bot-$resolution.XXXXXX")
-    trap 'rm -rf "$dir"' EXIT
+    trap "rm -rf '$dir'" EXIT  # expanded now: the local is gone when the trap runs
     new_venv "$dir/venv"
     local version
     version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
