@@ -118,6 +118,7 @@ throwaway_test() {  # throwaway_test newest|lowest-direct [pytest args...]
     local dir
     dir=$(mktemp -d "${TMPDIR:-/tmp}/memory-bot-$resolution.XXXXXX")
     trap "rm -rf '$dir'" EXIT  # expanded now: the local is gone when the trap runs
+    chmod 755 "$dir"  # mktemp's 700 would hide the venv from tests that run bot.py as another user
     new_venv "$dir/venv"
     local version
     version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
