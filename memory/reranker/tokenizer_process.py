@@ -111,7 +111,7 @@ def _serve(name: str, requests: IO[bytes], replies: IO[bytes]) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(name)
     except Exception as exc:  # the parent raises it as an OSError with this text
-        send("error", f"{type(exc).__name__}: {exc}")
+        send("error", f"could not load a tokenizer from {name}: {type(exc).__name__}: {exc}")
         return
     send("ok", {"pad_token_id": tokenizer.pad_token_id, "unk_token_id": tokenizer.unk_token_id})
     while True:
@@ -125,7 +125,7 @@ def _serve(name: str, requests: IO[bytes], replies: IO[bytes]) -> None:
             else:
                 value = tokenizer.convert_tokens_to_ids(request[1])
         except Exception as exc:
-            send("error", f"{type(exc).__name__}: {exc}")
+            send("error", f"could not load a tokenizer from {name}: {type(exc).__name__}: {exc}")
             continue
         send("ok", value)
 
