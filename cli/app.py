@@ -100,6 +100,8 @@ def import_command(settings: Settings, paths: tuple[Path, ...], no_embed: bool) 
         f"{summary.skipped} skipped, {summary.embedded} embedded"
         + (f", {summary.expired} older than the server's retention period (not stored)"
            if summary.expired else "")
+        + (f", {summary.misplaced} with an id already stored in another channel (not stored)"
+           if summary.misplaced else "")
     )
     for error in summary.errors:
         click.echo(f"  skipped file: {error}", err=True)

@@ -12,13 +12,13 @@ import itertools
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import astuple, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
+from memory import claims
 from memory.config import Profile
 from memory.context import Context, TokenCounter, assemble_context, token_counter_for
 from memory.embedder import Embedder, SentenceTransformerEmbedder
@@ -57,7 +57,8 @@ class ImportSummary:
     """What an import of export files did.
 
     ``skipped``: entries that are not messages; ``expired``: messages older than
-    their server's retention period, not stored.
+    their server's retention period, not stored; ``misplaced``: messages whose id is
+    stored in another channel (the first channel keeps it), not stored.
     """
 
     files: int = 0
@@ -67,6 +68,7 @@ class ImportSummary:
     skipped: int = 0
     embedded: int = 0
     expired: int = 0
+    misplaced: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -191,6 +193,7 @@ class MemoryEngine:
             summary.updated += stats.updated
             summary.unchanged += stats.unchanged
             summary.expired += stats.expired
+            summary.misplaced += stats.misplaced
         if embed:
             summary.embedded = self.embed_pending(progress=on_embedded)
         return summary
@@ -314,7 +317,7 @@ class MemoryEngine:
         if self.store.pending_count() == 0:
             return 0
         self.store.set_embedding_model(self.embedder.model_id, self.embedder.dimension)
-        owner = uuid.uuid4().hex  # claims keep concurrent embedders off each other's batches
+        owner = claims.process_owner()  # concurrent embedders stay off each other's batches
         done = 0
         try:
             while not (stop is not None and stop.is_set()) and (

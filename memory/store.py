@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from memory import scrub, windows
+from memory import claims, scrub, windows
 from memory.db import IN_IDS, check_ours, connect, id_list, not_writable, sqlite_driver
 from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SettingsError
 from memory.filters import Filters, filter_sql
@@ -65,6 +65,7 @@ class UpsertStats:
     unchanged: int = 0
     forgotten: int = 0  # stored copies deleted because their author opted out, then edited
     expired: int = 0  # older than the guild's retention period: not stored
+    misplaced: int = 0  # stored before in another channel: left out (the first channel wins)
 
 
 @dataclass(frozen=True)
@@ -365,7 +366,10 @@ class MessageStore:
         rewritten by trigger and its vector dropped; it is re-embedded with the
         backlog.  Re-importing identical messages changes nothing.  Messages older
         than their guild's retention period are not stored, whichever path brings
-        them (live capture, backfill, import); ``expired`` counts them.
+        them (live capture, backfill, import); ``expired`` counts them.  A message
+        id already stored in another channel keeps its first channel: the copy is
+        left out and counted as ``misplaced`` (Discord's ids are unique, so such a
+        copy comes from a damaged or edited export).
 
         Nothing by a member who opted out of a guild (``/memory forget-me`` opts
         out too) is stored there, whichever path brings it: an edit of their
@@ -377,20 +381,32 @@ class MessageStore:
             insert: ``False`` only applies changes to messages already stored (an
                 edit in a channel the guild no longer remembers).
         """
-        records, expired = self._within_retention(list(records))
-        records, withheld = self._admissible(records)
-        if not records and not withheld:
-            return UpsertStats(expired=expired)
-        existing = self._existing([r.id for r in [*records, *withheld]])
-        if not insert:
-            records = [r for r in records if r.id in existing]
-        withdrawn = [r.id for r in withheld if _newer_version(r, existing.get(r.id))]
-        if not records and not withdrawn:
-            return UpsertStats(expired=expired)
-        inserted = updated = unchanged = 0
-        contexts_done: set[tuple] = set()
-        touched: list[tuple[int, int]] = []  # (channel, message) whose index rows change
+        records = list(records)
+        if not records:
+            return UpsertStats()
+        # everything that decides the write is read inside it: a second writer (two
+        # imports of the same export) cannot insert the same ids in between
         with self._transaction() as conn:
+            records, expired = self._within_retention(records)
+            records, withheld = self._admissible(records)
+            existing, stored_in = self._existing([r.id for r in [*records, *withheld]])
+            if not insert:
+                records = [r for r in records if r.id in existing]
+            # a message stays in the channel it was first stored in (ids are unique on
+            # Discord: a copy elsewhere is a damaged or forged export) and its indexes
+            # follow that row; the copy is left out
+            misplaced = [r for r in [*records, *withheld]
+                         if stored_in.get(r.id, r.channel_id) != r.channel_id]
+            if misplaced:
+                log.warning("left out %d messages stored before in another channel (first "
+                            "e.g. %d in %d, stored in %d)", len(misplaced), misplaced[0].id,
+                            misplaced[0].channel_id, stored_in[misplaced[0].id])
+                records = [r for r in records if stored_in.get(r.id, r.channel_id) == r.channel_id]
+                withheld = [r for r in withheld if stored_in.get(r.id, r.channel_id) == r.channel_id]
+            withdrawn = [r.id for r in withheld if _newer_version(r, existing.get(r.id))]
+            inserted = updated = unchanged = 0
+            contexts_done: set[tuple] = set()
+            touched: list[tuple[int, int]] = []  # (channel, message) whose index rows change
             for record in records:
                 # a batch repeats the same guild/channel/author many times; writing
                 # an identical context row again would change nothing
@@ -413,9 +429,10 @@ class MessageStore:
                 else:
                     unchanged += 1
                 existing[record.id] = row
+                stored_in[record.id] = record.channel_id  # the same id twice in one batch
             windows.reindex(conn, touched)
             forgotten = self._forget(conn, withdrawn)
-        return UpsertStats(inserted, updated, unchanged, forgotten, expired)
+        return UpsertStats(inserted, updated, unchanged, forgotten, expired, len(misplaced))
 
     def _within_retention(self, records: list[MessageRecord]) -> tuple[list[MessageRecord], int]:
         """Leave out messages older than their guild's retention period; count them."""
@@ -465,12 +482,14 @@ class MessageStore:
                 (withheld if (r.guild_id, r.author_id) in opted_out else admitted).append(r)
         return admitted, withheld
 
-    def _existing(self, ids: list[int]) -> dict[int, tuple]:
+    def _existing(self, ids: list[int]) -> tuple[dict[int, tuple], dict[int, int]]:
+        """The stored text rows (:func:`_message_row`) and channels of those of ``ids`` stored."""
         rows = self._query(
-            f"SELECT id, content, edited_at, attachments FROM messages WHERE id {IN_IDS}",
+            "SELECT id, channel_id, content, edited_at, attachments FROM messages "
+            f"WHERE id {IN_IDS}",
             (id_list(ids),),
         )
-        return {row[0]: tuple(row[1:]) for row in rows}
+        return {row[0]: tuple(row[2:]) for row in rows}, {row[0]: row[1] for row in rows}
 
     @staticmethod
     def _upsert_context(conn: Any, r: MessageRecord) -> None:
@@ -771,13 +790,22 @@ class MessageStore:
         """Claim up to ``limit`` unembedded messages for ``owner`` and return them.
 
         A message claimed by another embedder is left out until its claim is
-        released (:meth:`write_vectors`, :meth:`release`) or expires after
-        ``ttl_s`` (its embedder died), so concurrent embedders share the backlog
-        instead of repeating each other's work.
+        released (:meth:`write_vectors`, :meth:`release`), its process ends
+        (:mod:`memory.claims`: a killed embedder's batch is back at once), or the
+        claim expires after ``ttl_s`` (an owner on another host), so concurrent
+        embedders share the backlog instead of repeating each other's work.
+
+        Args:
+            owner: A name from :func:`memory.claims.process_owner`.
         """
         now = _now_ms()
         with self._transaction() as conn:
             conn.execute("DELETE FROM embedding_claims WHERE expires_at <= ?", (now,))
+            dead = [row[0] for row in conn.execute("SELECT DISTINCT owner FROM embedding_claims")
+                    if claims.is_dead(row[0])]
+            if dead:
+                log.info("taking back the embedding claims of %d ended processes", len(dead))
+                conn.execute(f"DELETE FROM embedding_claims WHERE owner {IN_IDS}", (json.dumps(dead),))
             ids = [row[0] for row in conn.execute(
                 "SELECT m.id FROM messages m WHERE m.embedded = 0 AND NOT EXISTS "
                 "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
