@@ -8,10 +8,11 @@ message cannot be read back from the file:
 * every connection that writes runs with ``PRAGMA secure_delete=ON`` (set by
   :func:`memory.db.connect`): deleted content and freed pages are overwritten with
   zeros.  ``FAST`` is not enough: it leaves freed pages as they were.
-* both keyword indexes run in FTS5's ``secure-delete`` mode (SQLite 3.42 and later),
+* both keyword indexes run in FTS5's ``secure-delete`` mode (SQLite 3.46.1 and later:
+  earlier releases could corrupt the index in this mode),
   which removes a deleted document's entries from the index at once
   (:func:`secure_keyword_index`).  The option is kept in the database and moves
-  the index to a file format that SQLite before 3.42 cannot read.
+  the index to a file format that older SQLite cannot read.
 * after a transaction that deleted messages or changed a message's text the
   write-ahead log is checkpointed into the file and truncated to zero bytes
   (:func:`truncate_wal`): until then it holds the pages as they were before.
@@ -47,7 +48,7 @@ def check_keyword_index_readable(conn: Any, path: str) -> None:
 
     Raises:
         DatabaseFileError: The index runs in secure-delete mode and SQLite is older
-            than 3.42.
+            than 3.46.1.
     """
     driver = sqlite_driver()
     if driver.sqlite_version_info >= FTS_SECURE_DELETE_SINCE:
@@ -55,7 +56,7 @@ def check_keyword_index_readable(conn: Any, path: str) -> None:
     if conn.execute("SELECT 1 FROM search_fts_config WHERE k = 'secure-delete' AND v = 1").fetchone():
         raise DatabaseFileError(
             f"{path}: its keyword index erases deleted messages' words, which needs SQLite "
-            f"3.42 or later, and this Python's is {driver.sqlite_version}: install "
+            f"3.46.1 or later, and this Python's is {driver.sqlite_version}: install "
             "pysqlite3-binary, or use a Python with a newer SQLite"
         )
 
@@ -68,13 +69,13 @@ def secure_keyword_index(conn: Any) -> bool:
 
     Returns:
         Whether the indexes run in secure-delete mode now.  With SQLite older than
-        3.42 they cannot, and a warning says so.
+        3.46.1 they do not, and a warning says so.
     """
     driver = sqlite_driver()
     if driver.sqlite_version_info < FTS_SECURE_DELETE_SINCE:
         log.warning(
             "SQLite %s cannot remove deleted messages' words from the keyword index at "
-            "once (that needs 3.42 or later): they stay in the file until the index is "
+            "once (that needs 3.46.1 or later): they stay in the file until the index is "
             "merged. Install pysqlite3-binary, or use a Python with a newer SQLite",
             driver.sqlite_version,
         )
