@@ -83,6 +83,8 @@ def format_result(result: SearchResult, *, debug: bool = False, width: int = 90)
     threshold = f"{t.threshold:.2f} ({t.threshold_mode})" if t.threshold is not None else t.threshold_mode
     if t.threshold_floor is not None:
         threshold += f", floor {t.threshold_floor:.2f}"
+    if t.keyword_only:
+        lines.append(f"keyword search only: {t.keyword_only}")
     lines.append(
         f"[{t.candidates.get('returned', 0)} results, threshold {threshold}, "
         f"{t.timings_ms.get('total', 0):.1f} ms]"

@@ -46,7 +46,7 @@ from cogs.reconcile import Reconciler
 from cogs.render import inert, render_hits
 from memory.config import available_profiles, load_profile
 from memory.context import Context
-from memory.errors import MemoryBotError, SearchInputError
+from memory.errors import EmbeddingModelChanged, MemoryBotError, SearchInputError
 from memory.records import SearchResult
 from memory.search import SearchRequest
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
@@ -275,6 +275,9 @@ class MemoryCog(commands.Cog):
             await self._on(self._embed_pool, functools.partial(
                 self.engine.embed_pending, stop=self._stop_embedding))
             self._embed_failures = 0
+        except EmbeddingModelChanged as exc:  # no vector of this model fits any more
+            log.error("embedding stopped until the bot restarts: %s", exc)
+            self.embed_backlog.stop()
         except Exception as exc:
             self._embed_failures += 1
             pause = min(EMBED_INTERVAL_S * 2 ** self._embed_failures, EMBED_BACKOFF_MAX_S)

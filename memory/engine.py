@@ -113,6 +113,7 @@ class MemoryEngine:
         self.embedder = embedder or SentenceTransformerEmbedder(profile.embedder)
         if check_model:
             self._check_model()
+            self.store.model = self.embedder.model_id  # a reembed elsewhere is noticed
         self.rerankers = RerankerManager(profile, load=load_reranker)
         self.searcher = Searcher(
             self.store, self.embedder, profile.search, reranker=self.rerankers.current

@@ -28,6 +28,15 @@ class EmbeddingModelMismatch(MemoryBotError):
     """The store was embedded with a different model than the one configured."""
 
 
+class EmbeddingModelChanged(EmbeddingModelMismatch):
+    """Another process re-embedded the database with another model while this one ran.
+
+    This process stops writing vectors (they would be of the wrong model or size) and
+    its searches fall back to keyword search, until it is restarted with a profile
+    whose embedder matches the database.
+    """
+
+
 class ImportFormatError(MemoryBotError):
     """An input file is not a DiscordChatExporter JSON export."""
 

@@ -160,6 +160,8 @@ class Trace:
     rerank_fallback: str | None = None
     pre_rerank: list[int] = field(default_factory=list)
     post_rerank: list[int] = field(default_factory=list)
+    # why vector search was left out (the database was re-embedded with another model)
+    keyword_only: str | None = None
 
 
 @dataclass

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -34,7 +34,7 @@ import numpy as np
 from memory import metrics
 from memory.config import SearchConfig
 from memory.embedder import Embedder, one_cpu_thread
-from memory.errors import SearchInputError
+from memory.errors import EmbeddingModelChanged, SearchInputError
 from memory.filters import Filters
 from memory.names import MemberNames
 from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
@@ -236,14 +236,32 @@ class Searcher:
         self._members: dict[int | None, tuple[int, list, MemberNames]] = {}
         self._members_lock = threading.Lock()
         self._beside = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-keyword")
+        self._said_keyword_only = False
 
     def search(self, request: SearchRequest) -> SearchResult:
         """Run one search.
+
+        When another process has re-embedded the database with another model, this
+        process's query vectors no longer fit: the search runs on keywords only and
+        ``trace.keyword_only`` says why.
 
         Raises:
             SearchInputError: No query, more than 20 queries or 4000 characters, a bad
                 limit or mode.
         """
+        try:
+            return self._search(request)
+        except EmbeddingModelChanged as exc:
+            if request.mode == "keyword":
+                raise
+            if not self._said_keyword_only:
+                self._said_keyword_only = True
+                log.warning("searching by keywords only: %s", exc)
+            result = self._search(replace(request, mode="keyword"))
+            result.trace.keyword_only = str(exc)
+            return result
+
+    def _search(self, request: SearchRequest) -> SearchResult:
         queries = self._validate(request)
         trace = Trace()
         clock = _Clock(trace)
@@ -350,6 +368,7 @@ class Searcher:
     def _embed(self, queries: list[str]) -> np.ndarray | None:
         if self.store.embedding_model() is None:
             return None
+        self.store.check_model_unchanged()  # before embedding with a model that no longer fits
         return self.embedder.embed(queries)
 
     def close(self) -> None:

@@ -27,7 +27,12 @@ import numpy as np
 
 from memory import claims, scrub, windows
 from memory.db import IN_IDS, check_ours, connect, id_list, not_writable, sqlite_driver
-from memory.errors import DatabaseFileError, EmbeddingModelMismatch, SettingsError
+from memory.errors import (
+    DatabaseFileError,
+    EmbeddingModelChanged,
+    EmbeddingModelMismatch,
+    SettingsError,
+)
 from memory.filters import Filters, filter_sql
 from memory.migrations import migrate
 from memory.records import MessageRecord, PendingMessage, StoredMessage
@@ -188,6 +193,9 @@ class MessageStore:
         self._beside_conn: Any = None  # opened on the first read beside the KNN (_read_beside)
         self._beside_lock = threading.Lock()
         self.generation = 0  # bumped on every write; lets callers cache derived data
+        # the embedding model this process writes and searches with (its engine sets it):
+        # see model_changed()
+        self.model: str | None = None
         self._forgot = False  # this transaction removed text: empty the WAL after it
         self._erase_deleted = erase_deleted
         self.vectors = VectorIndex(self._query, on_change=windows.vectors_changed)
@@ -324,17 +332,41 @@ class MessageStore:
             )
         return model, size
 
+    def model_changed(self) -> str | None:
+        """Why this process may no longer use the vectors, or ``None`` while it may.
+
+        :attr:`model` is the embedding model this process writes and searches with
+        (set by its engine).  When another process re-embeds the database with another
+        model (``reembed``), the database's model no longer matches: this process's
+        query vectors and new vectors are of another model, perhaps another size.
+        One read of ``meta``.
+        """
+        current = self.embedding_model()
+        if self.model is None or current is None or current[0] == self.model:
+            return None
+        return (f"{self.path} was re-embedded with {current[0]} ({current[1]} dims) by another "
+                f"process; this one uses {self.model}, so it writes no "
+                "vectors (new messages wait in the backlog) and searches by keywords only "
+                "until it is restarted with a matching profile")
+
+    def check_model_unchanged(self) -> None:
+        """Raise :class:`EmbeddingModelChanged` with :meth:`model_changed`'s reason, if any."""
+        if reason := self.model_changed():
+            raise EmbeddingModelChanged(reason)
+
     def set_embedding_model(self, model_id: str, dimension: int) -> None:
         """Bind this database to an embedding model, creating the vector table.
 
         Raises:
             EmbeddingModelMismatch: The database already holds vectors of another
                 model; run ``python bot.py reembed`` to switch.
+            EmbeddingModelChanged: Another process re-embedded it while this one ran.
         """
         current = self.embedding_model()
         if current == (model_id, dimension):
             return
         if current is not None:
+            self.check_model_unchanged()  # it changed under this process: say so
             raise EmbeddingModelMismatch(
                 f"{self.path} was embedded with {current[0]} ({current[1]} dims) but the "
                 f"profile uses {model_id} ({dimension} dims); run `python bot.py reembed` "
@@ -351,6 +383,7 @@ class MessageStore:
             conn.execute("DELETE FROM meta WHERE key IN (?, ?)", (_META_MODEL, _META_DIM))
             conn.execute("UPDATE messages SET embedded = 0")
             self._bind_model(conn, model_id, dimension)
+        self.model = model_id  # from now on, a reembed by another process is noticed
 
     def _bind_model(self, conn: Any, model_id: str, dimension: int) -> None:
         self.vectors.create(conn, dimension)
@@ -866,6 +899,7 @@ class MessageStore:
             raise ValueError("one vector per message is required")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         with self._transaction() as conn:
+            self.check_model_unchanged()  # inside: no reembed can slip in before the write
             current = self._unchanged_since_read(conn, messages)
             if owner is not None:
                 current -= self._claimed_by_others(conn, messages, owner)
@@ -915,7 +949,12 @@ class MessageStore:
         """
         if self.embedding_model() is None:
             return []
-        return self.vectors.knn(vector, k, filters, rescore=rescore)
+        self.check_model_unchanged()
+        try:
+            return self.vectors.knn(vector, k, filters, rescore=rescore)
+        except Exception as exc:  # re-embedded between the check and the query
+            self.check_model_unchanged()
+            raise exc
 
     def keyword(
         self, match: str, k: int, filters: Filters, *, field: str = "message"
