@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import discord
 
+from memory.errors import DiskFullError
 from memory.records import MessageRecord, datetime_to_ms
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,10 @@ class WriteQueue:
                 await self._run(lambda: self._apply(batch))
             except asyncio.CancelledError:
                 raise
+            except DiskFullError as exc:  # kept and retried until there is room: never dropped
+                failures += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.error("%d writes wait for disk space: %s", len(batch), exc)
             except Exception as exc:
                 if not is_busy(exc):
                     failures += 1
@@ -164,11 +169,11 @@ class WriteQueue:
                     log.warning("writing %d changes failed (%s); retrying", len(batch), exc)
                 else:
                     log.info("database busy; retrying %d writes in %.2f s", len(batch), delay)
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, RETRY_MAX_S)
-                continue
-            _settle(batch, None)
-            return
+            else:
+                _settle(batch, None)
+                return
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, RETRY_MAX_S)
 
 
 def _settle(batch: list[Write], exc: BaseException | None) -> None:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sqlite3 as _stdlib_sqlite3
 import time
 from collections.abc import Iterable
@@ -20,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from memory.errors import DatabaseFileError, ExtensionLoadError
+from memory.errors import DatabaseFileError, DiskFullError, ExtensionLoadError
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,31 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
 IN_IDS = "IN (SELECT value FROM json_each(?))"
 """``column IN_IDS`` with :func:`id_list` as its one parameter: any number of ids, one query."""
+
+
+def as_disk_full(exc: BaseException, path: str | Path) -> DiskFullError | None:
+    """The one-line error for a write that failed because the disk is full, else ``None``.
+
+    SQLite says "database or disk is full" when the disk has no space left (ENOSPC)
+    and "disk I/O error" when a write fails otherwise (e.g. EFBIG, a file-size
+    limit); either way it has rolled the transaction back, so what was committed
+    before is intact, and the message says so.
+    """
+    text = str(exc).lower()
+    if type(exc).__name__ != "OperationalError" or not (
+        "disk is full" in text or "disk i/o error" in text
+    ):
+        return None
+    folder = Path(path).expanduser().resolve().parent
+    try:
+        free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MB free there"
+    except OSError:
+        free = "free space unknown"
+    return DiskFullError(
+        f"could not write {path} ({exc}; {free}): the disk is full or the file is at a "
+        "size limit; the interrupted write was rolled back and everything stored before "
+        "it is intact; free some space and run it again"
+    )
 
 
 def id_list(ids: Iterable[int]) -> str:

@@ -20,6 +20,12 @@ class DatabaseFileError(MemoryBotError):
     """The database path cannot be opened, is not SQLite, or is from a newer bot."""
 
 
+class DiskFullError(DatabaseFileError):
+    """SQLite could not write the database file: its disk is full (or the file is at a
+    size limit).  The interrupted transaction was rolled back; everything committed
+    before it is intact."""
+
+
 class ConfigError(MemoryBotError):
     """A profile file or value is invalid; the message names the file and key."""
 

@@ -26,7 +26,15 @@ from typing import Any
 import numpy as np
 
 from memory import claims, scrub, windows
-from memory.db import IN_IDS, check_ours, connect, id_list, not_writable, sqlite_driver
+from memory.db import (
+    IN_IDS,
+    as_disk_full,
+    check_ours,
+    connect,
+    id_list,
+    not_writable,
+    sqlite_driver,
+)
 from memory.errors import (
     DatabaseFileError,
     EmbeddingModelChanged,
@@ -185,10 +193,16 @@ class MessageStore:
         Raises:
             ExtensionLoadError: sqlite-vec cannot be loaded.
             DatabaseFileError: The file is not (or is a newer version of) this bot's database.
+            DiskFullError: Creating or upgrading it needed space the disk does not have.
         """
         self.path = str(path)
         self.read_only = not_writable(path) if read_only is None else read_only
-        self._conn = connect(path, read_only=self.read_only)
+        try:
+            self._conn = connect(path, read_only=self.read_only)
+        except Exception as exc:  # creating the file, or switching it to WAL
+            if full := as_disk_full(exc, path):
+                raise full from exc
+            raise
         self._lock = threading.RLock()
         self._beside_conn: Any = None  # opened on the first read beside the KNN (_read_beside)
         self._beside_lock = threading.Lock()
@@ -209,8 +223,10 @@ class MessageStore:
                     self._secure_deletes()
                 else:
                     self._conn.execute("PRAGMA secure_delete=OFF")
-        except BaseException:
+        except BaseException as exc:
             self._conn.close()
+            if full := as_disk_full(exc, path):  # a migration's write; it was rolled back
+                raise full from exc
             raise
 
     def _check_vector_table(self) -> None:
@@ -258,16 +274,29 @@ class MessageStore:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
-            except BaseException:
+                self._conn.execute("COMMIT")
+            except BaseException as exc:
                 self._forgot = False
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # SQLite rolls back itself on some errors
+                    self._conn.execute("ROLLBACK")
+                if full := as_disk_full(exc, self.path):
+                    raise full from exc
                 raise
-            self._conn.execute("COMMIT")
             self.generation += 1
             if self._forgot:  # the WAL still holds the changed pages as they were
                 self._forgot = False
                 if self._erase_deleted:
-                    scrub.truncate_wal(self._conn)
+                    self._truncate_wal()
+
+    def _truncate_wal(self) -> None:
+        """Empty the write-ahead log after a commit that removed text (see memory.scrub)."""
+        try:
+            scrub.truncate_wal(self._conn)
+        except Exception as exc:  # committed already: a full disk only delays the erasing
+            if not as_disk_full(exc, self.path):
+                raise
+            log.warning("the write-ahead log of %s could not be emptied (%s); deleted text "
+                        "stays in it until the next delete empties it", self.path, exc)
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
