@@ -29,7 +29,7 @@ from memory.reranker.service import RerankerManager
 from memory.search import Searcher, SearchRequest
 from memory.settings import GuildSettings
 from memory.store import BackfillCursor, GuildStats, MessageStore, UpsertStats
-from memory.text import embedding_text, needs_context
+from memory.text import embedding_text, needs_antecedent
 
 log = logging.getLogger(__name__)
 
@@ -335,15 +335,15 @@ class MemoryEngine:
         return done
 
     def embedding_text(self, message: PendingMessage) -> str:
-        """The text embedded for a message, per the profile's context setting."""
+        """The text embedded for a message, per the profile's ``[embedder] context`` setting."""
         cfg = self.profile.embedder
-        with_context = needs_context(message.content, cfg.context, cfg.short_words)
+        with_antecedent = needs_antecedent(message.content, cfg.context, cfg.short_words)
         return embedding_text(
             message.author_name,
             message.content,
             message.attachments,
-            message.context_author if with_context else None,
-            message.context_content if with_context else None,
+            message.antecedent_author if with_antecedent else None,
+            message.antecedent_content if with_antecedent else None,
         )
 
     def reembed(self, *, progress: Progress | None = None) -> int:

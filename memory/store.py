@@ -898,14 +898,15 @@ class MessageStore:
                WHERE {where}""",
             params,
         )
-        context = self._context_rows([row[10] for row in rows if row[10] is not None])
+        antecedents = self._antecedent_rows([row[10] for row in rows if row[10] is not None])
         return [
-            PendingMessage(**_message_fields(row), context_author=context.get(row[10], (None, None))[0],
-                           context_content=context.get(row[10], (None, None))[1])
+            PendingMessage(**_message_fields(row),
+                           antecedent_author=antecedents.get(row[10], (None, None))[0],
+                           antecedent_content=antecedents.get(row[10], (None, None))[1])
             for row in rows
         ]
 
-    def _context_rows(self, ids: list[int]) -> dict[int, tuple[str, str]]:
+    def _antecedent_rows(self, ids: list[int]) -> dict[int, tuple[str, str]]:
         rows = self._query(
             f"SELECT m.id, {_AUTHOR_NAME}, m.content FROM messages m "
             f"JOIN authors a ON a.id = m.author_id WHERE m.id {IN_IDS}",

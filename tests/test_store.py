@@ -269,7 +269,7 @@ def test_delete_during_embedding_leaves_no_orphan_vector(
     assert engine.store.pending_count() == 0
 
 
-def test_pending_uses_reply_target_or_previous_message_as_context(
+def test_pending_uses_reply_target_or_previous_message_as_antecedent(
     engine: MemoryEngine, make_record: MakeRecord
 ) -> None:
     question = make_record("does anyone have a spare soldering iron", age_days=3)
@@ -278,9 +278,9 @@ def test_pending_uses_reply_target_or_previous_message_as_context(
     follow = make_record("thanks", age_days=0.5)
     engine.upsert([question, chatter, answer, follow])
     pending = {p.id: p for p in engine.store.pending(10)}
-    assert pending[answer.id].context_content == question.content
-    assert pending[follow.id].context_content == answer.content  # previous in channel
-    assert pending[question.id].context_content is None
+    assert pending[answer.id].antecedent_content == question.content
+    assert pending[follow.id].antecedent_content == answer.content  # previous in channel
+    assert pending[question.id].antecedent_content is None
     assert "soldering iron" in engine.embedding_text(pending[answer.id])
 
 
