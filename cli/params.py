@@ -10,8 +10,8 @@ from typing import Any, cast
 
 import click
 
-from memory.db import refuse_url
 from memory.errors import DatabaseFileError
+from memory.storage.sqlite.connection import refuse_url
 
 MAX_SNOWFLAKE = 2**63 - 1  # what SQLite's INTEGER holds
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

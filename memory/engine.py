@@ -18,7 +18,6 @@ from dataclasses import astuple, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from memory import claims
 from memory.config import Profile
 from memory.context import Context, TokenCounter, assemble_context, token_counter_for
 from memory.embedder import Embedder, SentenceTransformerEmbedder
@@ -28,6 +27,7 @@ from memory.records import MessageRecord, PendingMessage, SearchResult, datetime
 from memory.reranker.service import RerankerManager
 from memory.search import Searcher, SearchRequest
 from memory.settings import GuildSettings
+from memory.storage import claims
 from memory.store import BackfillCursor, GuildStats, MessageStore, UpsertStats
 from memory.text import embedding_text, needs_antecedent
 

@@ -3,7 +3,7 @@ thresholded, boosted, reranked.
 
 One search embeds its queries once and, per query text, ranks messages four ways:
 by their own vector (KNN), by their own words and author (BM25), by the words of
-their conversational window (BM25, :mod:`memory.windows`) and by the mean vector of
+their conversational window (BM25, :mod:`memory.storage.sqlite.windows`) and by the mean vector of
 that window (stored per message; looked up for the candidates the other lists
 found).  The two keyword lists (and the window vectors of what they found) are read
 on the store's second connection while the query is embedded and the vector KNN

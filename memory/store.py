@@ -4,8 +4,8 @@ the embedding backlog and the database's metadata.
 Messages are written first and embedded later in batches (:meth:`MessageStore.claim`
 / :meth:`MessageStore.write_vectors`), so a crash between the two loses nothing: the
 next run finds the backlog by the ``embedded = 0`` flag.  The vectors themselves,
-their 1-bit KNN and the code statistics live in :mod:`memory.vectors`, the
-conversational windows and their vectors in :mod:`memory.windows`; the store holds
+their 1-bit KNN and the code statistics live in :mod:`memory.storage.sqlite.vectors`, the
+conversational windows and their vectors in :mod:`memory.storage.sqlite.windows`; the store holds
 the connection (and its lock) that everything is written through, a message and its
 vector in one transaction, and a second, read-only one for a search's reads beside
 its vector KNN (:meth:`MessageStore._read_beside`).
@@ -25,8 +25,18 @@ from typing import Any
 
 import numpy as np
 
-from memory import claims, scrub, windows
-from memory.db import (
+from memory.errors import (
+    DatabaseFileError,
+    EmbeddingModelChanged,
+    EmbeddingModelMismatch,
+    SettingsError,
+)
+from memory.filters import Filters
+from memory.records import MessageRecord, PendingMessage, StoredMessage
+from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
+from memory.storage import claims
+from memory.storage.sqlite import scrub, windows
+from memory.storage.sqlite.connection import (
     IN_IDS,
     as_disk_full,
     check_ours,
@@ -35,18 +45,10 @@ from memory.db import (
     not_writable,
     sqlite_driver,
 )
-from memory.errors import (
-    DatabaseFileError,
-    EmbeddingModelChanged,
-    EmbeddingModelMismatch,
-    SettingsError,
-)
-from memory.filters import Filters, filter_sql
-from memory.migrations import migrate
-from memory.records import MessageRecord, PendingMessage, StoredMessage
-from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
+from memory.storage.sqlite.filters import filter_sql
+from memory.storage.sqlite.migrations import migrate
+from memory.storage.sqlite.vectors import VectorIndex, table_columns
 from memory.text import fts_match
-from memory.vectors import VectorIndex, table_columns
 
 __all__ = [
     "BackfillCursor", "Filters", "GuildStats", "MessageStore", "PendingMessage", "ReconcileCursor",
@@ -186,7 +188,7 @@ class MessageStore:
             read_only: Open read-only (searches and stats work, writes raise
                 :class:`DatabaseFileError`); by default, when this process cannot
                 write the file.
-            erase_deleted: Remove deleted text from the file (:mod:`memory.scrub`).
+            erase_deleted: Remove deleted text from the file (:mod:`memory.storage.sqlite.scrub`).
                 ``False`` only measures what that costs (``bench secure-delete``):
                 deleted text then stays readable in the file.
 
@@ -241,7 +243,7 @@ class MessageStore:
             self.reset_embeddings(*model)
 
     def _secure_deletes(self) -> None:
-        """Keep deleted text out of the file (:mod:`memory.scrub`); scrub an older file once."""
+        """Keep deleted text out of the file (see scrub); scrub an older file once."""
         try:
             scrub.secure_keyword_index(self._conn)
             if self.get_meta(_META_SCRUBBED) is not None:
@@ -289,7 +291,7 @@ class MessageStore:
                     self._truncate_wal()
 
     def _truncate_wal(self) -> None:
-        """Empty the write-ahead log after a commit that removed text (see memory.scrub)."""
+        """Empty the write-ahead log after a commit that removed text (see memory.storage.sqlite.scrub)."""
         try:
             scrub.truncate_wal(self._conn)
         except Exception as exc:  # committed already: a full disk only delays the erasing
@@ -853,12 +855,12 @@ class MessageStore:
 
         A message claimed by another embedder is left out until its claim is
         released (:meth:`write_vectors`, :meth:`release`), its process ends
-        (:mod:`memory.claims`: a killed embedder's batch is back at once), or the
+        (:mod:`memory.storage.claims`: a killed embedder's batch is back at once), or the
         claim expires after ``ttl_s`` (an owner on another host), so concurrent
         embedders share the backlog instead of repeating each other's work.
 
         Args:
-            owner: A name from :func:`memory.claims.process_owner`.
+            owner: A name from :func:`memory.storage.claims.process_owner`.
         """
         now = _now_ms()
         with self._transaction() as conn:
@@ -975,7 +977,7 @@ class MessageStore:
     ) -> list[tuple[int, float]]:
         """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first.
 
-        See :meth:`memory.vectors.VectorIndex.knn`; empty before anything is embedded.
+        See :meth:`memory.storage.sqlite.vectors.VectorIndex.knn`; empty before anything is embedded.
         """
         if self.embedding_model() is None:
             return []
@@ -992,7 +994,7 @@ class MessageStore:
         """Return up to ``k`` ``(message_id, bm25)`` pairs for an FTS5 expression, best first.
 
         ``field`` is ``message`` (the author's names, the text and attachment names)
-        or ``window`` (the message's conversational window, :mod:`memory.windows`).
+        or ``window`` (the message's conversational window, :mod:`memory.storage.sqlite.windows`).
         BM25 is negated so that higher is better.  The best ``4 × k`` matches are
         filtered first, which spares a table lookup per match when the filters
         pass most messages (one guild's bot, no author filter); if fewer than
@@ -1032,7 +1034,7 @@ class MessageStore:
     ) -> dict[int, np.ndarray]:
         """The window vector of each message: its window's mean vector, unit length.
 
-        Kept up to date by :mod:`memory.windows`; messages without content of their
+        Kept up to date by :mod:`memory.storage.sqlite.windows`; messages without content of their
         own ("lol") or without any embedded member in their window have none.
         ``beside``: read on the second connection (:meth:`_read_beside`).
         """

@@ -2,7 +2,7 @@
 a record factory, and the bundled MiniLM loaded once per session.
 
 Only models are faked (house style, Tests §13): every test that touches storage goes
-through a real database file with sqlite-vec and FTS5 loaded by ``memory.db.connect``.
+through a real database file with sqlite-vec and FTS5 loaded by ``memory.storage.sqlite.connection.connect``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import discord
 import pytest
 
 from memory.config import Profile
-from memory.db import connect
 from memory.engine import MemoryEngine
+from memory.storage.sqlite.connection import connect
 from tests.conftest import HashEmbedder
 from tests.discord_harness import BOT_ID, READ, Harness, channel, guild, member, next_id, role, user
 from tests.test_permissions import (  # noqa: F401  (harness: the permission-matrix server)

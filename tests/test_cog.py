@@ -20,9 +20,9 @@ import pytest
 from cogs.answers import make_chat_client
 from cogs.capture import WriteQueue, record_from_message
 from memory.config import LLMConfig, Profile
-from memory.db import connect
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
+from memory.storage.sqlite.connection import connect
 from tests.conftest import HashEmbedder
 from tests.discord_harness import (
     BOT_ID,

@@ -2,7 +2,7 @@
 message id exported from two channels — on real temporary databases.
 
 Item 1 kills real processes with SIGKILL: a claim on part of the embedding backlog
-dies with its process (:mod:`memory.claims`), so the very next plain ``embed``
+dies with its process (:mod:`memory.storage.claims`), so the very next plain ``embed``
 embeds every message, each once, while two live embedders still share the backlog
 without overlap.  The CLI cases run ``bot.py`` with the real bundled MiniLM
 (``--profile cpu-fast``).
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memory import claims
-from memory.db import connect
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
+from memory.storage import claims
+from memory.storage.sqlite.connection import connect
 from memory.store import MessageStore
 from tests.conftest import HashEmbedder, make_profile, snowflake
 
@@ -131,7 +131,7 @@ def test_an_owner_is_dead_only_when_its_process_has_ended() -> None:
 
 CLAIMER = """
 import sys, time
-from memory import claims
+from memory.storage import claims
 from memory.store import MessageStore
 store = MessageStore(sys.argv[1])
 batch = store.claim(int(sys.argv[2]), owner=claims.process_owner())

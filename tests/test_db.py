@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import memory.db
-from memory.db import connect, sqlite_driver
+import memory.storage.sqlite.connection
 from memory.errors import DatabaseFileError, ExtensionLoadError, MemoryBotError
 from memory.filters import Filters
-from memory.migrations import MIGRATIONS, migrate
+from memory.storage.sqlite.connection import connect, sqlite_driver
+from memory.storage.sqlite.migrations import MIGRATIONS, migrate
 from memory.store import MessageStore
 from tests.conftest import HashEmbedder
 
@@ -75,7 +75,7 @@ def test_clear_error_when_no_driver_can_load_extensions(
 ) -> None:
     if _stdlib_can_load_extensions():
         pytest.skip("this Python's sqlite3 can load extensions itself; no fallback to test")
-    monkeypatch.setattr(memory.db, "_driver", None)
+    monkeypatch.setattr(memory.storage.sqlite.connection, "_driver", None)
     monkeypatch.setitem(sys.modules, "pysqlite3", None)
     monkeypatch.setitem(sys.modules, "pysqlite3.dbapi2", None)
     with pytest.raises(ExtensionLoadError) as excinfo:
@@ -190,7 +190,7 @@ def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) ->
     ("SELECT ';'; SELECT 2;", ["SELECT ';';", "SELECT 2;"]),
 ])
 def test_migration_scripts_split_into_statements(script: str, expected: list[str]) -> None:
-    from memory.migrations import statements
+    from memory.storage.sqlite.migrations import statements
 
     assert list(statements(script)) == expected
 

@@ -4,7 +4,7 @@ The disk fills through ``RLIMIT_FSIZE``, set in a child process only: a file may
 grow past the limit, so SQLite's write fails exactly as on a full disk (``write()``
 returns EFBIG; SIGXFSZ is ignored so that the process lives to say so).  A small
 tmpfs in a user namespace would give ENOSPC instead; both reach the same handling
-(:func:`memory.db.as_disk_full`), and a file-size limit needs no privileges.  After
+(:func:`memory.storage.sqlite.connection.as_disk_full`), and a file-size limit needs no privileges.  After
 each failure the limit is lifted and the same command finishes the work.
 """
 

@@ -25,9 +25,9 @@ import pytest
 import bot
 from cogs.capture import record_from_message
 from memory.config import Profile
-from memory.db import connect
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
+from memory.storage.sqlite.connection import connect
 from tests.conftest import HashEmbedder
 from tests.discord_harness import READ, Harness, channel, guild, member, role
 from tests.fake_discord import FakeDiscord

@@ -19,13 +19,13 @@ import pytest
 
 import bot
 from memory.config import EmbedderConfig, Profile, RerankerConfig, load_profile
-from memory.db import connect
 from memory.embedder import BUNDLED_MODEL_ID, SentenceTransformerEmbedder
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError, DatabaseFileError, RerankerUnavailable, SearchInputError
 from memory.importer import read_export
 from memory.records import MessageRecord, ms_to_datetime, snowflake_time_ms
 from memory.search import MAX_QUERIES, MAX_QUERY_CHARS, SearchRequest
+from memory.storage.sqlite.connection import connect
 from memory.store import MessageStore
 from tests.conftest import GUILD, HashEmbedder
 

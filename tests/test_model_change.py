@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from memory.config import load_profile
-from memory.db import connect
 from memory.engine import MemoryEngine
 from memory.errors import EmbeddingModelChanged
 from memory.search import SearchRequest
+from memory.storage.sqlite.connection import connect
 from tests.test_crash_recovery import GUILD, consistency, export, records
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,11 +32,11 @@ import pytest
 
 from cogs.permissions import StoredThread, readable_channel_ids
 from memory.config import LLMConfig, Profile
-from memory.db import connect
 from memory.engine import MemoryEngine
-from memory.migrations import MIGRATIONS, migrate, reembed_cross_channel_replies
 from memory.records import MessageRecord, PendingMessage
 from memory.search import SearchRequest
+from memory.storage.sqlite.connection import connect
+from memory.storage.sqlite.migrations import MIGRATIONS, migrate, reembed_cross_channel_replies
 from tests.conftest import HashEmbedder
 from tests.discord_harness import BOT_ID, Harness, member, thread, user
 from tests.fake_discord import FakeDiscord

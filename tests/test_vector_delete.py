@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memory import vectors
+from memory.storage.sqlite import vectors
 
 
 @pytest.mark.parametrize("point_lookups_max", [0, 1000])

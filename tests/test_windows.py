@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memory.db import connect
 from memory.engine import MemoryEngine
 from memory.filters import Filters
-from memory.migrations import MIGRATIONS, statements
 from memory.records import MessageRecord
+from memory.storage.sqlite.connection import connect
+from memory.storage.sqlite.migrations import MIGRATIONS, statements
+from memory.storage.sqlite.windows import GAP_MS
 from memory.store import MessageStore
-from memory.windows import GAP_MS
 from tests.conftest import BASE_MS, CHANNEL, GUILD, NOW
 
 MakeRecord = Callable[..., MessageRecord]

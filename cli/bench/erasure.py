@@ -3,7 +3,7 @@
 The same synthetic server is stored, embedded and then partly forgotten twice in
 one run, on two fresh databases: once as the store works now (``secure_delete``,
 FTS5 ``secure-delete``, the write-ahead log emptied after each forgetting
-transaction; :mod:`memory.scrub`) and once without any of it, as before.  The
+transaction; :mod:`memory.storage.sqlite.scrub`) and once without any of it, as before.  The
 vectors are random (an embedder's speed is not what is measured; writing them is).
 Last, the one-time scrub an older database gets on its first open is timed on the
 copy written without erasing.

@@ -16,10 +16,10 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from memory.db import IN_IDS, id_list, sqlite_driver
 from memory.errors import DatabaseFileError
-from memory.vectors import VectorIndex, upgrade_float_table
-from memory.windows import index_all_window_vectors, index_all_windows, vectors_changed
+from memory.storage.sqlite.connection import IN_IDS, id_list, sqlite_driver
+from memory.storage.sqlite.vectors import VectorIndex, upgrade_float_table
+from memory.storage.sqlite.windows import index_all_window_vectors, index_all_windows, vectors_changed
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ MIGRATIONS: list[Migration] = [
     CREATE INDEX messages_by_age ON messages(guild_id, created_at);
     """,
     # 4: first-release vector tables (a float vec0 column) move to 1-bit codes + floats
-    # (memory.vectors).
+    # (memory.storage.sqlite.vectors).
     upgrade_float_table,
     # 5: embedders claim their batches (memory.store.MessageStore.claim), so that two
     # never embed the same message; an expired claim (its embedder died) is free again.
@@ -161,7 +161,7 @@ MIGRATIONS: list[Migration] = [
     );
     """,
     # 6: the keyword index sees author names, and each message's conversational window
-    # (memory.windows) gets an index of its own; both read `search_text`, which the
+    # (memory.storage.sqlite.windows) gets an index of its own; both read `search_text`, which the
     # store keeps in step with `messages` (a message's row and its neighbours' together).
     """
     DROP TRIGGER IF EXISTS messages_ai;
@@ -210,7 +210,7 @@ MIGRATIONS: list[Migration] = [
     """,
     # 7: fill the new index for messages stored before migration 6.
     index_all_windows,
-    # 8: each window's mean vector, stored (memory.windows) so that a search looks it
+    # 8: each window's mean vector, stored (memory.storage.sqlite.windows) so that a search looks it
     # up instead of averaging its members' vectors for every candidate.
     index_all_window_vectors,
     # 9: replies embedded with a reply target from another channel go back to the
@@ -261,7 +261,7 @@ def migrate(conn: Any, *, read_only: bool = False) -> int:
     """Apply every migration the database has not seen yet.
 
     Args:
-        conn: An autocommit connection from :func:`memory.db.connect`.
+        conn: An autocommit connection from :func:`memory.storage.sqlite.connection.connect`.
         read_only: The connection cannot write: only check that nothing is missing.
 
     Returns:

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from memory.db import IN_IDS, id_list
-from memory.filters import Filters, filter_sql
+from memory.filters import Filters
+from memory.storage.sqlite.connection import IN_IDS, id_list
+from memory.storage.sqlite.filters import filter_sql
 
 log = logging.getLogger(__name__)
 

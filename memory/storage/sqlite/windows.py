@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from memory.db import IN_IDS, id_list
+from memory.storage.sqlite.connection import IN_IDS, id_list
+from memory.storage.sqlite.vectors import read_floats, shadow_table_readable, table_columns
 from memory.text import content_words
-from memory.vectors import read_floats, shadow_table_readable, table_columns
 
 log = logging.getLogger(__name__)
 

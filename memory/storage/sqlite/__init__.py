@@ -1,0 +1,1 @@
+"""The SQLite engine of the storage contract: one database file with sqlite-vec and FTS5."""
