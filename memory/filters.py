@@ -1,16 +1,21 @@
-"""Where a search may look: the filters shared by the keyword and the vector queries."""
+"""Where a search may look: the filters shared by the keyword and the vector queries.
+
+Engine-neutral: each storage engine turns them into its own query conditions (SQLite:
+:mod:`memory.storage.sqlite.filters`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from memory.errors import SearchInputError
 
 
 @dataclass(frozen=True)
 class Filters:
-    """Where a search may look.  ``None`` means "no restriction" for that field."""
+    """Where a search may look.  ``None`` means "no restriction" for that field.
+
+    Times are unix milliseconds, both bounds exclusive; an empty id tuple matches
+    nothing and is refused by the storage (:class:`~memory.errors.SearchInputError`).
+    """
 
     guild_id: int | None = None
     channel_ids: tuple[int, ...] | None = None
@@ -24,36 +29,3 @@ class Filters:
         for name in ("channel_ids", "author_ids"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
-
-
-def filter_sql(f: Filters, prefix: str, clauses: list[str], params: list[Any]) -> None:
-    """Append WHERE clauses for ``f`` to ``clauses`` and their values to ``params``.
-
-    Args:
-        f: The filters.
-        prefix: ``"m."`` for the ``messages`` table, ``""`` for the vec0 table (whose
-            metadata columns share the names used here).
-        clauses: Receives SQL conditions, to be joined with AND.
-        params: Receives the bound values, in order.
-
-    Raises:
-        SearchInputError: An id filter is an empty list (it could match nothing).
-    """
-    if f.guild_id is not None:
-        clauses.append(f"{prefix}guild_id = ?")
-        params.append(f.guild_id)
-    for column, values in (("channel_id", f.channel_ids), ("author_id", f.author_ids)):
-        if values is not None:
-            if not values:
-                raise SearchInputError(f"empty {column} filter")
-            clauses.append(f"{prefix}{column} IN ({','.join('?' * len(values))})")
-            params.extend(values)
-    if f.after_ms is not None:
-        clauses.append(f"{prefix}created_at > ?")
-        params.append(f.after_ms)
-    if f.before_ms is not None:
-        clauses.append(f"{prefix}created_at < ?")
-        params.append(f.before_ms)
-    if f.has_attachment is not None:
-        clauses.append(f"({prefix}attachments != '') = ?" if prefix else "has_attachment = ?")
-        params.append(int(f.has_attachment))

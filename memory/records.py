@@ -2,7 +2,7 @@
 
 One type per concept: :class:`MessageRecord` goes in (from an export or the
 gateway); :class:`StoredMessage` comes back out of the store, extended by
-:class:`PendingMessage` (with the context to embed it) and :class:`Hit` (with
+:class:`PendingMessage` (with the antecedent to embed it with) and :class:`Hit` (with
 every search stage's score); :class:`Trace` and :class:`SearchResult` describe a
 search.
 """
@@ -102,14 +102,15 @@ class StoredMessage:
 
 @dataclass
 class PendingMessage(StoredMessage):
-    """A stored message whose vector is missing, with the context to embed it.
+    """A stored message whose vector is missing, with its antecedent to embed it with.
 
-    The context is the reply target if stored, else the previous message in the
-    channel (``None`` for the first message of a channel).
+    The antecedent is the message it replies to if that is stored in the same
+    channel, else the previous message in the channel (``None`` for the first
+    message of a channel).
     """
 
-    context_author: str | None = None
-    context_content: str | None = None
+    antecedent_author: str | None = None
+    antecedent_content: str | None = None
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Text shaping: what gets embedded for a message, and safe FTS5 queries from user text."""
+"""Text shaping: what gets embedded for a message, and the words of a query worth searching for."""
 
 from __future__ import annotations
 
@@ -70,44 +70,34 @@ def content_words(text: str) -> int:
     )
 
 
-def fts_match(terms: list[str]) -> str | None:
-    """Build an FTS5 MATCH expression from terms that can never raise a syntax error.
-
-    Every term is a double-quoted string (FTS5 syntax characters and keywords such
-    as ``AND``/``NEAR`` inside quotes are plain text), OR-ed together so BM25 ranks
-    messages by how many and how rare the matching words are.
-
-    Returns:
-        The expression, or ``None`` when there is no term (nothing to search for).
-    """
-    if not terms:
-        return None
-    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
-
-
 def embedding_text(
     display_name: str,
     content: str,
     attachments: tuple[str, ...] | list[str] = (),
-    context_name: str | None = None,
-    context_content: str | None = None,
+    antecedent_name: str | None = None,
+    antecedent_content: str | None = None,
 ) -> str:
     """Compose the text embedded for one message.
 
     The author's display name goes first (questions name people); attachments are
-    named; for short chat lines the reply target or previous message follows as
-    context, after the message itself so truncation never cuts the message.
+    named; for short chat lines the antecedent (the message it replies to, or the
+    one before it) follows, after the message itself so truncation never cuts the
+    message.
     """
     text = f"{display_name}: {clean(content)}" if display_name else clean(content)
     if attachments:
         text += " [attachments: " + ", ".join(attachments) + "]"
-    if context_content:
-        text += f" (replying to {context_name}: {clean(context_content)})"
+    if antecedent_content:
+        text += f" (replying to {antecedent_name}: {clean(antecedent_content)})"
     return text
 
 
-def needs_context(content: str, mode: str, short_words: int) -> bool:
-    """Whether a message should be embedded with its conversational context."""
+def needs_antecedent(content: str, mode: str, short_words: int) -> bool:
+    """Whether a message should be embedded with its antecedent.
+
+    ``mode`` is the profile's ``[embedder] context`` setting (``none``, ``short``,
+    ``always``).
+    """
     if mode == "always":
         return True
     if mode == "none":

@@ -16,8 +16,8 @@ import discord
 import pytest
 
 from memory.config import Profile
-from memory.db import connect
 from memory.engine import MemoryEngine
+from memory.storage.sqlite.connection import connect
 from tests.conftest import HashEmbedder
 from tests.discord_harness import BOT_ID, READ, Harness, channel, guild, member, next_id, role, user
 from tests.test_permissions import (  # noqa: F401  (harness: the permission-matrix server)
@@ -54,7 +54,7 @@ async def small(tmp_path):
 
 def break_tables(h: Harness, *tables: str) -> None:
     """Another process drops tables: what reads them next fails inside SQLite."""
-    other = connect(h.engine.store.path)
+    other = connect(h.engine.storage.database.location)
     other.execute("PRAGMA foreign_keys = OFF")
     for table in tables:
         other.execute(f"DROP TABLE {table}")

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import bot
-from memory.db import connect
+from memory.storage.sqlite.connection import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_MINI = ROOT / "tests" / "fixtures" / "bench-mini"
@@ -140,7 +140,7 @@ def test_a_write_ahead_log_without_its_index_is_a_clear_error(imported: Path, fo
     db = folder / "memory.sqlite3"
     shutil.copy(imported, db)
     script = (
-        "import os, sys; from memory.db import connect; c = connect(sys.argv[1]); "
+        "import os, sys; from memory.storage.sqlite.connection import connect; c = connect(sys.argv[1]); "
         "c.execute('PRAGMA wal_autocheckpoint=0'); "
         "c.execute(\"UPDATE messages SET content = 'after the crash'\"); os._exit(0)"
     )

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 _driver: ModuleType | None = None
 
 FTS_SECURE_DELETE_SINCE = (3, 46, 1)
-"""The first SQLite whose FTS5 ``secure-delete`` (:mod:`memory.scrub`) is safe to use.
+"""The first SQLite whose FTS5 ``secure-delete`` (:mod:`memory.storage.sqlite.scrub`) is safe to use.
 
 The option came in 3.42, but up to 3.46.0 deleting rows in that mode can leave the
 index malformed (``database disk image is malformed`` on the next edit or delete:
@@ -115,7 +115,7 @@ def sqlite_driver() -> ModuleType:
         pass
     usable = [module for module in candidates
               if hasattr(module.Connection, "enable_load_extension") and _can_load_extensions(module)]
-    # an SQLite that can erase deleted words from the keyword index (memory.scrub)
+    # an SQLite that can erase deleted words from the keyword index (memory.storage.sqlite.scrub)
     # first: a database that uses it cannot be read by an older one
     usable.sort(key=lambda module: module.sqlite_version_info < FTS_SECURE_DELETE_SINCE)
     if usable:
@@ -159,7 +159,7 @@ def connect(
 
     Args:
         path: Database file, or ``":memory:"``.
-        check_same_thread: Passed to the driver; the store serialises access itself.
+        check_same_thread: Passed to the driver; the database serialises access itself.
         read_only: Force read-only (True) or read-write (False); ``None`` decides by
             the file's permissions.
 

@@ -6,7 +6,7 @@ tokens in its older index segments until they are merged.  So that a forgotten
 message cannot be read back from the file:
 
 * every connection that writes runs with ``PRAGMA secure_delete=ON`` (set by
-  :func:`memory.db.connect`): deleted content and freed pages are overwritten with
+  :func:`memory.storage.sqlite.connection.connect`): deleted content and freed pages are overwritten with
   zeros.  ``FAST`` is not enough: it leaves freed pages as they were.
 * both keyword indexes run in FTS5's ``secure-delete`` mode (SQLite 3.46.1 and later:
   earlier releases could corrupt the index in this mode),
@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from memory.db import FTS_SECURE_DELETE_SINCE, sqlite_driver
 from memory.errors import DatabaseFileError
+from memory.storage.sqlite.connection import FTS_SECURE_DELETE_SINCE, sqlite_driver
 
 log = logging.getLogger(__name__)
 
