@@ -23,7 +23,7 @@ from discord.ext import commands
 from cli.app import main as cli_main
 from cli.context import Settings, open_engine
 from cli.params import SNOWFLAKE
-from cogs.errors import ReportingTree
+from cogs.memory.errors import ReportingTree
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError, MemoryBotError
 

@@ -14,7 +14,7 @@ from typing import Any
 import discord
 import pytest
 
-from cogs.answers import (
+from cogs.memory.answers import (
     EditThrottle,
     answer_mention,
     context_for,
@@ -22,8 +22,8 @@ from cogs.answers import (
     render_answer,
     split_message,
 )
-from cogs.capture import record_from_message
-from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
+from cogs.memory.capture import record_from_message
+from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
 from memory.config import LLMConfig, Profile
 from memory.context import Context, ContextLine, ContextWindow
 from memory.engine import MemoryEngine

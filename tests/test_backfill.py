@@ -38,7 +38,7 @@ async def setup(tmp_path, monkeypatch):
     fake = FakeDiscord()
     base = await fake.start()
     monkeypatch.setattr(discord.http.Route, "BASE", base)
-    monkeypatch.setattr("cogs.backfill.PAGE_PAUSE_S", 0)
+    monkeypatch.setattr("cogs.memory.backfill.PAGE_PAUSE_S", 0)
     # start-up reconcile has its own tests (test_reconcile.py); these count backfill requests
     profile = Profile(name="test", reconcile=ReconcileConfig(on_start=False))
     engine = MemoryEngine(tmp_path / "bot.sqlite3", profile, HashEmbedder(), load_reranker=False)

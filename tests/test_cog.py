@@ -17,8 +17,8 @@ from datetime import datetime, timedelta, timezone
 import discord
 import pytest
 
-from cogs.answers import make_chat_client
-from cogs.capture import WriteQueue, record_from_message
+from cogs.memory.answers import make_chat_client
+from cogs.memory.capture import WriteQueue, record_from_message
 from memory.config import LLMConfig, Profile
 from memory.db import connect
 from memory.engine import MemoryEngine

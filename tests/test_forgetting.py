@@ -23,7 +23,7 @@ import discord
 import pytest
 
 import bot
-from cogs.capture import record_from_message
+from cogs.memory.capture import record_from_message
 from memory.config import Profile
 from memory.db import connect
 from memory.engine import MemoryEngine
@@ -49,7 +49,7 @@ async def setup(tmp_path, monkeypatch):
     fake = FakeDiscord()
     base = await fake.start()
     monkeypatch.setattr(discord.http.Route, "BASE", base)
-    monkeypatch.setattr("cogs.backfill.PAGE_PAUSE_S", 0)
+    monkeypatch.setattr("cogs.memory.backfill.PAGE_PAUSE_S", 0)
     engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
                           load_reranker=False)
     h = Harness(engine, [server()])

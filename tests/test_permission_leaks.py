@@ -30,7 +30,7 @@ import discord
 import numpy as np
 import pytest
 
-from cogs.permissions import StoredThread, readable_channel_ids
+from cogs.memory.permissions import StoredThread, readable_channel_ids
 from memory.config import LLMConfig, Profile
 from memory.db import connect
 from memory.engine import MemoryEngine
@@ -366,7 +366,7 @@ async def rest(harness, monkeypatch):
     """Discord's REST API as a stand-in on 127.0.0.1, for the backfill."""
     fake = FakeDiscord()
     monkeypatch.setattr(discord.http.Route, "BASE", await fake.start())
-    monkeypatch.setattr("cogs.backfill.PAGE_PAUSE_S", 0)
+    monkeypatch.setattr("cogs.memory.backfill.PAGE_PAUSE_S", 0)
     del harness.bot.http.request  # discord.py's own HTTP client again
     # the bot has the staff role (GUILD_MEMBER_UPDATE), so it backfills #staff-only too
     harness.state.parse_guild_member_update({

@@ -14,7 +14,12 @@ from __future__ import annotations
 import discord
 import pytest
 
-from cogs.permissions import StoredThread, everyone_can_read, public_reply_sources, readable_channel_ids
+from cogs.memory.permissions import (
+    StoredThread,
+    everyone_can_read,
+    public_reply_sources,
+    readable_channel_ids,
+)
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.search import SearchRequest

@@ -13,7 +13,7 @@ from pathlib import Path
 import discord
 import numpy as np
 
-from cogs.capture import record_from_message
+from cogs.memory.capture import record_from_message
 from memory.config import Profile
 from memory.engine import EMBED_CHUNK, MemoryEngine
 from tests.conftest import HashEmbedder, record_factory

@@ -150,7 +150,7 @@ def _message_payloads(texts: list[str]) -> list[dict]:
 # -- measurements -------------------------------------------------------------------------
 
 async def _allow_lists(tmp: Path, profile: Profile, payload: dict) -> dict[str, Any]:
-    from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
+    from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
 
     engine = MemoryEngine(tmp / "allow.sqlite3", replace(profile, reranker=RerankerConfig()),
                           load_reranker=False)
@@ -272,7 +272,7 @@ async def _rerank_and_capture(db: Path, profile: Profile, reranking: Profile, pa
 
 async def _capture_latencies(cog: Any, messages: list[discord.Message]) -> list[float]:
     """Per message: from the gateway event to the row being committed."""
-    from cogs.capture import record_from_message
+    from cogs.memory.capture import record_from_message
 
     latencies = []
     for message in messages:

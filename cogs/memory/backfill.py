@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import discord
 
-from cogs.capture import record_from_message
+from cogs.memory.capture import record_from_message
 
 if TYPE_CHECKING:
     from cogs.memory import MemoryCog

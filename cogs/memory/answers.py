@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import discord
 
-from cogs.render import render_hits
+from cogs.memory.render import render_hits
 from memory.config import Profile
 from memory.context import Context
 from memory.errors import (

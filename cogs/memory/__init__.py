@@ -8,15 +8,15 @@ replies; admins get ``/memory-admin`` and the bot owner ``/memory-owner``.
 Three rules hold everywhere:
 
 * A search made for a member only sees channels that member can read now
-  (:mod:`cogs.permissions`), and a reply others will read only quotes sources
+  (:mod:`cogs.memory.permissions`), and a reply others will read only quotes sources
   everyone in the reply channel can read.
 * Every engine call runs on the cog's own worker threads: writes on one thread
-  behind a retrying queue (:mod:`cogs.capture`), searches on a small capped pool,
+  behind a retrying queue (:mod:`cogs.memory.capture`), searches on a small capped pool,
   embedding on its own, so a slow rerank never delays storing a message and the
   event loop never waits on SQLite, torch or HTTP.
 * Errors reach the member as one short line, never silence; unexpected ones are
-  logged with a trace id the member can quote (:mod:`cogs.errors`: the bot's
-  command tree answers failed commands, :func:`cogs.errors.answering` mentions).
+  logged with a trace id the member can quote (:mod:`cogs.memory.errors`: the bot's
+  command tree answers failed commands, :func:`cogs.memory.errors.answering` mentions).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ import discord
 from discord import app_commands
 from discord.ext import commands, tasks
 
-from cogs import answers
-from cogs.backfill import Backfiller
-from cogs.capture import Write, WriteQueue, record_from_message
-from cogs.errors import answering
-from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
-from cogs.reconcile import Reconciler
-from cogs.render import inert, render_hits
+from cogs.memory import answers
+from cogs.memory.backfill import Backfiller
+from cogs.memory.capture import Write, WriteQueue, record_from_message
+from cogs.memory.errors import answering
+from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
+from cogs.memory.reconcile import Reconciler
+from cogs.memory.render import inert, render_hits
 from memory.config import available_profiles, load_profile
 from memory.context import Context
 from memory.errors import EmbeddingModelChanged, MemoryBotError, SearchInputError
