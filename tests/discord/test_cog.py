@@ -24,7 +24,7 @@ from memory.db import connect
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from tests.conftest import HashEmbedder
-from tests.discord_harness import (
+from tests.discord.harness import (
     BOT_ID,
     READ,
     Harness,

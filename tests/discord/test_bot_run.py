@@ -1,7 +1,7 @@
 """Starting the bot: a bad token, a missing intent or no network end in one line and exit 2.
 
 discord.py really logs in and opens its gateway connection, against the stand-in
-for Discord's API (tests/fake_discord.py) running on its own thread.
+for Discord's API (tests/discord/fake_discord.py) running on its own thread.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import bot
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from tests.conftest import HashEmbedder
-from tests.fake_discord import FakeDiscord
+from tests.discord.fake_discord import FakeDiscord
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The permission matrix's three leaks (issue 19), each replayed through discord.py's parsers.
 
-The world is tests/test_permissions.py's server: #general for everyone, #staff-only
+The world is tests/discord/test_permissions.py's server: #general for everyone, #staff-only
 for the staff role, a private thread of #general that alice belongs to, a mods
 role that may manage threads.  Each test drives the gateway events that opened a
 leak (THREAD_CREATE, THREAD_MEMBERS_UPDATE, THREAD_LIST_SYNC, THREAD_UPDATE
@@ -38,10 +38,9 @@ from memory.migrations import MIGRATIONS, migrate, reembed_cross_channel_replies
 from memory.records import MessageRecord, PendingMessage
 from memory.search import SearchRequest
 from tests.conftest import HashEmbedder
-from tests.discord_harness import BOT_ID, Harness, member, thread, user
-from tests.fake_discord import FakeDiscord
-from tests.openai_standin import OpenAIStandIn
-from tests.test_permissions import (
+from tests.discord.fake_discord import FakeDiscord
+from tests.discord.harness import BOT_ID, Harness, member, thread, user
+from tests.discord.test_permissions import (
     ALICE,
     BOB,
     CAROL,
@@ -56,6 +55,7 @@ from tests.test_permissions import (
     other_server,
     server,
 )
+from tests.openai_standin import OpenAIStandIn
 
 BOBS_THREAD = 705
 SECRET = "the vault code is mangosteen"

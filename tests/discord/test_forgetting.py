@@ -29,8 +29,8 @@ from memory.db import connect
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from tests.conftest import HashEmbedder
-from tests.discord_harness import READ, Harness, channel, guild, member, role
-from tests.fake_discord import FakeDiscord
+from tests.discord.fake_discord import FakeDiscord
+from tests.discord.harness import READ, Harness, channel, guild, member, role
 
 G, GENERAL, RANDOM = 960, 961, 962
 ALICE, BOB, ADMIN = 1301, 1302, 1303

@@ -17,8 +17,8 @@ from cogs.memory.capture import record_from_message
 from memory.config import Profile
 from memory.engine import EMBED_CHUNK, MemoryEngine
 from tests.conftest import HashEmbedder, record_factory
-from tests.discord_harness import READ, Harness, channel, guild, member, role
-from tests.test_bot_run import fake_api  # noqa: F401  (the stand-in for Discord's API)
+from tests.discord.harness import READ, Harness, channel, guild, member, role
+from tests.discord.test_bot_run import fake_api  # noqa: F401  (the stand-in for Discord's API)
 
 G, GENERAL, OWNER, ALICE = 100, 200, 10, 11
 BACKLOG = 6000
@@ -77,7 +77,7 @@ import discord, yarl
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from tests.conftest import record_factory
-from tests.test_shutdown import PacedEmbedder
+from tests.discord.test_shutdown import PacedEmbedder
 import bot
 
 base, gateway, db = sys.argv[1:4]
@@ -104,7 +104,7 @@ def test_sigterm_to_a_running_bot_exits_within_the_bound_and_keeps_the_backlog(
 ):
     fake_api.gateway_close_code = None  # the gateway hangs up; the bot keeps reconnecting
     db = tmp_path / "bot.sqlite3"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     process = subprocess.Popen(
         [sys.executable, "-c", SIGTERM_SCRIPT, discord.http.Route.BASE,
          str(discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY), str(db), str(BACKLOG)],

@@ -1,4 +1,4 @@
-"""Grounded answers on Discord with real discord.py objects (tests/test_cog.py's harness).
+"""Grounded answers on Discord with real discord.py objects (tests/discord/test_cog.py's harness).
 
 Discord's REST API is replaced at its single entry point, ``HTTPClient.request``,
 which records every send and edit; the chat model is the aiohttp stand-in or a
@@ -31,7 +31,7 @@ from memory.errors import SearchInputError
 from memory.llm import ChatClient
 from memory.records import Hit, Trace
 from tests.conftest import HashEmbedder
-from tests.discord_harness import (
+from tests.discord.harness import (
     APP_ID,
     BOT_ID,
     HIDE,

@@ -1,7 +1,7 @@
 """Backfill and start-up catch-up against a stand-in for Discord's REST API on 127.0.0.1.
 
 discord.py's own HTTP client makes the requests (its paging, its 429 handling);
-only the server answering them is ours (tests/fake_discord.py).
+only the server answering them is ours (tests/discord/fake_discord.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from memory.config import Profile, ReconcileConfig
 from memory.engine import MemoryEngine
 from tests.conftest import HashEmbedder
-from tests.discord_harness import READ, Harness, channel, guild, member, role, thread
-from tests.fake_discord import FakeDiscord
+from tests.discord.fake_discord import FakeDiscord
+from tests.discord.harness import READ, Harness, channel, guild, member, role, thread
 
 G, GENERAL, ARCHIVED = 950, 951, 952
 VOICE, FORUM, POST = 953, 954, 955

@@ -3,7 +3,7 @@
 Each test lives twice: the bot first runs with the whole server (messages are
 captured from gateway payloads), stops, and starts again with the server as its
 gateway describes it after changes made while it was offline.  Discord's REST API
-(channel lookups, history pages, the bot's guild list) is tests/fake_discord.py;
+(channel lookups, history pages, the bot's guild list) is tests/discord/fake_discord.py;
 discord.py's own HTTP client makes the requests.
 """
 
@@ -22,8 +22,8 @@ from memory.config import Profile, ReconcileConfig, parse_profile
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError
 from tests.conftest import HashEmbedder
-from tests.discord_harness import READ, Harness, channel, guild, member, role, thread
-from tests.fake_discord import FakeDiscord
+from tests.discord.fake_discord import FakeDiscord
+from tests.discord.harness import READ, Harness, channel, guild, member, role, thread
 
 G, GENERAL, OLD, THREAD, ARCHIVED, PRIVATE, OLD_THREAD = 960, 961, 962, 963, 964, 965, 966
 OTHER_G, OTHER_CHANNEL = 970, 971

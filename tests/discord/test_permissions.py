@@ -24,7 +24,7 @@ from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.search import SearchRequest
 from tests.conftest import HashEmbedder
-from tests.discord_harness import (
+from tests.discord.harness import (
     BOT_ID,
     HIDE,
     NO_HISTORY,
