@@ -1,6 +1,6 @@
 """``bench discord``: what the bot costs its event loop and its members, without Discord.
 
-The bot runs for real — :class:`bot.MemoryBot`, the memory cog, its worker
+The bot runs for real — :class:`cogs.memory.MemoryBot`, the memory cog, its worker
 threads — on a server built from gateway payloads (:mod:`cli.bench.gateway`).
 Measured in one run, side by side:
 
@@ -106,7 +106,7 @@ def _server(channels: int, threads: int) -> dict:
 
 async def _offline_bot(engine: MemoryEngine, payload: dict) -> tuple[Any, Any, discord.Guild]:
     """The real bot and cog, their Discord state filled from payloads, not connected."""
-    from bot import MemoryBot
+    from cogs.memory import MemoryBot
 
     bot = MemoryBot(engine)
     state = bot._connection

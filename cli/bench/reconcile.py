@@ -195,7 +195,7 @@ def run_reconcile_bench(
 
 async def _reconcile(db: Path, profile: Profile, window: int, per_channel: dict[int, list[int]],
                      on_discord: dict[int, list[int]]) -> dict[str, Any]:
-    from bot import MemoryBot
+    from cogs.memory import MemoryBot
 
     # the pacing is added by computation: the stand-in answers at once, so wall time is ours
     profile = replace(profile, reconcile=ReconcileConfig(recent_messages=window, pause_s=0.0))

@@ -39,6 +39,7 @@ from discord.ext import commands, tasks
 
 from cogs.memory import answers
 from cogs.memory.backfill import Backfiller
+from cogs.memory.bot import MemoryBot
 from cogs.memory.capture import Write, WriteQueue, record_from_message
 from cogs.memory.errors import answering
 from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
@@ -53,6 +54,8 @@ from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 
 if TYPE_CHECKING:
     from memory.engine import MemoryEngine
+
+__all__ = ["MemoryBot", "MemoryCog", "setup"]
 
 log = logging.getLogger(__name__)
 
@@ -800,7 +803,7 @@ async def setup(bot: commands.Bot) -> None:
     """Extension entry point: the bot must carry an ``engine`` attribute."""
     engine = getattr(bot, "engine", None)
     if engine is None:
-        raise RuntimeError("load cogs.memory on a bot that carries an `engine` (see bot.MemoryBot)")
+        raise RuntimeError("load cogs.memory on a bot that carries an `engine` (see MemoryBot)")
     await bot.add_cog(MemoryCog(bot, engine, owner_ids=frozenset(getattr(bot, "owner_ids", None) or ())))
 
 

@@ -19,7 +19,6 @@ from typing import Any
 import discord
 from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
-from bot import MemoryBot
 from cli.bench.gateway import (  # noqa: F401  (re-exported for the tests)
     HIDE,
     NO_HISTORY,
@@ -33,6 +32,7 @@ from cli.bench.gateway import (  # noqa: F401  (re-exported for the tests)
     thread,
     user,
 )
+from cogs.memory import MemoryBot
 from memory.engine import MemoryEngine
 
 BOT_ID = APP_ID = 1000

@@ -78,7 +78,7 @@ from memory.config import Profile
 from memory.engine import MemoryEngine
 from tests.conftest import record_factory
 from tests.discord.test_shutdown import PacedEmbedder
-import bot
+from cli.run import run_bot
 
 base, gateway, db = sys.argv[1:4]
 discord.http.Route.BASE = base
@@ -95,7 +95,7 @@ class Announcing(PacedEmbedder):
 engine = MemoryEngine(db, Profile(name="test"), Announcing(), load_reranker=False)
 make = record_factory()
 engine.upsert(make(f"backlog message {i}") for i in range(int(sys.argv[4])))
-sys.exit(bot.run_bot(engine, "good-token"))
+sys.exit(run_bot(engine, "good-token"))
 """
 
 
