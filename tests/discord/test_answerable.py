@@ -43,9 +43,9 @@ async def small(tmp_path):
     h = Harness(engine, [guild(G, "Small", owner=9999, roles=[role(G, "@everyone", READ)],
                                members=[member(ALICE, "alice")], channels=[channel(HALL, G, "hall")])])
     await h.start()
-    await h.cog.on_message(h.message("the lockbox code is 4417", author=(ALICE, "alice"), channel=HALL))
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.listeners.on_message(h.message("the lockbox code is 4417", author=(ALICE, "alice"), channel=HALL))
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
     await asyncio.to_thread(engine.embed_pending)
     yield h
     await h.close()

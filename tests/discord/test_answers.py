@@ -440,7 +440,7 @@ def test_the_cog_answers_a_mention_with_its_chat_model_and_keeps_private_channel
               say("officers: the raid password is swordfish", author=OFFICER, channel=SECRET))
         try:
             # an officer can read #officers, but the answer is public in #general
-            await harness.cog.answer_mention(officer_asks(harness, "what is the raid password?"))
+            await harness.search.answer_mention(officer_asks(harness, "what is the raid password?"))
         finally:
             await harness.close()
         return calls
@@ -458,7 +458,7 @@ def test_the_cog_answers_a_mention_with_its_chat_model_and_keeps_private_channel
 def test_the_cogs_context_for_is_public_unless_asked_private(harness, world):
     async def scenario():
         await harness.start()
-        cog = harness.cog
+        cog = harness.search
         try:
             asked = officer_asks(harness, "raid password")
             public = await cog.context_for(asked)

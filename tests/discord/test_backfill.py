@@ -64,8 +64,8 @@ async def backfill(h: Harness) -> str:
 
 
 async def settle(h: Harness) -> None:
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
 
 
 async def test_backfill_reads_channels_and_archived_threads_through_a_rate_limit(setup):
@@ -134,8 +134,8 @@ async def test_backfill_and_live_capture_agree(setup):
     edited = dict(payloads[5]) | {"content": "edited live",
                                   "edited_timestamp": datetime.now(timezone.utc).isoformat()}
     live = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=edited)
-    await h.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, live))
-    await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
+    await h.listeners.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, live))
+    await h.listeners.on_raw_message_delete(discord.RawMessageDeleteEvent(
         {"id": payloads[6]["id"], "channel_id": str(GENERAL), "guild_id": str(G)}))
     await settle(h)
     await backfill(h)
@@ -149,10 +149,10 @@ async def test_start_up_catches_up_from_the_newest_stored_message(setup):
     payloads = history(h, GENERAL, 120)
     fake.history[GENERAL] = payloads
     known = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=payloads[9])
-    await h.cog.on_message(known)
+    await h.listeners.on_message(known)
     await settle(h)
-    await h.cog.on_ready()
-    await h.cog.backfill._catch_up
+    await h.listeners.on_ready()
+    await h.backfill._catch_up
     await settle(h)
     assert h.engine.store.message_count() == 1 + 110  # the known one and everything after it
     assert all("after" in query for _, query in fake.requests)

@@ -71,8 +71,8 @@ async def events_done() -> None:
 
 async def settle(h: Harness) -> None:
     await events_done()
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
 
 
 async def send(h: Harness, text: str, who: tuple[int, str] = (ALICE, "alice"),
@@ -187,7 +187,7 @@ async def test_retention_deletes_an_old_message_still_queued_while_the_database_
     first, queued = old(h, "an ancient recipe", 40), old(h, "another ancient recipe", 50)
     h.engine.upsert([old_record(h, first)])
     async with busy_database(h):
-        h.cog.writes.put("upsert", [old_record(h, queued)])  # a backfill page, say
+        h.runtime.writes.put("upsert", [old_record(h, queued)])  # a backfill page, say
         reply = await slash(h, "memory-admin retention", member(ADMIN, "admin"), admin=True,
                             days=30)
     await settle(h)
@@ -201,8 +201,8 @@ async def test_the_hourly_retention_pass_runs_behind_queued_writes(setup):
     h.engine.update_settings(G, retention_days=30)
     queued = old(h, "a stale rumour", 45)
     async with busy_database(h):
-        h.cog.writes.put("upsert", [old_record(h, queued)])
-        await h.cog.enforce_retention()
+        h.runtime.writes.put("upsert", [old_record(h, queued)])
+        await h.runtime.enforce_retention()
     await settle(h)
     assert not stored(h, queued) and not found(h, "rumour")
 

@@ -137,8 +137,8 @@ async def events_done() -> None:
 async def settle(h: Harness) -> None:
     """Listeners finished, queued writes committed, the backlog embedded."""
     await events_done()
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
     await asyncio.to_thread(h.engine.embed_pending)
 
 
@@ -162,7 +162,7 @@ def stored_threads(h: Harness) -> list[StoredThread]:
 
 async def found(h: Harness, uid: int, words: str) -> set[str]:
     """Texts of the hits a search by ``words`` gives ``uid`` (the cog's allow-list)."""
-    result, _ = await h.cog.member_search(as_member(h, uid),
+    result, _ = await h.search.member_search(as_member(h, uid),
                                           SearchRequest(queries=(words,), limit=50))
     return {hit.content for hit in result.hits}
 
@@ -181,7 +181,7 @@ async def every_route(h: Harness, uid: int, words: str) -> dict[str, str]:
     asked_model = len(h.standin.requests)  # type: ignore[attr-defined]
     question = h.message(f"<@{BOT_ID}> {words}?", author=(uid, NAMES[uid]), channel=GENERAL,
                          roles=ROLES[uid], mentions=[user(BOT_ID, "memorybot", bot=True)])
-    await h.cog.answer_mention(question)
+    await h.search.answer_mention(question)
     routes["mention reply"] = "\n".join(str(p) for _, p in h.sent) + "\n".join(
         str(p) for p in h.edits.payloads)  # type: ignore[attr-defined]
     routes["chat model prompt"] = "\n".join(
