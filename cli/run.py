@@ -80,8 +80,11 @@ def run_bot(
                 async with bot:  # a fresh bot each time: a failed login leaves half-set-up state
                     await bot.start(token)
                 return
-            except TRANSIENT as exc:
-                if pause is None or stop.is_set():
+            except Exception as exc:
+                if stop.is_set():  # closed mid-(re)connect: what it raises is the close's doing
+                    log.debug("the connection ended while stopping: %r", exc)
+                    return
+                if pause is None or not isinstance(exc, TRANSIENT):
                     raise
                 log.warning("starting failed (%s); trying again in %g s (try %d of %d; "
                             "%g s of waiting left before giving up)", _describe(exc), pause,
