@@ -56,7 +56,7 @@ async def test_close_stops_embedding_at_the_next_chunk_and_loses_nothing(tmp_pat
         h.runtime.writes.put("upsert", [record_from_message(message)])
 
     started = time.perf_counter()
-    await h.bot.close()  # what Ctrl-C / SIGTERM run: the cog unloads, the engine closes
+    await h.bot.close()  # what Ctrl-C / SIGTERM run: the cogs unload, the runtime stops, the engine closes
     took = time.perf_counter() - started
 
     assert took < CLOSE_BOUND_S, f"close took {took:.1f} s"
