@@ -68,8 +68,9 @@ class SearchCog(commands.Cog, name="MemoryCog"):
 
     # -- allow-lists -----------------------------------------------------------------------
 
-    async def allowed_channels(self, member: discord.Member, reply_channel: Place | None = None
-                               ) -> frozenset[int]:
+    async def allowed_channels(
+        self, member: discord.Member, reply_channel: Place | None = None
+    ) -> frozenset[int]:
         """The channel ids a search for ``member`` may look in.
 
         With ``reply_channel`` (a reply others will read), only sources everyone who
