@@ -1,8 +1,8 @@
-"""The offline command line: import, search, stats, embed, reembed, demo, bench.
+"""The command line: import, search, stats, embed, reembed, demo, bench, and ``run`` (the bot).
 
-``bot.py`` adds the Discord ``run`` command.  Every error a user can cause (a bad
-value, a missing file, an engine error) becomes one line, ``error: …``, on stderr
-and exit status 2; progress bars live here only.
+``bot.py`` (the ``discord-memory-bot`` command) runs :func:`main`.  Every error a user
+can cause (a bad value, a missing file, an engine error) becomes one line, ``error: …``,
+on stderr and exit status 2; progress bars live here only.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from cli.output import (
     result_to_dict,
 )
 from cli.params import DATABASE_PATH, ID_OR_NAME, INPUT_PATH, ISO_DATE, LOG_LEVEL, PORT, SNOWFLAKE
+from cli.run import run_command
 from memory.config import available_profiles
 from memory.engine import MemoryEngine
 from memory.errors import ImportFormatError, MemoryBotError, SearchInputError
@@ -276,36 +277,26 @@ def demo_command(settings: Settings, keep: bool) -> int:
 
 
 cli_group.add_command(bench)
+cli_group.add_command(run_command)
 
 
 # -- running it ------------------------------------------------------------------------
 
 
-def main(
-    argv: Sequence[str] | None = None,
-    *,
-    commands: Sequence[click.Command] = (),
-    prog_name: str = "bot.py",
-) -> int:
+def main(argv: Sequence[str] | None = None, *, prog_name: str = "bot.py") -> int:
     """Run the command line and return its exit status.
 
     Args:
         argv: The arguments (default ``sys.argv[1:]``).
-        commands: Extra commands (``bot.py`` adds ``run``).
         prog_name: The name usage lines show.
 
     Returns:
         0 on success, 2 for any error the user can fix (one line on stderr),
         130 when interrupted.
     """
-    group = click.Group(name=prog_name, commands={**cli_group.commands}, callback=cli_group.callback,
-                        params=cli_group.params, help=cli_group.help,
-                        context_settings=cli_group.context_settings)
-    for command in commands:
-        group.add_command(command)
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        result = group.main(args=args, prog_name=prog_name, standalone_mode=False)
+        result = cli_group.main(args=args, prog_name=prog_name, standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
         return 2

@@ -1,0 +1,1 @@
+"""Discord glue: the memory extension is :mod:`cogs.memory` (its docstring maps it)."""

@@ -54,7 +54,7 @@ def _declared(*extras: str) -> set[str]:
 
 
 @pytest.mark.parametrize("files, extras", [
-    pytest.param([*ROOT.glob("memory/**/*.py"), *ROOT.glob("cogs/*.py"), *ROOT.glob("cli/*.py"),
+    pytest.param([*ROOT.glob("memory/**/*.py"), *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/*.py"),
                   ROOT / "bot.py"], (), id="runtime"),
     pytest.param(list(ROOT.glob("cli/bench/*.py")), ("bench", "test"), id="bench"),
 ])

@@ -19,7 +19,7 @@ from memory.records import MessageRecord
 from memory.search import SearchRequest
 from memory.storage import open_storage
 from tests.conftest import GUILD, snowflake
-from tests.test_backfill import ALICE, GENERAL, G, backfill, history, setup  # noqa: F401
+from tests.discord.test_backfill import ALICE, GENERAL, G, backfill, history, setup  # noqa: F401
 
 DAY_MS = 86_400_000
 

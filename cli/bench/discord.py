@@ -1,12 +1,12 @@
 """``bench discord``: what the bot costs its event loop and its members, without Discord.
 
-The bot runs for real — :class:`bot.MemoryBot`, the memory cog, its worker
+The bot runs for real — :class:`cogs.memory.MemoryBot`, the memory cogs, their worker
 threads — on a server built from gateway payloads (:mod:`cli.bench.gateway`).
 Measured in one run, side by side:
 
 * the permission allow-lists for a member of a large server (channels, active and
   archived threads);
-* the event loop's worst stall while the cog embeds a backlog, with the model
+* the event loop's worst stall while the runtime embeds a backlog, with the model
   loaded lazily (the first pass loads it) and preloaded (what ``run`` does);
 * the event loop's worst stall while an owner switches to a profile whose
   reranker loads in the background;
@@ -105,8 +105,9 @@ def _server(channels: int, threads: int) -> dict:
 
 
 async def _offline_bot(engine: MemoryEngine, payload: dict) -> tuple[Any, Any, discord.Guild]:
-    """The real bot and cog, their Discord state filled from payloads, not connected."""
-    from bot import MemoryBot
+    """The real bot, its memory cogs and their runtime, Discord state filled from payloads,
+    not connected; returns the bot, the runtime and the guild."""
+    from cogs.memory import MemoryBot
 
     bot = MemoryBot(engine)
     state = bot._connection
@@ -114,7 +115,7 @@ async def _offline_bot(engine: MemoryEngine, payload: dict) -> tuple[Any, Any, d
     bot.loop = asyncio.get_running_loop()
     server = state._add_guild_from_data(cast(Any, payload))
     await bot.load_extension("cogs.memory")
-    return bot, bot.get_cog("MemoryCog"), server
+    return bot, cast(Any, bot.get_cog("MemoryCog")).runtime, server
 
 
 def _member(server: discord.Guild, state: Any) -> discord.Member:
@@ -150,7 +151,7 @@ def _message_payloads(texts: list[str]) -> list[dict]:
 # -- measurements -------------------------------------------------------------------------
 
 async def _allow_lists(tmp: Path, profile: Profile, payload: dict) -> dict[str, Any]:
-    from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
+    from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
 
     engine = MemoryEngine(tmp / "allow.sqlite3", replace(profile, reranker=RerankerConfig()),
                           load_reranker=False)
@@ -214,10 +215,10 @@ async def _embedding_stall(db: Path, profile: Profile, payload: dict, backlog: i
         engine.preload()
     engine.storage.messages.upsert(replace(r, guild_id=GUILD, channel_id=10_001)
                                    for r in synthetic_records(backlog))
-    bot, cog, _ = await _offline_bot(engine, payload)
-    cog.embed_backlog.cancel()  # driven by hand below, so the probe sees exactly one pass
+    bot, runtime, _ = await _offline_bot(engine, payload)
+    runtime.embed_backlog.cancel()  # driven by hand below, so the probe sees exactly one pass
     try:
-        embedded, stall = await _stall_during(cog._on(cog._embed_pool, engine.embed_pending))
+        embedded, stall = await _stall_during(runtime.embed_pending())
         return {"embedded": embedded, **stall}
     finally:
         await bot.close()
@@ -243,18 +244,19 @@ async def _rerank_and_capture(db: Path, profile: Profile, reranking: Profile, pa
     engine.storage.messages.upsert(replace(r, guild_id=GUILD, channel_id=10_001 + r.id % 7)
                   for r in synthetic_records(3000))
     engine.embed_pending()
-    bot, cog, server = await _offline_bot(engine, payload)
+    bot, runtime, server = await _offline_bot(engine, payload)
+    search = bot.get_cog("MemoryCog")
     state = bot._connection
     try:
         _, load = await _stall_during(asyncio.wrap_future(engine.switch_profile(reranking)))
-        idle = await _capture_latencies(cog, _messages(server, state, [
+        idle = await _capture_latencies(runtime, _messages(server, state, [
             f"idle capture {i}" for i in range(captures)]))
         who = _member(server, state)
         request = SearchRequest(queries=("printer filament settings",), limit=10)
-        busy_searches = [asyncio.create_task(cog.member_search(who, request))
+        busy_searches = [asyncio.create_task(search.member_search(who, request))
                          for _ in range(searches)]
         await asyncio.sleep(0.05)
-        busy, stall = await _stall_during(_capture_latencies(cog, _messages(server, state, [
+        busy, stall = await _stall_during(_capture_latencies(runtime, _messages(server, state, [
             f"busy capture {i}" for i in range(captures)])))
         started = time.perf_counter()
         results = await asyncio.gather(*busy_searches)
@@ -271,15 +273,15 @@ async def _rerank_and_capture(db: Path, profile: Profile, reranking: Profile, pa
         await bot.close()
 
 
-async def _capture_latencies(cog: Any, messages: list[discord.Message]) -> list[float]:
+async def _capture_latencies(runtime: Any, messages: list[discord.Message]) -> list[float]:
     """Per message: from the gateway event to the row being committed."""
-    from cogs.capture import record_from_message
+    from cogs.memory.capture import record_from_message
 
     latencies = []
     for message in messages:
         started = time.perf_counter()  # what on_message does, then wait for the commit
-        if await cog.remembers(message):
-            await cog.writes.put_and_wait("upsert", [record_from_message(message)])
+        if await runtime.remembers(message):
+            await runtime.writes.put_and_wait("upsert", [record_from_message(message)])
         latencies.append((time.perf_counter() - started) * 1000)
         await asyncio.sleep(0.02)
     return latencies

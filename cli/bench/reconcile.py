@@ -2,7 +2,7 @@
 
 A server of ``channels`` text channels holds ``messages`` stored messages (spread
 evenly, embedded); a share of them was deleted on Discord while the bot was away.
-The real bot and memory cog (state filled from gateway payloads, as in ``bench
+The real bot and memory cogs (state filled from gateway payloads, as in ``bench
 discord``) reconcile against a stand-in for Discord's REST API on 127.0.0.1 that
 answers at once, so the wall time is the bot's own work: discord.py parsing every
 history page, the comparisons and the deletions.  Each request is counted by
@@ -195,7 +195,7 @@ def run_reconcile_bench(
 
 async def _reconcile(db: Path, profile: Profile, window: int, per_channel: dict[int, list[int]],
                      on_discord: dict[int, list[int]]) -> dict[str, Any]:
-    from bot import MemoryBot
+    from cogs.memory import MemoryBot
 
     # the pacing is added by computation: the stand-in answers at once, so wall time is ours
     profile = replace(profile, reconcile=ReconcileConfig(recent_messages=window, pause_s=0.0))
@@ -215,10 +215,10 @@ async def _reconcile(db: Path, profile: Profile, window: int, per_channel: dict[
         state._add_guild_from_data(cast(Any, payload))
         await bot.load_extension("cogs.memory")
         await bot.http.static_login("bench-token")
-        cog = cast(Any, bot.get_cog("MemoryCog"))
+        listeners = cast(Any, bot.get_cog("MemoryListeners"))
         before = engine.storage.messages.count()
         started = time.perf_counter()
-        done = await cog.reconciler.at_start_up()
+        done = await listeners.reconciler.at_start_up()
         local_s = time.perf_counter() - started
         await bot.unload_extension("cogs.memory")
         return {

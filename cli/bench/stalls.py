@@ -1,6 +1,6 @@
 """``bench stalls``: how long the bot's event loop waits, and how long it takes to stop.
 
-The real bot and memory cog (:mod:`cli.bench.discord`'s offline bot, its Discord state
+The real bot and memory cogs (:mod:`cli.bench.discord`'s offline bot, its Discord state
 built from gateway payloads), a real SQLite database and the profile's embedder,
 preloaded as ``run`` does.  A probe task on the loop sleeps a few milliseconds and
 records how late it wakes; the worst lateness is the stall.  Measured:
@@ -88,10 +88,10 @@ def _engine(db: Path, profile: Profile, backlog: int) -> MemoryEngine:
 
 async def _embed_pass(db: Path, profile: Profile, payload: dict, backlog: int) -> dict:
     engine = _engine(db, profile, backlog)
-    bot, cog, _ = await _offline_bot(engine, payload)
-    cog.embed_backlog.cancel()  # one pass, driven by hand, as the loop would run it
+    bot, runtime, _ = await _offline_bot(engine, payload)
+    runtime.embed_backlog.cancel()  # one pass, driven by hand, as the loop would run it
     try:
-        embedded, stall = await _stall_during(cog._on(cog._embed_pool, engine.embed_pending))
+        embedded, stall = await _stall_during(runtime.embed_pending())
         return {"messages": embedded, **stall}
     finally:
         await bot.close()
@@ -100,20 +100,20 @@ async def _embed_pass(db: Path, profile: Profile, payload: dict, backlog: int) -
 async def _burst(db: Path, profile: Profile, payload: dict, count: int) -> dict:
     """``count`` MESSAGE_CREATEs dispatched in one tick, until stored and embedded."""
     engine = _engine(db, profile, 0)
-    bot, cog, _ = await _offline_bot(engine, payload)
-    cog.embed_backlog.cancel()
+    bot, runtime, _ = await _offline_bot(engine, payload)
+    runtime.embed_backlog.cancel()
     state = bot._connection
     # the gateway's payloads, parsed on the loop as discord.py does on MESSAGE_CREATE
     payloads = _message_payloads([
         f"burst message {i} about the printer and its filament" for i in range(count)])
-    await cog.settings(GUILD)  # as on a running bot, the guild's settings are cached
+    await runtime.settings(GUILD)  # as on a running bot, the guild's settings are cached
 
     async def deliver() -> int:
         for data in payloads:
             state.parse_message_create(data)
         await asyncio.sleep(0)  # the listeners run
-        await cog.writes.run_and_wait(lambda: None)  # every upsert before it is committed
-        return await cog._on(cog._embed_pool, engine.embed_pending)
+        await runtime.writes.run_and_wait(lambda: None)  # every upsert before it is committed
+        return await runtime.embed_pending()
 
     try:
         embedded, stall = await _stall_during(deliver())
@@ -136,7 +136,7 @@ async def _shutdown(db: Path, profile: Profile, payload: dict, backlog: int) -> 
     """``bot.close()`` one second into embedding a backlog; what stayed pending."""
     engine = _engine(db, profile, backlog)
     path = engine.storage.database.location
-    bot, _, _ = await _offline_bot(engine, payload)  # the cog's loop starts embedding
+    bot, _, _ = await _offline_bot(engine, payload)  # the runtime's loop starts embedding
     await asyncio.sleep(1.0)
     started = time.perf_counter()
     await bot.close()

@@ -101,7 +101,7 @@ QUEUE_SCRIPT = """
 import asyncio, resource, signal, sys
 from memory.config import Profile
 from memory.engine import MemoryEngine
-from cogs.capture import WriteQueue
+from cogs.memory.capture import WriteQueue
 from tests.conftest import HashEmbedder, record_factory
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -15,7 +15,7 @@ server) is found by asking Discord what still exists:
    channel's history over the same span; stored ones Discord no longer returns
    are forgotten.  Older stored messages are not checked.
 
-Every deletion goes through the cog's write queue to the engine's forgetting code
+Every deletion goes through the runtime's write queue to the engine's forgetting code
 (tombstones, vectors, keyword rows, windows), in order with live writes.  A run
 saves each channel's position after every page (``reconcile_cursors``), so a run
 stopped by a restart resumes where it was.  discord.py waits out Discord's 429s;
@@ -35,11 +35,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import discord
+from discord.ext import commands
 
 from memory.records import ms_to_datetime
 
 if TYPE_CHECKING:
-    from cogs.memory import MemoryCog
+    from cogs.memory.runtime import MemoryRuntime
+    from memory.engine import MemoryEngine
     from memory.storage.contract import ReconcileCursor
 
 log = logging.getLogger(__name__)
@@ -95,23 +97,27 @@ GONE = _Gone()
 
 
 class Reconciler:
-    """Reconciles a :class:`cogs.memory.MemoryCog`'s memory with Discord."""
+    """Reconciles memory with what Discord says exists.
 
-    def __init__(self, cog: MemoryCog) -> None:
-        self.cog = cog
+    Its runs are the runtime's background work: stopping the runtime stops them
+    (saved positions keep what was done).
+
+    Args:
+        bot: The bot that asks Discord (its guilds, channels and histories).
+        engine: The memory engine being reconciled.
+        runtime: The write queue every deletion goes through, and the read threads.
+    """
+
+    def __init__(self, bot: commands.Bot, engine: MemoryEngine, runtime: MemoryRuntime) -> None:
+        self.bot = bot
+        self.engine = engine
+        self.runtime = runtime
         self._locks: dict[int, asyncio.Lock] = {}  # guild id -> one run at a time
         self._startup: asyncio.Task | None = None
-        self._commands: set[asyncio.Task] = set()
 
     @property
     def _pause_s(self) -> float:
-        return self.cog.engine.profile.reconcile.pause_s
-
-    def cancel(self) -> None:
-        """Stop every running reconcile (saved positions keep what was done)."""
-        for task in [self._startup, *self._commands]:
-            if task is not None:
-                task.cancel()
+        return self.engine.profile.reconcile.pause_s
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -122,9 +128,9 @@ class Reconciler:
             after: Start once this task (the start-up catch-up) is done, so that the
                 two do not share Discord's rate limits at the same time.
         """
-        if self._startup is None and self.cog.engine.profile.reconcile.on_start:
-            self._startup = asyncio.create_task(self.at_start_up(after=after),
-                                                name="memory-reconcile")
+        if self._startup is None and self.engine.profile.reconcile.on_start:
+            self._startup = self.runtime.spawn(self.at_start_up(after=after),
+                                               name="memory-reconcile")
 
     async def at_start_up(self, *, after: asyncio.Task | None = None) -> ReconcileProgress:
         """Forget the guilds the bot left, then reconcile each guild it is in.
@@ -142,7 +148,7 @@ class Reconciler:
             raise
         except Exception:
             log.exception("reconcile: checking which servers the bot left failed")
-        for guild in list(self.cog.bot.guilds):
+        for guild in list(self.bot.guilds):
             if guild.unavailable:  # an outage is not a deletion: judge it next time
                 continue
             try:
@@ -157,22 +163,22 @@ class Reconciler:
 
     async def forget_left_guilds(self, progress: ReconcileProgress) -> None:
         """Forget every stored guild the bot is no longer in."""
-        storage = self.cog.engine.storage
-        stored = await self.cog.read(storage.messages.known_guild_ids)
-        cached = {g.id for g in self.cog.bot.guilds}
+        storage = self.engine.storage
+        stored = await self.runtime.read(storage.messages.known_guild_ids)
+        cached = {g.id for g in self.bot.guilds}
         missing = [g for g in stored if g not in cached]
         if not missing:
             return
         # Discord's own list decides: a cache still filling must not cost a server its memory
         member_of: set[int] = set()
-        async for guild in self.cog.bot.fetch_guilds(limit=None):
+        async for guild in self.bot.fetch_guilds(limit=None):
             member_of.add(guild.id)
         progress.requests += 1 + len(member_of) // GUILDS_PAGE
         for guild_id in missing:
             if guild_id in member_of:
                 continue
-            removed = await self._forget(functools.partial(self.cog.engine.forget_guild, guild_id))
-            await self.cog.writes.run_and_wait(
+            removed = await self._forget(functools.partial(self.engine.forget_guild, guild_id))
+            await self.runtime.writes.run_and_wait(
                 functools.partial(storage.guilds.end_reconcile_run, guild_id))
             progress.guilds_forgotten += 1
             progress.messages_forgotten += removed
@@ -192,9 +198,7 @@ class Reconciler:
         progress = ReconcileProgress()
         status = await interaction.followup.send(
             f"Reconciling with Discord… {progress.line()}", ephemeral=True, wait=True)
-        task = asyncio.create_task(self.reconcile_guild(guild, progress))
-        self._commands.add(task)
-        task.add_done_callback(self._commands.discard)
+        task = self.runtime.spawn(self.reconcile_guild(guild, progress), name="memory-reconcile")
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=PROGRESS_EVERY_S)
@@ -219,15 +223,15 @@ class Reconciler:
     async def reconcile_guild(self, guild: discord.Guild, progress: ReconcileProgress) -> None:
         """Check every stored channel of ``guild``, resuming an unfinished run."""
         async with self._lock(guild.id):
-            storage = self.cog.engine.storage
-            run_id = await self.cog.read(storage.guilds.reconcile_run, guild.id)
+            storage = self.engine.storage
+            run_id = await self.runtime.read(storage.guilds.reconcile_run, guild.id)
             if run_id is None:
                 run_id = int(time.time() * 1000)
-                await self.cog.writes.run_and_wait(
+                await self.runtime.writes.run_and_wait(
                     lambda: storage.guilds.begin_reconcile_run(guild.id, run_id))
             else:
                 progress.resumed = True
-            channels = await self.cog.read(storage.messages.channels_with_messages, guild.id)
+            channels = await self.runtime.read(storage.messages.channels_with_messages, guild.id)
             progress.channels += len(channels)
             forgotten: set[int] = set()
             logged = time.monotonic()
@@ -240,15 +244,15 @@ class Reconciler:
                 else:
                     await self._reconcile_channel(guild, channel_id, run_id, progress, forgotten)
                 progress.channels_done += 1
-            await self.cog.writes.run_and_wait(lambda: storage.guilds.end_reconcile_run(guild.id))
+            await self.runtime.writes.run_and_wait(lambda: storage.guilds.end_reconcile_run(guild.id))
         log.info("reconciled guild %d: %s", guild.id, progress.line())
 
     async def _reconcile_channel(
         self, guild: discord.Guild, channel_id: int, run_id: int,
         progress: ReconcileProgress, forgotten: set[int],
     ) -> None:
-        guilds = self.cog.engine.storage.guilds
-        cursor = await self.cog.read(guilds.reconcile_cursor, channel_id)
+        guilds = self.engine.storage.guilds
+        cursor = await self.runtime.read(guilds.reconcile_cursor, channel_id)
         if cursor is not None and cursor.run_id == run_id and cursor.complete:
             return
         place = await self._locate(guild, channel_id, progress)
@@ -265,7 +269,7 @@ class Reconciler:
                 forgotten.add(channel_id)
             except discord.Forbidden:
                 progress.channels_no_access += 1
-        await self.cog.writes.run_and_wait(
+        await self.runtime.writes.run_and_wait(
             lambda: guilds.save_reconcile_cursor(guild.id, channel_id, run_id, None, complete=True))
 
     async def _locate(
@@ -277,7 +281,7 @@ class Reconciler:
             return place
         progress.requests += 1
         try:
-            fetched = await self.cog.bot.fetch_channel(channel_id)
+            fetched = await self.bot.fetch_channel(channel_id)
         except discord.NotFound as exc:
             if exc.code == UNKNOWN_CHANNEL:
                 return GONE
@@ -303,7 +307,7 @@ class Reconciler:
         return fetched
 
     async def _forget_channel(self, channel_id: int, progress: ReconcileProgress) -> None:
-        removed = await self._forget(lambda: self.cog.engine.forget_channels([channel_id]))
+        removed = await self._forget(lambda: self.engine.forget_channels([channel_id]))
         progress.channels_forgotten += 1
         progress.messages_forgotten += removed
         log.info("reconcile: channel %d is gone; forgot its %d messages", channel_id, removed)
@@ -321,7 +325,7 @@ class Reconciler:
         and after each page every stored message between that page's oldest and
         the previous page's is either in the page or gone.
         """
-        count = self.cog.engine.profile.reconcile.recent_messages
+        count = self.engine.profile.reconcile.recent_messages
         if count == 0:
             return
         if not _readable(place):
@@ -329,7 +333,7 @@ class Reconciler:
             return
         channel_id = place.id
         start = discord.utils.time_snowflake(ms_to_datetime(run_id))
-        low = await self.cog.read(self.cog.engine.storage.messages.recent_floor, channel_id, start,
+        low = await self.runtime.read(self.engine.storage.messages.recent_floor, channel_id, start,
                                   count)
         upper = cursor.before_id if cursor and cursor.run_id == run_id and cursor.before_id else start
         if low is None or upper <= low:
@@ -354,24 +358,24 @@ class Reconciler:
         upper: int, progress: ReconcileProgress,
     ) -> int:
         """Forget stored messages in ``[lower, upper)`` Discord did not return; save the place."""
-        storage = self.cog.engine.storage
+        storage = self.engine.storage
         channel_id, guild_id = place.id, place.guild.id
-        stored = await self.cog.read(storage.messages.ids_between, channel_id, lower, upper)
+        stored = await self.runtime.read(storage.messages.ids_between, channel_id, lower, upper)
         gone = sorted(set(stored).difference(seen))
         progress.messages_checked += len(stored)
         if gone:
-            removed = await self._forget(lambda: self.cog.engine.forget_messages(gone))
+            removed = await self._forget(lambda: self.engine.forget_messages(gone))
             progress.messages_forgotten += removed
             log.info("reconcile: %d messages in channel %d were deleted while the bot was away",
                      removed, channel_id)
-        await self.cog.writes.run_and_wait(
+        await self.runtime.writes.run_and_wait(
             lambda: storage.guilds.save_reconcile_cursor(guild_id, channel_id, run_id, lower))
         return lower
 
     async def _forget(self, deletion: Callable[[], int]) -> int:
         """Run an engine deletion in order with the queued writes; how many it removed."""
         removed: list[int] = []
-        await self.cog.writes.run_and_wait(lambda: removed.append(deletion()))
+        await self.runtime.writes.run_and_wait(lambda: removed.append(deletion()))
         return removed[0] if removed else 0
 
 

@@ -74,7 +74,7 @@ def is_busy(exc: BaseException) -> bool:
 
 @dataclass
 class Write:
-    """One queued write: a kind the cog knows (``upsert``, ``delete``, ...) and its items."""
+    """One queued write: a kind the runtime knows (``upsert``, ``delete``, ...) and its items."""
 
     kind: str
     items: list
@@ -86,7 +86,7 @@ class WriteQueue:
 
     Args:
         apply: Runs a batch of writes (in a worker thread: it may block on SQLite).
-        run: Runs a blocking callable off the event loop (the cog's write executor).
+        run: Runs a blocking callable off the event loop (the runtime's write thread).
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 Failures here are real ones, not patched functions: the database loses a table
 underneath the bot (another process dropped it), so SQLite raises its own error,
 not the engine's.  Messages arrive through discord.py's gateway parser, commands
-through the command tree, as in tests/test_cog.py.
+through the command tree, as in tests/discord/test_cog.py.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.storage.sqlite.connection import connect
 from tests.conftest import HashEmbedder
-from tests.discord_harness import BOT_ID, READ, Harness, channel, guild, member, next_id, role, user
-from tests.test_permissions import (  # noqa: F401  (harness: the permission-matrix server)
+from tests.discord.harness import BOT_ID, READ, Harness, channel, guild, member, next_id, role, user
+from tests.discord.test_permissions import (  # noqa: F401  (harness: the permission-matrix server)
     ARCHIVED_PRIVATE,
     ARCHIVED_STAFF_THREAD,
     GENERAL,
@@ -43,9 +43,9 @@ async def small(tmp_path):
     h = Harness(engine, [guild(G, "Small", owner=9999, roles=[role(G, "@everyone", READ)],
                                members=[member(ALICE, "alice")], channels=[channel(HALL, G, "hall")])])
     await h.start()
-    await h.cog.on_message(h.message("the lockbox code is 4417", author=(ALICE, "alice"), channel=HALL))
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.listeners.on_message(h.message("the lockbox code is 4417", author=(ALICE, "alice"), channel=HALL))
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
     await asyncio.to_thread(engine.embed_pending)
     yield h
     await h.close()

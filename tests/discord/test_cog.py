@@ -17,14 +17,14 @@ from datetime import datetime, timedelta, timezone
 import discord
 import pytest
 
-from cogs.answers import make_chat_client
-from cogs.capture import WriteQueue, record_from_message
+from cogs.memory.answers import make_chat_client
+from cogs.memory.capture import WriteQueue, record_from_message
 from memory.config import LLMConfig, Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from memory.storage.sqlite.connection import connect
 from tests.conftest import HashEmbedder, sql_rows
-from tests.discord_harness import (
+from tests.discord.harness import (
     BOT_ID,
     READ,
     Harness,
@@ -70,15 +70,16 @@ def bob() -> dict:
 
 async def say(h: Harness, text: str, who: tuple[int, str] = (ALICE, "alice"),
               where: int = GENERAL, **extra) -> discord.Message:
+    """MESSAGE_CREATE: every listener runs (capture, and the answer to a mention)."""
     msg = h.message(text, author=who, channel=where, **extra)
-    await h.cog.on_message(msg)
+    await h.dispatch("message", msg)
     return msg
 
 
 async def settle(h: Harness, embed: bool = True) -> None:
     """Wait until queued writes are committed (and the backlog embedded)."""
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
     if embed:
         await asyncio.to_thread(h.engine.embed_pending)
 
@@ -117,12 +118,12 @@ async def test_messages_are_stored_edited_and_deleted(harness):
     edited = h.message_payload("the door code is 4417", author=(ALICE, "alice"), channel=GENERAL)
     edited |= {"id": str(msg.id), "edited_timestamp": datetime.now(timezone.utc).isoformat()}
     new = discord.Message(state=h.state, channel=msg.channel, data=edited)
-    await h.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
+    await h.listeners.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
     await settle(h)
     assert h.engine.search("door code", guild_id=G).hits[0].content.startswith("the door code")
     assert not ids_for(h, "hunter2", mode="keyword")
 
-    await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
+    await h.listeners.on_raw_message_delete(discord.RawMessageDeleteEvent(
         {"id": str(msg.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
     await settle(h)
     assert h.engine.storage.messages.count() == 0
@@ -139,9 +140,9 @@ async def test_the_bots_own_messages_are_not_stored_but_other_bots_are(harness):
 async def test_a_delete_before_its_insert_does_not_resurrect_the_message(harness):
     h = harness
     msg = h.message("a message deleted while in flight", author=(ALICE, "alice"), channel=GENERAL)
-    await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
+    await h.listeners.on_raw_message_delete(discord.RawMessageDeleteEvent(
         {"id": str(msg.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
-    await h.cog.on_message(msg)  # the create event arrives late (or a backfill page has it)
+    await h.listeners.on_message(msg)  # the create event arrives late (or a backfill page has it)
     await settle(h)
     assert h.engine.storage.messages.count() == 0
     h.engine.storage.messages.upsert([record_from_message(msg)])  # and a re-import of an old export
@@ -154,7 +155,7 @@ async def test_an_older_copy_never_overwrites_a_newer_edit(harness):
     edited = h.message_payload("second version", author=(ALICE, "alice"), channel=GENERAL)
     edited |= {"id": str(msg.id), "edited_timestamp": datetime.now(timezone.utc).isoformat()}
     new = discord.Message(state=h.state, channel=msg.channel, data=edited)
-    await h.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
+    await h.listeners.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
     await settle(h)
     h.engine.storage.messages.upsert([record_from_message(msg)])  # a backfill page read before the edit
     assert h.engine.storage.messages.hydrate([msg.id])[msg.id].content == "second version"
@@ -168,7 +169,7 @@ async def test_editing_or_deleting_a_message_re_embeds_its_neighbour(harness):
                                          "guild_id": str(G)})
     await settle(h)
     embedded = h.engine.embedder.calls
-    await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
+    await h.listeners.on_raw_message_delete(discord.RawMessageDeleteEvent(
         {"id": str(first.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
     await settle(h, embed=False)
     # the reply's vector carried the deleted text as context: it goes back to the backlog
@@ -330,7 +331,7 @@ async def test_privacy_notice(harness):
     # with a chat model, the notice says where quoted messages go
     harness.engine.profile = replace(harness.engine.profile, llm=LLMConfig(
         base_url="http://llm.internal.example:8080/v1", model="qwen3-8b"))
-    harness.cog.chat = make_chat_client(harness.engine.profile)
+    harness.runtime.chat = make_chat_client(harness.engine.profile)
     await harness.slash("memory privacy", invoker=bob(), where=GENERAL)
     text = harness.adapter.callbacks[-1]["data"]["content"]
     assert "`qwen3-8b` at `llm.internal.example`" in text
@@ -441,11 +442,10 @@ async def test_the_embed_loop_survives_any_error(harness, monkeypatch):
         raise RuntimeError("database is locked")
 
     monkeypatch.setattr(h.engine, "embed_pending", failing)
-    import cogs.memory as cog_module
-    monkeypatch.setattr(cog_module, "EMBED_INTERVAL_S", 0.001)
-    h.cog.embed_backlog.change_interval(seconds=0.01)
+    monkeypatch.setattr("cogs.memory.runtime.EMBED_INTERVAL_S", 0.001)
+    h.runtime.embed_backlog.change_interval(seconds=0.01)
     await asyncio.sleep(0.3)
-    assert calls and h.cog.embed_backlog.is_running()
+    assert calls and h.runtime.embed_backlog.is_running()
 
 
 async def test_write_queue_retries_busy_errors_in_order():
@@ -466,7 +466,7 @@ async def test_write_queue_retries_busy_errors_in_order():
     queue = WriteQueue(apply, run)
     queue.start()
     queue.put("upsert", [1, 2])
-    queue.put("delete", [1])
+    queue.put("forget_messages", [1])
     await queue.put_and_wait("upsert", [3])
     await queue.stop()
     assert [i for batch in applied for i in batch] == [1, 2, 1, 3]

@@ -13,12 +13,12 @@ from pathlib import Path
 import discord
 import numpy as np
 
-from cogs.capture import record_from_message
+from cogs.memory.capture import record_from_message
 from memory.config import Profile
 from memory.engine import EMBED_CHUNK, MemoryEngine
 from tests.conftest import HashEmbedder, record_factory
-from tests.discord_harness import READ, Harness, channel, guild, member, role
-from tests.test_bot_run import fake_api  # noqa: F401  (the stand-in for Discord's API)
+from tests.discord.harness import READ, Harness, channel, guild, member, role
+from tests.discord.test_bot_run import fake_api  # noqa: F401  (the stand-in for Discord's API)
 
 G, GENERAL, OWNER, ALICE = 100, 200, 10, 11
 BACKLOG = 6000
@@ -53,10 +53,10 @@ async def test_close_stops_embedding_at_the_next_chunk_and_loses_nothing(tmp_pat
     queued = [h.message(f"sent just before shutdown {i}", author=(ALICE, "alice"),
                         channel=GENERAL) for i in range(300)]
     for message in queued:
-        h.cog.writes.put("upsert", [record_from_message(message)])
+        h.runtime.writes.put("upsert", [record_from_message(message)])
 
     started = time.perf_counter()
-    await h.bot.close()  # what Ctrl-C / SIGTERM run: the cog unloads, the engine closes
+    await h.bot.close()  # what Ctrl-C / SIGTERM run: the cogs unload, the runtime stops, the engine closes
     took = time.perf_counter() - started
 
     assert took < CLOSE_BOUND_S, f"close took {took:.1f} s"
@@ -77,8 +77,8 @@ import discord, yarl
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from tests.conftest import record_factory
-from tests.test_shutdown import PacedEmbedder
-import bot
+from tests.discord.test_shutdown import PacedEmbedder
+from cli.run import run_bot
 
 base, gateway, db = sys.argv[1:4]
 discord.http.Route.BASE = base
@@ -95,7 +95,7 @@ class Announcing(PacedEmbedder):
 engine = MemoryEngine(db, Profile(name="test"), Announcing(), load_reranker=False)
 make = record_factory()
 engine.storage.messages.upsert(make(f"backlog message {i}") for i in range(int(sys.argv[4])))
-sys.exit(bot.run_bot(engine, "good-token"))
+sys.exit(run_bot(engine, "good-token"))
 """
 
 
@@ -104,7 +104,7 @@ def test_sigterm_to_a_running_bot_exits_within_the_bound_and_keeps_the_backlog(
 ):
     fake_api.gateway_close_code = None  # the gateway hangs up; the bot keeps reconnecting
     db = tmp_path / "bot.sqlite3"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     process = subprocess.Popen(
         [sys.executable, "-c", SIGTERM_SCRIPT, discord.http.Route.BASE,
          str(discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY), str(db), str(BACKLOG)],

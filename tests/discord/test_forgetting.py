@@ -23,14 +23,14 @@ import discord
 import pytest
 
 import bot
-from cogs.capture import record_from_message
+from cogs.memory.capture import record_from_message
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from memory.storage.sqlite.connection import connect
 from tests.conftest import HashEmbedder, sql_rows
-from tests.discord_harness import READ, Harness, channel, guild, member, role
-from tests.fake_discord import FakeDiscord
+from tests.discord.fake_discord import FakeDiscord
+from tests.discord.harness import READ, Harness, channel, guild, member, role
 
 G, GENERAL, RANDOM = 960, 961, 962
 ALICE, BOB, ADMIN = 1301, 1302, 1303
@@ -49,7 +49,7 @@ async def setup(tmp_path, monkeypatch):
     fake = FakeDiscord()
     base = await fake.start()
     monkeypatch.setattr(discord.http.Route, "BASE", base)
-    monkeypatch.setattr("cogs.backfill.PAGE_PAUSE_S", 0)
+    monkeypatch.setattr("cogs.memory.backfill.PAGE_PAUSE_S", 0)
     engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
                           load_reranker=False)
     h = Harness(engine, [server()])
@@ -71,8 +71,8 @@ async def events_done() -> None:
 
 async def settle(h: Harness) -> None:
     await events_done()
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
 
 
 async def send(h: Harness, text: str, who: tuple[int, str] = (ALICE, "alice"),
@@ -188,7 +188,7 @@ async def test_retention_deletes_an_old_message_still_queued_while_the_database_
     first, queued = old(h, "an ancient recipe", 40), old(h, "another ancient recipe", 50)
     h.engine.storage.messages.upsert([old_record(h, first)])
     async with busy_database(h):
-        h.cog.writes.put("upsert", [old_record(h, queued)])  # a backfill page, say
+        h.runtime.writes.put("upsert", [old_record(h, queued)])  # a backfill page, say
         reply = await slash(h, "memory-admin retention", member(ADMIN, "admin"), admin=True,
                             days=30)
     await settle(h)
@@ -202,8 +202,8 @@ async def test_the_hourly_retention_pass_runs_behind_queued_writes(setup):
     h.engine.storage.guilds.update_settings(G, retention_days=30)
     queued = old(h, "a stale rumour", 45)
     async with busy_database(h):
-        h.cog.writes.put("upsert", [old_record(h, queued)])
-        await h.cog.enforce_retention()
+        h.runtime.writes.put("upsert", [old_record(h, queued)])
+        await h.runtime.enforce_retention()
     await settle(h)
     assert not stored(h, queued) and not found(h, "rumour")
 

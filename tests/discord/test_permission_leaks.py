@@ -1,6 +1,6 @@
 """The permission matrix's three leaks (issue 19), each replayed through discord.py's parsers.
 
-The world is tests/test_permissions.py's server: #general for everyone, #staff-only
+The world is tests/discord/test_permissions.py's server: #general for everyone, #staff-only
 for the staff role, a private thread of #general that alice belongs to, a mods
 role that may manage threads.  Each test drives the gateway events that opened a
 leak (THREAD_CREATE, THREAD_MEMBERS_UPDATE, THREAD_LIST_SYNC, THREAD_UPDATE
@@ -30,7 +30,7 @@ import discord
 import numpy as np
 import pytest
 
-from cogs.permissions import StoredThread, readable_channel_ids
+from cogs.memory.permissions import StoredThread, readable_channel_ids
 from memory.config import LLMConfig, Profile
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord, PendingMessage
@@ -38,10 +38,9 @@ from memory.search import SearchRequest
 from memory.storage.sqlite.connection import connect
 from memory.storage.sqlite.migrations import MIGRATIONS, migrate, reembed_cross_channel_replies
 from tests.conftest import HashEmbedder
-from tests.discord_harness import BOT_ID, Harness, member, thread, user
-from tests.fake_discord import FakeDiscord
-from tests.openai_standin import OpenAIStandIn
-from tests.test_permissions import (
+from tests.discord.fake_discord import FakeDiscord
+from tests.discord.harness import BOT_ID, Harness, member, thread, user
+from tests.discord.test_permissions import (
     ALICE,
     BOB,
     CAROL,
@@ -56,6 +55,7 @@ from tests.test_permissions import (
     other_server,
     server,
 )
+from tests.openai_standin import OpenAIStandIn
 
 BOBS_THREAD = 705
 SECRET = "the vault code is mangosteen"
@@ -137,8 +137,8 @@ async def events_done() -> None:
 async def settle(h: Harness) -> None:
     """Listeners finished, queued writes committed, the backlog embedded."""
     await events_done()
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
     await asyncio.to_thread(h.engine.embed_pending)
 
 
@@ -162,7 +162,7 @@ def stored_threads(h: Harness) -> list[StoredThread]:
 
 async def found(h: Harness, uid: int, words: str) -> set[str]:
     """Texts of the hits a search by ``words`` gives ``uid`` (the cog's allow-list)."""
-    result, _ = await h.cog.member_search(as_member(h, uid),
+    result, _ = await h.search.member_search(as_member(h, uid),
                                           SearchRequest(queries=(words,), limit=50))
     return {hit.content for hit in result.hits}
 
@@ -181,7 +181,7 @@ async def every_route(h: Harness, uid: int, words: str) -> dict[str, str]:
     asked_model = len(h.standin.requests)  # type: ignore[attr-defined]
     question = h.message(f"<@{BOT_ID}> {words}?", author=(uid, NAMES[uid]), channel=GENERAL,
                          roles=ROLES[uid], mentions=[user(BOT_ID, "memorybot", bot=True)])
-    await h.cog.answer_mention(question)
+    await h.search.answer_mention(question)
     routes["mention reply"] = "\n".join(str(p) for _, p in h.sent) + "\n".join(
         str(p) for p in h.edits.payloads)  # type: ignore[attr-defined]
     routes["chat model prompt"] = "\n".join(
@@ -366,7 +366,7 @@ async def rest(harness, monkeypatch):
     """Discord's REST API as a stand-in on 127.0.0.1, for the backfill."""
     fake = FakeDiscord()
     monkeypatch.setattr(discord.http.Route, "BASE", await fake.start())
-    monkeypatch.setattr("cogs.backfill.PAGE_PAUSE_S", 0)
+    monkeypatch.setattr("cogs.memory.backfill.PAGE_PAUSE_S", 0)
     del harness.bot.http.request  # discord.py's own HTTP client again
     # the bot has the staff role (GUILD_MEMBER_UPDATE), so it backfills #staff-only too
     harness.state.parse_guild_member_update({

@@ -1,4 +1,4 @@
-"""Grounded answers on Discord with real discord.py objects (tests/test_cog.py's harness).
+"""Grounded answers on Discord with real discord.py objects (tests/discord/test_cog.py's harness).
 
 Discord's REST API is replaced at its single entry point, ``HTTPClient.request``,
 which records every send and edit; the chat model is the aiohttp stand-in or a
@@ -14,7 +14,7 @@ from typing import Any
 import discord
 import pytest
 
-from cogs.answers import (
+from cogs.memory.answers import (
     EditThrottle,
     answer_mention,
     context_for,
@@ -22,8 +22,8 @@ from cogs.answers import (
     render_answer,
     split_message,
 )
-from cogs.capture import record_from_message
-from cogs.permissions import StoredThread, public_reply_sources, readable_channel_ids
+from cogs.memory.capture import record_from_message
+from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
 from memory.config import LLMConfig, Profile
 from memory.context import Context, ContextLine, ContextWindow
 from memory.engine import MemoryEngine
@@ -31,7 +31,7 @@ from memory.errors import SearchInputError
 from memory.llm import ChatClient
 from memory.records import Hit, Trace
 from tests.conftest import HashEmbedder
-from tests.discord_harness import (
+from tests.discord.harness import (
     APP_ID,
     BOT_ID,
     HIDE,
@@ -440,7 +440,7 @@ def test_the_cog_answers_a_mention_with_its_chat_model_and_keeps_private_channel
               say("officers: the raid password is swordfish", author=OFFICER, channel=SECRET))
         try:
             # an officer can read #officers, but the answer is public in #general
-            await harness.cog.answer_mention(officer_asks(harness, "what is the raid password?"))
+            await harness.search.answer_mention(officer_asks(harness, "what is the raid password?"))
         finally:
             await harness.close()
         return calls
@@ -458,7 +458,7 @@ def test_the_cog_answers_a_mention_with_its_chat_model_and_keeps_private_channel
 def test_the_cogs_context_for_is_public_unless_asked_private(harness, world):
     async def scenario():
         await harness.start()
-        cog = harness.cog
+        cog = harness.search
         try:
             asked = officer_asks(harness, "raid password")
             public = await cog.context_for(asked)

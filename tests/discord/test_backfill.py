@@ -1,7 +1,7 @@
 """Backfill and start-up catch-up against a stand-in for Discord's REST API on 127.0.0.1.
 
 discord.py's own HTTP client makes the requests (its paging, its 429 handling);
-only the server answering them is ours (tests/fake_discord.py).
+only the server answering them is ours (tests/discord/fake_discord.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from memory.config import Profile, ReconcileConfig
 from memory.engine import MemoryEngine
 from tests.conftest import HashEmbedder
-from tests.discord_harness import READ, Harness, channel, guild, member, role, thread
-from tests.fake_discord import FakeDiscord
+from tests.discord.fake_discord import FakeDiscord
+from tests.discord.harness import READ, Harness, channel, guild, member, role, thread
 
 G, GENERAL, ARCHIVED = 950, 951, 952
 VOICE, FORUM, POST = 953, 954, 955
@@ -38,7 +38,7 @@ async def setup(tmp_path, monkeypatch):
     fake = FakeDiscord()
     base = await fake.start()
     monkeypatch.setattr(discord.http.Route, "BASE", base)
-    monkeypatch.setattr("cogs.backfill.PAGE_PAUSE_S", 0)
+    monkeypatch.setattr("cogs.memory.backfill.PAGE_PAUSE_S", 0)
     # start-up reconcile has its own tests (test_reconcile.py); these count backfill requests
     profile = Profile(name="test", reconcile=ReconcileConfig(on_start=False))
     engine = MemoryEngine(tmp_path / "bot.sqlite3", profile, HashEmbedder(), load_reranker=False)
@@ -64,8 +64,8 @@ async def backfill(h: Harness) -> str:
 
 
 async def settle(h: Harness) -> None:
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
 
 
 async def test_backfill_reads_channels_and_archived_threads_through_a_rate_limit(setup):
@@ -134,8 +134,8 @@ async def test_backfill_and_live_capture_agree(setup):
     edited = dict(payloads[5]) | {"content": "edited live",
                                   "edited_timestamp": datetime.now(timezone.utc).isoformat()}
     live = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=edited)
-    await h.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, live))
-    await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
+    await h.listeners.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, live))
+    await h.listeners.on_raw_message_delete(discord.RawMessageDeleteEvent(
         {"id": payloads[6]["id"], "channel_id": str(GENERAL), "guild_id": str(G)}))
     await settle(h)
     await backfill(h)
@@ -149,10 +149,10 @@ async def test_start_up_catches_up_from_the_newest_stored_message(setup):
     payloads = history(h, GENERAL, 120)
     fake.history[GENERAL] = payloads
     known = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=payloads[9])
-    await h.cog.on_message(known)
+    await h.listeners.on_message(known)
     await settle(h)
-    await h.cog.on_ready()
-    await h.cog.backfill._catch_up
+    await h.listeners.on_ready()
+    await h.backfill._catch_up
     await settle(h)
     assert h.engine.storage.messages.count() == 1 + 110  # the known one and everything after it
     assert all("after" in query for _, query in fake.requests)

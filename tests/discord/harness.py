@@ -19,7 +19,6 @@ from typing import Any
 import discord
 from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
-from bot import MemoryBot
 from cli.bench.gateway import (  # noqa: F401  (re-exported for the tests)
     HIDE,
     NO_HISTORY,
@@ -33,6 +32,7 @@ from cli.bench.gateway import (  # noqa: F401  (re-exported for the tests)
     thread,
     user,
 )
+from cogs.memory import MemoryBot
 from memory.engine import MemoryEngine
 
 BOT_ID = APP_ID = 1000
@@ -90,7 +90,10 @@ class CaptureAdapter(AsyncWebhookAdapter):
 
 
 class Harness:
-    """A MemoryBot whose connection state is filled from guild payloads."""
+    """A MemoryBot whose connection state is filled from guild payloads.
+
+    Once started: ``search`` (the ``"MemoryCog"``), ``listeners`` and their ``runtime``.
+    """
 
     def __init__(self, engine: MemoryEngine, guilds: Iterable[dict[str, Any]],
                  owner_ids: Iterable[int] = ()) -> None:
@@ -106,7 +109,9 @@ class Harness:
                 BOT_ID, "memorybot", bot=True), "roles": []}, guild=g, state=state))
         self.adapter = CaptureAdapter()
         self.sent: list[tuple[int, dict[str, Any]]] = []
-        self.cog = None
+        self.search: Any = None  # the memory cogs and their runtime, once started
+        self.listeners: Any = None
+        self.runtime: Any = None
 
     @property
     def guild(self) -> discord.Guild:
@@ -123,7 +128,28 @@ class Harness:
 
         self.bot.http.send_message = send_message
         await self.bot.load_extension("cogs.memory")
-        self.cog = self.bot.get_cog("MemoryCog")
+        self.search = self.bot.get_cog("MemoryCog")
+        self.listeners = self.bot.get_cog("MemoryListeners")
+        self.runtime = self.search.runtime
+
+    @property
+    def backfill(self) -> Any:
+        """The backfiller the memory cogs share."""
+        return self.listeners.backfill
+
+    @property
+    def reconciler(self) -> Any:
+        """The reconciler the memory cogs share."""
+        return self.listeners.reconciler
+
+    async def dispatch(self, event: str, *args: Any) -> None:
+        """Dispatch a gateway event as discord.py does, and wait until every listener is done."""
+        self.bot.dispatch(event, *args)
+        for _ in range(50):
+            pending = [t for t in asyncio.all_tasks() if t.get_name().startswith("discord.py: ")]
+            if not pending:
+                return
+            await asyncio.gather(*pending)
 
     async def close(self) -> None:
         await self.bot.unload_extension("cogs.memory")

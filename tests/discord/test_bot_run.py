@@ -1,7 +1,7 @@
 """Starting the bot: a bad token, a missing intent or no network end in one line and exit 2.
 
 discord.py really logs in and opens its gateway connection, against the stand-in
-for Discord's API (tests/fake_discord.py) running on its own thread.
+for Discord's API (tests/discord/fake_discord.py) running on its own thread.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import pytest
 import yarl
 
 import bot
+from cli.run import run_bot, run_command
+from cogs.memory import MemoryBot
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from tests.conftest import HashEmbedder
-from tests.fake_discord import FakeDiscord
+from tests.discord.fake_discord import FakeDiscord
 
 
 @pytest.fixture
@@ -57,14 +59,14 @@ def engine(tmp_path):
 
 
 def test_a_rejected_token_is_one_line_and_exit_2(fake_api, engine, capsys):
-    assert bot.run_bot(engine, "wrong-token") == 2
+    assert run_bot(engine, "wrong-token") == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: Discord rejected the token") and "\n" not in err
 
 
 def test_a_missing_privileged_intent_is_one_line_and_exit_2(fake_api, engine, capsys):
     fake_api.gateway_close_code = 4014
-    assert bot.run_bot(engine, "good-token") == 2
+    assert run_bot(engine, "good-token") == 2
     err = capsys.readouterr().err.strip()
     assert "Message Content intent" in err and "\n" not in err
 
@@ -74,15 +76,15 @@ def test_no_route_to_discord_is_one_line_and_exit_2(engine, capsys, monkeypatch)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setattr(discord.http.Route, "BASE", f"http://127.0.0.1:{port}/api/v10")
-    assert bot.run_bot(engine, "good-token", retry_delays=(0.01,)) == 2
+    assert run_bot(engine, "good-token", retry_delays=(0.01,)) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot reach Discord") and "\n" not in err
 
 
 def test_the_bot_registers_no_prefix_commands_and_syncs_only_when_asked(engine):
-    memory_bot = bot.MemoryBot(engine)
+    memory_bot = MemoryBot(engine)
     assert memory_bot.sync is None and memory_bot.help_command is None
-    context = bot.run_command.make_context(
+    context = run_command.make_context(
         "run", ["--dev-guild", "123", "--owner", "5", "--owner", "6"])
     assert context.params == {"sync": False, "dev_guild": 123, "owner": (5, 6)}
 

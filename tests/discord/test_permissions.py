@@ -14,12 +14,17 @@ from __future__ import annotations
 import discord
 import pytest
 
-from cogs.permissions import StoredThread, everyone_can_read, public_reply_sources, readable_channel_ids
+from cogs.memory.permissions import (
+    StoredThread,
+    everyone_can_read,
+    public_reply_sources,
+    readable_channel_ids,
+)
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.search import SearchRequest
 from tests.conftest import HashEmbedder
-from tests.discord_harness import (
+from tests.discord.harness import (
     BOT_ID,
     HIDE,
     NO_HISTORY,
@@ -117,10 +122,10 @@ async def _fill(h: Harness) -> None:
     """One message with WORD in every channel and thread, incl. archived ones the cache lacks."""
     for place in (GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, ANNOUNCE, PUBLIC_THREAD, PRIVATE_THREAD,
                   ELSEWHERE):
-        await h.cog.on_message(h.message(f"{WORD} note in channel {place}",
+        await h.listeners.on_message(h.message(f"{WORD} note in channel {place}",
                                          author=(OTHER, "olga"), channel=place))
-    await h.cog.writes.stop()
-    h.cog.writes.start()
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
     # archived threads known only from the database (an earlier capture or an import)
     from memory.records import MessageRecord
     h.engine.storage.messages.upsert([
@@ -151,7 +156,7 @@ def test_readable_channels_match_discords_rules(harness, uid):
 
 @pytest.mark.parametrize("uid", list(READABLE))
 async def test_a_search_finds_exactly_what_the_member_can_read(harness, uid):
-    result, withheld = await harness.cog.member_search(
+    result, withheld = await harness.search.member_search(
         as_member(harness, uid), SearchRequest(queries=(WORD,), limit=50))
     assert {hit.channel_id for hit in result.hits} == READABLE[uid]
     assert withheld == 0
@@ -160,7 +165,7 @@ async def test_a_search_finds_exactly_what_the_member_can_read(harness, uid):
 @pytest.mark.parametrize("uid", list(READABLE))
 @pytest.mark.parametrize("asked", [STAFF_ONLY, GENERAL, ANNOUNCE, ELSEWHERE, ARCHIVED_PRIVATE])
 async def test_naming_a_channel_never_widens_the_search(harness, uid, asked):
-    result, _ = await harness.cog.member_search(
+    result, _ = await harness.search.member_search(
         as_member(harness, uid), SearchRequest(queries=(WORD,), limit=50, channel_ids=(asked,)))
     found = {hit.channel_id for hit in result.hits}
     assert found <= READABLE[uid]
@@ -171,7 +176,7 @@ async def test_naming_a_channel_never_widens_the_search(harness, uid, asked):
 @pytest.mark.parametrize("uid", list(READABLE))
 async def test_a_public_answer_in_general_quotes_only_what_everyone_there_reads(harness, uid):
     general = harness.guild.get_channel(GENERAL)
-    result, withheld = await harness.cog.member_search(
+    result, withheld = await harness.search.member_search(
         as_member(harness, uid), SearchRequest(queries=(WORD,), limit=50), reply_channel=general)
     assert {hit.channel_id for hit in result.hits} == PUBLIC_IN_GENERAL & READABLE[uid]
     assert withheld == len(READABLE[uid] - PUBLIC_IN_GENERAL)
@@ -179,7 +184,7 @@ async def test_a_public_answer_in_general_quotes_only_what_everyone_there_reads(
 
 async def test_a_public_answer_in_a_private_category_may_quote_that_category(harness):
     staff_only = harness.guild.get_channel(STAFF_ONLY)
-    result, withheld = await harness.cog.member_search(
+    result, withheld = await harness.search.member_search(
         as_member(harness, ALICE), SearchRequest(queries=(WORD,), limit=50),
         reply_channel=staff_only)
     assert {hit.channel_id for hit in result.hits} == PUBLIC_IN_STAFF_ONLY
@@ -201,11 +206,11 @@ def test_world_readable_channels(harness):
 
 async def test_a_member_who_loses_a_role_loses_its_channels_at_once(harness):
     h = harness
-    before, _ = await h.cog.member_search(as_member(h, EVE), SearchRequest(queries=(WORD,), limit=50))
+    before, _ = await h.search.member_search(as_member(h, EVE), SearchRequest(queries=(WORD,), limit=50))
     assert STAFF_ONLY in {hit.channel_id for hit in before.hits}
     # the staff role is removed: the next interaction or message carries her new roles
     eve_now = discord.Member(data=member(EVE, "eve", roles=[]), guild=h.guild, state=h.state)
-    after, _ = await h.cog.member_search(eve_now, SearchRequest(queries=(WORD,), limit=50))
+    after, _ = await h.search.member_search(eve_now, SearchRequest(queries=(WORD,), limit=50))
     assert {hit.channel_id for hit in after.hits} == {GENERAL, NO_BOB, PUBLIC_THREAD}
 
 
@@ -214,7 +219,7 @@ async def test_leaving_a_private_thread_hides_it(harness):
     h.state.parse_thread_members_update({
         "id": str(PRIVATE_THREAD), "guild_id": str(G), "member_count": 0,
         "added_members": [], "removed_member_ids": [str(ALICE)]})
-    result, _ = await h.cog.member_search(as_member(h, ALICE), SearchRequest(queries=(WORD,), limit=50))
+    result, _ = await h.search.member_search(as_member(h, ALICE), SearchRequest(queries=(WORD,), limit=50))
     assert PRIVATE_THREAD not in {hit.channel_id for hit in result.hits}
 
 
@@ -222,7 +227,7 @@ async def test_an_overwrite_added_later_applies_to_the_next_search(harness):
     h = harness
     h.state.parse_channel_update(channel(GENERAL, G, "general", parent=PUBLIC_CAT,
                                          overwrites=[overwrite(BOB, deny=HIDE, member=True)]))
-    result, _ = await h.cog.member_search(as_member(h, BOB), SearchRequest(queries=(WORD,), limit=50))
+    result, _ = await h.search.member_search(as_member(h, BOB), SearchRequest(queries=(WORD,), limit=50))
     assert result.hits == []  # no general, and its public thread went with it
     assert "readable" in result.empty_reason
 
@@ -273,7 +278,7 @@ async def test_mention_reply_quotes_only_public_sources(harness, uid):
     h = harness
     msg = h.message(f"<@{BOT_ID}> where is the {WORD}", author=(uid, NAMES[uid]), channel=GENERAL,
                     roles=ROLES[uid], mentions=[user(BOT_ID, "memorybot", bot=True)])
-    await h.cog.on_message(msg)
+    await h.dispatch("message", msg)
     channel_id, payload = h.sent[-1]
     assert channel_id == GENERAL
     assert _quoted([str(payload["embeds"])]) == PUBLIC_IN_GENERAL & READABLE[uid]

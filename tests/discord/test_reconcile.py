@@ -3,7 +3,7 @@
 Each test lives twice: the bot first runs with the whole server (messages are
 captured from gateway payloads), stops, and starts again with the server as its
 gateway describes it after changes made while it was offline.  Discord's REST API
-(channel lookups, history pages, the bot's guild list) is tests/fake_discord.py;
+(channel lookups, history pages, the bot's guild list) is tests/discord/fake_discord.py;
 discord.py's own HTTP client makes the requests.
 """
 
@@ -22,8 +22,8 @@ from memory.config import Profile, ReconcileConfig, parse_profile
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError
 from tests.conftest import HashEmbedder, sql_rows
-from tests.discord_harness import READ, Harness, channel, guild, member, role, thread
-from tests.fake_discord import FakeDiscord
+from tests.discord.fake_discord import FakeDiscord
+from tests.discord.harness import READ, Harness, channel, guild, member, role, thread
 
 G, GENERAL, OLD, THREAD, ARCHIVED, PRIVATE, OLD_THREAD = 960, 961, 962, 963, 964, 965, 966
 OTHER_G, OTHER_CHANNEL = 970, 971
@@ -95,7 +95,7 @@ async def world(tmp_path, fake):
                                                  channel=place) for i in range(n)]
         for payload in w.stored[place]:
             where = first.find_guild(place).get_channel_or_thread(place)
-            await first.cog.on_message(discord.Message(state=first.state, channel=where,
+            await first.listeners.on_message(discord.Message(state=first.state, channel=where,
                                                        data=payload))
     await first.close()  # every queued write committed
     engine.storage.guilds.update_settings(OTHER_G, retention_days=30, opt_out=ALICE)
@@ -152,9 +152,9 @@ async def test_messages_deleted_offline_are_forgotten_newer_ones_kept(world):
     later = discord.utils.time_snowflake(datetime.now(timezone.utc) + timedelta(minutes=1))
     live = h.message_payload("posted during the run", author=(ALICE, "alice"), channel=GENERAL)
     live["id"] = str(later)
-    await h.cog.on_message(discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL),
+    await h.listeners.on_message(discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL),
                                            data=live))
-    progress = await h.cog.reconciler.at_start_up()
+    progress = await h.reconciler.at_start_up()
     await stop(h)
 
     assert forgotten(w, deleted)
@@ -163,7 +163,7 @@ async def test_messages_deleted_offline_are_forgotten_newer_ones_kept(world):
     assert progress.messages_forgotten >= 4 and progress.resumed is False
     # a second run finds nothing more to forget
     h = await restart(w)
-    again = await h.cog.reconciler.at_start_up()
+    again = await h.reconciler.at_start_up()
     await stop(h)
     assert again.messages_forgotten == 0
 
@@ -171,7 +171,7 @@ async def test_messages_deleted_offline_are_forgotten_newer_ones_kept(world):
 async def test_a_thread_deleted_offline_is_forgotten(world):
     w = world
     h = await restart(w)
-    progress = await h.cog.reconciler.at_start_up()
+    progress = await h.reconciler.at_start_up()
     await stop(h)
     assert w.count(THREAD) == 0 and forgotten(w, w.ids(THREAD))
     assert progress.channels_forgotten >= 1
@@ -182,7 +182,7 @@ async def test_a_thread_deleted_offline_is_forgotten(world):
 async def test_a_channel_deleted_offline_is_forgotten_with_its_threads(world):
     w = world
     h = await restart(w)
-    await h.cog.reconciler.at_start_up()
+    await h.reconciler.at_start_up()
     await stop(h)
     assert w.count(OLD) == 0 and w.count(OLD_THREAD) == 0
     assert forgotten(w, w.ids(OLD) + w.ids(OLD_THREAD))
@@ -193,7 +193,7 @@ async def test_a_guild_left_offline_is_forgotten_entirely(world):
     w = world
     assert w.engine.storage.messages.count(OTHER_G) == 7
     h = await restart(w)
-    progress = await h.cog.reconciler.at_start_up()
+    progress = await h.reconciler.at_start_up()
     await stop(h)
     storage = w.engine.storage
     assert storage.messages.count(OTHER_G) == 0 and forgotten(w, w.ids(OTHER_CHANNEL))
@@ -210,7 +210,7 @@ async def test_a_guild_missing_from_the_cache_but_listed_by_discord_is_kept(worl
     w.fake.guilds.append({"id": str(OTHER_G), "name": "Left Guild", "icon": None,
                           "owner": False, "permissions": "0", "features": []})
     h = await restart(w)
-    await h.cog.reconciler.at_start_up()
+    await h.reconciler.at_start_up()
     await stop(h)
     assert w.engine.storage.messages.count(OTHER_G) == 7
 
@@ -219,7 +219,7 @@ async def test_a_forbidden_thread_is_kept(world):
     """403 Missing Access: the thread exists, the bot may not see it: nothing is forgotten."""
     w = world
     h = await restart(w)
-    progress = await h.cog.reconciler.at_start_up()
+    progress = await h.reconciler.at_start_up()
     await stop(h)
     assert w.count(PRIVATE) == 3
     assert progress.channels_no_access >= 1
@@ -233,7 +233,7 @@ async def test_only_the_recent_window_is_checked(world):
     delete_on_discord(w, GENERAL, [old, recent])
     h = await restart(w, replace(PROFILE, reconcile=ReconcileConfig(recent_messages=50,
                                                                       pause_s=0)))
-    await h.cog.reconciler.at_start_up()
+    await h.reconciler.at_start_up()
     await stop(h)
     assert forgotten(w, [recent])
     assert w.engine.storage.messages.hydrate([old]), "older than the window: not checked, kept"
@@ -247,7 +247,7 @@ async def test_reconcile_resumes_from_its_cursor_after_an_interruption(world):
     delete_on_discord(w, GENERAL, deleted)
     h = await restart(w)
     w.fake.stall_after = 2  # two history pages, then the "process" dies
-    run = asyncio.create_task(h.cog.reconciler.at_start_up())
+    run = asyncio.create_task(h.reconciler.at_start_up())
     while len([p for p, _ in w.fake.requests if p.endswith("/messages")]) < 3:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)
@@ -263,7 +263,7 @@ async def test_reconcile_resumes_from_its_cursor_after_an_interruption(world):
     w.fake.stall_after = None
     w.fake.requests.clear()
     h = await restart(w)
-    progress = await h.cog.reconciler.at_start_up()
+    progress = await h.reconciler.at_start_up()
     await stop(h)
     pages = [q for p, q in w.fake.requests if p.endswith(f"/channels/{GENERAL}/messages")]
     assert pages[0]["before"] == str(cursor.before_id), "picked up where it stopped"
@@ -292,8 +292,8 @@ async def test_start_up_runs_reconcile_after_the_catch_up(world):
     w = world
     delete_on_discord(w, GENERAL, [w.ids(GENERAL)[0]])
     h = await restart(w)
-    await h.cog.on_ready()
-    await h.cog.reconciler._startup
+    await h.listeners.on_ready()
+    await h.reconciler._startup
     await stop(h)
     assert forgotten(w, [w.ids(GENERAL)[0]])
     kinds = [("before" in q) for p, q in w.fake.requests if p.endswith(f"/{GENERAL}/messages")]

@@ -1,7 +1,7 @@
 """Start-up failures: passing ones are tried again with back-off, every one ends in one line.
 
 discord.py really logs in against a stand-in for Discord's API on 127.0.0.1
-(tests/fake_discord.py) whose login route answers a chosen list of statuses first.
+(tests/discord/fake_discord.py) whose login route answers a chosen list of statuses first.
 Reaching the gateway is visible as the stand-in's close code 4014 (the Message
 Content intent refused), which comes only after a successful login.
 """
@@ -20,11 +20,11 @@ import pytest
 import yarl
 from aiohttp import web
 
-import bot
+from cli.run import run_bot
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from tests.conftest import HashEmbedder
-from tests.fake_discord import FakeDiscord, _json
+from tests.discord.fake_discord import FakeDiscord, _json
 
 
 class FlakyDiscord(FakeDiscord):
@@ -96,7 +96,7 @@ def test_discord_failing_at_login_is_tried_again_with_back_off(serve, engine, ca
                                                               statuses, retried):
     fake = serve(FlakyDiscord(statuses))
     with caplog.at_level(logging.WARNING, logger="bot"):
-        assert bot.run_bot(engine, "good-token", retry_delays=(0.2, 0.3, 0.4)) == 2
+        assert run_bot(engine, "good-token", retry_delays=(0.2, 0.3, 0.4)) == 2
     assert "Message Content intent" in one_error_line(capsys)  # logged in, reached the gateway
     assert len(fake.logins) == len(statuses) + 1
     said = [r.getMessage() for r in caplog.records if r.name == "bot"]
@@ -109,7 +109,7 @@ def test_discord_failing_every_time_gives_up_after_the_back_off(serve, engine, c
     fake = serve(FlakyDiscord([503] * 100))
     delays = (0.2, 0.4)
     with caplog.at_level(logging.WARNING, logger="bot"):
-        assert bot.run_bot(engine, "good-token", retry_delays=delays) == 2
+        assert run_bot(engine, "good-token", retry_delays=delays) == 2
     err = one_error_line(capsys)
     assert err.startswith("error: Discord's API is failing (Discord answered 503")
     assert len(fake.logins) == 3
@@ -125,7 +125,7 @@ def test_discord_failing_every_time_gives_up_after_the_back_off(serve, engine, c
 
 def test_a_rejected_token_is_not_tried_again(serve, engine, capsys):
     fake = serve(FlakyDiscord([401]))
-    assert bot.run_bot(engine, "good-token", retry_delays=(0.2, 0.2)) == 2
+    assert run_bot(engine, "good-token", retry_delays=(0.2, 0.2)) == 2
     assert one_error_line(capsys).startswith("error: Discord rejected the token")
     assert len(fake.logins) == 1
 
@@ -133,7 +133,7 @@ def test_a_rejected_token_is_not_tried_again(serve, engine, capsys):
 def test_a_refused_request_is_one_line(serve, engine, capsys):
     """A 4xx that is not about the token (here 403) is not retried and names the status."""
     fake = serve(FlakyDiscord([403]))
-    assert bot.run_bot(engine, "good-token", retry_delays=(0.2,)) == 2
+    assert run_bot(engine, "good-token", retry_delays=(0.2,)) == 2
     assert one_error_line(capsys).startswith("error: Discord refused a start-up request (403")
     assert len(fake.logins) == 1
 
@@ -154,7 +154,7 @@ def test_a_network_error_then_discord_is_tried_again(serve, engine, capsys, monk
     monkeypatch.setattr(discord.http.Route, "BASE", f"http://127.0.0.1:{port}/api/v10")
     threading.Thread(target=late_start, daemon=True).start()
     with caplog.at_level(logging.WARNING, logger="bot"):
-        assert bot.run_bot(engine, "good-token", retry_delays=(1.0, 1.0)) == 2
+        assert run_bot(engine, "good-token", retry_delays=(1.0, 1.0)) == 2
     assert ready.is_set() and len(fake.logins) == 1
     assert "Message Content intent" in one_error_line(capsys)
     assert "Cannot connect to host" in caplog.records[0].getMessage()
@@ -167,7 +167,7 @@ def test_a_network_error_then_discord_is_tried_again(serve, engine, capsys, monk
 def test_the_gateway_refusing_the_bot_is_one_line(serve, engine, capsys, code, says):
     fake = serve(FlakyDiscord([]))
     fake.gateway_close_code = code
-    assert bot.run_bot(engine, "good-token", retry_delays=(0.2,)) == 2
+    assert run_bot(engine, "good-token", retry_delays=(0.2,)) == 2
     assert one_error_line(capsys).startswith(says)
     assert len(fake.logins) == 1
 
@@ -175,6 +175,6 @@ def test_the_gateway_refusing_the_bot_is_one_line(serve, engine, capsys, code, s
 def test_a_failure_after_login_is_one_line(serve, engine, capsys):
     """Publishing commands (``run --dev-guild``) to a guild Discord does not know: a 404."""
     fake = serve(FlakyDiscord([]))
-    assert bot.run_bot(engine, "good-token", sync=123, retry_delays=(0.2,)) == 2
+    assert run_bot(engine, "good-token", sync=123, retry_delays=(0.2,)) == 2
     assert one_error_line(capsys).startswith("error: Discord refused a start-up request (404")
     assert len(fake.logins) == 1

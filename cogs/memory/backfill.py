@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import discord
+from discord.ext import commands
 
-from cogs.capture import record_from_message
+from cogs.memory.capture import record_from_message
 
 if TYPE_CHECKING:
-    from cogs.memory import MemoryCog
+    from cogs.memory.runtime import MemoryRuntime
+    from memory.engine import MemoryEngine
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +62,24 @@ class Progress:
 
 
 class Backfiller:
-    """Backfills and catches up channels for a :class:`cogs.memory.MemoryCog`."""
+    """Backfills channels (the admin command) and catches them up at start-up.
 
-    def __init__(self, cog: MemoryCog) -> None:
-        self.cog = cog
+    Its walks run as the runtime's background work: stopping the runtime stops them
+    (cursors keep what was committed).
+
+    Args:
+        bot: The bot whose guilds and channels are read.
+        engine: Where cursors and the newest stored ids are read.
+        runtime: The write queue pages go through, and the guild settings that decide
+            which messages are stored.
+    """
+
+    def __init__(self, bot: commands.Bot, engine: MemoryEngine, runtime: MemoryRuntime) -> None:
+        self.bot = bot
+        self.engine = engine
+        self.runtime = runtime
         self._running: dict[int, asyncio.Task] = {}  # guild id -> backfill task
         self._catch_up: asyncio.Task | None = None
-
-    def cancel(self) -> None:
-        """Stop every running backfill (cursors keep what was committed)."""
-        for task in [*self._running.values(), self._catch_up]:
-            if task is not None:
-                task.cancel()
 
     # -- the command ---------------------------------------------------------------------
 
@@ -88,7 +96,7 @@ class Backfiller:
         progress = Progress(channels=len(targets))
         status = await interaction.followup.send(
             f"Backfilling… {progress.line()}", ephemeral=True, wait=True)
-        task = asyncio.create_task(self.run(targets, progress))
+        task = self.runtime.spawn(self.run(targets, progress), name="memory-backfill")
         self._running[guild.id] = task
         try:
             while not task.done():
@@ -157,11 +165,11 @@ class Backfiller:
 
     async def walk_back(self, channel: History, progress: Progress) -> None:
         """Read ``channel`` from its saved position back to its first message."""
-        guilds = self.cog.engine.storage.guilds
+        guilds = self.engine.storage.guilds
         if not self._can_read(channel):
             progress.skipped_channels += 1
             return
-        cursor = await self.cog.read(guilds.backfill_cursor, channel.id)
+        cursor = await self.runtime.read(guilds.backfill_cursor, channel.id)
         if cursor is not None and cursor.complete:
             return
         before = discord.Object(cursor.before_id) if cursor and cursor.before_id else None
@@ -178,7 +186,7 @@ class Backfiller:
             return
         if page:
             await self._store(channel, page, progress)
-        await self.cog.writes.run_and_wait(
+        await self.runtime.writes.run_and_wait(
             lambda: guilds.save_backfill_cursor(channel.guild.id, channel.id, None, complete=True))
 
     async def catch_up(self, channel: History, after_id: int, progress: Progress) -> None:
@@ -199,21 +207,21 @@ class Backfiller:
         *, save_cursor: bool = True,
     ) -> None:
         progress.fetched += len(page)
-        me = self.cog.bot.user
+        me = self.bot.user
         records = []
         for message in page:
             if me is not None and message.author.id == me.id:
                 continue
             record = record_from_message(message)
-            if record is not None and await self.cog.remembers(message):
+            if record is not None and await self.runtime.remembers(message):
                 records.append(record)
         if records:
-            await self.cog.writes.put_and_wait("upsert", records)
+            await self.runtime.writes.put_and_wait("upsert", records)
             progress.stored += len(records)
         if save_cursor:
             oldest = min(m.id for m in page)
-            guilds = self.cog.engine.storage.guilds
-            await self.cog.writes.run_and_wait(
+            guilds = self.engine.storage.guilds
+            await self.runtime.writes.run_and_wait(
                 lambda: guilds.save_backfill_cursor(channel.guild.id, channel.id, oldest))
 
     # -- start-up catch-up ---------------------------------------------------------------
@@ -221,18 +229,18 @@ class Backfiller:
     def catch_up_once(self) -> asyncio.Task:
         """Start catching up every remembered channel, the first time the bot is ready."""
         if self._catch_up is None:
-            self._catch_up = asyncio.create_task(self._catch_up_all(), name="memory-catch-up")
+            self._catch_up = self.runtime.spawn(self._catch_up_all(), name="memory-catch-up")
         return self._catch_up
 
     async def _catch_up_all(self) -> None:
         started = time.monotonic()
         progress = Progress()
-        for guild in list(self.cog.bot.guilds):
+        for guild in list(self.bot.guilds):
             places: list[Walkable] = [*self.channels_of(guild), *guild.threads]
             for place in places:
                 if isinstance(place, discord.ForumChannel) or not self._can_read(place):
                     continue
-                latest = await self.cog.read(self.cog.engine.storage.messages.latest_id, place.id)
+                latest = await self.runtime.read(self.engine.storage.messages.latest_id, place.id)
                 if latest is None:
                     continue  # never stored here: that is a backfill's job, not a catch-up's
                 try:

@@ -1,7 +1,7 @@
 """Grounded answers on Discord: the glue between a mention and the chat model.
 
-Small functions the memory cog calls from its mention reply, and the helper behind
-its public ``await cog.context_for(...)``:
+Small functions the search cog (:mod:`cogs.memory.search`) calls from its mention reply,
+and the helper behind its public ``await cog.context_for(...)``:
 
 * :func:`context_for` turns a message or an interaction into a context from the
   engine (in a worker thread), inside the caller's channel allow-list;
@@ -10,8 +10,8 @@ its public ``await cog.context_for(...)``:
   jump links, never pings anyone, fits Discord's 2000 characters, and falls back to
   the plain list of hits when there is no ``[llm]``, the model fails or times out;
 Whether a message gets an answer at all (the per-guild ``off`` / ``mention`` /
-``channels`` switch, cooldowns) is the cog's decision (``GuildSettings.answers_in``).
-Nothing here imports :mod:`cogs.memory`; the engine and chat client come in as
+``channels`` switch, cooldowns) is the search cog's decision (``GuildSettings.answers_in``).
+Nothing here imports the cogs or their runtime; the engine and chat client come in as
 arguments.
 """
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import discord
 
-from cogs.render import render_hits
+from cogs.memory.render import render_hits
 from memory.config import Profile
 from memory.context import Context
 from memory.errors import (
@@ -57,7 +57,7 @@ NO_MENTIONS = discord.AllowedMentions.none()
 _CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
 
 # Runs a blocking engine call off the event loop: ``asyncio.to_thread`` by default; the
-# cog passes its own (a bounded search pool), e.g. ``functools.partial(cog._on, pool)``.
+# search cog passes the runtime's bounded search pool (``MemoryRuntime.searching``).
 Runner = Callable[..., Awaitable[Any]]
 _MASKED_LINK = re.compile(r"\]\s*\(")
 MAX_QUERY_CHARS = 500

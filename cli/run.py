@@ -1,0 +1,159 @@
+"""``run``: connect to Discord and serve until stopped.
+
+The bot itself is :class:`cogs.memory.MemoryBot`; this is the process around it:
+the models load first, passing start-up failures are tried again with back-off,
+Ctrl-C and SIGTERM shut it down cleanly, and whatever stops it for good is one
+``error:`` line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import aiohttp
+import click
+import discord
+
+from cli.context import Settings, open_engine
+from cli.params import SNOWFLAKE
+from cogs.memory import MemoryBot
+from memory.engine import MemoryEngine
+from memory.errors import ConfigError, MemoryBotError
+
+# the name these lines have always had in the log (they were written by bot.py)
+log = logging.getLogger("bot")
+
+# Pauses between start-up attempts that failed for a passing reason: 112 s in all.
+STARTUP_RETRY_S = (2.0, 5.0, 15.0, 30.0, 60.0)
+# Passing reasons: Discord's 5xx, no route or a reset connection, a timeout (an OSError).
+TRANSIENT = (discord.DiscordServerError, discord.GatewayNotFound, aiohttp.ClientError, OSError)
+
+
+def run_bot(
+    engine: MemoryEngine,
+    token: str,
+    *,
+    sync: str | int | None = None,
+    owner_ids: set[int] | None = None,
+    retry_delays: Sequence[float] = STARTUP_RETRY_S,
+) -> int:
+    """Connect to Discord and serve until stopped (Ctrl-C or SIGTERM).
+
+    The models load before the connection opens, so the event loop never waits on
+    them.  A start-up that fails for a passing reason (Discord answers 5xx, no
+    route, a timeout) is tried again after each of ``retry_delays`` seconds, saying
+    so in the log; any failure that remains (those, a rejected token, a missing
+    privileged intent, anything unexpected) ends in one ``error:`` line on stderr
+    and exit code 2.  Shutdown finishes queued writes and closes the database.
+
+    Returns:
+        The process exit code.
+    """
+    log.info("loading models before connecting")
+    engine.preload()
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        bots: list[MemoryBot] = []
+        closing: set[asyncio.Task] = set()
+
+        def on_signal() -> None:
+            stop.set()
+            if bots:
+                closing.add(asyncio.ensure_future(bots[-1].close()))
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, on_signal)
+            except (NotImplementedError, RuntimeError):  # e.g. Windows, or not the main thread
+                pass
+        for attempt, pause in enumerate([*retry_delays, None], start=1):
+            bot = MemoryBot(engine, sync=sync, owner_ids=owner_ids, owns_engine=False)
+            bots.append(bot)
+            try:
+                async with bot:  # a fresh bot each time: a failed login leaves half-set-up state
+                    await bot.start(token)
+                return
+            except Exception as exc:
+                if stop.is_set():  # closed mid-(re)connect: what it raises is the close's doing
+                    log.debug("the connection ended while stopping: %r", exc)
+                    return
+                if pause is None or not isinstance(exc, TRANSIENT):
+                    raise
+                log.warning("starting failed (%s); trying again in %g s (try %d of %d; "
+                            "%g s of waiting left before giving up)", _describe(exc), pause,
+                            attempt + 1, len(retry_delays) + 1, sum(retry_delays[attempt - 1:]))
+            try:
+                await asyncio.wait_for(stop.wait(), pause)
+                return  # stopped while waiting
+            except TimeoutError:
+                pass
+
+    problem = None
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # every failure is one line; the traceback only at DEBUG
+        log.debug("the bot stopped on an error", exc_info=True)
+        problem = _startup_problem(exc)
+    finally:
+        engine.close()
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _describe(exc: BaseException) -> str:
+    """A short phrase for a transient error: Discord's status, or the network error."""
+    if isinstance(exc, discord.HTTPException):
+        return f"Discord answered {exc.status} {exc.response.reason}"
+    return str(exc) or type(exc).__name__
+
+
+def _startup_problem(exc: Exception) -> str:
+    """The one line that tells the operator why the bot stopped, and what to do."""
+    if isinstance(exc, discord.LoginFailure) or (
+        isinstance(exc, discord.ConnectionClosed) and exc.code == 4004
+    ):
+        return "Discord rejected the token: check DISCORD_TOKEN (Bot tab of the developer portal)"
+    if isinstance(exc, discord.PrivilegedIntentsRequired):
+        return ("Discord refused the Message Content intent: enable it under Bot → Privileged "
+                "Gateway Intents in the developer portal")
+    if isinstance(exc, discord.DiscordServerError):
+        return (f"Discord's API is failing ({_describe(exc)}); it usually recovers: see "
+                "https://discordstatus.com and start the bot again later")
+    if isinstance(exc, TRANSIENT):
+        return f"cannot reach Discord ({_describe(exc)}); check the network and try again"
+    if isinstance(exc, discord.HTTPException):
+        return f"Discord refused a start-up request ({exc.status}: {exc.text or exc.response.reason})"
+    if isinstance(exc, discord.ConnectionClosed):
+        return f"Discord closed the gateway connection (code {exc.code}); try again later"
+    if isinstance(exc, MemoryBotError):
+        return str(exc)
+    return (f"the bot stopped on an unexpected {type(exc).__name__}: {exc} "
+            "(run with --log-level DEBUG for the traceback)")
+
+
+@click.command("run")
+@click.option("--sync", is_flag=True,
+              help="Publish slash commands globally at start-up (after an upgrade).")
+@click.option("--dev-guild", type=SNOWFLAKE, metavar="ID",
+              help="Publish slash commands to this guild only (instant; for development).")
+@click.option("--owner", type=SNOWFLAKE, multiple=True, metavar="USER_ID",
+              help="A user allowed the owner commands (repeatable; default: the app's owner).")
+@click.pass_obj
+def run_command(settings: Settings, sync: bool, dev_guild: int | None, owner: tuple[int, ...]) -> int:
+    """Connect to Discord and run the bot ($DISCORD_TOKEN)."""
+    token = os.environ.get("DISCORD_TOKEN")
+    if not token:
+        raise ConfigError("set DISCORD_TOKEN to the bot token from the Discord developer portal")
+    target: str | int | None = "global" if sync else dev_guild
+    return run_bot(open_engine(settings), token, sync=target, owner_ids=set(owner) or None)

@@ -1,0 +1,81 @@
+"""The bot: a small ``commands.Bot`` that receives its engine and loads the memory cogs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import discord
+from discord.ext import commands
+
+from cogs.memory.errors import ReportingTree
+from memory.engine import MemoryEngine
+
+log = logging.getLogger(__name__)
+
+
+class MemoryBot(commands.Bot):
+    """A Discord bot that remembers its channels.
+
+    Only slash commands, context menus and listeners: prefix commands are off, so a
+    mention is never parsed as one.
+
+    Args:
+        engine: The memory engine the cogs store into and search.
+        extensions: Cog modules to load at start-up.
+        sync: Publish slash commands in ``setup_hook``: ``"global"`` everywhere (Discord
+            takes up to an hour), a guild id to that guild only (instant, for
+            development), ``None`` not at all (the default: they persist on Discord).
+        owner_ids: Users allowed the bot-wide owner commands; ``None`` asks Discord
+            who owns the application.
+        owns_engine: Close the engine when the bot closes (``cli.run.run_bot`` keeps it
+            open across login attempts and closes it itself).
+    """
+
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        *,
+        extensions: Sequence[str] = ("cogs.memory",),
+        sync: str | int | None = None,
+        owner_ids: set[int] | None = None,
+        owns_engine: bool = True,
+        **options,
+    ) -> None:
+        intents = discord.Intents.default()
+        intents.message_content = True  # privileged: enable it in the developer portal
+        intents.members = False
+        if owner_ids:
+            options["owner_ids"] = set(owner_ids)
+        super().__init__(
+            command_prefix=commands.when_mentioned, intents=intents, help_command=None,
+            tree_cls=ReportingTree, **options
+        )
+        self.engine = engine
+        self.initial_extensions = tuple(extensions)
+        self.sync = sync
+        self.owns_engine = owns_engine
+
+    async def setup_hook(self) -> None:
+        """Load the cogs; publish slash commands only when asked to."""
+        for extension in self.initial_extensions:
+            await self.load_extension(extension)
+        if self.sync == "global":
+            synced = await self.tree.sync()
+            log.info("synced %d application commands globally", len(synced))
+        elif self.sync is not None:
+            guild = discord.Object(int(self.sync))
+            self.tree.copy_global_to(guild=guild)
+            synced = await self.tree.sync(guild=guild)
+            log.info("synced %d application commands to guild %s", len(synced), self.sync)
+
+    async def process_commands(self, message: discord.Message) -> None:
+        """No prefix commands: mentions are answered by the memory cogs instead."""
+
+    async def close(self) -> None:
+        """Close the Discord connection, then the engine (when it is the bot's)."""
+        try:
+            await super().close()
+        finally:
+            if self.owns_engine:
+                self.engine.close()

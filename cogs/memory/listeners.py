@@ -1,0 +1,96 @@
+"""Capture and forget: the gateway events that change what memory holds.
+
+Every event becomes a write in the runtime's ordered queue: a new or edited message
+is stored (or its stored copy updated), a deleted message, channel, thread or guild
+is forgotten.  When the bot is ready it starts the hourly retention job and catches
+up on what was said, then deleted, while it was away.  Mentions are answered by
+:class:`cogs.memory.search.SearchCog`, which listens to the same messages.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import discord
+from discord.ext import commands
+
+from cogs.memory.backfill import Backfiller
+from cogs.memory.capture import record_from_message
+from cogs.memory.reconcile import Reconciler
+from cogs.memory.runtime import MemoryRuntime
+
+log = logging.getLogger(__name__)
+
+
+class MemoryListeners(commands.Cog):
+    """Stores what members say and forgets what Discord deletes.
+
+    Args:
+        runtime: The shared write queue and settings cache.
+        backfill: Catches up on channels at start-up.
+        reconciler: Forgets, at start-up, what was deleted while the bot was away.
+    """
+
+    def __init__(self, runtime: MemoryRuntime, backfill: Backfiller, reconciler: Reconciler) -> None:
+        self.runtime = runtime
+        self.bot = runtime.bot
+        self.backfill = backfill
+        self.reconciler = reconciler
+
+    def _is_mine(self, message: discord.Message) -> bool:
+        return self.bot.user is not None and message.author.id == self.bot.user.id
+
+    @commands.Cog.listener()
+    async def on_message(self, message: discord.Message) -> None:
+        """Store a new guild message the guild's settings let the bot remember."""
+        if message.guild is None or self._is_mine(message):
+            return
+        record = record_from_message(message)
+        if record is not None and await self.runtime.remembers(message):
+            self.runtime.writes.put("upsert", [record])
+
+    @commands.Cog.listener()
+    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        """Re-store an edited message (text, FTS and vector are refreshed)."""
+        message = payload.message
+        if self._is_mine(message):
+            return
+        record = record_from_message(message)
+        if record is None:
+            return
+        # an edit of a stored message is always applied: where a new message would not
+        # be stored, the stored copy is updated (or forgotten, if its author opted out)
+        kind = "upsert" if await self.runtime.remembers(message) else "edit"
+        self.runtime.writes.put(kind, [record])
+
+    @commands.Cog.listener()
+    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        """Forget a deleted message everywhere."""
+        self.runtime.writes.put("forget_messages", [payload.message_id])
+
+    @commands.Cog.listener()
+    async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
+        """Forget bulk-deleted messages everywhere."""
+        self.runtime.writes.put("forget_messages", sorted(payload.message_ids))
+
+    @commands.Cog.listener()
+    async def on_guild_channel_delete(self, channel: discord.abc.GuildChannel) -> None:
+        """Forget a deleted channel's messages and its threads'."""
+        self.runtime.writes.put("forget_channels", [channel.id])
+
+    @commands.Cog.listener()
+    async def on_raw_thread_delete(self, payload: discord.RawThreadDeleteEvent) -> None:
+        """Forget a deleted thread's messages."""
+        self.runtime.writes.put("forget_channels", [payload.thread_id])
+
+    @commands.Cog.listener()
+    async def on_guild_remove(self, guild: discord.Guild) -> None:
+        """The bot left (or was removed from) a guild: forget everything from it."""
+        self.runtime.drop_settings(guild.id)
+        self.runtime.writes.put("forget_guilds", [guild.id])
+
+    @commands.Cog.listener()
+    async def on_ready(self) -> None:
+        """Start the retention job; catch up on what was said and deleted while the bot was away."""
+        self.runtime.start_retention()
+        self.reconciler.start_once(after=self.backfill.catch_up_once())

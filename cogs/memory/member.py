@@ -1,0 +1,113 @@
+"""``/memory …``: what a member can see and control about their own memory."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import discord
+from discord import app_commands
+from discord.ext import commands
+
+from cogs.memory.guild_only import guild_id_of, member_of
+from cogs.memory.render import inert
+from cogs.memory.runtime import MemoryRuntime
+from cogs.memory.search import SearchCog
+
+PRIVACY_NOTICE = """\
+**What this bot remembers**
+• The text, attachment names, author, channel and time of messages in this server's \
+channels it can read (admins choose which channels with `/memory-admin channels`).
+• Nothing from DMs. Nothing from members who used `/memory opt-out`.
+
+**Who can find it**
+• A search only ever shows messages from channels *you* can read right now.
+• Public answers only quote channels everyone in that channel can read.
+
+**How it goes away**
+• Deleting a message on Discord deletes it here (text, search index and vectors).
+• Editing a stored message updates it here, even in a channel no longer remembered; \
+after `/memory opt-out` an edit deletes the stored copy instead.
+• `/memory forget-me` deletes all your messages and your name from this server's memory, \
+including ones still being saved, and stops storing you (a backfill or import too) until \
+`/memory opt-in`.
+• `/memory opt-out` stops storing your new messages; `/memory opt-in` resumes.
+• Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten.
+• Admins may set a retention period (`/memory-admin retention`) and purge channels."""
+
+
+@app_commands.guild_only()
+class MemberCommands(
+    commands.GroupCog, group_name="memory",
+    group_description="What the bot remembers about you and this server",
+):
+    """``/memory stats``, ``forget-me``, ``opt-out``, ``opt-in`` and ``privacy``.
+
+    Args:
+        runtime: The shared queue (forgetting and settings changes run in order with writes).
+        search: Whose allow-list says which channels the member's counts cover.
+    """
+
+    def __init__(self, runtime: MemoryRuntime, search: SearchCog) -> None:
+        self.runtime = runtime
+        self.engine = runtime.engine
+        self.search = search
+
+    @app_commands.command(name="stats", description="How much the bot remembers from this server")
+    async def memory_stats(self, interaction: discord.Interaction) -> None:
+        """Counts for this guild's channels the member can read, theirs, the backlog, the profile."""
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        guild_id = guild_id_of(interaction)
+        readable = await self.search.allowed_channels(member_of(interaction))
+        stats = await self.runtime.read(self.engine.storage.messages.guild_stats, guild_id,
+                                        interaction.user.id, readable)
+        settings = await self.runtime.settings(guild_id)
+        lines = [
+            f"Messages you can search here: **{stats.messages}** in {stats.channels} channels and threads",
+            f"Your messages: **{stats.member_messages}**"
+            + ("" if settings.remembers_author(interaction.user.id)
+               else " (you opted out: new ones are not stored)"),
+            f"Waiting to be embedded: {stats.pending}",
+            f"Channels remembered: {settings.channel_mode}"
+            + (f" ({len(settings.channels)} listed)" if settings.channel_mode != "all" else ""),
+            f"Retention: {f'{settings.retention_days} days' if settings.retention_days else 'until deleted'}",
+            f"Hardware profile: {self.engine.rerankers.profile_name}",
+        ]
+        await interaction.followup.send("\n".join(lines), ephemeral=True)
+
+    @app_commands.command(name="forget-me", description="Delete all your messages from this server's memory")
+    async def forget_me(self, interaction: discord.Interaction) -> None:
+        """Delete every stored message by the member in this guild."""
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        guild_id = guild_id_of(interaction)
+        removed = await self.runtime.forget(self.engine.forget_member, guild_id, interaction.user.id)
+        self.runtime.drop_settings(guild_id)  # the member is opted out now
+        await interaction.followup.send(
+            f"Deleted {removed} of your messages from my memory of this server. Your new "
+            "messages here are not stored either until you use `/memory opt-in`.", ephemeral=True)
+
+    @app_commands.command(name="opt-out", description="Stop storing your messages in this server")
+    async def opt_out(self, interaction: discord.Interaction) -> None:
+        """Stop storing the member's messages (what is stored stays until forget-me)."""
+        await self.runtime.update_settings(guild_id_of(interaction), opt_out=interaction.user.id)
+        await interaction.response.send_message(
+            "Your new messages here will not be stored. `/memory forget-me` deletes the ones "
+            "already stored; `/memory opt-in` starts storing again.", ephemeral=True)
+
+    @app_commands.command(name="opt-in", description="Store your messages in this server again")
+    async def opt_in(self, interaction: discord.Interaction) -> None:
+        """Undo opt-out."""
+        await self.runtime.update_settings(guild_id_of(interaction), opt_in=interaction.user.id)
+        await interaction.response.send_message("Your new messages here will be stored again.",
+                                                ephemeral=True)
+
+    @app_commands.command(name="privacy", description="What the bot stores and how to remove it")
+    async def privacy(self, interaction: discord.Interaction) -> None:
+        """The privacy notice, naming the chat model's host when answers use one."""
+        notice = PRIVACY_NOTICE
+        llm = self.engine.profile.llm
+        if self.runtime.chat is not None:
+            host = urlsplit(llm.base_url).hostname or "?"
+            notice += ("\n\n**Answers**\n• Mention answers are written by a chat model "
+                       f"(`{inert(llm.model, 60)}` at `{inert(host, 80)}`): the messages quoted "
+                       "to answer a question are sent to it.")
+        await interaction.response.send_message(notice, ephemeral=True)

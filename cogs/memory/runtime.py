@@ -1,0 +1,285 @@
+"""What the memory cogs share: worker threads, the ordered write queue, the background loops.
+
+:class:`MemoryRuntime` is not a cog.  The extension's ``setup`` builds one, starts
+it and hands it to every memory cog; ``teardown`` stops it after the cogs are gone.
+
+* **Threads.**  Every engine call runs off the event loop, each kind on its own
+  workers: writes on one thread behind the retrying queue (:mod:`cogs.memory.capture`),
+  quick reads (settings, counts) on two, searches on a small capped pool, embedding
+  on its own, so a slow rerank never delays storing a message.
+* **Order.**  Deletions (forget-me, purges, retention) run in the same queue as the
+  writes they must win against (:meth:`MemoryRuntime.forget`).
+* **Loops.**  The embedding backlog every few seconds and retention every hour; a
+  failure is logged and retried, never the end of a loop.
+* **Background work** (backfills, catch-up, reconciles) is started with
+  :meth:`MemoryRuntime.spawn`, so stopping the runtime cancels it before the queue drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import discord
+from discord.ext import commands, tasks
+
+from cogs.memory.answers import make_chat_client
+from cogs.memory.capture import Write, WriteQueue
+from memory.errors import EmbeddingModelChanged, MemoryBotError, SearchInputError
+from memory.records import SearchResult
+from memory.search import SearchRequest
+from memory.settings import GuildSettings
+
+if TYPE_CHECKING:
+    from memory.engine import MemoryEngine
+    from memory.llm import ChatClient
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+EMBED_INTERVAL_S = 5.0
+EMBED_BACKOFF_MAX_S = 300.0
+RETENTION_INTERVAL_H = 1.0
+SETTINGS_TTL_S = 60.0
+SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the event loop
+SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
+SHUTDOWN_WRITES_S = 10.0
+
+
+class MemoryRuntime:
+    """The threads, queue, settings cache and loops behind the memory cogs.
+
+    Args:
+        bot: The bot the cogs run on (its guilds are what retention walks).
+        engine: The memory engine every call goes to.
+    """
+
+    def __init__(self, bot: commands.Bot, engine: MemoryEngine) -> None:
+        self.bot = bot
+        self.engine = engine
+        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="memory-write")
+        self._read_pool = ThreadPoolExecutor(2, thread_name_prefix="memory-read")
+        self._search_pool = ThreadPoolExecutor(SEARCH_WORKERS, thread_name_prefix="memory-search")
+        self._embed_pool = ThreadPoolExecutor(1, thread_name_prefix="memory-embed")
+        self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
+        self.writes = WriteQueue(self._apply_writes, self._write)
+        self._settings: dict[int, tuple[float, GuildSettings]] = {}
+        self._embed_failures = 0
+        self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
+        self._background: set[asyncio.Task] = set()
+        self.chat: ChatClient | None = make_chat_client(engine.profile)  # None without [llm]
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the write queue and the embedding loop (retention starts when the bot is ready)."""
+        self.writes.start()
+        self._stop_embedding.clear()
+        self.embed_backlog.start()
+
+    def start_retention(self) -> None:
+        """Start the hourly retention job, once."""
+        if not self.enforce_retention.is_running():
+            self.enforce_retention.start()
+
+    def spawn(self, work: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        """Run ``work`` in the background until it ends or the runtime stops."""
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def stop(self) -> None:
+        """Finish queued writes, stop the loops and background work, release the threads.
+
+        A backlog being embedded stops at its next chunk and stays pending (the next
+        start embeds it), so stopping waits for one chunk, not the whole backlog.
+        """
+        self._stop_embedding.set()
+        self.enforce_retention.cancel()
+        self.embed_backlog.cancel()
+        for task in list(self._background):
+            task.cancel()
+        await self.writes.stop(SHUTDOWN_WRITES_S)
+        for pool in (self._search_pool, self._read_pool, self._embed_pool, self._write_pool):
+            pool.shutdown(wait=True, cancel_futures=True)
+        if self.chat is not None:
+            self.chat.close()
+
+    def reload_chat(self) -> None:
+        """Use the chat model of the engine's current profile (after a profile switch)."""
+        old, self.chat = self.chat, make_chat_client(self.engine.profile)
+        if old is not None:
+            old.close()
+
+    # -- worker threads --------------------------------------------------------------------
+
+    async def _on(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(
+            pool, functools.partial(fn, *args)
+        )
+
+    async def _write(self, fn: Callable[[], None]) -> None:
+        await self._on(self._write_pool, fn)
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a quick read-only engine call (settings, counts) off the event loop."""
+        return await self._on(self._read_pool, fn, *args)
+
+    async def search(self, request: SearchRequest) -> SearchResult:
+        """Run an engine search on the search pool (at most a few at once)."""
+        return await self.searching(self.engine.search, request)
+
+    async def searching(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a search-like engine call on the search pool, refusing when it is full.
+
+        Raises:
+            SearchInputError: Too many searches are running or waiting already.
+        """
+        if self._search_slots.locked():
+            raise SearchInputError("the bot is busy with other searches; try again in a moment")
+        async with self._search_slots:
+            return await self._on(self._search_pool, fn, *args)
+
+    async def embed_pending(self) -> int:
+        """Embed the stored-but-unembedded messages on the embedding thread; how many."""
+        embed = functools.partial(self.engine.embed_pending, stop=self._stop_embedding)
+        return await self._on(self._embed_pool, embed)
+
+    # -- the ordered write queue -----------------------------------------------------------
+
+    def _apply_writes(self, batch: list[Write]) -> None:
+        """Apply a batch from the write queue, in order (runs on the write thread)."""
+        actions: dict[str, Callable[[list], object]] = {
+            "upsert": self.engine.storage.messages.upsert,
+            # an edit the guild would not store as a new message (a channel it no longer
+            # remembers): the stored copy is updated, or forgotten if its author opted out
+            "edit": lambda records: self.engine.storage.messages.upsert(records, insert=False),
+            "forget_messages": self.engine.forget_messages,
+            "forget_channels": self.engine.forget_channels,
+            "forget_guilds": lambda ids: [self.engine.forget_guild(g) for g in ids],
+            "call": lambda calls: [call() for call in calls],
+        }
+        run: list[Write] = []
+        for write in [*batch, None]:
+            if run and (write is None or write.kind != run[0].kind):
+                actions[run[0].kind]([item for w in run for item in w.items])
+                run = []
+            if write is not None:
+                run.append(write)
+
+    async def in_order(self, fn: Callable[..., T], *args: Any) -> list[T]:
+        """Run ``fn`` on the write queue, behind every write queued before it.
+
+        Returns what each run returned: a batch retried while the database is busy
+        runs it again (every engine write is one transaction, so a run either
+        committed or changed nothing).
+
+        Raises:
+            MemoryBotError: The engine refused (at once: it is not worth retrying).
+        """
+        results: list[T] = []
+        refused: list[MemoryBotError] = []
+
+        def run() -> None:
+            try:
+                results.append(fn(*args))
+            except MemoryBotError as exc:
+                refused.append(exc)
+
+        await self.writes.run_and_wait(run)
+        if refused:
+            raise refused[-1]
+        return results
+
+    async def forget(self, fn: Callable[..., int], *args: Any) -> int:
+        """Run a deletion behind every write queued before it; return what it really removed.
+
+        A message captured just before ``/memory forget-me`` (or a purge) may still
+        wait in the queue while the database is busy; in the same ordered queue it
+        is stored first and then deleted, never stored after.  What each run of a
+        retried batch removed is added up, so nothing is missed or counted twice.
+        """
+        return sum(await self.in_order(fn, *args))
+
+    # -- settings --------------------------------------------------------------------------
+
+    async def settings(self, guild_id: int) -> GuildSettings:
+        """This guild's settings, cached for a minute (changes made here apply at once)."""
+        cached = self._settings.get(guild_id)
+        if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
+            return cached[1]
+        try:
+            settings = await self.read(self.engine.storage.guilds.settings, guild_id)
+        except Exception as exc:  # never drop a message over a settings read
+            log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
+            # opt-outs are enforced again where messages are written
+            return cached[1] if cached is not None else GuildSettings(guild_id)
+        self._settings[guild_id] = (time.monotonic(), settings)
+        return settings
+
+    async def update_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
+        """Change a guild's settings in the write queue (retried while the database is busy)."""
+        settings = (await self.in_order(
+            lambda: self.engine.storage.guilds.update_settings(guild_id, **changes)))[-1]
+        self._settings[guild_id] = (time.monotonic(), settings)
+        return settings
+
+    def drop_settings(self, guild_id: int) -> None:
+        """Forget the cached settings of a guild (they changed elsewhere, or the guild is gone)."""
+        self._settings.pop(guild_id, None)
+
+    async def remembers(self, message: discord.Message) -> bool:
+        """Whether this guild's settings let the bot store ``message``."""
+        if message.guild is None:
+            return False
+        settings = await self.settings(message.guild.id)
+        channel = message.channel
+        parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
+        return settings.remembers_channel(channel.id, parent_id) and settings.remembers_author(
+            message.author.id
+        )
+
+    # -- background loops ------------------------------------------------------------------
+
+    @tasks.loop(seconds=EMBED_INTERVAL_S)
+    async def embed_backlog(self) -> None:
+        """Embed stored-but-unembedded messages; any failure is logged and retried later."""
+        try:
+            await self.embed_pending()
+            self._embed_failures = 0
+        except EmbeddingModelChanged as exc:  # no vector of this model fits any more
+            log.error("embedding stopped until the bot restarts: %s", exc)
+            self.embed_backlog.stop()
+        except Exception as exc:
+            self._embed_failures += 1
+            pause = min(EMBED_INTERVAL_S * 2 ** self._embed_failures, EMBED_BACKOFF_MAX_S)
+            log.error("embedding the backlog failed (%s); trying again in %.0f s", exc, pause,
+                      exc_info=not isinstance(exc, MemoryBotError))
+            await asyncio.sleep(pause)
+
+    @tasks.loop(hours=RETENTION_INTERVAL_H)
+    async def enforce_retention(self) -> None:
+        """Purge messages older than each guild's retention period."""
+        for guild in list(self.bot.guilds):
+            try:
+                settings = await self.settings(guild.id)
+                if settings.retention_days:
+                    removed = await self.forget_older_than(guild.id, settings.retention_days)
+                    if removed:
+                        log.info("retention: forgot %d messages in guild %d", removed, guild.id)
+            except Exception:
+                log.exception("retention pass failed for guild %d", guild.id)
+
+    async def forget_older_than(self, guild_id: int, days: int) -> int:
+        """Forget a guild's messages older than ``days``, in order with the queued writes."""
+        cutoff = datetime.now(timezone.utc) - timedelta(days=days)
+        return await self.forget(self.engine.forget_older_than, guild_id, cutoff)

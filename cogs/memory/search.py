@@ -1,0 +1,277 @@
+"""Searching memory for members and for other cogs.
+
+``/search``, the "Find related messages" context menu, the reply to a mention and
+:meth:`SearchCog.context_for` (the coroutine other cogs call) all search through
+:meth:`SearchCog.member_search` or the same allow-lists: only channels the member
+can read now (:mod:`cogs.memory.permissions`), and for a reply others will read,
+only sources everyone who can read the reply's channel can read.
+
+The cog is registered as ``"MemoryCog"``, the name other cogs look it up by::
+
+    context = await bot.get_cog("MemoryCog").context_for(message, question)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime, timezone
+
+import discord
+from discord import app_commands
+from discord.ext import commands
+
+import cogs.memory.answers as answers
+from cogs.memory.errors import answering
+from cogs.memory.guild_only import member_of
+from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
+from cogs.memory.render import render_hits
+from cogs.memory.runtime import MemoryRuntime
+from memory.context import Context
+from memory.errors import SearchInputError
+from memory.records import SearchResult
+from memory.search import SearchRequest
+
+log = logging.getLogger(__name__)
+
+MENTION_COOLDOWN_S = 10.0
+
+Place = discord.abc.GuildChannel | discord.Thread
+
+
+class SearchCog(commands.Cog, name="MemoryCog"):
+    """Finds what was said, within what the asking member may read.
+
+    Args:
+        runtime: The shared worker threads (searches run on their own capped pool).
+    """
+
+    def __init__(self, runtime: MemoryRuntime) -> None:
+        self.runtime = runtime
+        self.bot = runtime.bot
+        self.engine = runtime.engine
+        self._mention_cooldown = commands.CooldownMapping.from_cooldown(
+            1, MENTION_COOLDOWN_S, commands.BucketType.member
+        )
+        self.find_related_menu = app_commands.ContextMenu(
+            name="Find related messages", callback=self.find_related
+        )
+        self.find_related_menu.guild_only = True
+
+    async def cog_load(self) -> None:
+        """Add the context menu (a cog adds its context menus to the tree itself)."""
+        self.bot.tree.add_command(self.find_related_menu)
+
+    async def cog_unload(self) -> None:
+        """Remove the context menu."""
+        self.bot.tree.remove_command(self.find_related_menu.name, type=self.find_related_menu.type)
+
+    # -- allow-lists -----------------------------------------------------------------------
+
+    async def allowed_channels(
+        self, member: discord.Member, reply_channel: Place | None = None
+    ) -> frozenset[int]:
+        """The channel ids a search for ``member`` may look in.
+
+        With ``reply_channel`` (a reply others will read), only sources everyone who
+        can read that channel can read too.
+        """
+        readable, safe = await self._scopes(member, reply_channel)
+        return readable if safe is None else safe
+
+    async def _scopes(
+        self, member: discord.Member, reply_channel: Place | None
+    ) -> tuple[frozenset[int], frozenset[int] | None]:
+        """What ``member`` can read, and what a reply in ``reply_channel`` may quote (if any)."""
+        rows = await self.runtime.read(self.engine.storage.messages.threads, member.guild.id)
+        threads = [StoredThread(*row) for row in rows]
+        readable = readable_channel_ids(member, threads)
+        if reply_channel is None:
+            return readable, None
+        return readable, public_reply_sources(reply_channel, readable, threads)
+
+    async def member_search(
+        self, member: discord.Member, request: SearchRequest, *, reply_channel: Place | None = None
+    ) -> tuple[SearchResult, int]:
+        """Search as ``member`` sees the server; returns the result and how many were withheld.
+
+        With ``reply_channel`` the answer is public: sources not everyone there can read
+        are left out, and a second, cheaper search (no reranking) counts how many of
+        the member's own top results that withheld.
+        """
+        readable, public = await self._scopes(member, reply_channel)
+        safe = readable if public is None else public
+        request = replace(request, guild_id=member.guild.id)
+        result = await self.runtime.search(replace(request, allowed_channel_ids=safe))
+        return result, await self._withheld(request, readable, safe)
+
+    async def _withheld(
+        self, request: SearchRequest, readable: frozenset[int], safe: frozenset[int]
+    ) -> int:
+        """How many of the member's own top hits a public reply leaves out (a cheap search)."""
+        if safe == readable:
+            return 0
+        wider = await self.runtime.search(replace(request, allowed_channel_ids=readable, rerank=False))
+        return sum(1 for hit in wider.hits if hit.channel_id not in safe)
+
+    # -- mentions --------------------------------------------------------------------------
+
+    @commands.Cog.listener("on_message")
+    async def on_mention(self, message: discord.Message) -> None:
+        """Answer a member who mentions the bot in its text, where the guild wants answers."""
+        me = self.bot.user
+        if message.guild is None or me is None or message.author.id == me.id:
+            return
+        if message.author.bot or not _mentions_bot(message, me.id):
+            return
+        settings = await self.runtime.settings(message.guild.id)
+        channel = message.channel
+        parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
+        if not settings.answers_in(channel.id, parent_id):
+            return
+        if self._mention_cooldown.update_rate_limit(message):
+            log.debug("mention from %s ignored: cooldown", message.author.id)
+            return
+        await self.answer_mention(message)
+
+    async def answer_mention(self, message: discord.Message) -> None:
+        """Reply publicly: the chat model's grounded answer, or the list of hits without one.
+
+        Only messages everyone in the reply's channel can read are searched.
+        """
+        place = _place(message.channel)
+        question = answers.question_text(message)
+        if not question or not isinstance(message.author, discord.Member) or place is None:
+            return
+        async with answering(message, "mention reply"):
+            readable, public = await self._scopes(message.author, place)
+            safe = readable if public is None else public
+            probe = SearchRequest(queries=(question[:answers.MAX_QUERY_CHARS],),
+                                  limit=answers.CONTEXT_LIMIT)
+            withheld = await self._withheld(replace(probe, guild_id=message.author.guild.id),
+                                            readable, safe)
+            await answers.answer_mention(message, self.engine, self.runtime.chat,
+                                         allowed_channel_ids=safe, question=question,
+                                         withheld=withheld, run=self.runtime.searching)
+
+    # -- for other cogs ----------------------------------------------------------------------
+
+    async def context_for(
+        self,
+        message_or_interaction: discord.Message | discord.Interaction,
+        query: str | None = None,
+        *,
+        private: bool = False,
+        budget_tokens: int | None = None,
+    ) -> Context:
+        """Conversations memory holds about a question, for other cogs' answers.
+
+        Limited to what the asking member can read and, unless ``private`` (the
+        answer goes only to that member), to what everyone who can read the
+        channel it was asked in can read: the answer is assumed to be public there.
+
+        Args:
+            message_or_interaction: The question's message (its text is the query
+                unless ``query`` is given) or an interaction (pass ``query``).
+            query: The question.
+            private: The caller will show the answer only to the asking member.
+            budget_tokens: Token budget of the quoted history (the profile's by default).
+
+        Raises:
+            SearchInputError: Outside a server, no question, or a channel whose
+                readers cannot be judged for a public answer.
+        """
+        source = message_or_interaction
+        member = source.author if isinstance(source, discord.Message) else source.user
+        if not isinstance(member, discord.Member):
+            raise SearchInputError("memory context is only available inside a server")
+        place = _place(source.channel)
+        if place is None and not private:
+            raise SearchInputError("cannot tell who reads this channel; ask with private=True")
+        readable, public = await self._scopes(member, None if private else place)
+        return await answers.context_for(
+            self.engine, source, query, allowed_channel_ids=readable if public is None else public,
+            budget_tokens=budget_tokens, run=self.runtime.searching,
+        )
+
+    # -- /search and the context menu ------------------------------------------------------
+
+    @app_commands.command(name="search", description="Search this server's message history")
+    @app_commands.describe(
+        query="What to look for", channel="Only this channel (and its threads)",
+        author="Only messages by this member", after="Only after this day (YYYY-MM-DD)",
+        before="Only before this day (YYYY-MM-DD)", limit="How many results (1-10)",
+        private="Only you see the answer (default: yes)",
+    )
+    @app_commands.guild_only()
+    @app_commands.checks.cooldown(3, 15.0, key=lambda i: (i.guild_id, i.user.id))
+    async def search_command(
+        self,
+        interaction: discord.Interaction,
+        query: app_commands.Range[str, 1, 500],
+        # a thread comes as Discord describes it: archived ones are not in discord.py's
+        # cache, and only the id is needed (the allow-list judges who may read it)
+        channel: discord.TextChannel | app_commands.AppCommandThread | discord.VoiceChannel
+        | discord.ForumChannel | None = None,
+        author: discord.Member | None = None,
+        after: str | None = None,
+        before: str | None = None,
+        limit: app_commands.Range[int, 1, 10] = 5,
+        private: bool = True,
+    ) -> None:
+        """Run a memory search and show the hits with jump links."""
+        request = SearchRequest(
+            queries=(query,), limit=limit,
+            channel_ids=(channel.id,) if channel else None,
+            author_ids=(author.id,) if author else None,
+            after=_parse_day(after, "after"), before=_parse_day(before, "before"),
+        )
+        place = _place(interaction.channel)
+        if place is None:
+            private = True  # who reads this channel cannot be judged: answer only the member
+        await interaction.response.defer(ephemeral=private, thinking=True)
+        result, withheld = await self.member_search(
+            member_of(interaction), request, reply_channel=None if private else place
+        )
+        await interaction.followup.send(
+            embed=render_hits(result, f"🔎 {query}", interaction.guild, withheld=withheld),
+            ephemeral=private, allowed_mentions=discord.AllowedMentions.none(),
+        )
+
+    async def find_related(self, interaction: discord.Interaction, message: discord.Message) -> None:
+        """Context menu: messages related to this one, shown only to the member."""
+        query = message.content.strip()
+        if not query:
+            await interaction.response.send_message(
+                "That message has no text to search with.", ephemeral=True)
+            return
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        request = SearchRequest(queries=(query[:500],), limit=6)
+        result, _ = await self.member_search(member_of(interaction), request)
+        result.hits = [h for h in result.hits if h.id != message.id][:5]
+        await interaction.followup.send(
+            embed=render_hits(result, "Related messages", interaction.guild), ephemeral=True,
+            allowed_mentions=discord.AllowedMentions.none(),
+        )
+
+
+def _parse_day(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        day = datetime.strptime(value.strip(), "%Y-%m-%d")
+    except ValueError:
+        raise SearchInputError(f"{name} must be a date like 2026-01-31, not {value!r}") from None
+    return day.replace(tzinfo=timezone.utc)
+
+
+def _mentions_bot(message: discord.Message, bot_id: int) -> bool:
+    """Whether the text itself mentions the bot (a reply's automatic ping does not count)."""
+    return f"<@{bot_id}>" in message.content or f"<@!{bot_id}>" in message.content
+
+
+def _place(channel: object) -> Place | None:
+    """The guild channel or thread a reply goes to, or None when it is not one we can judge."""
+    if isinstance(channel, (discord.abc.GuildChannel, discord.Thread)):
+        return channel
+    return None

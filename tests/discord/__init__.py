@@ -1,0 +1,1 @@
+"""Discord-side tests: real discord.py objects from gateway payloads, real interactions."""
