@@ -281,7 +281,8 @@ async def _capture_latencies(runtime: Any, messages: list[discord.Message]) -> l
     for message in messages:
         started = time.perf_counter()  # what on_message does, then wait for the commit
         if await runtime.remembers(message):
-            await runtime.writes.put_and_wait("upsert", [record_from_message(message)])
+            await runtime.writes.put_and_wait(runtime.engine.storage.messages.upsert,
+                                          [record_from_message(message)])
         latencies.append((time.perf_counter() - started) * 1000)
         await asyncio.sleep(0.02)
     return latencies

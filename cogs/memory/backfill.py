@@ -216,7 +216,7 @@ class Backfiller:
             if record is not None and await self.runtime.remembers(message):
                 records.append(record)
         if records:
-            await self.runtime.writes.put_and_wait("upsert", records)
+            await self.runtime.writes.put_and_wait(self.engine.storage.messages.upsert, records)
             progress.stored += len(records)
         if save_cursor:
             oldest = min(m.id for m in page)

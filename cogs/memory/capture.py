@@ -1,10 +1,12 @@
 """Live capture: Discord messages become records, and writes reach SQLite even when it is busy.
 
-Every store, edit and delete goes through one :class:`WriteQueue`.  A single task
-drains it in order, batches what has piled up, and applies the batch in a worker
-thread.  When the database is locked (an import or another process is writing) the
-batch waits and is tried again with backoff, so a member's message is never
-dropped for being sent at a busy moment.
+Every store, edit and delete goes through one :class:`WriteQueue`, as the engine
+call that applies it and its items (``writes.put(engine.forget_messages, [id])``).
+A single task drains it in order, batches what has piled up (consecutive writes of
+the same call become one call), and applies the batch in a worker thread.  When the
+database is locked (an import or another process is writing) the batch waits and is
+tried again with backoff, so a member's message is never dropped for being sent at a
+busy moment.
 """
 
 from __future__ import annotations
@@ -72,11 +74,15 @@ def is_busy(exc: BaseException) -> bool:
     return type(exc).__name__ == "OperationalError" and ("locked" in text or "busy" in text)
 
 
+Apply = Callable[[list], object]
+"""An engine call that takes a list of items: records to store, ids to forget, ..."""
+
+
 @dataclass
 class Write:
-    """One queued write: a kind the runtime knows (``upsert``, ``delete``, ...) and its items."""
+    """One queued write: the engine call that applies it, and its items."""
 
-    kind: str
+    apply: Apply
     items: list
     done: asyncio.Future | None = field(default=None, repr=False)
 
@@ -85,16 +91,10 @@ class WriteQueue:
     """Applies writes in arrival order, batched, retried while the database is busy.
 
     Args:
-        apply: Runs a batch of writes (in a worker thread: it may block on SQLite).
         run: Runs a blocking callable off the event loop (the runtime's write thread).
     """
 
-    def __init__(
-        self,
-        apply: Callable[[list[Write]], None],
-        run: Callable[[Callable[[], None]], Awaitable[None]],
-    ) -> None:
-        self._apply = apply
+    def __init__(self, run: Callable[[Callable[[], None]], Awaitable[None]]) -> None:
         self._run = run
         self._queue: asyncio.Queue[Write] = asyncio.Queue()
         self._task: asyncio.Task | None = None
@@ -107,20 +107,20 @@ class WriteQueue:
     def backlog(self) -> int:
         return self._queue.qsize()
 
-    def put(self, kind: str, items: list) -> None:
-        """Queue a write; it is applied soon, in order with the others."""
+    def put(self, apply: Apply, items: list) -> None:
+        """Queue ``apply(items)``; it runs soon, in order with the other writes."""
         if items:
-            self._queue.put_nowait(Write(kind, list(items)))
+            self._queue.put_nowait(Write(apply, list(items)))
 
-    async def put_and_wait(self, kind: str, items: list) -> None:
-        """Queue a write and return once it is committed (raises if it was given up)."""
+    async def put_and_wait(self, apply: Apply, items: list) -> None:
+        """Queue ``apply(items)`` and return once it is committed (raises if it was given up)."""
         future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(Write(kind, list(items), future))
+        self._queue.put_nowait(Write(apply, list(items), future))
         await future
 
     async def run_and_wait(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the write thread, in order with the queued writes, and wait for it."""
-        await self.put_and_wait("call", [fn])
+        await self.put_and_wait(_call_each, [fn])
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Apply what is queued (for at most ``timeout`` seconds), then stop."""
@@ -152,7 +152,7 @@ class WriteQueue:
         delay, failures = RETRY_MIN_S, 0
         while True:
             try:
-                await self._run(lambda: self._apply(batch))
+                await self._run(lambda: apply_in_order(batch))
             except asyncio.CancelledError:
                 raise
             except DiskFullError as exc:  # kept and retried until there is room: never dropped
@@ -174,6 +174,22 @@ class WriteQueue:
                 return
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, RETRY_MAX_S)
+
+
+def apply_in_order(batch: list[Write]) -> None:
+    """Apply a batch in order; consecutive writes of the same call become one call."""
+    run: list[Write] = []
+    for write in [*batch, None]:
+        if run and (write is None or write.apply != run[0].apply):
+            run[0].apply([item for w in run for item in w.items])
+            run = []
+        if write is not None:
+            run.append(write)
+
+
+def _call_each(calls: list[Callable[[], object]]) -> None:
+    for call in calls:
+        call()
 
 
 def _settle(batch: list[Write], exc: BaseException | None) -> None:

@@ -34,6 +34,7 @@ class MemoryListeners(commands.Cog):
     def __init__(self, runtime: MemoryRuntime, backfill: Backfiller, reconciler: Reconciler) -> None:
         self.runtime = runtime
         self.bot = runtime.bot
+        self.engine = runtime.engine
         self.backfill = backfill
         self.reconciler = reconciler
 
@@ -47,7 +48,7 @@ class MemoryListeners(commands.Cog):
             return
         record = record_from_message(message)
         if record is not None and await self.runtime.remembers(message):
-            self.runtime.writes.put("upsert", [record])
+            self.runtime.writes.put(self.engine.storage.messages.upsert, [record])
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
@@ -60,34 +61,35 @@ class MemoryListeners(commands.Cog):
             return
         # an edit of a stored message is always applied: where a new message would not
         # be stored, the stored copy is updated (or forgotten, if its author opted out)
-        kind = "upsert" if await self.runtime.remembers(message) else "edit"
-        self.runtime.writes.put(kind, [record])
+        remembered = await self.runtime.remembers(message)
+        apply = self.engine.storage.messages.upsert if remembered else self.runtime.apply_edits
+        self.runtime.writes.put(apply, [record])
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
         """Forget a deleted message everywhere."""
-        self.runtime.writes.put("forget_messages", [payload.message_id])
+        self.runtime.writes.put(self.engine.forget_messages, [payload.message_id])
 
     @commands.Cog.listener()
     async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
         """Forget bulk-deleted messages everywhere."""
-        self.runtime.writes.put("forget_messages", sorted(payload.message_ids))
+        self.runtime.writes.put(self.engine.forget_messages, sorted(payload.message_ids))
 
     @commands.Cog.listener()
     async def on_guild_channel_delete(self, channel: discord.abc.GuildChannel) -> None:
         """Forget a deleted channel's messages and its threads'."""
-        self.runtime.writes.put("forget_channels", [channel.id])
+        self.runtime.writes.put(self.engine.forget_channels, [channel.id])
 
     @commands.Cog.listener()
     async def on_raw_thread_delete(self, payload: discord.RawThreadDeleteEvent) -> None:
         """Forget a deleted thread's messages."""
-        self.runtime.writes.put("forget_channels", [payload.thread_id])
+        self.runtime.writes.put(self.engine.forget_channels, [payload.thread_id])
 
     @commands.Cog.listener()
     async def on_guild_remove(self, guild: discord.Guild) -> None:
         """The bot left (or was removed from) a guild: forget everything from it."""
         self.runtime.drop_settings(guild.id)
-        self.runtime.writes.put("forget_guilds", [guild.id])
+        self.runtime.writes.put(self.runtime.forget_guilds, [guild.id])
 
     @commands.Cog.listener()
     async def on_ready(self) -> None:

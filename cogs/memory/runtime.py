@@ -31,9 +31,9 @@ import discord
 from discord.ext import commands, tasks
 
 from cogs.memory.answers import make_chat_client
-from cogs.memory.capture import Write, WriteQueue
+from cogs.memory.capture import WriteQueue
 from memory.errors import EmbeddingModelChanged, MemoryBotError, SearchInputError
-from memory.records import SearchResult
+from memory.records import MessageRecord, SearchResult
 from memory.search import SearchRequest
 from memory.settings import GuildSettings
 
@@ -70,7 +70,7 @@ class MemoryRuntime:
         self._search_pool = ThreadPoolExecutor(SEARCH_WORKERS, thread_name_prefix="memory-search")
         self._embed_pool = ThreadPoolExecutor(1, thread_name_prefix="memory-embed")
         self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
-        self.writes = WriteQueue(self._apply_writes, self._write)
+        self.writes = WriteQueue(self._write)
         self._settings: dict[int, tuple[float, GuildSettings]] = {}
         self._embed_failures = 0
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
@@ -156,25 +156,18 @@ class MemoryRuntime:
 
     # -- the ordered write queue -----------------------------------------------------------
 
-    def _apply_writes(self, batch: list[Write]) -> None:
-        """Apply a batch from the write queue, in order (runs on the write thread)."""
-        actions: dict[str, Callable[[list], object]] = {
-            "upsert": self.engine.storage.messages.upsert,
-            # an edit the guild would not store as a new message (a channel it no longer
-            # remembers): the stored copy is updated, or forgotten if its author opted out
-            "edit": lambda records: self.engine.storage.messages.upsert(records, insert=False),
-            "forget_messages": self.engine.forget_messages,
-            "forget_channels": self.engine.forget_channels,
-            "forget_guilds": lambda ids: [self.engine.forget_guild(g) for g in ids],
-            "call": lambda calls: [call() for call in calls],
-        }
-        run: list[Write] = []
-        for write in [*batch, None]:
-            if run and (write is None or write.kind != run[0].kind):
-                actions[run[0].kind]([item for w in run for item in w.items])
-                run = []
-            if write is not None:
-                run.append(write)
+    def apply_edits(self, records: list[MessageRecord]) -> None:
+        """Apply edits to stored messages only (an edit in a channel no longer remembered).
+
+        The stored copy is updated, or forgotten if its author opted out; a message
+        never stored is not stored now.
+        """
+        self.engine.storage.messages.upsert(records, insert=False)
+
+    def forget_guilds(self, guild_ids: list[int]) -> None:
+        """Forget every guild in ``guild_ids`` (the bot left them)."""
+        for guild_id in guild_ids:
+            self.engine.forget_guild(guild_id)
 
     async def in_order(self, fn: Callable[..., T], *args: Any) -> list[T]:
         """Run ``fn`` on the write queue, behind every write queued before it.

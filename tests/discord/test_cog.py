@@ -455,21 +455,26 @@ async def test_write_queue_retries_busy_errors_in_order():
     class OperationalError(Exception):
         pass
 
-    def apply(batch):
+    def store(items):
         if next(failures, False):
             raise OperationalError("database is locked")
-        applied.append([i for w in batch for i in w.items])
+        applied.append(("store", items))
+
+    def forget(items):
+        applied.append(("forget", items))
 
     async def run(fn):
         fn()
 
-    queue = WriteQueue(apply, run)
+    queue = WriteQueue(run)
     queue.start()
-    queue.put("upsert", [1, 2])
-    queue.put("forget_messages", [1])
-    await queue.put_and_wait("upsert", [3])
+    queue.put(store, [1, 2])
+    queue.put(store, [4])
+    queue.put(forget, [1])
+    await queue.put_and_wait(store, [3])
     await queue.stop()
-    assert [i for batch in applied for i in batch] == [1, 2, 1, 3]
+    # consecutive writes of one call are applied as one call; the order holds
+    assert applied == [("store", [1, 2, 4]), ("forget", [1]), ("store", [3])]
 
 
 async def test_captures_are_not_queued_behind_slow_searches(harness):

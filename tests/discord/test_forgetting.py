@@ -188,7 +188,7 @@ async def test_retention_deletes_an_old_message_still_queued_while_the_database_
     first, queued = old(h, "an ancient recipe", 40), old(h, "another ancient recipe", 50)
     h.engine.storage.messages.upsert([old_record(h, first)])
     async with busy_database(h):
-        h.runtime.writes.put("upsert", [old_record(h, queued)])  # a backfill page, say
+        h.runtime.writes.put(h.engine.storage.messages.upsert, [old_record(h, queued)])  # a backfill page, say
         reply = await slash(h, "memory-admin retention", member(ADMIN, "admin"), admin=True,
                             days=30)
     await settle(h)
@@ -202,7 +202,7 @@ async def test_the_hourly_retention_pass_runs_behind_queued_writes(setup):
     h.engine.storage.guilds.update_settings(G, retention_days=30)
     queued = old(h, "a stale rumour", 45)
     async with busy_database(h):
-        h.runtime.writes.put("upsert", [old_record(h, queued)])
+        h.runtime.writes.put(h.engine.storage.messages.upsert, [old_record(h, queued)])
         await h.runtime.enforce_retention()
     await settle(h)
     assert not stored(h, queued) and not found(h, "rumour")

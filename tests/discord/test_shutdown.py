@@ -53,7 +53,7 @@ async def test_close_stops_embedding_at_the_next_chunk_and_loses_nothing(tmp_pat
     queued = [h.message(f"sent just before shutdown {i}", author=(ALICE, "alice"),
                         channel=GENERAL) for i in range(300)]
     for message in queued:
-        h.runtime.writes.put("upsert", [record_from_message(message)])
+        h.runtime.writes.put(h.engine.storage.messages.upsert, [record_from_message(message)])
 
     started = time.perf_counter()
     await h.bot.close()  # what Ctrl-C / SIGTERM run: the cogs unload, the runtime stops, the engine closes

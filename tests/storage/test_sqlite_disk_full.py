@@ -111,17 +111,15 @@ engine.storage.messages.upsert([make("before the disk filled")])
 size = max(p.stat().st_size for p in __import__("pathlib").Path(sys.argv[1]).parent.glob("*"))
 
 
-def apply(batch):
-    engine.storage.messages.upsert([r for write in batch for r in write.items])
 
 
 async def main():
     loop = asyncio.get_running_loop()
-    queue = WriteQueue(apply, lambda fn: loop.run_in_executor(None, fn))
+    queue = WriteQueue(lambda fn: loop.run_in_executor(None, fn))
     queue.start()
     resource.setrlimit(resource.RLIMIT_FSIZE, (size + 4096, resource.RLIM_INFINITY))
     for i in range(40):  # members keep talking while the disk is full
-        queue.put("upsert", [make(f"message {i} " + "words " * 200)])
+        queue.put(engine.storage.messages.upsert, [make(f"message {i} " + "words " * 200)])
         await asyncio.sleep(0.02)
     await asyncio.sleep(1.5)
     print("stored while full:", engine.storage.messages.count(), flush=True)
