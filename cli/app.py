@@ -173,7 +173,7 @@ def _load_reranker_quietly(engine: MemoryEngine) -> str | None:
     except MemoryBotError as exc:
         log.info("reranker unavailable, searches keep the hybrid order: %s", exc)
         # one reason per search is enough: the service would warn again on each
-        logging.getLogger("memory.reranker.service").setLevel(logging.ERROR)
+        logging.getLogger("memory.rerank.service").setLevel(logging.ERROR)
         return str(exc).splitlines()[0]
     return None
 

@@ -29,7 +29,7 @@ def _profiles_dir() -> Path:
 
 PROFILES_DIR = _profiles_dir()
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
-# What the reranker is asked to judge (Qwen3-Reranker's "<Instruct>"); memory.reranker.prompt
+# What the reranker is asked to judge (Qwen3-Reranker's "<Instruct>"); memory.rerank.prompt
 # builds the prompt around it.
 DEFAULT_INSTRUCTION = (
     "Given a question or topic from a member of a chat server, judge whether this chat "

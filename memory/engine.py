@@ -25,7 +25,7 @@ from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.errors import EmbeddingModelMismatch, ImportFormatError
 from memory.importer import find_exports, iter_exports
 from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
-from memory.reranker.service import RerankerManager
+from memory.rerank.service import RerankerManager
 from memory.search import Searcher, SearchRequest
 from memory.settings import GuildSettings
 from memory.store import BackfillCursor, GuildStats, MessageStore, UpsertStats

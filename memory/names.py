@@ -10,7 +10,7 @@ spoken must not pay per member on every search (``bench member-names``).
 - A name or display name of 3+ characters is found anywhere in the query, in any
   letter case, between non-word characters: where a case-blind regular expression
   ``(?<!\\w)name(?!\\w)`` would find it (:func:`fold` equates the letters that
-  ``re.IGNORECASE`` does, tests/test_names.py checks every cased code point).
+  ``re.IGNORECASE`` does, tests/search/test_names.py checks every cased code point).
 - A display name's first word ("Priya" of "Priya Raman") counts only capitalised,
   as written: "Will" names a member, "will" does not.
 - A word of 5+ characters close to a name of 5+ characters (``difflib`` ratio ≥ 0.85,

@@ -38,7 +38,7 @@ from memory.errors import EmbeddingModelChanged, SearchInputError
 from memory.filters import Filters
 from memory.names import MemberNames
 from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
-from memory.reranker.base import Reranker, RerankerProvider
+from memory.rerank.base import Reranker, RerankerProvider
 from memory.store import MessageStore
 from memory.text import content_words, fts_match, query_terms
 from memory.when import TimeSpan, asks_recent, parse_when

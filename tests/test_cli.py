@@ -595,7 +595,7 @@ def test_bench_retrieval_loads_a_missing_reranker_once(
 ) -> None:
     """The failed load decides at the start that `rerank` is skipped: no search of the run
     tries the model again, even with the retry interval at zero."""
-    import memory.reranker.qwen as qwen
+    import memory.rerank.qwen as qwen
 
     attempts = []
     load = qwen.QwenReranker._from_pretrained

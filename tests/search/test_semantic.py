@@ -26,7 +26,7 @@ from tests.conftest import make_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_torch_thread")]
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 QUERIES = [
     json.loads(line)
     for line in (DATA / "demo-server" / "queries.jsonl").read_text(encoding="utf-8").splitlines()

@@ -24,13 +24,13 @@ from cli.bench.qwen_gguf import convert, save_checkpoint
 from cli.bench.remote import spearman
 from memory.config import RerankerConfig
 from memory.records import Hit, Trace
-from memory.reranker.llama_server import (
+from memory.rerank.llama_server import (
     RERANK_INSTRUCTION,
     LlamaServerBackend,
     clean_text,
 )
-from memory.reranker.qwen import QwenReranker
-from memory.reranker.service import RerankerService
+from memory.rerank.qwen import QwenReranker
+from memory.rerank.service import RerankerService
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 

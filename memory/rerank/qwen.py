@@ -2,7 +2,7 @@
 
 Qwen3-Reranker-0.6B/4B/8B are causal LMs: the relevance of a document is the
 probability that the model answers "yes" rather than "no" after the official prompt
-(:mod:`memory.reranker.prompt`).  This backend computes exactly that, but only what
+(:mod:`memory.rerank.prompt`).  This backend computes exactly that, but only what
 it needs: the base model runs to the last hidden state, the last *real* position of
 each sequence is gathered, and only the two lm_head rows of "yes" and "no" are
 applied, in float32.  Full-vocabulary logits are never materialised.
@@ -18,7 +18,7 @@ Micro-batches hold candidates of similar length (sorted), right-padded, so paddi
 never precedes a real token and cannot leak into a score.
 
 With ``buckets`` in the profile, scoring goes through the static-shape path of
-:mod:`memory.reranker.qwen_static` instead: fixed (batch, length) shapes, the head
+:mod:`memory.rerank.qwen_static` instead: fixed (batch, length) shapes, the head
 once per query, and on CUDA with ``cuda_graphs`` one CUDA graph per shape, captured
 in :meth:`QwenReranker.load` (the background worker of a profile switch) so no
 search pays for it.  If capture fails, or a static step fails later, the reason is
@@ -43,16 +43,16 @@ import torch
 from memory.config import RerankerConfig, detect_accelerator, missing_device
 from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
-from memory.reranker.kv_cache import (
+from memory.rerank.kv_cache import (
     LayerKV,
     cache_argument,
     layer_states,
     new_cache,
     repeated_cache,
 )
-from memory.reranker.prompt import SUFFIX, document_text, head_text
-from memory.reranker.qwen_static import StaticScorer, plan_runs
-from memory.reranker.tokenizer_process import TokenizerProcess
+from memory.rerank.prompt import SUFFIX, document_text, head_text
+from memory.rerank.qwen_static import StaticScorer, plan_runs
+from memory.rerank.tokenizer_process import TokenizerProcess
 
 log = logging.getLogger(__name__)
 

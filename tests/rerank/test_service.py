@@ -20,7 +20,7 @@ from memory.config import Profile, RerankerConfig
 from memory.engine import MemoryEngine
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.records import MessageRecord
-from memory.reranker.service import RerankerService
+from memory.rerank.service import RerankerService
 from memory.search import SearchRequest
 from tests.conftest import HashEmbedder
 from tests.fake_llama_server import FakeLlamaServer, relevance
@@ -250,7 +250,7 @@ def test_reranker_failure_falls_back_to_retrieval_order(remote_engine, server, m
     expected = [h.id for h in search(remote_engine, rerank=False).hits]
     server.mode = mode
     errors = _error_count()
-    with caplog.at_level(logging.WARNING, logger="memory.reranker.service"):
+    with caplog.at_level(logging.WARNING, logger="memory.rerank.service"):
         result = search(remote_engine)
     assert [h.id for h in result.hits] == expected
     assert not result.trace.reranked
@@ -287,8 +287,8 @@ def test_missing_local_model_falls_back(tmp_path):
 
 
 @pytest.mark.parametrize("backend, module", [
-    ("transformers", "memory.reranker.qwen"),  # torch or transformers missing
-    ("llama-server", "memory.reranker.llama_server"),  # httpx missing
+    ("transformers", "memory.rerank.qwen"),  # torch or transformers missing
+    ("llama-server", "memory.rerank.llama_server"),  # httpx missing
 ])
 def test_a_backend_whose_packages_are_missing_never_fails_a_search(
     tmp_path, monkeypatch, backend, module
@@ -390,7 +390,7 @@ def test_search_reranks_in_process_with_a_locally_saved_qwen3(tmp_path, tiny_mod
 
 
 def test_a_failed_model_load_is_remembered_not_retried_per_search(tmp_path, monkeypatch):
-    from memory.reranker.qwen import QwenReranker
+    from memory.rerank.qwen import QwenReranker
 
     backend = QwenReranker(RerankerConfig(backend="transformers", model=str(tmp_path / "gone")))
     with pytest.raises(RerankerError) as first:
@@ -409,7 +409,7 @@ def test_fallback_warns_once_per_cause(tmp_path, caplog):
         load_reranker=False,
     )
     engine.ingest(records())
-    with caplog.at_level(logging.DEBUG, logger="memory.reranker.service"):
+    with caplog.at_level(logging.DEBUG, logger="memory.rerank.service"):
         for _ in range(3):
             assert search(engine).trace.rerank_fallback
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -2,7 +2,7 @@
 
 A backend only scores (:class:`RerankerBackend`).  Ranking, top-k, blending,
 timeouts and fallback are written once on top of it, in
-:class:`memory.reranker.service.RerankerService`, which is what a search talks to
+:class:`memory.rerank.service.RerankerService`, which is what a search talks to
 through :class:`Reranker`.
 """
 

@@ -3,7 +3,7 @@
 ``RerankerConfig.endpoint`` picks how the server is asked:
 
 * ``completion`` (default): one ``POST /completion`` per document whose prompt is
-  the exact official Qwen3-Reranker text (:func:`memory.reranker.prompt.full_prompt`,
+  the exact official Qwen3-Reranker text (:func:`memory.rerank.prompt.full_prompt`,
   the same text the in-process backend tokenizes), with ``n_predict=1`` and
   ``n_probs``.  The score is P(yes) over the two answer tokens of the reported
   log-probabilities (:func:`parse_completion_score`).  Needs a *causal* GGUF.
@@ -57,7 +57,7 @@ import httpx
 from memory.config import DEFAULT_INSTRUCTION, RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import RERANK_SERVER_ERRORS
-from memory.reranker.prompt import (
+from memory.rerank.prompt import (
     SUFFIX,
     chat_messages,
     document_text,
@@ -400,7 +400,7 @@ class LlamaServerBackend:
         return self._check_health(_Call(time.monotonic() + HEALTH_TIMEOUT_CAP))
 
     def load(self) -> None:
-        """The :class:`~memory.reranker.base.RerankerBackend` start-up step: :meth:`start`."""
+        """The :class:`~memory.rerank.base.RerankerBackend` start-up step: :meth:`start`."""
         self.start()
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:

@@ -1,6 +1,6 @@
 """The llama-server reranker backend against a real local HTTP stand-in (no mocks).
 
-tests/test_llama_server_real.py runs the same backend against a real llama-server.
+tests/rerank/test_llama_server_real.py runs the same backend against a real llama-server.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from memory.config import RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import REGISTRY
 from memory.records import Hit, Trace
-from memory.reranker.base import RerankerBackend
-from memory.reranker.llama_server import (
+from memory.rerank.base import RerankerBackend
+from memory.rerank.llama_server import (
     RERANK_INSTRUCTION,
     LlamaServerBackend,
     clean_text,
@@ -29,8 +29,8 @@ from memory.reranker.llama_server import (
     parse_rerank_scores,
     yes_probability,
 )
-from memory.reranker.prompt import SYSTEM_PROMPT, chat_messages, full_prompt
-from memory.reranker.service import RerankerService
+from memory.rerank.prompt import SYSTEM_PROMPT, chat_messages, full_prompt
+from memory.rerank.service import RerankerService
 from tests.fake_llama_server import FakeLlamaServer, relevance
 
 COMPLETION = "/completion"
@@ -211,7 +211,7 @@ def test_one_failing_document_is_missing_not_the_batch(
     server.mode = "poison"
     docs = [*DOCS, "POISON pizza oven recipe"]
     before = errors("http_5xx")
-    with caplog.at_level(logging.WARNING, logger="memory.reranker.llama_server"):
+    with caplog.at_level(logging.WARNING, logger="memory.rerank.llama_server"):
         scores = make_backend(endpoint=endpoint).score(QUERY, docs)
     assert scores[:-1] == pytest.approx([relevance(QUERY, d) for d in DOCS])
     assert scores[-1] == min(scores[:-1])
@@ -235,7 +235,7 @@ def test_rerank_says_its_instruction_is_fixed(
     endpoint: str, instruction: str | None, level: int | None,
 ) -> None:
     overrides = {"endpoint": endpoint} | ({"instruction": instruction} if instruction else {})
-    with caplog.at_level(logging.INFO, logger="memory.reranker.llama_server"):
+    with caplog.at_level(logging.INFO, logger="memory.rerank.llama_server"):
         make_backend(**overrides)
     notes = [r for r in caplog.records if "instruction is not used" in r.getMessage()]
     assert [r.levelno for r in notes] == ([level] if level else [])
@@ -579,8 +579,8 @@ def test_a_down_server_is_reported_once(
     service = RerankerService(RerankerConfig(backend="llama-server", url=url), backend=backend)
     hits = [hit(i, d) for i, d in enumerate(DOCS)]
     # both loggers by name: the CLI raises the service logger's own level in-process
-    with caplog.at_level(logging.DEBUG, logger="memory.reranker"), \
-            caplog.at_level(logging.DEBUG, logger="memory.reranker.service"):
+    with caplog.at_level(logging.DEBUG, logger="memory.rerank"), \
+            caplog.at_level(logging.DEBUG, logger="memory.rerank.service"):
         for _ in range(5):
             trace = Trace()
             assert service.rerank_search(QUERY, hits, 3, trace) == hits

@@ -1,6 +1,6 @@
 """RerankerService: ranking, top-k, blending, timeouts and fallback over one backend.
 
-Backends only score (see :mod:`memory.reranker.base`).  Everything a search needs
+Backends only score (see :mod:`memory.rerank.base`).  Everything a search needs
 around that is written once here: picking how many candidates to send, sorting by
 the new score, the optional blend with the retrieval score, a minimum score, a hard
 timeout, metrics, and falling back to the retrieval order when anything goes wrong.
@@ -23,7 +23,7 @@ from memory import metrics
 from memory.config import Profile, RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.records import Hit, Trace
-from memory.reranker.base import Rankable, RerankerBackend
+from memory.rerank.base import Rankable, RerankerBackend
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,11 @@ def make_backend(config: RerankerConfig) -> RerankerBackend:
     """
     try:
         if config.backend == "transformers":
-            from memory.reranker.qwen import QwenReranker
+            from memory.rerank.qwen import QwenReranker
 
             return QwenReranker(config)
         if config.backend == "llama-server":
-            from memory.reranker.llama_server import LlamaServerBackend
+            from memory.rerank.llama_server import LlamaServerBackend
 
             return LlamaServerBackend(config)
     except ImportError as exc:  # searches go on without reranking, saying why
