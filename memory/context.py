@@ -243,7 +243,7 @@ def assemble_context(
     """
     counter = counter or ApproximateTokens()
     request = replace(scope or SearchRequest(queries=(query,)), queries=(query,))
-    result = searcher.search(request)
+    result = searcher.run(request)
     excluded = set(exclude_ids)
     allowed = _allowed(request)
     hits = [h for h in result.hits if h.id not in excluded and _may_read(allowed, h.channel_id)]

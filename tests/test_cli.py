@@ -120,7 +120,7 @@ def test_import_search_stats_embed_reembed(
     assert top["jump_url"] == (
         f"https://discord.com/channels/{MINI_GUILD}/930000000000000010/1400000000000000001")
     assert top["created"] == "2026-09-01T16:00:00+00:00"
-    assert {"similarity", "keyword_score", "fused", "boost", "score"} <= set(top)
+    assert {"similarity", "keyword_score", "fused", "bonus", "score"} <= set(top)
     assert {"candidates", "timings_ms", "threshold", "threshold_mode"} <= set(result["trace"])
 
     # a table, filtered by channel name: the parent channel includes its thread

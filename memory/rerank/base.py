@@ -1,28 +1,34 @@
 """The reranking protocols: what a backend implements, and what a search hands off to.
 
-A backend only scores (:class:`RerankerBackend`).  Ranking, top-k, blending,
-timeouts and fallback are written once on top of it, in
+A backend only scores (:class:`RerankerBackend`).  Ranking, top-k, the deadline,
+metrics and fallback are written once on top of it, in
 :class:`memory.rerank.service.RerankerService`, which is what a search talks to
-through :class:`Reranker`.
+through :class:`Reranker`: it returns ``(index, score)`` pairs (:class:`Ranked`),
+as sentence-transformers' ``CrossEncoder.rank`` does, and never touches the
+search's candidates.  How those scores become a hit's final score (the blend, the
+minimum score) is :mod:`memory.search.ranking`'s business.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from memory.records import Hit, Trace
+    from memory.config import RerankerConfig
 
 
 @runtime_checkable
 class RerankerBackend(Protocol):
     """Scores documents against a query; higher is more relevant.
 
-    A backend may also set ``enforces_timeout = True`` when :meth:`score` keeps the
-    configured timeout itself and leaves no work behind when it gives up (the remote
-    one); the service then calls it in the search's own thread instead of its single
-    worker thread, so parallel searches are not serialised.
+    The service calls :meth:`score` on a worker thread with a deadline
+    (:mod:`memory.rerank.deadline`): a backend may read it to stop early, and
+    must leave no work behind when it does.  A backend that may be called from
+    several threads at once (a remote server) sets ``concurrent = True``;
+    without it, calls run one at a time on the service's single worker, so a
+    local model never shares its device between searches.
     """
 
     name: str
@@ -48,27 +54,41 @@ class RerankerBackend(Protocol):
         ...
 
 
-class Rankable(Protocol):
-    """Something a reranker can judge: a text, and a slot for its score."""
+class Ranked(NamedTuple):
+    """One text's place in a ranking: ``(item, score)``, ``item`` its index in the input."""
 
-    rerank_score: float | None
+    item: int
+    score: float
 
-    @property
-    def rerank_text(self) -> str:
-        """What the reranker reads."""
-        ...
+
+@dataclass(frozen=True)
+class Ranking:
+    """A search's reranker call: the texts best first, or why there is no ranking.
+
+    Attributes:
+        ranked: One pair per text, best first; empty when ``fallback`` is set.
+        fallback: Why the search keeps its retrieval order (``None``: it ranked).
+    """
+
+    ranked: tuple[Ranked, ...] = ()
+    fallback: str | None = None
 
 
 class Reranker(Protocol):
-    """The search → rerank hand-off: reorder a search's hits, never fail it."""
+    """The search → rerank hand-off: rank a search's texts, never fail it."""
 
     @property
     def name(self) -> str:
         """The backend's name, for logs, metrics and traces."""
         ...
 
-    def rerank_search(self, query: str, hits: list[Hit], limit: int, trace: Trace) -> list[Hit]:
-        """Return the hits reranked (or in their order, with the reason in ``trace``)."""
+    @property
+    def config(self) -> RerankerConfig:
+        """The profile's ``[reranker]`` section: how many to send, blend, minimum score."""
+        ...
+
+    def rank_for_search(self, query: str, texts: Sequence[str]) -> Ranking:
+        """Rank ``texts`` against ``query``; on any failure say why instead of raising."""
         ...
 
 

@@ -25,9 +25,10 @@ server's ``/tokenize`` and only for documents whose prompt has more UTF-8 bytes 
 The backend is synchronous, like the rest of the engine.  One ``httpx.Client`` and a
 pool of ``parallel`` worker threads, shared by every caller, send the per-document
 requests, so the server never sees more than ``parallel`` scoring requests from this
-process (match ``llama-server --parallel``).  Every call has a deadline of
-``timeout`` seconds: each request is given only the time left, and when the deadline
-passes (or the server turns out to be down) the call cancels its queued requests, so
+process (match ``llama-server --parallel``).  Every call has a deadline: the
+service's (:mod:`memory.rerank.deadline`), or ``timeout`` seconds when called
+directly.  Each request is given only the time left, and when the deadline passes
+(or the server turns out to be down) the call cancels its queued requests, so
 nothing of a call outlives it; llama-server stops a task whose client has gone.
 
 A document whose request fails (HTTP error, unusable answer) is *missing*: it gets
@@ -57,6 +58,7 @@ import httpx
 from memory.config import DEFAULT_INSTRUCTION, RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import RERANK_SERVER_ERRORS
+from memory.rerank import deadline
 from memory.rerank.prompt import (
     SUFFIX,
     chat_messages,
@@ -342,8 +344,8 @@ class LlamaServerBackend:
 
     Attributes:
         name: ``"llama-server"``.
-        enforces_timeout: True: :meth:`score` keeps ``config.timeout`` itself and
-            leaves no work behind, so the service calls it without a thread hop.
+        concurrent: True: any number of searches may score at once (they share
+            the ``parallel`` request slots).
         base_url: The server root the paths are appended to.
         healthy: Whether the last health check (or request) found the server ready;
             False until the first check.
@@ -352,7 +354,7 @@ class LlamaServerBackend:
     """
 
     name = "llama-server"
-    enforces_timeout = True
+    concurrent = True
 
     def __init__(self, config: RerankerConfig) -> None:
         """Prepare the backend; no connection or thread exists before first use.
@@ -420,7 +422,7 @@ class LlamaServerBackend:
         """
         if not texts:
             return []
-        call = _Call(time.monotonic() + self._config.timeout)
+        call = _Call(deadline.within(self._config.timeout))
         try:
             return self._score(clean_text(query), [clean_text(t) for t in texts], call)
         except RerankerError as exc:

@@ -43,6 +43,7 @@ import torch
 from memory.config import RerankerConfig, detect_accelerator, missing_device
 from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
+from memory.rerank import deadline
 from memory.rerank.kv_cache import (
     LayerKV,
     cache_argument,
@@ -407,6 +408,8 @@ class QwenReranker:
         if static is not None and static.fits(len(encoded.head)):
             try:
                 return self._score_static(static, encoded)
+            except RerankerError:  # the deadline passed: nobody waits for the rest
+                raise
             except Exception:  # any failure here must fall back, not reach a search
                 # Logged once: the static path is dropped for the life of this model.
                 log.warning(
@@ -435,6 +438,7 @@ class QwenReranker:
         scores = [0.0] * len(encoded.tails)
         lengths = [len(encoded.tails[i]) for i in indices]
         for local in micro_batches(lengths, self.config.batch_size):
+            _stop_if_late()
             chunk = [indices[j] for j in local]
             if head_kv is None:
                 batch = [encoded.head + encoded.tails[i] for i in chunk]
@@ -481,6 +485,19 @@ class QwenReranker:
         if self._answer_bias is not None:
             logits = logits + self._answer_bias
         return torch.log_softmax(logits, dim=-1)[:, 1].exp().tolist()
+
+
+def _stop_if_late() -> None:
+    """Stop between micro-batches once the service's deadline has passed.
+
+    The search has stopped waiting by then; the next search's candidates should
+    not queue behind batches nobody reads (:mod:`memory.rerank.deadline`).
+
+    Raises:
+        RerankerError: The deadline has passed.
+    """
+    if deadline.passed():
+        raise RerankerError("the reranker's deadline passed before every batch was scored")
 
 
 def micro_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -1,92 +1,62 @@
-"""RerankerService: ranking, top-k, blending, timeouts and fallback over one backend.
+"""RerankerService: ranking, the deadline, metrics and fallback over one backend.
 
-Backends only score (see :mod:`memory.rerank.base`).  Everything a search needs
-around that is written once here: picking how many candidates to send, sorting by
-the new score, the optional blend with the retrieval score, a minimum score, a hard
-timeout, metrics, and falling back to the retrieval order when anything goes wrong.
-:class:`RerankerManager` holds the active service and swaps it at runtime.
+Backends only score (see :mod:`memory.rerank.base`).  The service ranks their
+scores into ``(index, score)`` pairs, best first, and never touches what it was
+given -- the way sentence-transformers' ``CrossEncoder.rank`` does -- so the
+search decides the final scores (:mod:`memory.search.ranking`).  Around every
+call it keeps one deadline (:mod:`memory.rerank.deadline`), counts metrics, and
+for a search turns any failure into a reason to keep the retrieval order.
+:class:`memory.rerank.manager.RerankerManager` holds the active service.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
-from typing import TypeVar
+from dataclasses import dataclass
 
 from memory import metrics
-from memory.config import Profile, RerankerConfig
+from memory.config import RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
-from memory.records import Hit, Trace
-from memory.rerank.base import Rankable, RerankerBackend
+from memory.rerank import deadline
+from memory.rerank.backends import make_backend
+from memory.rerank.base import Ranked, Ranking, RerankerBackend
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T", bound=Rankable)
-BLEND_ORIGINAL, BLEND_RERANK = 0.4, 0.6
+# Calls a concurrent (remote) backend may have running at once; more wait for a
+# worker, within their deadline.  The searches themselves are fewer (the cog's
+# search pool), so in practice no call waits.
+CONCURRENT_CALLS = 32
 
 
-def make_backend(config: RerankerConfig) -> RerankerBackend:
-    """Create (but do not load) the backend a reranker config names.
+@dataclass(frozen=True)
+class RerankerStatus:
+    """Whether searches are reranked now, and if not, why.
 
-    Heavy imports happen here, only for the backend in use.
-    """
-    try:
-        if config.backend == "transformers":
-            from memory.rerank.qwen import QwenReranker
-
-            return QwenReranker(config)
-        if config.backend == "llama-server":
-            from memory.rerank.llama_server import LlamaServerBackend
-
-            return LlamaServerBackend(config)
-    except ImportError as exc:  # searches go on without reranking, saying why
-        return MissingBackend(config.backend, (
-            f"the {config.backend} reranker cannot run here ({exc}); install the missing "
-            "package in this environment"
-        ))
-    raise RerankerError(f"reranker backend {config.backend!r} has nothing to load")
-
-
-class MissingBackend:
-    """Stands in for a backend whose packages are not installed: every call says why.
-
-    Args:
-        name: The backend the profile asked for.
-        reason: What is missing and how to install it.
+    Attributes:
+        name: The backend's name; ``None`` when the profile has no reranker.
+        loaded: Whether the backend loaded (its model, or a check of its server).
+        reason: Why searches keep the retrieval order (``None`` when loaded).
     """
 
-    def __init__(self, name: str, reason: str) -> None:
-        self.name = name
-        self.reason = reason
-
-    def load(self) -> None:
-        """Refuse: the backend's packages are missing.
-
-        Raises:
-            RerankerUnavailable: Always, with :attr:`reason`.
-        """
-        raise RerankerUnavailable(self.reason)
-
-    def score(self, query: str, texts: Sequence[str]) -> list[float]:
-        """Refuse, as :meth:`load` does.
-
-        Raises:
-            RerankerUnavailable: Always, with :attr:`reason`.
-        """
-        raise RerankerUnavailable(self.reason)
-
-    def close(self) -> None:
-        """Nothing to release."""
+    name: str | None
+    loaded: bool
+    reason: str | None = None
 
 
 class RerankerService:
-    """Re-scores search candidates with a cross-encoder backend.
+    """Ranks texts with one backend, within the profile's timeout.
+
+    Every call runs on a worker thread under a deadline of ``config.timeout``
+    seconds that the backend may read to stop early; the caller stops waiting at
+    the deadline either way.  A local backend runs on one worker, so a model never
+    serves two searches at once; a ``concurrent`` one (a remote server) on many.
 
     Args:
         config: The profile's ``[reranker]`` section.
@@ -96,7 +66,8 @@ class RerankerService:
     def __init__(self, config: RerankerConfig, backend: RerankerBackend | None = None) -> None:
         self.config = config
         self.backend = backend or make_backend(config)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reranker")
+        workers = CONCURRENT_CALLS if getattr(self.backend, "concurrent", False) else 1
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reranker")
         self._inflight = 0
         self._idle = threading.Condition()
         self._last_warning: str | None = None
@@ -119,8 +90,21 @@ class RerankerService:
         except Exception as exc:  # a backend bug must not reach the user as a traceback
             raise RerankerUnavailable(f"{self.name} could not be loaded: {exc!r}") from exc
 
+    def status(self) -> RerankerStatus:
+        """Load the backend if it is not loaded yet, and say whether searches rerank.
+
+        The caller reports the reason; a search that then falls back for the
+        same reason logs it at debug level only, so it is said once.
+        """
+        try:
+            self.load()
+        except RerankerError as exc:
+            self._last_warning = str(exc)
+            return RerankerStatus(self.name, False, str(exc))
+        return RerankerStatus(self.name, True)
+
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
-        """Score texts through the backend with the profile's timeout.
+        """Score texts through the backend within the profile's timeout.
 
         Raises:
             RerankerError: The backend failed or did not answer in time.
@@ -128,7 +112,7 @@ class RerankerService:
         if not texts:
             return []
         try:
-            scores = self._scores_within_timeout(query, list(texts))
+            scores = self._scores_by_deadline(query, list(texts))
         except RerankerError:
             raise
         except Exception as exc:  # a backend bug must not reach the user
@@ -137,102 +121,70 @@ class RerankerService:
             raise RerankerError(f"{self.name} returned {len(scores)} scores for {len(texts)} texts")
         return [float(s) for s in scores]
 
-    def _scores_within_timeout(self, query: str, texts: list[str]) -> list[float]:
-        """Call the backend so that the search gets an answer within the timeout.
-
-        A backend that keeps ``timeout`` itself and leaves no work behind (the remote
-        one: its requests share the server's slots and are cancelled at the deadline)
-        runs in the calling thread, so parallel searches are not serialised here.  A
-        local model cannot be interrupted, so it runs in this service's one worker
-        thread and the search stops waiting after ``timeout``; a call still queued
-        then is cancelled rather than run for nobody.
-        """
-        if getattr(self.backend, "enforces_timeout", False):
-            return self.backend.score(query, texts)
-        future = self._pool.submit(self.backend.score, query, texts)
-        try:
-            return future.result(timeout=self.config.timeout)
-        except FutureTimeout:
-            future.cancel()
-            raise RerankerError(
-                f"{self.name} did not answer within {self.config.timeout:g} s"
-            ) from None
-
-    def rerank_results(
-        self, query: str, candidates: Sequence[T], top_k: int | None = None
-    ) -> list[T]:
-        """Return copies of ``candidates`` sorted by ``rerank_score`` (set on each copy).
+    def rank(self, query: str, texts: Sequence[str], top_k: int | None = None) -> list[Ranked]:
+        """Rank texts against a query: ``(index, score)`` pairs, best first.
 
         Args:
             query: The search query.
-            candidates: What to judge (each by its ``rerank_text``); left unchanged.
+            texts: What to judge; left unchanged.
             top_k: Keep only the best ``top_k``; all when ``None``.
 
         Raises:
-            RerankerError: Scoring failed (callers fall back to the original order).
+            RerankerError: Scoring failed (callers fall back to their own order).
         """
-        scores = self.score(query, [c.rerank_text or "" for c in candidates])
-        ranked = []
-        for cand, s in zip(candidates, scores):
-            clone = copy.copy(cand)
-            clone.rerank_score = s
-            ranked.append(clone)
-        ranked.sort(key=lambda c: -(c.rerank_score or 0.0))
+        scores = self.score(query, texts)
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep input order
+        ranked = [Ranked(i, scores[i]) for i in order]
         return ranked if top_k is None else ranked[:top_k]
 
-    def rerank_search(self, query: str, hits: list[Hit], limit: int, trace: Trace) -> list[Hit]:
-        """Rerank the head of a search's hit list; never raises.
+    def rank_for_search(self, query: str, texts: Sequence[str]) -> Ranking:
+        """Rank a search's texts; never raises.
 
-        Sends ``limit × oversample`` candidates (capped at ``max_candidates``), applies
-        the optional blend and minimum score, and records the pre/post order, the
-        latency and any fallback in ``trace``.  On failure the hits come back in
-        their retrieval order and the trace says why.
+        Counts the call in the metrics; on failure logs the reason (a warning once
+        per distinct cause) and returns it as :attr:`Ranking.fallback`.
         """
-        count = min(len(hits), limit * self.config.oversample, self.config.max_candidates)
-        head, tail = hits[:count], hits[count:]
-        trace.rerank_backend = self.name
-        trace.pre_rerank = [h.id for h in head]
-        trace.candidates["rerank"] = len(head)
         started = time.perf_counter()
         with self._track():
             try:
-                ranked = self.rerank_results(query, head)
+                ranked = self.rank(query, texts)
             except RerankerError as exc:
-                return self._fallback(hits, trace, str(exc))
-        elapsed = time.perf_counter() - started
+                return self._fallback(str(exc))
         metrics.RERANK_CALLS.labels(backend=self.name, status="ok").inc()
-        metrics.RERANK_CANDIDATES.observe(len(head))
-        metrics.RERANK_LATENCY.labels(backend=self.name).observe(elapsed)
-        ranked = self._finalise(ranked)
+        metrics.RERANK_CANDIDATES.observe(len(texts))
+        metrics.RERANK_LATENCY.labels(backend=self.name).observe(time.perf_counter() - started)
         self._last_warning = None
-        trace.reranked = True
-        trace.post_rerank = [h.id for h in ranked]
-        return ranked + tail if not self.config.min_score else ranked
+        return Ranking(tuple(ranked))
 
-    def _finalise(self, ranked: list[Hit]) -> list[Hit]:
-        """Apply the optional blend and minimum final score."""
-        if self.config.blend and ranked:
-            lo = min(h.score for h in ranked)
-            hi = max(h.score for h in ranked)
-            for h in ranked:
-                original = (h.score - lo) / (hi - lo) if hi > lo else 1.0
-                h.score = BLEND_ORIGINAL * original + BLEND_RERANK * (h.rerank_score or 0.0)
-            ranked.sort(key=lambda h: -h.score)
-        else:
-            for h in ranked:
-                h.score = h.rerank_score or 0.0
-        if self.config.min_score:
-            ranked = [h for h in ranked if h.score >= self.config.min_score]
-        return ranked
+    def _scores_by_deadline(self, query: str, texts: list[str]) -> list[float]:
+        """Run the backend on a worker under the deadline; stop waiting when it passes.
 
-    def _fallback(self, hits: list[Hit], trace: Trace, reason: str) -> list[Hit]:
+        A call still queued at the deadline is cancelled rather than run for nobody;
+        one running is told by the deadline itself (a backend that cannot stop, a
+        local model mid-batch, finishes its batch for nobody).
+        """
+        timeout = self.config.timeout
+        until = time.monotonic() + timeout
+        try:
+            future = self._pool.submit(self._call, until, query, texts)
+        except RuntimeError:  # closed meanwhile (a profile switch unloaded it)
+            raise RerankerError(f"the {self.name} reranker is closed") from None
+        try:
+            return future.result(timeout=max(0.0, until - time.monotonic()))
+        except FutureTimeout:
+            future.cancel()
+            raise RerankerError(f"{self.name} did not answer within {timeout:g} s") from None
+
+    def _call(self, until: float, query: str, texts: list[str]) -> list[float]:
+        with deadline.until(until):
+            return self.backend.score(query, texts)
+
+    def _fallback(self, reason: str) -> Ranking:
         # warn once per distinct cause; a missing model would otherwise log per search
         level = logging.DEBUG if reason == self._last_warning else logging.WARNING
         self._last_warning = reason
         log.log(level, "reranking skipped, keeping retrieval order: %s", reason)
         metrics.RERANK_CALLS.labels(backend=self.name, status="error").inc()
-        trace.rerank_fallback = reason
-        return hits
+        return Ranking(fallback=reason)
 
     @contextmanager
     def _track(self) -> Iterator[None]:
@@ -256,76 +208,3 @@ class RerankerService:
             self.backend.close()
         except Exception:
             log.exception("closing reranker backend %s failed", self.name)
-
-
-class RerankerManager:
-    """Holds the active :class:`RerankerService` and swaps it atomically at runtime."""
-
-    def __init__(self, profile: Profile, *, load: bool = True) -> None:
-        """Create the profile's service (if it has a reranker) and start loading it."""
-        self._lock = threading.Lock()
-        self._service: RerankerService | None = None
-        self.profile_name = profile.name
-        if profile.reranker.enabled:
-            self._service = RerankerService(profile.reranker)
-            if load:
-                threading.Thread(
-                    target=self._load_quietly, args=(self._service,), daemon=True,
-                    name="reranker-load",
-                ).start()
-
-    @staticmethod
-    def _load_quietly(service: RerankerService) -> None:
-        try:
-            service.load()
-        except Exception as exc:
-            log.warning("reranker %s could not be loaded yet: %s", service.name, exc)
-
-    def current(self) -> RerankerService | None:
-        """The service searches should use right now (``None`` when reranking is off)."""
-        with self._lock:
-            return self._service
-
-    def switch(
-        self, profile: Profile, on_switched: Callable[[Profile], None] | None = None
-    ) -> Future:
-        """Load ``profile``'s reranker in the background, then swap it in.
-
-        Searches already running finish on the old service, which is unloaded
-        afterwards.  If loading fails the old service stays and the future raises.
-        ``on_switched`` runs right after the swap, before the future resolves.
-
-        Returns:
-            A future that resolves to the new profile's name once it is active.
-        """
-        future: Future = Future()
-
-        def work() -> None:
-            try:
-                new = RerankerService(profile.reranker) if profile.reranker.enabled else None
-                if new is not None:
-                    new.load()
-            except Exception as exc:
-                log.error("switching to profile %s failed: %s", profile.name, exc)
-                future.set_exception(exc)
-                return
-            with self._lock:
-                old, self._service = self._service, new
-                self.profile_name = profile.name
-            log.info("reranker profile is now %s", profile.name)
-            if on_switched is not None:
-                on_switched(profile)
-            future.set_result(profile.name)
-            if old is not None:
-                old.close(wait_for_inflight=True)
-
-        threading.Thread(target=work, daemon=True, name="reranker-switch").start()
-        return future
-
-    def close(self) -> None:
-        """Unload the active service."""
-        with self._lock:
-            service, self._service = self._service, None
-        if service is not None:
-            service.close(wait_for_inflight=False)
-

@@ -18,7 +18,6 @@ import pytest
 from memory.config import RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import REGISTRY
-from memory.records import Hit, Trace
 from memory.rerank.base import RerankerBackend
 from memory.rerank.llama_server import (
     RERANK_INSTRUCTION,
@@ -102,7 +101,7 @@ def wait_until(predicate: Callable[[], bool], limit: float = 5.0) -> bool:
 def test_backend_satisfies_protocol(make_backend: Factory) -> None:
     backend = make_backend()
     assert isinstance(backend, RerankerBackend)
-    assert backend.name == "llama-server" and backend.enforces_timeout
+    assert backend.name == "llama-server" and backend.concurrent
     assert backend.healthy is False and backend.last_error is None
 
 
@@ -454,9 +453,9 @@ def test_parallel_requests_are_bounded_across_callers(
 def test_service_does_not_serialise_remote_searches(
     server: FakeLlamaServer, make_backend: Factory
 ) -> None:
-    # Two searches at once on a 2-slot server: each runs in its caller's thread, so
-    # both have requests on the server at the same time (the old one-thread service
-    # pool sent the second search only after the first had finished).
+    # Two searches at once on a 2-slot server: a concurrent backend gets a service
+    # worker per call, so both have requests on the server at the same time (a
+    # one-thread service pool would send the second only after the first finished).
     server.delay = 0.3
     service = RerankerService(
         RerankerConfig(backend="llama-server", url=server.url, parallel=2, timeout=5.0),
@@ -566,25 +565,18 @@ def test_loading_server_fails_fast_then_recovers(
     assert backend.healthy is True and backend.last_error is None
 
 
-def hit(i: int, text: str) -> Hit:
-    return Hit(id=i, guild_id=1, channel_id=2, author_id=3, author_name="", content=text,
-               created_at=0, score=1.0 / (i + 1))
-
-
 def test_a_down_server_is_reported_once(
     make_backend: Factory, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = closed_port_url()
     backend = make_backend(url=url)
     service = RerankerService(RerankerConfig(backend="llama-server", url=url), backend=backend)
-    hits = [hit(i, d) for i, d in enumerate(DOCS)]
     # both loggers by name: the CLI raises the service logger's own level in-process
     with caplog.at_level(logging.DEBUG, logger="memory.rerank"), \
             caplog.at_level(logging.DEBUG, logger="memory.rerank.service"):
         for _ in range(5):
-            trace = Trace()
-            assert service.rerank_search(QUERY, hits, 3, trace) == hits
-            assert url in (trace.rerank_fallback or "")
+            outcome = service.rank_for_search(QUERY, DOCS)
+            assert outcome.ranked == () and url in (outcome.fallback or "")
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     # one from the backend (the server went away), one from the service (fallback)
     assert len(warnings) == 2 and all(url in w for w in warnings)

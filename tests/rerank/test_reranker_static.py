@@ -24,9 +24,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memory.config import ConfigError, Profile, RerankerConfig, load_profile, load_profile_file
+from memory.rerank.manager import RerankerManager
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.qwen_static import HEAD_MIN, Run, head_capacities, plan_runs
-from memory.rerank.service import RerankerManager
 from tests.qwen_tiny import save_tiny_reranker
 from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close, reference_score
 
