@@ -24,11 +24,8 @@ from cli.bench.qwen_gguf import convert, save_checkpoint
 from cli.bench.remote import spearman
 from memory.config import RerankerConfig
 from memory.rerank.base import Ranking
-from memory.rerank.llama_server import (
-    RERANK_INSTRUCTION,
-    LlamaServerBackend,
-    clean_text,
-)
+from memory.rerank.llama_answers import clean_text
+from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.service import RerankerService
 

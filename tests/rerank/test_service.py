@@ -331,10 +331,10 @@ def test_switch_profile_swaps_after_load_and_keeps_inflight_on_old(remote_engine
         assert len(server.requests) == old_requests, "new searches use the new server"
         assert len(second.requests) == result.trace.candidates["rerank"]
         for _ in range(50):  # the old service is closed once idle
-            if old.backend._closed:
+            if old.backend.closed:
                 break
             time.sleep(0.05)
-        assert old.backend._closed
+        assert old.backend.closed
     assert remote_engine.store.active_profile == "remote-test"
 
 
