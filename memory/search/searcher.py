@@ -139,12 +139,12 @@ class Searcher:
         clock.lap("hydrate")
         scored = ranking.order(pool, rows, bonuses, self.config)
         clock.lap("bonus")
-        hits = self._final(reranker, queries[0], scored, request.limit, trace)
+        hits = _final_hits(reranker, queries[0], scored, request.limit, trace)
         clock.lap("rerank")
         hits = hits[: request.limit]
         trace.candidates["returned"] = len(hits)
         trace.timings_ms["total"] = round(sum(trace.timings_ms.values()), 3)
-        self._observe(trace)
+        _observe(trace)
         return SearchResult(hits, trace, self._empty_reason(hits, request))
 
     # -- retrieval ----------------------------------------------------------------------
@@ -269,19 +269,12 @@ class Searcher:
         """One query's candidates from its lists, with the window-vector list, fused."""
         pool: dict[int, Candidate] = {}
         for name, ranked in lists.items():
-            self._add(pool, name, ranked, index, trace)
+            _add(pool, name, ranked, index, trace)
         if request.mode == "hybrid" and vector is not None and self.config.window_dense_weight:
             lists["window_dense"] = ranking.window_dense_list(vector, windows.read(pool), k)
-            self._add(pool, "window_dense", lists["window_dense"], index, trace)
+            _add(pool, "window_dense", lists["window_dense"], index, trace)
         ranking.fuse(pool, lists, self.config)
         return pool
-
-    @staticmethod
-    def _add(
-        pool: dict[int, Candidate], name: str, ranked: RankedList, index: int, trace: Trace
-    ) -> None:
-        trace.candidates[name] = trace.candidates.get(name, 0) + len(ranked)
-        ranking.add_list(pool, name, ranked, index)
 
     def _dense(self, vector: np.ndarray | None, k: int, filters: Filters) -> RankedList:
         return (
@@ -308,7 +301,7 @@ class Searcher:
             terms = rare or [min(terms, key=lambda t: counts.get(t, 0))]
         return fts_match(terms)
 
-    # -- threshold, bonuses, reranking ---------------------------------------------------
+    # -- threshold and bonuses ----------------------------------------------------------
 
     def _threshold(
         self, pool: list[Candidate], request: SearchRequest, trace: Trace
@@ -345,29 +338,6 @@ class Searcher:
             queries, request.now or datetime.now(timezone.utc), named, self.config
         )
 
-    @staticmethod
-    def _final(
-        reranker: Reranker | None, query: str, scored: list[Scored], limit: int, trace: Trace
-    ) -> list[Hit]:
-        """The hits in their final order, the head reranked when there is a reranker."""
-        if reranker is None or not scored:
-            return ranking.final_hits(scored)
-        head = scored[: ranking.rerank_count(len(scored), limit, reranker.config)]
-        trace.rerank_backend = reranker.name
-        trace.pre_rerank = [s.candidate.id for s in head]
-        trace.candidates["rerank"] = len(head)
-        outcome = reranker.rank_for_search(query, [s.message.rerank_text for s in head])
-        if outcome.fallback is not None:
-            trace.rerank_fallback = outcome.fallback
-            return ranking.final_hits(scored)
-        config = reranker.config
-        hits = ranking.final_hits(
-            scored, RerankScores(outcome.ranked, config.blend, config.min_score)
-        )
-        trace.reranked = True
-        trace.post_rerank = [h.id for h in hits if h.rerank_score is not None]
-        return hits
-
     # -- what the trace and the metrics say ------------------------------------------------
 
     def _empty_reason(self, hits: list[Hit], request: SearchRequest) -> str | None:
@@ -378,16 +348,6 @@ class Searcher:
         if request.mode != "keyword" and self.store.embedding_model() is None:
             return "messages are stored but not embedded yet; run `python bot.py embed`"
         return "no stored message matched the query and filters closely enough"
-
-    @staticmethod
-    def _observe(trace: Trace) -> None:
-        for stage, ms in trace.timings_ms.items():
-            metrics.SEARCH_LATENCY.labels(stage=stage).observe(ms / 1000)
-        if trace.threshold_mode == "adaptive":
-            metrics.ADAPTIVE_ITERATIONS.observe(trace.threshold_iterations)
-        if trace.threshold is not None:
-            metrics.FINAL_THRESHOLD.observe(trace.threshold)
-        metrics.RESULT_COUNT.observe(trace.candidates.get("returned", 0))
 
 
 class _Clock:
@@ -401,3 +361,44 @@ class _Clock:
         now = time.perf_counter()
         self.trace.timings_ms[stage] = round((now - self.last) * 1000, 3)
         self.last = now
+
+
+def _add(
+    pool: dict[int, Candidate], name: str, ranked: RankedList, index: int, trace: Trace
+) -> None:
+    """Add one ranked list to a query's pool, counting it in the trace."""
+    trace.candidates[name] = trace.candidates.get(name, 0) + len(ranked)
+    ranking.add_list(pool, name, ranked, index)
+
+
+def _final_hits(
+    reranker: Reranker | None, query: str, scored: list[Scored], limit: int, trace: Trace
+) -> list[Hit]:
+    """The hits in their final order, the head reranked when there is a reranker."""
+    if reranker is None or not scored:
+        return ranking.final_hits(scored)
+    head = scored[: ranking.rerank_count(len(scored), limit, reranker.config)]
+    trace.rerank_backend = reranker.name
+    trace.pre_rerank = [s.candidate.id for s in head]
+    trace.candidates["rerank"] = len(head)
+    outcome = reranker.rank_for_search(query, [s.message.rerank_text for s in head])
+    if outcome.fallback is not None:
+        trace.rerank_fallback = outcome.fallback
+        return ranking.final_hits(scored)
+    config = reranker.config
+    hits = ranking.final_hits(
+        scored, RerankScores(outcome.ranked, config.blend, config.min_score)
+    )
+    trace.reranked = True
+    trace.post_rerank = [h.id for h in hits if h.rerank_score is not None]
+    return hits
+
+
+def _observe(trace: Trace) -> None:
+    for stage, ms in trace.timings_ms.items():
+        metrics.SEARCH_LATENCY.labels(stage=stage).observe(ms / 1000)
+    if trace.threshold_mode == "adaptive":
+        metrics.ADAPTIVE_ITERATIONS.observe(trace.threshold_iterations)
+    if trace.threshold is not None:
+        metrics.FINAL_THRESHOLD.observe(trace.threshold)
+    metrics.RESULT_COUNT.observe(trace.candidates.get("returned", 0))

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memory.config import ConfigError, Profile, RerankerConfig, load_profile, load_profile_file
+from memory.rerank import qwen
 from memory.rerank.manager import RerankerManager
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.qwen_static import HEAD_MIN, Run, head_capacities, plan_runs
@@ -334,7 +335,7 @@ def test_failed_capture_logs_once_and_scores_on_dynamic_path(parts, config, dyna
     reranker = wrap(parts, config, buckets=BUCKETS)
     with caplog.at_level(logging.WARNING, logger="memory.rerank.qwen"):
         # A CPU build of torch has no CUDA graphs: capture raises a real error.
-        kept = reranker._captured(reranker._static)
+        kept = qwen.captured(reranker._static, reranker.device)
     assert kept is None
     assert caplog.text.count("CUDA graph capture failed") == 1
     reranker._static = kept
@@ -355,7 +356,7 @@ def test_capture_failing_midway_releases_buffers_and_never_raises(
 
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", out_of_memory)
     with caplog.at_level(logging.WARNING, logger="memory.rerank.qwen"):
-        kept = reranker._captured(static)
+        kept = qwen.captured(static, reranker.device)
         reranker._static = kept
         scores = [reranker.score(QUERY, ALL_DOCS) for _ in range(2)]
     assert kept is None and not static.heads and not static.tails and not static.graphs
