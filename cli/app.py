@@ -153,7 +153,7 @@ def search_command(settings: Settings, queries: tuple[str, ...], **options: Any)
             rerank=not options["no_rerank"],
         )
         if request.rerank:
-            _load_reranker_quietly(engine)
+            _say_if_not_reranked(engine)
         result = engine.search(request)
     finally:
         engine.close()
@@ -164,19 +164,11 @@ def search_command(settings: Settings, queries: tuple[str, ...], **options: Any)
     return 0
 
 
-def _load_reranker_quietly(engine: MemoryEngine) -> str | None:
-    """Load the reranker now; on failure say why (searches then keep the hybrid order)."""
-    service = engine.rerankers.current()
-    if service is None:
-        return "the profile has no reranker"
-    try:
-        service.load()
-    except MemoryBotError as exc:
-        log.info("reranker unavailable, searches keep the hybrid order: %s", exc)
-        # one reason per search is enough: the service would warn again on each
-        logging.getLogger("memory.reranker.service").setLevel(logging.ERROR)
-        return str(exc).splitlines()[0]
-    return None
+def _say_if_not_reranked(engine: MemoryEngine) -> None:
+    """Load the reranker now; if it cannot run, say why once (searches keep the hybrid order)."""
+    status = engine.reranker_status()
+    if status.name is not None and not status.loaded:
+        log.info("reranker unavailable, searches keep the hybrid order: %s", status.reason)
 
 
 def _channel_ids(

@@ -17,7 +17,6 @@ from cli.bench.common import Query, load_queries, score_ranking
 from cli.context import Settings, data_dir, open_engine
 from cli.output import embed_with_progress, format_result, progress_bar
 from memory.engine import MemoryEngine
-from memory.errors import MemoryBotError
 from memory.search import SearchRequest
 
 log = logging.getLogger(__name__)
@@ -78,21 +77,20 @@ def _reranker_status(engine: MemoryEngine) -> bool:
     Returns:
         Whether the reranker loaded (the demo's searches rerank only then).
     """
-    service = engine.rerankers.current()
-    if service is None:
+    status = engine.reranker_status()
+    config = engine.profile.reranker
+    if status.name is None:
         click.echo("reranker: off in this profile; results are the hybrid order")
         return False
-    try:
-        service.load()
-    except MemoryBotError as exc:
-        log.info("reranker unavailable: %s", exc)
+    if not status.loaded:
+        log.info("reranker unavailable: %s", status.reason)
         click.echo(
-            f"reranker: off ({service.config.model} is not available here); results are the "
+            f"reranker: off ({config.model} is not available here); results are the "
             "hybrid order. To turn it on, point reranker.model in the profile at a local "
             "Qwen3-Reranker folder, or use a llama-server profile."
         )
         return False
-    click.echo(f"reranker: {service.config.model} on {service.config.device}")
+    click.echo(f"reranker: {config.model} on {config.device}")
     return True
 
 

@@ -76,7 +76,7 @@ def format_result(result: SearchResult, *, debug: bool = False, width: int = 90)
         text = " ".join(h.content.split())
         text = text if len(text) <= width else text[: width - 1] + "…"
         lines.append(
-            f"{rank:>2}. score {h.score:.4f} sim {sim} bm25 {kw} bonus {h.boost:+.4f}{rr}  "
+            f"{rank:>2}. score {h.score:.4f} sim {sim} bm25 {kw} bonus {h.bonus:+.4f}{rr}  "
             f"#{h.channel_name} {when} {h.author_name}\n    {text}"
         )
     t = result.trace

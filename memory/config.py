@@ -29,7 +29,7 @@ def _profiles_dir() -> Path:
 
 PROFILES_DIR = _profiles_dir()
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
-# What the reranker is asked to judge (Qwen3-Reranker's "<Instruct>"); memory.reranker.prompt
+# What the reranker is asked to judge (Qwen3-Reranker's "<Instruct>"); memory.rerank.prompt
 # builds the prompt around it.
 DEFAULT_INSTRUCTION = (
     "Given a question or topic from a member of a chat server, judge whether this chat "
@@ -98,7 +98,7 @@ class SearchConfig:
     recency_weight: float = field(default=0.5, metadata=_range(0.0, 10.0))
     recency_decay_days: float = field(default=30.0, metadata=_range(0.001, None))
     time_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))
-    multi_query_boost: float = field(default=0.1, metadata=_range(0.0, 10.0))
+    multi_query_bonus: float = field(default=0.1, metadata=_range(0.0, 10.0))
 
 
 @dataclass(frozen=True)
@@ -280,6 +280,7 @@ _RETIRED: dict[tuple[str, str], str | None] = {
     ("reranker", "concurrency"): "parallel",
     ("reranker", "health_interval"): None,
     ("search", "member_boost"): None,  # multiplicative boosts gave way to bounded bonuses
+    ("search", "multi_query_boost"): "multi_query_bonus",  # one word: "bonus" (issue 22)
     ("search", "recency_min"): None,
     ("search", "recency_max"): None,
 }

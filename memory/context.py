@@ -1,9 +1,9 @@
 """Context assembly: retrieved messages turned into short conversations for a chat model.
 
-:func:`assemble_context` runs one search, expands every hit into a window (the hit,
+:func:`assemble_context` runs one search, expands every hit into an excerpt (the hit,
 its reply target and a few neighbours in the same channel or thread), merges
-windows that overlap, drops duplicates, and keeps the most relevant windows that
-fit a token budget.  The kept windows are shown in time order, each line numbered
+excerpts that overlap, drops duplicates, and keeps the most relevant excerpts that
+fit a token budget.  The kept excerpts are shown in time order, each line numbered
 so that a model can cite it as ``[n]``; :meth:`Context.source` maps a number back
 to the message and its jump URL.
 
@@ -131,7 +131,7 @@ class ContextLine:
 
 
 @dataclass
-class ContextWindow:
+class Excerpt:
     """A short stretch of one channel or thread around one or more hits."""
 
     channel_id: int
@@ -141,14 +141,14 @@ class ContextWindow:
 
     @property
     def span(self) -> tuple[int, int]:
-        """The first and last message id of the window's contiguous part."""
+        """The first and last message id of the excerpt's contiguous part."""
         ids = [line.id for line in self.lines if line.role != "reply"] or [
             line.id for line in self.lines
         ]
         return min(ids), max(ids)
 
     def render(self) -> str:
-        """The window under a channel header, lines in time order."""
+        """The excerpt under a channel header, lines in time order."""
         header = f"--- #{_quote(self.channel_name) or self.channel_id} ---"
         return "\n".join([header, *(line.render() for line in self.lines)])
 
@@ -159,18 +159,18 @@ class Context:
 
     Attributes:
         query: The question the search ran for.
-        windows: The kept windows, in time order, lines numbered from 1.
+        excerpts: The kept excerpts, in time order, lines numbered from 1.
         hits: The search's hits, best first (what a fallback reply lists).
         trace: The search trace, plus ``context_*`` counts in ``trace.candidates``.
         tokens: Tokens of :attr:`text` by ``counter``.
         budget_tokens: The budget it was cut to.
         counter: Name of the token counter used.
-        dropped: Hits whose windows did not fit the budget.
+        dropped: Hits whose excerpts did not fit the budget.
         empty_reason: Why nothing was found, when nothing was.
     """
 
     query: str
-    windows: list[ContextWindow]
+    excerpts: list[Excerpt]
     hits: list[Hit]
     trace: Trace
     tokens: int = 0
@@ -182,8 +182,8 @@ class Context:
 
     @property
     def lines(self) -> list[ContextLine]:
-        """Every line of every window, in the order they are numbered."""
-        return [line for window in self.windows for line in window.lines]
+        """Every line of every excerpt, in the order they are numbered."""
+        return [line for excerpt in self.excerpts for line in excerpt.lines]
 
     def source(self, number: int) -> ContextLine | None:
         """The line cited as ``[number]``, or ``None`` when no line has that number."""
@@ -191,7 +191,7 @@ class Context:
         return lines[number - 1] if 1 <= number <= len(lines) else None
 
     def __bool__(self) -> bool:
-        return bool(self.windows)
+        return bool(self.excerpts)
 
 
 def _quote(text: str) -> str:
@@ -203,9 +203,9 @@ def _quote(text: str) -> str:
     return text
 
 
-def render_windows(windows: Sequence[ContextWindow]) -> str:
-    """The quoted block: the delimiters around every window's lines."""
-    body = "\n\n".join(window.render() for window in windows)
+def render_excerpts(excerpts: Sequence[Excerpt]) -> str:
+    """The quoted block: the delimiters around every excerpt's lines."""
+    body = "\n\n".join(excerpt.render() for excerpt in excerpts)
     return f"{OPEN_TAG}\n{body}\n{CLOSE_TAG}"
 
 
@@ -221,11 +221,11 @@ def assemble_context(
     after: int = NEIGHBOURS_AFTER,
     exclude_ids: Sequence[int] = (),
 ) -> Context:
-    """Search, expand hits into windows, merge, and cut to a token budget.
+    """Search, expand hits into excerpts, merge, and cut to a token budget.
 
     Args:
         searcher: Runs the search (and so applies the allow-list inside KNN/BM25).
-        messages: Where windows are read from (the storage's messages).
+        messages: Where excerpts are read from (the storage's messages).
         query: The question.
         scope: Where to search: guild, filters, ``allowed_channel_ids``, limit;
             its ``queries`` are replaced by ``query``.
@@ -243,17 +243,17 @@ def assemble_context(
     """
     counter = counter or ApproximateTokens()
     request = replace(scope or SearchRequest(queries=(query,)), queries=(query,))
-    result = searcher.search(request)
+    result = searcher.run(request)
     excluded = set(exclude_ids)
     allowed = _allowed(request)
     hits = [h for h in result.hits if h.id not in excluded and _may_read(allowed, h.channel_id)]
-    windows = _merge(_expand(messages, hits, allowed, excluded, before, after))
-    kept, dropped = _fit(windows, budget_tokens, counter,
+    excerpts = _merge(_expand(messages, hits, allowed, excluded, before, after))
+    kept, dropped = _fit(excerpts, budget_tokens, counter,
                          {hit.id: rank for rank, hit in enumerate(hits)})
     context = _finish(query, kept, hits, result, counter, budget_tokens, dropped)
     trace = context.trace
     trace.candidates.update(
-        context_windows=len(context.windows), context_lines=len(context.lines),
+        context_excerpts=len(context.excerpts), context_lines=len(context.lines),
         context_tokens=context.tokens, context_dropped=dropped,
     )
     return context
@@ -284,9 +284,9 @@ def _expand(
     excluded: set[int],
     before: int,
     after: int,
-) -> list[ContextWindow]:
-    """One window per hit, best hit first: neighbours from the hit's own channel only."""
-    windows = []
+) -> list[Excerpt]:
+    """One excerpt per hit, best hit first: neighbours from the hit's own channel only."""
+    excerpts = []
     for rank, hit in enumerate(hits):
         ids = [i for i in messages.neighbours(hit.channel_id, hit.id, before, after)
                if i not in excluded]
@@ -308,38 +308,38 @@ def _expand(
             lines = sorted([reply, *lines], key=lambda line: line.id)
         if not any(line.id == hit.id for line in lines):
             continue  # deleted between search and expansion
-        windows.append(ContextWindow(hit.channel_id, hit.channel_name, lines, rank))
-    return windows
+        excerpts.append(Excerpt(hit.channel_id, hit.channel_name, lines, rank))
+    return excerpts
 
 
-def _merge(windows: list[ContextWindow]) -> list[ContextWindow]:
-    """Merge windows of one channel whose spans overlap; each message appears once.
+def _merge(excerpts: list[Excerpt]) -> list[Excerpt]:
+    """Merge excerpts of one channel whose spans overlap; each message appears once.
 
-    A merged window keeps the better rank.  Afterwards windows are visited best
-    first, so a reply target that two windows share stays with the more relevant.
+    A merged excerpt keeps the better rank.  Afterwards excerpts are visited best
+    first, so a reply target that two excerpts share stays with the more relevant.
     """
-    by_channel: dict[int, list[ContextWindow]] = {}
-    for window in windows:
-        by_channel.setdefault(window.channel_id, []).append(window)
-    merged: list[ContextWindow] = []
+    by_channel: dict[int, list[Excerpt]] = {}
+    for excerpt in excerpts:
+        by_channel.setdefault(excerpt.channel_id, []).append(excerpt)
+    merged: list[Excerpt] = []
     for group in by_channel.values():
         group.sort(key=lambda w: w.span)
         current = group[0]
-        for window in group[1:]:
-            if _overlap(current.span, window.span):
+        for excerpt in group[1:]:
+            if _overlap(current.span, excerpt.span):
                 current = replace(
-                    current, lines=_union(current.lines, window.lines),
-                    rank=min(current.rank, window.rank),
+                    current, lines=_union(current.lines, excerpt.lines),
+                    rank=min(current.rank, excerpt.rank),
                 )
             else:
                 merged.append(current)
-                current = window
+                current = excerpt
         merged.append(current)
-    merged.sort(key=lambda w: w.rank)
+    merged.sort(key=lambda e: e.rank)
     seen: set[int] = set()
-    for window in merged:
-        window.lines = [line for line in window.lines if line.id not in seen]
-        seen.update(line.id for line in window.lines)
+    for excerpt in merged:
+        excerpt.lines = [line for line in excerpt.lines if line.id not in seen]
+        seen.update(line.id for line in excerpt.lines)
     return [w for w in merged if any(line.role == "hit" for line in w.lines)]
 
 
@@ -351,7 +351,7 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def _union(a: list[ContextLine], b: list[ContextLine]) -> list[ContextLine]:
-    """Lines of both windows once each, in time order; a hit stays a hit."""
+    """Lines of both excerpts once each, in time order; a hit stays a hit."""
     by_id: dict[int, ContextLine] = {}
     for line in [*a, *b]:
         known = by_id.get(line.id)
@@ -361,27 +361,27 @@ def _union(a: list[ContextLine], b: list[ContextLine]) -> list[ContextLine]:
 
 
 def _fit(
-    windows: list[ContextWindow], budget: int, counter: TokenCounter, ranks: dict[int, int]
-) -> tuple[list[ContextWindow], int]:
-    """Keep the most relevant windows that fit; a window too big shrinks to its hits,
+    excerpts: list[Excerpt], budget: int, counter: TokenCounter, ranks: dict[int, int]
+) -> tuple[list[Excerpt], int]:
+    """Keep the most relevant excerpts that fit; an excerpt too big shrinks to its hits,
     and then to its best hits (``ranks``: hit id -> search rank).
 
     Returns:
-        The kept windows in time order, and how many hits did not fit.
+        The kept excerpts in time order, and how many hits did not fit.
     """
-    kept: list[ContextWindow] = []
+    kept: list[Excerpt] = []
     dropped = 0
-    for window in sorted(windows, key=lambda w: w.rank):
-        hit_lines = [ln for ln in window.lines if ln.role == "hit"]
-        hits_only = replace(window, lines=hit_lines)
+    for excerpt in sorted(excerpts, key=lambda e: e.rank):
+        hit_lines = [ln for ln in excerpt.lines if ln.role == "hit"]
+        hits_only = replace(excerpt, lines=hit_lines)
         by_rank = sorted(hit_lines, key=lambda ln: ranks.get(ln.id, len(ranks)))
         fewer = [
-            replace(window, lines=[ln for ln in hit_lines if ln in by_rank[:n]])
+            replace(excerpt, lines=[ln for ln in hit_lines if ln in by_rank[:n]])
             for n in range(len(hit_lines) - 1, 0, -1)
         ]
-        for candidate in (window, hits_only, *fewer):
+        for candidate in (excerpt, hits_only, *fewer):
             trial = _numbered(sorted([*kept, candidate], key=_first_id))
-            if counter.count(render_windows(trial)) <= budget:
+            if counter.count(render_excerpts(trial)) <= budget:
                 kept.append(candidate)
                 dropped += len(hit_lines) - sum(ln.role == "hit" for ln in candidate.lines)
                 break
@@ -390,41 +390,41 @@ def _fit(
     return sorted(kept, key=_first_id), dropped
 
 
-def _first_id(window: ContextWindow) -> int:
-    return window.lines[0].id
+def _first_id(excerpt: Excerpt) -> int:
+    return excerpt.lines[0].id
 
 
-def _numbered(windows: list[ContextWindow]) -> list[ContextWindow]:
-    """Copies of ``windows`` with their lines numbered 1, 2, ... in order."""
+def _numbered(excerpts: list[Excerpt]) -> list[Excerpt]:
+    """Copies of ``excerpts`` with their lines numbered 1, 2, ... in order."""
     number = 0
     out = []
-    for window in windows:
+    for excerpt in excerpts:
         lines = []
-        for line in window.lines:
+        for line in excerpt.lines:
             number += 1
             lines.append(replace(line, number=number))
-        out.append(replace(window, lines=lines))
+        out.append(replace(excerpt, lines=lines))
     return out
 
 
 def _finish(
     query: str,
-    kept: list[ContextWindow],
+    kept: list[Excerpt],
     hits: list[Hit],
     result: SearchResult,
     counter: TokenCounter,
     budget: int,
     dropped: int,
 ) -> Context:
-    windows = _numbered(kept)
-    text = render_windows(windows) if windows else ""
+    excerpts = _numbered(kept)
+    text = render_excerpts(excerpts) if excerpts else ""
     reason = result.empty_reason
-    if not windows and hits:
+    if not excerpts and hits:
         reason = f"the retrieved messages do not fit a budget of {budget} tokens"
-    elif not windows and reason is None:
+    elif not excerpts and reason is None:
         reason = "no stored message matched the query closely enough"
     return Context(
-        query=query, windows=windows, hits=hits, trace=result.trace,
+        query=query, excerpts=excerpts, hits=hits, trace=result.trace,
         tokens=counter.count(text) if text else 0, budget_tokens=budget,
         counter=counter.name, dropped=dropped, empty_reason=reason, text=text,
     )

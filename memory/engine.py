@@ -27,7 +27,8 @@ from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.errors import EmbeddingModelMismatch, ImportFormatError
 from memory.importer import find_exports, iter_exports
 from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
-from memory.reranker.service import RerankerManager
+from memory.rerank.manager import RerankerManager
+from memory.rerank.service import RerankerStatus
 from memory.search import Searcher, SearchRequest
 from memory.storage import Storage, claims, open_storage
 from memory.storage.contract import UpsertStats
@@ -141,12 +142,20 @@ class MemoryEngine:
         load.  A reranker that cannot load is logged; searches then run without it.
         """
         self.embedder.embed(["warm-up"])
-        service = self.rerankers.current()
-        if service is not None:
-            try:
-                service.load()
-            except Exception as exc:
-                log.warning("searches run without reranking until %s loads: %s", service.name, exc)
+        status = self.reranker_status()
+        if status.name is not None and not status.loaded:
+            log.warning("searches run without reranking until %s loads: %s",
+                        status.name, status.reason)
+
+    def reranker_status(self) -> RerankerStatus:
+        """Load the profile's reranker if it is not loaded yet, and say whether searches rerank.
+
+        Returns:
+            The backend's name (``None`` without a reranker), whether it loaded, and
+            why not.  The caller says the reason; searches that fall back for the
+            same reason then log it at debug level only.
+        """
+        return self.rerankers.status()
 
     def close(self) -> None:
         """Unload the reranker, stop the searcher's worker and close the database."""
@@ -336,7 +345,7 @@ class MemoryEngine:
             request = SearchRequest(queries=(request,), **options)
         elif options:
             request = replace(request, **options)
-        return self.searcher.search(request)
+        return self.searcher.run(request)
 
     def context_for(
         self,

@@ -1,16 +1,17 @@
 """Which members a query names: by name, display name, @mention or a close misspelling.
 
 A search gives a small bonus to messages by a member its query names
-(:mod:`memory.search`).  The names are those the guild's stored messages were
-written under; :class:`MemberNames` indexes them (again only when they change, see
-``Searcher._member_names``) so that a query is matched in time that grows with the
-query, not with the member count: a server with thousands of members who have
-spoken must not pay per member on every search (``bench member-names``).
+(:mod:`memory.search.ranking`).  The names are those the guild's stored messages
+were written under; :class:`MemberNames` indexes them (again only when they change,
+see :class:`memory.search.members.MemberIndex`) so that a query is matched in time
+that grows with the query, not with the member count: a server with thousands of
+members who have spoken must not pay per member on every search
+(``bench member-names``).
 
 - A name or display name of 3+ characters is found anywhere in the query, in any
   letter case, between non-word characters: where a case-blind regular expression
   ``(?<!\\w)name(?!\\w)`` would find it (:func:`fold` equates the letters that
-  ``re.IGNORECASE`` does, tests/test_names.py checks every cased code point).
+  ``re.IGNORECASE`` does, tests/search/test_names.py checks every cased code point).
 - A display name's first word ("Priya" of "Priya Raman") counts only capitalised,
   as written: "Will" names a member, "will" does not.
 - A word of 5+ characters close to a name of 5+ characters (``difflib`` ratio ≥ 0.85,

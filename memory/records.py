@@ -99,6 +99,11 @@ class StoredMessage:
         """The discord.com link that opens the message in the client."""
         return jump_url(self.guild_id, self.channel_id, self.id)
 
+    @property
+    def rerank_text(self) -> str:
+        """What a reranker judges: who said it and what they said."""
+        return f"{self.author_name}: {self.content}" if self.author_name else self.content
+
 
 @dataclass
 class PendingMessage(StoredMessage):
@@ -119,10 +124,10 @@ class Hit(StoredMessage):
 
     ``similarity`` is the cosine similarity to the closest query (``None`` when the
     message was found by keywords only); ``keyword_score`` is BM25 (higher is
-    better, ``None`` when not matched); ``fused`` is the fusion score before boosts;
-    ``boost`` is the bounded bonus added to it (a named member, recency, a time span
+    better, ``None`` when not matched); ``fused`` is the fusion score before bonuses;
+    ``bonus`` is the bounded bonus added to it (a named member, recency, a time span
     the query names); ``score`` is the final ranking score; ``rerank_score`` is set
-    when reranked.
+    when reranked.  How each is computed: :mod:`memory.search.ranking`.
     """
 
     similarity: float | None = None
@@ -130,15 +135,10 @@ class Hit(StoredMessage):
     dense_rank: int | None = None
     keyword_rank: int | None = None
     fused: float = 0.0
-    boost: float = 0.0
+    bonus: float = 0.0
     score: float = 0.0
     rerank_score: float | None = None
     queries_matched: int = 1
-
-    @property
-    def rerank_text(self) -> str:
-        """What the reranker judges: who said it and what they said."""
-        return f"{self.author_name}: {self.content}" if self.author_name else self.content
 
     @property
     def created(self) -> datetime:

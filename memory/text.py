@@ -28,7 +28,7 @@ QUERY_FILLER = frozenset(
 )
 
 # Chat lines made of these words alone carry no content ("noted", "lol", "looks
-# great"): a member or recency boost alone must never lift them.
+# great"): a member or recency bonus alone must never lift them.
 CHAT_FILLER = frozenset(
     """lol lmao rofl haha hahaha hah heh ok okay k kk noted thanks thank thx ty np yes
     yeah yep yup no nope nah nice cool great good looks look sure right true agreed

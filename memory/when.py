@@ -2,7 +2,7 @@
 
 :func:`parse_when` reads the few forms it can be sure of and returns the time span
 they name, relative to the search's ``now``; the search gives messages inside that
-span a bounded boost (never a filter: a guess must not hide the answer).
+span a bounded bonus (never a filter: a guess must not hide the answer).
 :func:`asks_recent` tells whether a query wants recent things at all ("latest",
 "recently"), the only case where recency ranks results.
 """

@@ -28,7 +28,7 @@ from memory.storage.sqlite.connection import connect
 
 GUILD = 111_111_111_111_111_111
 CHANNEL = 222_222_222_222_222_222
-# 2026-01-01T00:00:00Z: a fixed "now" so recency boosts are reproducible.
+# 2026-01-01T00:00:00Z: a fixed "now" so recency bonuses are reproducible.
 BASE_MS = 1_767_225_600_000
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -12,7 +12,7 @@ server it rejects a prompt longer than its context (``n_ctx`` tokens; here one t
 per UTF-8 byte) with HTTP 400.  ``mode`` switches it into a failure mode, ``delay``
 makes scoring requests slow, and every scoring request is recorded.
 
-The real server is what the backend must be right against: tests/test_llama_server_real.py
+The real server is what the backend must be right against: tests/rerank/test_llama_server_real.py
 checks the same backend against a real ``llama-server``.
 
 Usage::

@@ -21,7 +21,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from cli.bench.qwen_models import TINY_QWEN3, qwen3_config, qwen_fast_tokenizer
-from memory.reranker.prompt import (
+from memory.rerank.prompt import (
     DEFAULT_INSTRUCTION,
     PREFIX,
     QWEN_SPLIT_PATTERN,

@@ -114,7 +114,7 @@ def test_import_search_stats_embed_reembed(
     assert top["jump_url"] == (
         f"https://discord.com/channels/{MINI_GUILD}/930000000000000010/1400000000000000001")
     assert top["created"] == "2026-09-01T16:00:00+00:00"
-    assert {"similarity", "keyword_score", "fused", "boost", "score"} <= set(top)
+    assert {"similarity", "keyword_score", "fused", "bonus", "score"} <= set(top)
     assert {"candidates", "timings_ms", "threshold", "threshold_mode"} <= set(result["trace"])
 
     # a table, filtered by channel name: the parent channel includes its thread
@@ -589,7 +589,7 @@ def test_bench_retrieval_loads_a_missing_reranker_once(
 ) -> None:
     """The failed load decides at the start that `rerank` is skipped: no search of the run
     tries the model again, even with the retry interval at zero."""
-    import memory.reranker.qwen as qwen
+    import memory.rerank.qwen as qwen
 
     attempts = []
     load = qwen.QwenReranker._from_pretrained

@@ -165,3 +165,14 @@ def test_a_profile_with_the_old_multiplicative_boosts_still_loads(tmp_path: Path
     assert profile.search.member_weight == SearchConfig().member_weight
     for key in ("member_boost", "recency_min", "recency_max"):
         assert f"search.{key} is retired and ignored" in caplog.text
+
+
+def test_a_profile_with_multi_query_boost_reads_it_as_multi_query_bonus(
+    tmp_path: Path, caplog
+) -> None:
+    """Issue 22 named every bonus a bonus: the old key still loads, with a warning."""
+    path = write(tmp_path, "[search]\nmulti_query_boost = 0.3\n")
+    with caplog.at_level("WARNING", logger="memory.config"):
+        profile = load_profile(str(path))
+    assert profile.search.multi_query_bonus == 0.3
+    assert "search.multi_query_boost is retired; read as search.multi_query_bonus" in caplog.text

@@ -54,7 +54,7 @@ def test_overlapping_windows_merge_in_time_order(engine, chat):
     ctx = engine.context_for("raid 9pm", scope(), 2000)
     ids = [line.id for line in ctx.lines]
     assert len(ids) == len(set(ids)), "a message appears once"
-    windows = [w for w in ctx.windows if any(ln.id == chat["first"].id for ln in w.lines)]
+    windows = [w for w in ctx.excerpts if any(ln.id == chat["first"].id for ln in w.lines)]
     assert len(windows) == 1
     window_ids = [line.id for line in windows[0].lines]
     assert window_ids == sorted(window_ids)

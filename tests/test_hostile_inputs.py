@@ -237,7 +237,7 @@ def test_a_gpu_profile_without_the_gpu_is_one_line(
 def test_a_cuda_reranker_without_cuda_says_so_before_loading(profile: str) -> None:
     if _has("cuda"):
         pytest.skip("this machine has CUDA")
-    from memory.reranker.qwen import QwenReranker
+    from memory.rerank.qwen import QwenReranker
 
     reranker = QwenReranker(load_profile(profile).reranker)
     with pytest.raises(RerankerUnavailable) as caught:

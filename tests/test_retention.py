@@ -85,7 +85,7 @@ def test_search_and_context_hide_what_aged_past_retention_before_the_purge(
             assert old.id not in {h.id for h in hits}, (scope, mode)
             assert {h.id for h in hits} <= {reply.id, neighbour.id}
     context = engine.context_for("where is the walrus fund?", SearchRequest(queries=("x",), guild_id=GUILD))
-    quoted = [line for window in context.windows for line in window.lines]
+    quoted = [line for excerpt in context.excerpts for line in excerpt.lines]
     assert quoted and old.id not in {line.id for line in quoted}
     assert "blue tin" not in context.text
     # a search that asks for the old days explicitly gets nothing older either

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from memory.errors import RerankerUnavailable
-from memory.reranker.prompt import QWEN_SPLIT_PATTERN
+from memory.rerank.prompt import QWEN_SPLIT_PATTERN
 
 # Qwen3-Reranker-0.6B's config.json, minus what does not affect speed.
 QWEN3_RERANKER_06B = dict(

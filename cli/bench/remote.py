@@ -41,14 +41,10 @@ from cli.bench.qwen_gguf import convert, save_checkpoint
 from cli.demo import demo_dir, demo_queries
 from memory.config import RerankerConfig
 from memory.errors import RerankerUnavailable
-from memory.reranker.llama_server import (
-    RERANK_INSTRUCTION,
-    LlamaServerBackend,
-    sigmoid,
-    yes_probability,
-)
-from memory.reranker.prompt import DEFAULT_INSTRUCTION, SYSTEM_PROMPT, user_turn
-from memory.reranker.qwen import QwenReranker
+from memory.rerank.llama_answers import sigmoid, yes_probability
+from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
+from memory.rerank.prompt import DEFAULT_INSTRUCTION, SYSTEM_PROMPT, user_turn
+from memory.rerank.qwen import QwenReranker
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 with the exact Qwen3-Reranker-0.6B architecture and random weights (speed does not
 depend on the weights, and no download is needed), tokenizes one realistic chat
 query against chat-length candidates with the real Qwen vocabulary, and scores them
-side by side with several designs of :class:`memory.reranker.qwen.QwenReranker`:
+side by side with several designs of :class:`memory.rerank.qwen.QwenReranker`:
 
 * ``per-pair``: one prompt per forward pass, the way a llama-server client works;
   its float32 scores are the reference for every other variant;
@@ -12,7 +12,7 @@ side by side with several designs of :class:`memory.reranker.qwen.QwenReranker`:
 * ``prefix``: the shared head (system, instruction, query) computed once, then only
   document + suffix tokens per micro-batch;
 * the same in bfloat16 (AMX/AVX512-BF16 CPUs and GPUs) and with dynamic int8;
-* ``bucketed``: the static-shape path (:mod:`memory.reranker.qwen_static`) with the
+* ``bucketed``: the static-shape path (:mod:`memory.rerank.qwen_static`) with the
   ``cuda`` profile's buckets (``cuda-8b``'s for 4B and 8B), run eagerly, and on
   CUDA also as captured CUDA graphs (``graphs``); ``load_seconds`` includes the
   capture, and ``eager_diff`` compares with the dynamic prefix path in the same dtype.
@@ -50,9 +50,9 @@ from cli.bench.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
 from cli.bench.rerank_corpus import CANDIDATES, QUERY
 from memory.config import RerankerConfig, load_profile
 from memory.errors import ConfigError
-from memory.reranker.prompt import SUFFIX
-from memory.reranker.qwen import QwenReranker, micro_batches, resolve_device
-from memory.reranker.qwen_static import head_capacities, plan_runs
+from memory.rerank.prompt import SUFFIX
+from memory.rerank.qwen import QwenReranker, micro_batches, resolve_device
+from memory.rerank.qwen_static import head_capacities, plan_runs
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from cli.bench.common import Query, load_queries, percentile, score_ranking
 from memory.config import Profile, parse_profile
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.engine import MemoryEngine
-from memory.errors import ConfigError, MemoryBotError
+from memory.errors import ConfigError
 from memory.search import SearchRequest
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,10 @@ Progress = Callable[[int], None]
 
 # name -> request fields; "hybrid" is the full default pipeline without reranking.
 RETRIEVAL_MODES: dict[str, dict[str, Any]] = {
-    "dense": {"mode": "dense", "adaptive": False, "boosts": False, "rerank": False},
-    "keyword": {"mode": "keyword", "adaptive": False, "boosts": False, "rerank": False},
-    "fixed": {"mode": "dense", "threshold": 0.6, "boosts": False, "rerank": False},
-    "adaptive": {"mode": "dense", "adaptive": True, "boosts": False, "rerank": False},
+    "dense": {"mode": "dense", "adaptive": False, "bonuses": False, "rerank": False},
+    "keyword": {"mode": "keyword", "adaptive": False, "bonuses": False, "rerank": False},
+    "fixed": {"mode": "dense", "threshold": 0.6, "bonuses": False, "rerank": False},
+    "adaptive": {"mode": "dense", "adaptive": True, "bonuses": False, "rerank": False},
     "hybrid": {"mode": "hybrid", "rerank": False},
     "rerank": {"mode": "hybrid", "rerank": True},
 }
@@ -185,15 +185,13 @@ def run_retrieval_bench(
 
 def _reranker_missing(engine: MemoryEngine) -> str | None:
     """Why the engine's reranker cannot run (``None`` when it loaded)."""
-    service = engine.rerankers.current()
-    if service is None:
-        return "the profile has no reranker"
-    try:
-        service.load()
-    except MemoryBotError as exc:
-        log.warning("rerank mode skipped: %s", exc)
-        return str(exc).splitlines()[0]
-    return None
+    status = engine.reranker_status()
+    if status.loaded:
+        return None
+    reason = status.reason or "the reranker did not load"
+    if status.name is not None:
+        log.warning("rerank mode skipped: %s", reason)
+    return reason.splitlines()[0]
 
 
 def _run_mode(

@@ -3,7 +3,7 @@
 Small functions the search cog (:mod:`cogs.memory.search`) calls from its mention reply,
 and the helper behind its public ``await cog.context_for(...)``:
 
-* :func:`context_for` turns a message or an interaction into a context from the
+* :func:`fetch_context` turns a message or an interaction into a context from the
   engine (in a worker thread), inside the caller's channel allow-list;
 * :func:`answer_mention` replies to a mention: it streams the chat model's answer
   into one reply (edits at most about once a second), renders ``[n]`` citations as
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 MESSAGE_LIMIT = 2000
 MAX_PARTS = 3  # an answer longer than this many messages is trimmed
 EDIT_INTERVAL_S = 1.0
-CONTEXT_LIMIT = 5  # hits searched for; each grows into a window
+CONTEXT_LIMIT = 5  # hits searched for; each grows into an excerpt
 FALLBACK_HITS = 3  # hits listed when there is no model answer, as the plain mention reply
 PLACEHOLDER = "…"
 NO_MENTIONS = discord.AllowedMentions.none()
@@ -75,7 +75,7 @@ def question_text(message: discord.Message) -> str:
     return " ".join(text.split())
 
 
-async def context_for(
+async def fetch_context(
     engine: MemoryEngine,
     message_or_interaction: discord.Message | discord.Interaction,
     query: str | None = None,
@@ -96,7 +96,7 @@ async def context_for(
             (the asking member's readable channels, narrowed to what everyone in the
             reply channel can read for a public reply); ``None`` means no restriction.
         budget_tokens: Token budget of the quoted history (the profile's by default).
-        limit: Hits to search for; each grows into a window of neighbours.
+        limit: Hits to search for; each grows into an excerpt of neighbours.
         run: How to run the engine call off the loop (``run(fn, *args)``).
 
     Returns:
@@ -301,7 +301,7 @@ async def answer_mention(
     if not question:
         return None
     try:
-        context = await context_for(engine, message, question,
+        context = await fetch_context(engine, message, question,
                                     allowed_channel_ids=allowed_channel_ids, run=run)
     except MemoryBotError as exc:
         return await _reply(message, content=f"Search failed: {exc}")

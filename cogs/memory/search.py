@@ -189,7 +189,7 @@ class SearchCog(commands.Cog, name="MemoryCog"):
         if place is None and not private:
             raise SearchInputError("cannot tell who reads this channel; ask with private=True")
         readable, public = await self._scopes(member, None if private else place)
-        return await answers.context_for(
+        return await answers.fetch_context(
             self.engine, source, query, allowed_channel_ids=readable if public is None else public,
             budget_tokens=budget_tokens, run=self.runtime.searching,
         )

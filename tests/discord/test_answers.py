@@ -17,7 +17,7 @@ import pytest
 from cogs.memory.answers import (
     EditThrottle,
     answer_mention,
-    context_for,
+    fetch_context,
     hits_embed,
     render_answer,
     split_message,
@@ -25,7 +25,7 @@ from cogs.memory.answers import (
 from cogs.memory.capture import record_from_message
 from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
 from memory.config import LLMConfig, Profile
-from memory.context import Context, ContextLine, ContextWindow
+from memory.context import Context, ContextLine, Excerpt
 from memory.engine import MemoryEngine
 from memory.errors import SearchInputError
 from memory.llm import ChatClient
@@ -182,28 +182,28 @@ def interaction(harness: Harness, invoker: tuple[int, str]) -> discord.Interacti
 # -- context for other cogs -------------------------------------------------------------
 
 
-def test_context_for_a_message_keeps_to_the_allow_list(harness, world):
+def test_fetch_context_for_a_message_keeps_to_the_allow_list(harness, world):
     question = mention(harness, "when is the raid?")
     store(harness, question)
-    ctx = run(context_for(harness.engine, question, allowed_channel_ids=(GENERAL,)))
+    ctx = run(fetch_context(harness.engine, question, allowed_channel_ids=(GENERAL,)))
     shown = {line.id for line in ctx.lines}
     assert world["raid"].id in shown
     assert question.id not in shown, "the question is not its own answer"
     assert world["secret"].id not in shown and world["thread"].id not in shown
     assert "swordfish" not in ctx.text
     assert ctx.query == "when is the raid?"
-    everything = run(context_for(harness.engine, question, allowed_channel_ids=None))
+    everything = run(fetch_context(harness.engine, question, allowed_channel_ids=None))
     assert world["secret"].id in {h.id for h in everything.hits}
 
 
-def test_context_for_an_interaction_needs_a_query(harness, world):
+def test_fetch_context_for_an_interaction_needs_a_query(harness, world):
     asked = interaction(harness, ALICE)
-    ctx = run(context_for(harness.engine, asked, "raid saturday",
+    ctx = run(fetch_context(harness.engine, asked, "raid saturday",
                           allowed_channel_ids=(GENERAL, THREAD)))
     assert {line.channel_id for line in ctx.lines} <= {GENERAL, THREAD}
     assert world["raid"].id in {line.id for line in ctx.lines}
     with pytest.raises(SearchInputError, match="question"):
-        run(context_for(harness.engine, asked, allowed_channel_ids=None))
+        run(fetch_context(harness.engine, asked, allowed_channel_ids=None))
 
 
 def allow_list(harness: Harness, who: tuple[int, str], reply_in: int | None) -> frozenset[int]:
@@ -226,7 +226,7 @@ def allow_list(harness: Harness, who: tuple[int, str], reply_in: int | None) -> 
 def test_the_cogs_allow_list_decides_what_is_quoted(harness, world, standin, who, reply_in,
                                                     sees_secret):
     allowed = allow_list(harness, who, reply_in)
-    ctx = run(context_for(harness.engine, mention(harness, "raid password"),
+    ctx = run(fetch_context(harness.engine, mention(harness, "raid password"),
                           allowed_channel_ids=allowed))
     assert ("swordfish" in ctx.text) is sees_secret
     if reply_in is not None:
@@ -243,7 +243,7 @@ def test_a_custom_runner_carries_the_engine_call(harness, world):
         calls.append(args[0])
         return await asyncio.to_thread(fn, *args)
 
-    ctx = run(context_for(harness.engine, mention(harness, "raid"), allowed_channel_ids=None,
+    ctx = run(fetch_context(harness.engine, mention(harness, "raid"), allowed_channel_ids=None,
                           run=runner))
     assert calls == ["raid"] and ctx.hits
 
@@ -355,7 +355,7 @@ def tiny_context(n: int = 2) -> Context:
     lines = [ContextLine(id=i, guild_id=1, channel_id=2, channel_name="c", author_name="a",
                          created_at=0, content="x", jump_url=f"https://discord.com/channels/1/2/{i}",
                          role="hit", number=i) for i in range(1, n + 1)]
-    return Context("q", [ContextWindow(2, "c", lines, 0)], [], Trace())
+    return Context("q", [Excerpt(2, "c", lines, 0)], [], Trace())
 
 
 @pytest.mark.parametrize(

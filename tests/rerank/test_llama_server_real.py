@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,14 +23,11 @@ from cli.bench.llama_cpp import LlamaCpp, LlamaServer, locate
 from cli.bench.qwen_gguf import convert, save_checkpoint
 from cli.bench.remote import spearman
 from memory.config import RerankerConfig
-from memory.records import Hit, Trace
-from memory.reranker.llama_server import (
-    RERANK_INSTRUCTION,
-    LlamaServerBackend,
-    clean_text,
-)
-from memory.reranker.qwen import QwenReranker
-from memory.reranker.service import RerankerService
+from memory.rerank.base import Ranking
+from memory.rerank.llama_answers import clean_text
+from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
+from memory.rerank.qwen import QwenReranker
+from memory.rerank.service import RerankerService
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -204,14 +201,6 @@ def test_hostile_text_scores_like_in_process(
 # ----------------------------------------------------------------- failures
 
 
-def hits(texts: Sequence[str]) -> list[Hit]:
-    return [
-        Hit(id=i, guild_id=1, channel_id=2, author_id=3, author_name="", content=t,
-            created_at=0, score=1.0 / (i + 1))
-        for i, t in enumerate(texts)
-    ]
-
-
 def no_tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
     """Log records that carry a traceback (a fallback must log one line, not a stack)."""
     return [r.getMessage() for r in caplog.records if r.exc_info]
@@ -226,10 +215,9 @@ def test_server_killed_mid_batch_falls_back(
         backend="llama-server", url=server.url, parallel=1, max_length=4096, timeout=30.0
     )
     service = RerankerService(config)
-    outcome: list[Any] = []
-    trace = Trace()
+    outcome: list[Ranking] = []
     worker = threading.Thread(
-        target=lambda: outcome.append(service.rerank_search(QUERY, hits(slow_docs), 20, trace))
+        target=lambda: outcome.append(service.rank_for_search(QUERY, slow_docs))
     )
     try:
         worker.start()
@@ -238,9 +226,8 @@ def test_server_killed_mid_batch_falls_back(
         server.kill()
         worker.join(30)
         assert time.monotonic() - started < 10.0, "the fallback did not wait for the timeout"
-        assert outcome and [h.id for h in outcome[0]] == list(range(20))
-        assert not trace.reranked and trace.rerank_fallback
-        assert server.url in trace.rerank_fallback
+        assert outcome and outcome[0].ranked == () and outcome[0].fallback
+        assert server.url in outcome[0].fallback
         assert no_tracebacks(caplog) == []
     finally:
         server.stop()
@@ -257,20 +244,20 @@ def test_slow_one_slot_server_with_twelve_parallel_searches(
     )
     service = RerankerService(config)
     returned: list[float] = []
-    traces = [Trace() for _ in range(12)]
+    outcomes: list[Ranking] = []
 
-    def search(trace: Trace) -> None:
+    def search(index: int) -> None:
         # ~0.5 s each on one slot.  Each search has documents of its own: llama-server
         # keeps processed prompts in its RAM cache (--cache-ram), so documents another
         # search already sent would be scored from the cache within the deadline.
-        docs = [f"{id(trace)} {i} pizza " + "word " * 2500 for i in range(10)]
+        docs = [f"{index} {i} pizza " + "word " * 2500 for i in range(10)]
         started = time.monotonic()
-        service.rerank_search(QUERY, hits(docs), 10, trace)
+        outcomes.append(service.rank_for_search(QUERY, docs))
         returned.append(time.monotonic() - started)
 
     try:
         assert service.backend.start()
-        threads = [threading.Thread(target=search, args=(t,)) for t in traces]
+        threads = [threading.Thread(target=search, args=(i,)) for i in range(12)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -280,7 +267,7 @@ def test_slow_one_slot_server_with_twelve_parallel_searches(
         # return at its deadline (plus scheduling slack on a shared 2-core machine).
         assert max(returned) < timeout + 3.0, returned
         assert no_tracebacks(caplog) == []
-        assert all(t.rerank_fallback for t in traces)
+        assert len(outcomes) == 12 and all(o.fallback for o in outcomes)
         # Nothing is left running on the server for the searches that have gone.
         deadline = time.monotonic() + 3.0
         while any(s["is_processing"] for s in server.slots()) and time.monotonic() < deadline:

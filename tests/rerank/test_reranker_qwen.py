@@ -24,12 +24,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memory.config import RerankerConfig
 from memory.errors import RerankerUnavailable
-from memory.reranker.base import RerankerBackend
-from memory.reranker.prompt import DEFAULT_INSTRUCTION, SUFFIX, full_prompt, head_text
-from memory.reranker.qwen import QwenReranker, load_failure
+from memory.rerank.base import RerankerBackend
+from memory.rerank.prompt import DEFAULT_INSTRUCTION, SUFFIX, full_prompt, head_text
+from memory.rerank.qwen import QwenReranker, load_failure
 from tests.qwen_tiny import save_tiny_reranker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 TOL = 1e-4
 QUERY = "when was the raid moved to?"
@@ -317,7 +317,7 @@ def test_a_hub_model_that_is_not_cached_fails_in_one_line_offline(tmp_path, conf
     hub error, one sentence naming the fix (the process runs with HF_HUB_OFFLINE=1)."""
     script = (
         "from memory.config import RerankerConfig\n"
-        "from memory.reranker.qwen import QwenReranker\n"
+        "from memory.rerank.qwen import QwenReranker\n"
         "try:\n"
         "    QwenReranker(RerankerConfig(backend='transformers', "
         "model='Qwen/Qwen3-Reranker-0.6B')).load()\n"

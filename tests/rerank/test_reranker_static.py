@@ -24,11 +24,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memory.config import ConfigError, Profile, RerankerConfig, load_profile, load_profile_file
-from memory.reranker.qwen import QwenReranker
-from memory.reranker.qwen_static import HEAD_MIN, Run, head_capacities, plan_runs
-from memory.reranker.service import RerankerManager
+from memory.rerank import qwen
+from memory.rerank.manager import RerankerManager
+from memory.rerank.qwen import QwenReranker
+from memory.rerank.qwen_static import HEAD_MIN, Run, head_capacities, plan_runs
 from tests.qwen_tiny import save_tiny_reranker
-from tests.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close, reference_score
+from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close, reference_score
 
 FP32_TOL = 1e-5  # measured: 3.6e-7 at most
 BF16_TOL = 1e-2
@@ -278,7 +279,7 @@ def test_bfloat16_bucketed_close_to_bfloat16_dynamic(parts, config):
 def test_int8_ignores_buckets_because_padding_would_move_its_scale(parts, config, caplog):
     # Dynamic int8 picks one activation scale per batch tensor: padding rows and
     # tokens would change it (by up to 0.09 on the tiny model), so int8 stays dynamic.
-    with caplog.at_level(logging.WARNING, logger="memory.reranker.qwen"):
+    with caplog.at_level(logging.WARNING, logger="memory.rerank.qwen"):
         reranker = wrap(parts, config, buckets=BUCKETS, quantize="int8")
     assert reranker._static is None
     assert "ignored with quantize = 'int8'" in caplog.text
@@ -323,7 +324,7 @@ def test_static_steps_never_read_device_data_on_the_host(parts, config):
 
 
 def test_cuda_graphs_on_cpu_score_eagerly_and_say_so(parts, config, dynamic, caplog):
-    with caplog.at_level(logging.INFO, logger="memory.reranker.qwen"):
+    with caplog.at_level(logging.INFO, logger="memory.rerank.qwen"):
         reranker = wrap(parts, config, buckets=BUCKETS, cuda_graphs=True)
     assert "cuda_graphs is for CUDA devices" in caplog.text
     assert reranker._static is not None and not reranker._static.graphs
@@ -332,9 +333,9 @@ def test_cuda_graphs_on_cpu_score_eagerly_and_say_so(parts, config, dynamic, cap
 
 def test_failed_capture_logs_once_and_scores_on_dynamic_path(parts, config, dynamic, caplog):
     reranker = wrap(parts, config, buckets=BUCKETS)
-    with caplog.at_level(logging.WARNING, logger="memory.reranker.qwen"):
+    with caplog.at_level(logging.WARNING, logger="memory.rerank.qwen"):
         # A CPU build of torch has no CUDA graphs: capture raises a real error.
-        kept = reranker._captured(reranker._static)
+        kept = qwen.captured(reranker._static, reranker.device)
     assert kept is None
     assert caplog.text.count("CUDA graph capture failed") == 1
     reranker._static = kept
@@ -354,8 +355,8 @@ def test_capture_failing_midway_releases_buffers_and_never_raises(
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", out_of_memory)
-    with caplog.at_level(logging.WARNING, logger="memory.reranker.qwen"):
-        kept = reranker._captured(static)
+    with caplog.at_level(logging.WARNING, logger="memory.rerank.qwen"):
+        kept = qwen.captured(static, reranker.device)
         reranker._static = kept
         scores = [reranker.score(QUERY, ALL_DOCS) for _ in range(2)]
     assert kept is None and not static.heads and not static.tails and not static.graphs
@@ -377,7 +378,7 @@ def test_cpu_run_never_calls_cuda_only_torch(parts, config, dynamic, cuda_forbid
 def test_failing_static_step_falls_back_once_and_never_raises(parts, config, dynamic, caplog):
     reranker = wrap(parts, config, buckets=BUCKETS)
     reranker._static.pad_id = 10**9  # an id past the vocabulary: the embedding lookup fails
-    with caplog.at_level(logging.WARNING, logger="memory.reranker.qwen"):
+    with caplog.at_level(logging.WARNING, logger="memory.rerank.qwen"):
         first = reranker.score(QUERY, ALL_DOCS)
         second = reranker.score(QUERY, ALL_DOCS)
     assert caplog.text.count("static-shape step failed") == 1

@@ -1,8 +1,8 @@
-"""Hybrid search: hostile input, fusion, the adaptive threshold, boosts, multi-query,
+"""Hybrid search: hostile input, fusion, the adaptive threshold, bonuses, multi-query,
 filters, empty-result reasons, and the shape of hits and traces.
 
 The fake embedder makes dense similarity a function of shared words, so keyword mode
-is used where a test needs ranking ties that only a boost can break.
+is used where a test needs ranking ties that only a bonus can break.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from memory.engine import MemoryEngine
 from memory.errors import SearchInputError
 from memory.names import MemberNames
 from memory.records import MessageRecord, SearchResult, StoredMessage, ms_to_datetime
-from memory.search import MAX_QUERIES, SearchRequest, adaptive_threshold, recency
+from memory.search import MAX_QUERIES, SearchRequest, ranking
+from memory.search.ranking import adaptive_threshold, recency
 from tests.conftest import (
     BASE_MS,
     CHANNEL,
@@ -194,14 +195,14 @@ def test_fusion_modes_dedupe_and_keep_both_scores(
     others = [make_record(f"chatter about gardening and tomatoes {i}") for i in range(6)]
     engine.ingest([target, *others])
     result = engine.search("soldering iron cabinet", guild_id=GUILD, adaptive=False,
-                           boosts=False)
+                           bonuses=False)
     ids = [h.id for h in result.hits]
     assert len(ids) == len(set(ids)) == 7  # dense found all 7; the target only once
     top = result.hits[0]
     assert top.id == target.id
     assert top.similarity is not None and top.keyword_score is not None
     assert top.dense_rank == 1 and top.keyword_rank == 1
-    assert top.fused > 0 and top.score == pytest.approx(top.fused + top.boost)
+    assert top.fused > 0 and top.score == pytest.approx(top.fused + top.bonus)
     assert all(h.keyword_score is None for h in result.hits[1:])
     assert [h.score for h in result.hits] == sorted((h.score for h in result.hits), reverse=True)
 
@@ -212,7 +213,7 @@ def test_rrf_fused_score_is_reciprocal_rank(
     engine = make_engine(context="none")
     target = make_record("the soldering iron lives in the red cabinet")
     engine.ingest([target, make_record("nothing to see here")])
-    hit = engine.search("soldering iron", guild_id=GUILD, adaptive=False, boosts=False).hits[0]
+    hit = engine.search("soldering iron", guild_id=GUILD, adaptive=False, bonuses=False).hits[0]
     assert hit.id == target.id
     # first by its vector and its words; its window's words and vector add two more shares
     most = 1 + CONFIG.keyword_weight + CONFIG.window_weight + CONFIG.window_dense_weight
@@ -220,7 +221,7 @@ def test_rrf_fused_score_is_reciprocal_rank(
     plain = make_engine(context="none", window_weight=0.0, window_dense_weight=0.0,
                         db=engine.storage.database.location + ".2")
     plain.ingest([target])
-    hit = plain.search("soldering iron", guild_id=GUILD, adaptive=False, boosts=False).hits[0]
+    hit = plain.search("soldering iron", guild_id=GUILD, adaptive=False, bonuses=False).hits[0]
     assert hit.fused == pytest.approx(2 / (CONFIG.rrf_k + 1))
 
 
@@ -334,14 +335,15 @@ def test_the_floor_is_the_same_for_the_same_messages(
 
 
 @pytest.mark.parametrize(("fields", "prunes"), [
-    ({}, True), ({"boosts": False}, True),
+    ({}, True), ({"bonuses": False}, True),
     ({"queries": ("what did Sam say about the solder last week", "iron")}, None),
     # one list: ranks 11-85 are within a member bonus of rank 10, and the pool is smaller
     ({"mode": "dense"}, False), ({"mode": "keyword"}, False),
     ({"limit": 3}, None),  # (near-ties in this corpus: whether any is left out varies)
 ])
 def test_only_candidates_that_cannot_reach_the_top_are_left_unread(
-    make_engine: MakeEngine, make_record: MakeRecord, fields: dict, prunes: bool | None
+    make_engine: MakeEngine, make_record: MakeRecord, fields: dict, prunes: bool | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Leaving out candidates whose best possible score cannot reach the top changes nothing."""
     corpus = make_engine()
@@ -352,7 +354,6 @@ def test_only_candidates_that_cannot_reach_the_top_are_left_unread(
                     created_at=BASE_MS + i * 86_400_000 * 2)
         for i in range(160)
     ])
-    every = corpus.searcher._contenders
     hydrated: list[int] = []  # how many candidates each search read back
     hydrate = corpus.storage.messages.hydrate
 
@@ -366,11 +367,9 @@ def test_only_candidates_that_cannot_reach_the_top_are_left_unread(
         request = replace(SearchRequest(queries=(query,), guild_id=GUILD, now=NOW), **fields)
         pruned = corpus.search(request)
         pruned_read = hydrated[-1]
-        corpus.searcher._contenders = lambda pool, limit, context: pool  # type: ignore[method-assign]
-        try:
+        with monkeypatch.context() as patch:
+            patch.setattr(ranking, "contenders", lambda pool, limit, bonuses, config: pool)
             full = corpus.search(request)
-        finally:
-            corpus.searcher._contenders = every  # type: ignore[method-assign]
         assert [(h.id, h.score) for h in pruned.hits] == [(h.id, h.score) for h in full.hits]
         pruned_any |= pruned_read < pruned.trace.candidates["passed_threshold"]
     assert prunes is None or pruned_any == prunes
@@ -575,7 +574,7 @@ def test_exact_keyword_match_is_never_thrown_away_in_a_small_corpus(
     assert target.id in [h.id for h in result.hits]
 
 
-# -- boosts -------------------------------------------------------------------------
+# -- bonuses ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -600,14 +599,14 @@ def test_recency_only_breaks_ties_unless_the_query_asks_for_recent_things(
     result = engine.search("repair cafe saturday", guild_id=GUILD, mode="keyword", now=NOW)
     assert [h.id for h in result.hits].index(new.id) < [h.id for h in result.hits].index(old.id)
     unit = 1 / (CONFIG.rrf_k + 1)
-    assert all(0 <= h.boost < 1e-5 * unit for h in result.hits)  # a tie-breaker, nothing more
+    assert all(0 <= h.bonus < 1e-5 * unit for h in result.hits)  # a tie-breaker, nothing more
     latest = engine.search("latest on the repair cafe saturday", guild_id=GUILD, mode="keyword",
                            now=NOW)
     by_id = {h.id: h for h in latest.hits}
-    assert by_id[new.id].boost == pytest.approx(CONFIG.recency_weight * unit, rel=1e-3)
-    assert by_id[old.id].boost < 0.01 * unit
-    plain = engine.search("repair cafe saturday", guild_id=GUILD, mode="keyword", boosts=False)
-    assert {h.boost for h in plain.hits} == {0.0}
+    assert by_id[new.id].bonus == pytest.approx(CONFIG.recency_weight * unit, rel=1e-3)
+    assert by_id[old.id].bonus < 0.01 * unit
+    plain = engine.search("repair cafe saturday", guild_id=GUILD, mode="keyword", bonuses=False)
+    assert {h.bonus for h in plain.hits} == {0.0}
 
 
 @pytest.mark.parametrize("named", ["Alice", "Bobby", "<@800000000000000008>", "<@!800000000000000008>",
@@ -627,7 +626,7 @@ def test_member_named_in_query_gets_a_bounded_bonus(
     expected = "Alice" if named == "Alice" else "Bobby"
     first, second = result.hits[:2]
     assert first.author_name == expected
-    assert first.boost - second.boost == pytest.approx(CONFIG.member_weight / (CONFIG.rrf_k + 1))
+    assert first.bonus - second.bonus == pytest.approx(CONFIG.member_weight / (CONFIG.rrf_k + 1))
 
 
 def test_member_names_are_indexed_again_only_when_they_change(
@@ -638,24 +637,24 @@ def test_member_names_are_indexed_again_only_when_they_change(
     monkeypatch.setattr(MemberNames, "build", staticmethod(lambda rows: (
         built.append(rows), build(rows))[1]))
 
-    def boosted(query: str) -> set[int]:
+    def with_bonus(query: str) -> set[int]:
         result = engine.search(query, guild_id=GUILD, mode="keyword", now=NOW)
-        return {h.author_id for h in result.hits if h.boost > 1e-4}
+        return {h.author_id for h in result.hits if h.bonus > 1e-4}
 
     alice, bobby = 700000000000000007, 800000000000000008
     engine.ingest([make_record("the meeting moved to friday", author_id=alice,
                                author_name="alice.w", author_display_name="Alice")])
-    assert boosted("what did Alice say about the meeting") == {alice}
+    assert with_bonus("what did Alice say about the meeting") == {alice}
     engine.ingest([make_record("and the meeting room too", author_id=alice,  # same members
                                author_name="alice.w", author_display_name="Alice")])
-    assert boosted("what did Alice say about the meeting") == {alice}
+    assert with_bonus("what did Alice say about the meeting") == {alice}
     assert len(built) == 1
     engine.ingest([make_record("meeting notes are up", author_id=bobby,
                                author_name="bobby_t", author_display_name="Bobby")])
-    assert boosted("what did Bobby say about the meeting") == {bobby}  # a new member
+    assert with_bonus("what did Bobby say about the meeting") == {bobby}  # a new member
     engine.ingest([make_record("meeting again", author_id=alice,
                                author_name="alice.w", author_display_name="Ally")])
-    assert boosted("what did Ally say about the meeting") == {alice}  # a new name
+    assert with_bonus("what did Ally say about the meeting") == {alice}  # a new name
     assert len(built) == 3
 
 
@@ -665,12 +664,12 @@ def test_member_names_are_kept_for_at_most_64_guilds(
     engine.ingest([make_record("hello there", guild_id=GUILD + g, author_id=10 + g,
                                author_name=f"member{g}", author_display_name="")
                    for g in range(70)])
-    searcher = engine.searcher
+    members = engine.searcher.members
     for g in range(70):
-        assert searcher._named_members([f"what did member{g} say"], GUILD + g) == {10 + g}
-    assert len(searcher._members) == 64
-    assert GUILD not in searcher._members  # the first guild went first
-    assert searcher._named_members(["what did member0 say"], GUILD) == {10}
+        assert members.named([f"what did member{g} say"], GUILD + g) == {10 + g}
+    assert len(members.guilds()) == 64
+    assert GUILD not in members.guilds()  # the first guild went first
+    assert members.named(["what did member0 say"], GUILD) == {10}
 
 
 def test_member_bonus_matches_username_case_insensitively(
@@ -702,7 +701,7 @@ def test_a_bonus_never_lifts_a_content_free_line_over_a_relevant_one(
         assert ranked[0] == answer.id, mode
         for hit in result.hits:
             if hit.content in ("looks great", "noted. very noted.", "lol"):
-                assert hit.boost < 1e-5, (mode, hit.content)
+                assert hit.bonus < 1e-5, (mode, hit.content)
 
 
 # -- multi-query --------------------------------------------------------------------
@@ -727,7 +726,7 @@ def test_message_found_by_more_queries_ranks_higher(
     engine.ingest([single, double])
     result = engine.search(
         SearchRequest(queries=("apple", "zebra", "yak"), guild_id=GUILD, mode="keyword",
-                      boosts=False)
+                      bonuses=False)
     )
     assert [h.id for h in result.hits] == [double.id, single.id]
     assert [h.queries_matched for h in result.hits] == [2, 1]
@@ -880,7 +879,7 @@ def test_hit_fields(engine: MemoryEngine, make_record: MakeRecord) -> None:
 def test_trace_has_candidates_and_timings_per_stage(corpus: MemoryEngine) -> None:
     result = corpus.search("soldering iron", guild_id=GUILD, limit=3)
     trace = result.trace
-    assert {"embed", "retrieve", "fuse", "hydrate", "boost", "rerank", "total"} <= set(
+    assert {"embed", "retrieve", "fuse", "hydrate", "bonus", "rerank", "total"} <= set(
         trace.timings_ms
     )
     assert all(v >= 0 for v in trace.timings_ms.values())

@@ -2,7 +2,7 @@
 
 Qwen3-Reranker-0.6B/4B/8B are causal LMs: the relevance of a document is the
 probability that the model answers "yes" rather than "no" after the official prompt
-(:mod:`memory.reranker.prompt`).  This backend computes exactly that, but only what
+(:mod:`memory.rerank.prompt`).  This backend computes exactly that, but only what
 it needs: the base model runs to the last hidden state, the last *real* position of
 each sequence is gathered, and only the two lm_head rows of "yes" and "no" are
 applied, in float32.  Full-vocabulary logits are never materialised.
@@ -18,7 +18,7 @@ Micro-batches hold candidates of similar length (sorted), right-padded, so paddi
 never precedes a real token and cannot leak into a score.
 
 With ``buckets`` in the profile, scoring goes through the static-shape path of
-:mod:`memory.reranker.qwen_static` instead: fixed (batch, length) shapes, the head
+:mod:`memory.rerank.qwen_static` instead: fixed (batch, length) shapes, the head
 once per query, and on CUDA with ``cuda_graphs`` one CUDA graph per shape, captured
 in :meth:`QwenReranker.load` (the background worker of a profile switch) so no
 search pays for it.  If capture fails, or a static step fails later, the reason is
@@ -43,16 +43,17 @@ import torch
 from memory.config import RerankerConfig, detect_accelerator, missing_device
 from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
-from memory.reranker.kv_cache import (
+from memory.rerank import deadline
+from memory.rerank.kv_cache import (
     LayerKV,
     cache_argument,
     layer_states,
     new_cache,
     repeated_cache,
 )
-from memory.reranker.prompt import SUFFIX, document_text, head_text
-from memory.reranker.qwen_static import StaticScorer, plan_runs
-from memory.reranker.tokenizer_process import TokenizerProcess
+from memory.rerank.prompt import SUFFIX, document_text, head_text
+from memory.rerank.qwen_static import StaticScorer, plan_runs
+from memory.rerank.tokenizer_process import TokenizerProcess
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +309,7 @@ class QwenReranker:
         bias = getattr(lm_head, "bias", None)
         self._answer_bias = None if bias is None else bias.detach()[[no_id, yes_id]].float()
         if self.config.quantize == "int8":
-            model = self._quantized(model if owned else copy.deepcopy(model))
+            model = quantized(model if owned else copy.deepcopy(model), self.device, self.dtype)
         model.eval()
         self._answer_rows = rows.clone()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else no_id
@@ -316,88 +317,12 @@ class QwenReranker:
         if self.config.prefix_cache or self.config.buckets:
             self._cache_arg = cache_argument(model.model)
         self._model, self._tokenizer = model, tokenizer
-        self._static = self._static_scorer(model) if self.config.buckets else None
+        self._static = static_scorer(self, model) if self.config.buckets else None
 
-    def _static_scorer(self, model: Any) -> StaticScorer | None:
-        """Build the bucketed scorer; capture its CUDA graphs when the profile asks.
-
-        Runs inside :meth:`load`, so on a profile switch the capture happens in the
-        background worker before the new backend goes live.  Returns ``None`` (the
-        dynamic path) when the model cannot take the static path.
-        """
-        if self.config.quantize == "int8":
-            log.warning(
-                "reranker.buckets is ignored with quantize = 'int8': dynamic int8 scales "
-                "activations per batch, so padding rows would change the scores"
-            )
-            return None
-        attention = getattr(model.config, "_attn_implementation", "sdpa")
-        if attention not in ("sdpa", "eager"):
-            log.warning(
-                "reranker.buckets needs sdpa or eager attention, the model uses %s: "
-                "scoring with dynamic shapes", attention,
-            )
-            return None
+    def answer_head(self) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """The "no"/"yes" rows of the LM head (float32), their bias, and the pad id."""
         assert self._answer_rows is not None, "_install sets the answer rows first"
-        static = StaticScorer(
-            model=model, answer_rows=self._answer_rows, answer_bias=self._answer_bias,
-            pad_id=self._pad_id, buckets=self.config.buckets, max_length=self.config.max_length,
-        )
-        if not self.config.cuda_graphs:
-            return static
-        if torch.device(self.device).type != "cuda":
-            log.info("reranker.cuda_graphs is for CUDA devices; %s scores eagerly", self.device)
-            return static
-        return self._captured(static)
-
-    def _captured(self, static: StaticScorer) -> StaticScorer | None:
-        """Capture ``static``'s graphs; on any failure log once and score eagerly.
-
-        Returns ``None`` after a failure: the dynamic path, which never captured
-        anything, takes every search from then on.
-        """
-        try:
-            seconds = static.capture()
-        except Exception:  # a capture failure must never reach a search
-            log.warning(
-                "reranker CUDA graph capture failed; scoring with eager PyTorch instead",
-                exc_info=True,
-            )
-            static.release()  # half-captured graphs and their pool go before the swap
-            gc.collect()
-            if torch.device(self.device).type == "cuda":
-                torch.cuda.empty_cache()
-            return None
-        log.info(
-            "reranker CUDA graphs captured in %.1f s: head capacities %s, buckets %s",
-            seconds, list(static.capacities), [list(b) for b in static.buckets],
-        )
-        return static
-
-    def _quantized(self, model: Any) -> Any:
-        """Replace the base model's Linear layers by dynamic int8 ones (CPU only)."""
-        if torch.device(self.device).type != "cpu" or self.dtype != torch.float32:
-            raise RerankerUnavailable(
-                f"reranker.quantize = 'int8' needs device 'cpu' and dtype 'float32' or "
-                f"'auto', not {self.device}/{self.dtype}: set quantize = 'none'"
-            )
-        try:
-            from torch.ao.quantization import quantize_dynamic
-        except ImportError as exc:
-            raise RerankerUnavailable(
-                "this torch build has no torch.ao.quantization.quantize_dynamic: "
-                "set reranker.quantize = 'none'"
-            ) from exc
-        with warnings.catch_warnings():
-            # torch marks eager quantisation deprecated in favour of torchao, but
-            # 2.13 still ships it and it needs no extra dependency.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
-            model.model = quantize_dynamic(
-                model.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
-            )
-        log.info("reranker Linear layers quantised to dynamic int8")
-        return model
+        return self._answer_rows, self._answer_bias, self._pad_id
 
     # -- scoring -------------------------------------------------------------------
 
@@ -407,6 +332,8 @@ class QwenReranker:
         if static is not None and static.fits(len(encoded.head)):
             try:
                 return self._score_static(static, encoded)
+            except RerankerError:  # the deadline passed: nobody waits for the rest
+                raise
             except Exception:  # any failure here must fall back, not reach a search
                 # Logged once: the static path is dropped for the life of this model.
                 log.warning(
@@ -435,6 +362,7 @@ class QwenReranker:
         scores = [0.0] * len(encoded.tails)
         lengths = [len(encoded.tails[i]) for i in indices]
         for local in micro_batches(lengths, self.config.batch_size):
+            _stop_if_late()
             chunk = [indices[j] for j in local]
             if head_kv is None:
                 batch = [encoded.head + encoded.tails[i] for i in chunk]
@@ -481,6 +409,106 @@ class QwenReranker:
         if self._answer_bias is not None:
             logits = logits + self._answer_bias
         return torch.log_softmax(logits, dim=-1)[:, 1].exp().tolist()
+
+
+def static_scorer(reranker: QwenReranker, model: Any) -> StaticScorer | None:
+    """Build a reranker's bucketed scorer; capture its CUDA graphs when the profile asks.
+
+    Runs inside :meth:`QwenReranker.load`, so on a profile switch the capture
+    happens in the background worker before the new backend goes live.  Returns
+    ``None`` (the dynamic path) when the model cannot take the static path.
+    """
+    config = reranker.config
+    if config.quantize == "int8":
+        log.warning(
+            "reranker.buckets is ignored with quantize = 'int8': dynamic int8 scales "
+            "activations per batch, so padding rows would change the scores"
+        )
+        return None
+    attention = getattr(model.config, "_attn_implementation", "sdpa")
+    if attention not in ("sdpa", "eager"):
+        log.warning(
+            "reranker.buckets needs sdpa or eager attention, the model uses %s: "
+            "scoring with dynamic shapes", attention,
+        )
+        return None
+    rows, bias, pad_id = reranker.answer_head()
+    static = StaticScorer(
+        model=model, answer_rows=rows, answer_bias=bias,
+        pad_id=pad_id, buckets=config.buckets, max_length=config.max_length,
+    )
+    if not config.cuda_graphs:
+        return static
+    if torch.device(reranker.device).type != "cuda":
+        log.info("reranker.cuda_graphs is for CUDA devices; %s scores eagerly", reranker.device)
+        return static
+    return captured(static, reranker.device)
+
+def captured(static: StaticScorer, device: str) -> StaticScorer | None:
+    """Capture ``static``'s graphs; on any failure log once and score eagerly.
+
+    Returns ``None`` after a failure: the dynamic path, which never captured
+    anything, takes every search from then on.
+    """
+    try:
+        seconds = static.capture()
+    except Exception:  # a capture failure must never reach a search
+        log.warning(
+            "reranker CUDA graph capture failed; scoring with eager PyTorch instead",
+            exc_info=True,
+        )
+        static.release()  # half-captured graphs and their pool go before the swap
+        gc.collect()
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        return None
+    log.info(
+        "reranker CUDA graphs captured in %.1f s: head capacities %s, buckets %s",
+        seconds, list(static.capacities), [list(b) for b in static.buckets],
+    )
+    return static
+
+def quantized(model: Any, device: str, dtype: torch.dtype) -> Any:
+    """Replace the base model's Linear layers by dynamic int8 ones (CPU only).
+
+    Raises:
+        RerankerUnavailable: Not on the CPU in float32, or torch has no dynamic int8.
+    """
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        raise RerankerUnavailable(
+            f"reranker.quantize = 'int8' needs device 'cpu' and dtype 'float32' or "
+            f"'auto', not {device}/{dtype}: set quantize = 'none'"
+        )
+    try:
+        from torch.ao.quantization import quantize_dynamic
+    except ImportError as exc:
+        raise RerankerUnavailable(
+            "this torch build has no torch.ao.quantization.quantize_dynamic: "
+            "set reranker.quantize = 'none'"
+        ) from exc
+    with warnings.catch_warnings():
+        # torch marks eager quantisation deprecated in favour of torchao, but
+        # 2.13 still ships it and it needs no extra dependency.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
+        model.model = quantize_dynamic(
+            model.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
+        )
+    log.info("reranker Linear layers quantised to dynamic int8")
+    return model
+
+
+def _stop_if_late() -> None:
+    """Stop between micro-batches once the service's deadline has passed.
+
+    The search has stopped waiting by then; the next search's candidates should
+    not queue behind batches nobody reads (:mod:`memory.rerank.deadline`).
+
+    Raises:
+        RerankerError: The deadline has passed.
+    """
+    if deadline.passed():
+        raise RerankerError("the reranker's deadline passed before every batch was scored")
 
 
 def micro_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -25,7 +25,7 @@ from typing import IO, Any
 class TokenizerProcess:
     """The subset of a fast tokenizer the reranker uses, answered by a child process.
 
-    The child is a fresh interpreter (``python -m memory.reranker.tokenizer_process``),
+    The child is a fresh interpreter (``python -m memory.rerank.tokenizer_process``),
     not a ``multiprocessing`` child, so it never re-imports the caller's main module;
     requests and replies are pickled over its stdin and stdout.
 

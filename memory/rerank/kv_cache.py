@@ -1,6 +1,6 @@
 """The reranker's one door into transformers' key/value cache, public API only.
 
-Both scoring paths of :mod:`memory.reranker.qwen` run the shared prompt head
+Both scoring paths of :mod:`memory.rerank.qwen` run the shared prompt head
 (system message, instruction, query) once and score every document on top of its
 keys and values.  They reach transformers only through what its cache guide
 documents (``docs/source/en/cache_explanation.md``), the same in 4.56 and 5.x:

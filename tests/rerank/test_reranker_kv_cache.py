@@ -22,16 +22,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicCach
 
 from memory.config import RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
-from memory.reranker.kv_cache import (
+from memory.rerank.kv_cache import (
     cache_argument,
     layer_states,
     new_cache,
     prefix_cache,
     repeated_cache,
 )
-from memory.reranker.qwen import QwenReranker, load_failure
+from memory.rerank.qwen import QwenReranker, load_failure
 from tests.qwen_tiny import save_tiny_reranker
-from tests.test_reranker_qwen import DOCS, QUERY, assert_close
+from tests.rerank.test_reranker_qwen import DOCS, QUERY, assert_close
 
 
 @pytest.fixture(scope="module")

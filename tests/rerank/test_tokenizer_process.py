@@ -16,8 +16,8 @@ from transformers import AutoTokenizer
 from memory.config import Profile, RerankerConfig
 from memory.engine import MemoryEngine
 from memory.errors import RerankerUnavailable
-from memory.reranker.qwen import QwenReranker
-from memory.reranker.tokenizer_process import TokenizerProcess
+from memory.rerank.qwen import QwenReranker
+from memory.rerank.tokenizer_process import TokenizerProcess
 from tests.conftest import HashEmbedder
 from tests.qwen_tiny import save_tiny_reranker
 

@@ -72,5 +72,5 @@ def test_messages_in_the_named_span_get_a_bounded_bonus(
                            mode="keyword", now=NOW)
     assert [h.id for h in result.hits] == [may.id, june.id]
     unit = 1 / (SearchConfig().rrf_k + 1)
-    assert result.hits[0].boost - result.hits[1].boost == pytest.approx(
+    assert result.hits[0].bonus - result.hits[1].bonus == pytest.approx(
         SearchConfig().time_weight * unit, rel=1e-3)

@@ -11,7 +11,7 @@ import logging
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 
@@ -20,7 +20,7 @@ from memory.config import Profile, RerankerConfig
 from memory.engine import MemoryEngine
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.records import MessageRecord
-from memory.reranker.service import RerankerService
+from memory.rerank.service import RerankerService
 from memory.search import SearchRequest
 from tests.conftest import HashEmbedder
 from tests.fake_llama_server import FakeLlamaServer, relevance
@@ -81,17 +81,7 @@ def search(engine: MemoryEngine, **options) -> object:
     return engine.search(SearchRequest(queries=(QUERY,), guild_id=GUILD, **options))
 
 
-# -- rerank_results: the public ranking API --------------------------------------
-
-
-@dataclass
-class Doc:
-    content: str
-    rerank_score: float | None = None
-
-    @property
-    def rerank_text(self) -> str:
-        return self.content
+# -- rank: the public ranking API ---------------------------------------------------
 
 
 class WordOverlap:
@@ -114,37 +104,45 @@ class WordOverlap:
         self.closed = True
 
 
-def test_rerank_results_sorts_copies_by_score_and_keeps_originals():
+def test_rank_returns_index_score_pairs_best_first_and_leaves_its_input_alone():
     service = RerankerService(RerankerConfig(backend="transformers"), backend=WordOverlap())
-    docs = [Doc(text) for text in DOCS]
-    ranked = service.rerank_results(QUERY, docs)
-    assert [d.rerank_score for d in ranked] == sorted(
+    texts = list(DOCS)
+    ranked = service.rank(QUERY, texts)
+    assert [r.score for r in ranked] == sorted(
         (relevance(QUERY, t) for t in DOCS), reverse=True
     )
-    assert ranked[0].content in (DOCS[0], DOCS[4])
-    assert all(d.rerank_score is None for d in docs), "inputs must not be mutated"
+    assert all(r.score == relevance(QUERY, DOCS[r.item]) for r in ranked)
+    assert sorted(r.item for r in ranked) == list(range(len(DOCS)))
+    assert DOCS[ranked[0].item] in (DOCS[0], DOCS[4])
+    assert texts == DOCS, "inputs must not be mutated"
     service.close()
 
 
 @pytest.mark.parametrize("top_k, expected", [(None, 6), (2, 2), (0, 0), (50, 6)])
-def test_rerank_results_top_k(top_k, expected):
+def test_rank_top_k(top_k, expected):
     service = RerankerService(RerankerConfig(backend="transformers"), backend=WordOverlap())
-    assert len(service.rerank_results(QUERY, [Doc(t) for t in DOCS], top_k=top_k)) == expected
+    assert len(service.rank(QUERY, DOCS, top_k=top_k)) == expected
     service.close()
 
 
-def test_rerank_results_judges_each_candidates_rerank_text():
+def test_rank_judges_each_text_as_given():
     backend = WordOverlap()
     service = RerankerService(RerankerConfig(backend="transformers"), backend=backend)
-    service.rerank_results(QUERY, [Doc(t) for t in DOCS])
+    service.rank(QUERY, tuple(DOCS))
     assert backend.calls == [list(DOCS)]
+    service.close()
+
+
+def test_ties_keep_their_input_order():
+    service = RerankerService(RerankerConfig(backend="transformers"), backend=WordOverlap())
+    assert [r.item for r in service.rank("zzz", ["a", "b", "c"])] == [0, 1, 2]
     service.close()
 
 
 def test_empty_candidates_make_no_backend_call():
     backend = WordOverlap()
     service = RerankerService(RerankerConfig(backend="transformers"), backend=backend)
-    assert service.rerank_results(QUERY, []) == []
+    assert service.rank(QUERY, []) == []
     assert backend.calls == []
     service.close()
 
@@ -173,7 +171,9 @@ class Broken:
 def test_backend_failures_become_reranker_errors(result):
     service = RerankerService(RerankerConfig(backend="transformers"), backend=Broken(result))
     with pytest.raises(RerankerError):
-        service.rerank_results(QUERY, [Doc("a"), Doc("b")])
+        service.rank(QUERY, ["a", "b"])
+    outcome = service.rank_for_search(QUERY, ["a", "b"])
+    assert outcome.ranked == () and outcome.fallback
     service.close()
 
 
@@ -250,7 +250,7 @@ def test_reranker_failure_falls_back_to_retrieval_order(remote_engine, server, m
     expected = [h.id for h in search(remote_engine, rerank=False).hits]
     server.mode = mode
     errors = _error_count()
-    with caplog.at_level(logging.WARNING, logger="memory.reranker.service"):
+    with caplog.at_level(logging.WARNING, logger="memory.rerank.service"):
         result = search(remote_engine)
     assert [h.id for h in result.hits] == expected
     assert not result.trace.reranked
@@ -287,8 +287,8 @@ def test_missing_local_model_falls_back(tmp_path):
 
 
 @pytest.mark.parametrize("backend, module", [
-    ("transformers", "memory.reranker.qwen"),  # torch or transformers missing
-    ("llama-server", "memory.reranker.llama_server"),  # httpx missing
+    ("transformers", "memory.rerank.qwen"),  # torch or transformers missing
+    ("llama-server", "memory.rerank.llama_server"),  # httpx missing
 ])
 def test_a_backend_whose_packages_are_missing_never_fails_a_search(
     tmp_path, monkeypatch, backend, module
@@ -331,10 +331,10 @@ def test_switch_profile_swaps_after_load_and_keeps_inflight_on_old(remote_engine
         assert len(server.requests) == old_requests, "new searches use the new server"
         assert len(second.requests) == result.trace.candidates["rerank"]
         for _ in range(50):  # the old service is closed once idle
-            if old.backend._closed:
+            if old.backend.closed:
                 break
             time.sleep(0.05)
-        assert old.backend._closed
+        assert old.backend.closed
     assert remote_engine.storage.meta.active_profile == "remote-test"
 
 
@@ -390,7 +390,7 @@ def test_search_reranks_in_process_with_a_locally_saved_qwen3(tmp_path, tiny_mod
 
 
 def test_a_failed_model_load_is_remembered_not_retried_per_search(tmp_path, monkeypatch):
-    from memory.reranker.qwen import QwenReranker
+    from memory.rerank.qwen import QwenReranker
 
     backend = QwenReranker(RerankerConfig(backend="transformers", model=str(tmp_path / "gone")))
     with pytest.raises(RerankerError) as first:
@@ -409,7 +409,7 @@ def test_fallback_warns_once_per_cause(tmp_path, caplog):
         load_reranker=False,
     )
     engine.ingest(records())
-    with caplog.at_level(logging.DEBUG, logger="memory.reranker.service"):
+    with caplog.at_level(logging.DEBUG, logger="memory.rerank.service"):
         for _ in range(3):
             assert search(engine).trace.rerank_fallback
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -433,3 +433,17 @@ def test_metrics_are_exposed_over_http(remote_engine):
                  "memory_search_results", "memory_search_seconds"):
         assert name in body
     assert 'memory_rerank_calls_total{backend="llama-server",status="ok"}' in body
+
+
+def test_the_in_process_model_stops_between_batches_once_the_deadline_passed(tiny_model_dir):
+    from memory.rerank import deadline
+    from memory.rerank.qwen import QwenReranker
+
+    config = RerankerConfig(backend="transformers", model=str(tiny_model_dir), batch_size=1)
+    backend = QwenReranker(config)
+    try:
+        with deadline.until(time.monotonic() - 1.0), pytest.raises(RerankerError, match="deadline"):
+            backend.score(QUERY, DOCS)
+        assert len(backend.score(QUERY, DOCS)) == len(DOCS), "no deadline outside the service"
+    finally:
+        backend.close()

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from memory.reranker.kv_cache import cache_argument, layer_states, new_cache, prefix_cache
+from memory.rerank.kv_cache import cache_argument, layer_states, new_cache, prefix_cache
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class StaticScorer:
 
     Both steps call the base model's public ``forward`` with a prepared 4D attention
     mask (which transformers uses as given), explicit position ids and a
-    cache (:mod:`memory.reranker.kv_cache`): the head step fills a ``DynamicCache``
+    cache (:mod:`memory.rerank.kv_cache`): the head step fills a ``DynamicCache``
     and copies its keys and values into the static head buffers; a tail step runs on
     a prefix cache that puts them in front of its own, repeated over its batch.
 

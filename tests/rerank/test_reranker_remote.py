@@ -1,6 +1,6 @@
 """The llama-server reranker backend against a real local HTTP stand-in (no mocks).
 
-tests/test_llama_server_real.py runs the same backend against a real llama-server.
+tests/rerank/test_llama_server_real.py runs the same backend against a real llama-server.
 """
 
 from __future__ import annotations
@@ -18,19 +18,17 @@ import pytest
 from memory.config import RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import REGISTRY
-from memory.records import Hit, Trace
-from memory.reranker.base import RerankerBackend
-from memory.reranker.llama_server import (
-    RERANK_INSTRUCTION,
-    LlamaServerBackend,
+from memory.rerank.base import RerankerBackend
+from memory.rerank.llama_answers import (
     clean_text,
     parse_chat_score,
     parse_completion_score,
     parse_rerank_scores,
     yes_probability,
 )
-from memory.reranker.prompt import SYSTEM_PROMPT, chat_messages, full_prompt
-from memory.reranker.service import RerankerService
+from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
+from memory.rerank.prompt import SYSTEM_PROMPT, chat_messages, full_prompt
+from memory.rerank.service import RerankerService
 from tests.fake_llama_server import FakeLlamaServer, relevance
 
 COMPLETION = "/completion"
@@ -102,7 +100,7 @@ def wait_until(predicate: Callable[[], bool], limit: float = 5.0) -> bool:
 def test_backend_satisfies_protocol(make_backend: Factory) -> None:
     backend = make_backend()
     assert isinstance(backend, RerankerBackend)
-    assert backend.name == "llama-server" and backend.enforces_timeout
+    assert backend.name == "llama-server" and backend.concurrent
     assert backend.healthy is False and backend.last_error is None
 
 
@@ -211,7 +209,7 @@ def test_one_failing_document_is_missing_not_the_batch(
     server.mode = "poison"
     docs = [*DOCS, "POISON pizza oven recipe"]
     before = errors("http_5xx")
-    with caplog.at_level(logging.WARNING, logger="memory.reranker.llama_server"):
+    with caplog.at_level(logging.WARNING, logger="memory.rerank.llama_server"):
         scores = make_backend(endpoint=endpoint).score(QUERY, docs)
     assert scores[:-1] == pytest.approx([relevance(QUERY, d) for d in DOCS])
     assert scores[-1] == min(scores[:-1])
@@ -235,7 +233,7 @@ def test_rerank_says_its_instruction_is_fixed(
     endpoint: str, instruction: str | None, level: int | None,
 ) -> None:
     overrides = {"endpoint": endpoint} | ({"instruction": instruction} if instruction else {})
-    with caplog.at_level(logging.INFO, logger="memory.reranker.llama_server"):
+    with caplog.at_level(logging.INFO, logger="memory.rerank.llama_server"):
         make_backend(**overrides)
     notes = [r for r in caplog.records if "instruction is not used" in r.getMessage()]
     assert [r.levelno for r in notes] == ([level] if level else [])
@@ -454,9 +452,9 @@ def test_parallel_requests_are_bounded_across_callers(
 def test_service_does_not_serialise_remote_searches(
     server: FakeLlamaServer, make_backend: Factory
 ) -> None:
-    # Two searches at once on a 2-slot server: each runs in its caller's thread, so
-    # both have requests on the server at the same time (the old one-thread service
-    # pool sent the second search only after the first had finished).
+    # Two searches at once on a 2-slot server: a concurrent backend gets a service
+    # worker per call, so both have requests on the server at the same time (a
+    # one-thread service pool would send the second only after the first finished).
     server.delay = 0.3
     service = RerankerService(
         RerankerConfig(backend="llama-server", url=server.url, parallel=2, timeout=5.0),
@@ -566,25 +564,18 @@ def test_loading_server_fails_fast_then_recovers(
     assert backend.healthy is True and backend.last_error is None
 
 
-def hit(i: int, text: str) -> Hit:
-    return Hit(id=i, guild_id=1, channel_id=2, author_id=3, author_name="", content=text,
-               created_at=0, score=1.0 / (i + 1))
-
-
 def test_a_down_server_is_reported_once(
     make_backend: Factory, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = closed_port_url()
     backend = make_backend(url=url)
     service = RerankerService(RerankerConfig(backend="llama-server", url=url), backend=backend)
-    hits = [hit(i, d) for i, d in enumerate(DOCS)]
     # both loggers by name: the CLI raises the service logger's own level in-process
-    with caplog.at_level(logging.DEBUG, logger="memory.reranker"), \
-            caplog.at_level(logging.DEBUG, logger="memory.reranker.service"):
+    with caplog.at_level(logging.DEBUG, logger="memory.rerank"), \
+            caplog.at_level(logging.DEBUG, logger="memory.rerank.service"):
         for _ in range(5):
-            trace = Trace()
-            assert service.rerank_search(QUERY, hits, 3, trace) == hits
-            assert url in (trace.rerank_fallback or "")
+            outcome = service.rank_for_search(QUERY, DOCS)
+            assert outcome.ranked == () and url in (outcome.fallback or "")
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     # one from the backend (the server went away), one from the service (fallback)
     assert len(warnings) == 2 and all(url in w for w in warnings)

@@ -2,7 +2,7 @@
 
 The floors below were measured on this code with torch on CPU (2026-11-23) over the
 40 demo questions (20 added for issue 9: vague, named-member and temporal ones):
-recall@10 was 0.80 for dense (no threshold, no boosts) and 0.90 for the default
+recall@10 was 0.80 for dense (no threshold, no bonuses) and 0.90 for the default
 hybrid pipeline (windows, adaptive threshold and bonuses on, no reranker); at k=5,
 0.704 dense and 0.788 hybrid (before issue 9: 0.704 and 0.592).  The asserted floor
 is the measured value minus a margin of 0.05 (two questions' worth), so a small model
@@ -26,13 +26,13 @@ from tests.conftest import make_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_torch_thread")]
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 QUERIES = [
     json.loads(line)
     for line in (DATA / "demo-server" / "queries.jsonl").read_text(encoding="utf-8").splitlines()
     if line.strip()
 ]
-# The demo export's date: recency boosts are computed from here, not from today,
+# The demo export's date: recency bonuses are computed from here, not from today,
 # so the result does not drift as the calendar moves on.
 EXPORTED = datetime(2026, 11, 21, tzinfo=timezone.utc)
 K = 10
@@ -40,7 +40,7 @@ HYBRID_FLOOR = 0.90 - 0.05
 DENSE_FLOOR = 0.80 - 0.05
 
 MODES = {
-    "dense": {"mode": "dense", "adaptive": False, "boosts": False},
+    "dense": {"mode": "dense", "adaptive": False, "bonuses": False},
     "hybrid": {"mode": "hybrid"},
 }
 
@@ -78,7 +78,7 @@ def test_hybrid_recall_floor_and_not_worse_than_dense(demo: MemoryEngine) -> Non
     assert dense >= DENSE_FLOOR, f"dense recall@{K} {dense:.3f}"
     assert hybrid >= HYBRID_FLOOR, f"hybrid recall@{K} {hybrid:.3f}"
     assert hybrid >= dense, f"hybrid {hybrid:.3f} vs dense {dense:.3f}"
-    # issue 9: the named member and recency boosts once lifted content-free lines
+    # issue 9: the named member and recency bonuses once lifted content-free lines
     # over the answers at k=5 (hybrid 0.59 against dense 0.70 on these 40)
     dense5, hybrid5 = mean_recall(demo, "dense", 5), mean_recall(demo, "hybrid", 5)
     assert hybrid5 >= dense5, f"recall@5: hybrid {hybrid5:.3f} vs dense {dense5:.3f}"

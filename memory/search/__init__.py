@@ -1,0 +1,19 @@
+"""Search: what a search asks for, how it reads, and how it scores.
+
+* :mod:`~memory.search.request`: :class:`SearchRequest`, its validation and limits.
+* :mod:`~memory.search.searcher`: the :class:`Searcher`, I/O only -- embeds the
+  queries, reads the four ranked lists (vector KNN, message keywords, window
+  keywords, window vectors) concurrently, reads the rows, calls the reranker.
+* :mod:`~memory.search.ranking`: pure functions that decide the order and every
+  score (fusion, multi-query merge, adaptive threshold, bonuses, the rerank
+  blend).  "How is a result scored?" is answered there and by the profile's
+  ``[search]`` and ``[reranker]`` sections.
+* :mod:`~memory.search.members`: the member names a query may name, kept indexed.
+"""
+
+from __future__ import annotations
+
+from memory.search.request import MAX_LIMIT, MAX_QUERIES, MAX_QUERY_CHARS, MODES, SearchRequest
+from memory.search.searcher import Searcher
+
+__all__ = ["MAX_LIMIT", "MAX_QUERIES", "MAX_QUERY_CHARS", "MODES", "SearchRequest", "Searcher"]
