@@ -11,80 +11,29 @@ synchronous; the cog crosses into a worker thread once, at its boundary.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 from memory.config import Profile
 from memory.context import Context, TokenCounter, assemble_context, token_counter_for
 from memory.embedder import Embedder, SentenceTransformerEmbedder
-from memory.errors import EmbeddingModelMismatch, ImportFormatError
-from memory.importer import find_exports, iter_exports
+from memory.errors import EmbeddingModelMismatch
+from memory.ingest import ImportSummary, IngestStats, Progress, store_exports
 from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
 from memory.rerank.manager import RerankerManager
 from memory.rerank.service import RerankerStatus
 from memory.search import Searcher, SearchRequest
 from memory.storage import Storage, claims, open_storage
-from memory.storage.contract import UpsertStats
 from memory.text import embedding_text, needs_antecedent
 
 log = logging.getLogger(__name__)
 
-COMMIT_SECONDS = 0.5  # work per import transaction: well inside another writer's busy timeout
-Progress = Callable[[int], None]
 EMBED_CHUNK = 256  # messages fetched, encoded and written per step of the backlog
-
-
-@dataclass(frozen=True)
-class IngestStats:
-    """What an ingest did: the upsert counts plus how many vectors were written.
-
-    ``expired``: messages older than their server's retention period, not stored.
-    """
-
-    inserted: int = 0
-    updated: int = 0
-    unchanged: int = 0
-    embedded: int = 0
-    expired: int = 0
-
-
-@dataclass
-class ImportSummary:
-    """What an import of export files did.
-
-    ``skipped``: entries that are not messages; ``expired``: messages older than
-    their server's retention period, not stored; ``misplaced``: messages whose id is
-    stored in another channel (the first channel keeps it), not stored.
-    """
-
-    files: int = 0
-    inserted: int = 0
-    updated: int = 0
-    unchanged: int = 0
-    skipped: int = 0
-    embedded: int = 0
-    expired: int = 0
-    misplaced: int = 0
-    errors: list[str] = field(default_factory=list)
-
-
-class PartialImport(ImportFormatError):
-    """An export failed part-way; what was read before the damage is stored.
-
-    Attributes:
-        partial: The counts of the messages stored before the failure.
-    """
-
-    def __init__(self, message: str, partial: UpsertStats) -> None:
-        super().__init__(message)
-        self.partial = partial
 
 
 class MemoryEngine:
@@ -185,68 +134,15 @@ class MemoryEngine:
         """Store every DiscordChatExporter file under ``paths``, then embed the backlog.
 
         Unreadable files are reported in the summary, not raised, so one bad file
-        does not stop an import of many.
+        does not stop an import of many (:func:`memory.ingest.store_exports`).
 
         Raises:
             ImportFormatError: A path does not exist.
         """
-        files = find_exports(list(paths))
-        summary = ImportSummary(files=len(files))
-        for export in iter_exports(files):
-            if on_file:
-                on_file(1)
-            if isinstance(export, ImportFormatError):
-                summary.errors.append(str(export))
-                continue
-            try:
-                stats = self.upsert_in_chunks(export.records())
-            except ImportFormatError as exc:
-                summary.errors.append(str(exc))
-                stats = exc.partial if isinstance(exc, PartialImport) else UpsertStats()
-            summary.skipped += export.skipped
-            summary.inserted += stats.inserted
-            summary.updated += stats.updated
-            summary.unchanged += stats.unchanged
-            summary.expired += stats.expired
-            summary.misplaced += stats.misplaced
+        summary = store_exports(self.storage.messages, paths, on_file=on_file)
         if embed:
             summary.embedded = self.embed_pending(progress=on_embedded)
         return summary
-
-    def upsert_in_chunks(
-        self, records: Iterable[MessageRecord], *, seconds: float = COMMIT_SECONDS
-    ) -> UpsertStats:
-        """Store a stream of messages, committing about every ``seconds`` of work.
-
-        Short transactions keep a live writer (the bot, another import) from
-        waiting past its busy timeout; the chunk size adapts to the measured
-        speed.  What was committed stays if the stream fails part-way.
-
-        Raises:
-            PartialImport: The stream failed (an :class:`ImportFormatError`); its
-                ``partial`` holds the counts of what was stored before.
-        """
-        totals = UpsertStats()
-        size = 500
-        iterator = iter(records)
-        while True:
-            chunk: list[MessageRecord] = []
-            failure = None
-            try:
-                chunk.extend(itertools.islice(iterator, size))
-            except ImportFormatError as exc:  # keep what came before the damage
-                failure = exc
-            if chunk:
-                started = time.perf_counter()
-                stats = self.storage.messages.upsert(chunk)
-                totals = UpsertStats(*(a + b for a, b in zip(astuple(totals), astuple(stats))))
-                elapsed = max(time.perf_counter() - started, 1e-3)
-                size = max(50, min(20_000, int(size * seconds / elapsed)))
-            if failure is not None:
-                raise PartialImport(str(failure), totals) from failure
-            if not chunk:
-                break
-        return totals
 
     # -- forgetting: the one deletion API -----------------------------------------------
 

@@ -13,6 +13,7 @@ import pytest
 from memory.engine import MemoryEngine
 from memory.errors import ImportFormatError
 from memory.importer import find_exports, read_export
+from memory.ingest import store_in_chunks
 from memory.records import datetime_to_ms, snowflake_time_ms
 from tests.conftest import sql_rows
 
@@ -335,7 +336,8 @@ def test_a_long_import_commits_in_many_short_transactions(
     """Each transaction holds about ``seconds`` of work, so a live writer gets its turn."""
     records = [make_record(f"message number {i}") for i in range(3000)]
     before = engine.storage.database.generation
-    stats = engine.upsert_in_chunks(iter(records), seconds=1e-6)  # the smallest chunks
+    # the smallest chunks
+    stats = store_in_chunks(engine.storage.messages, iter(records), seconds=1e-6)
     assert stats.inserted == 3000
     assert engine.storage.database.generation - before >= 3000 // 500  # at least one commit per chunk
     assert engine.storage.messages.count() == 3000

@@ -36,6 +36,7 @@ from cli.bench.common import machine_description
 from cli.bench.gateway import READ, channel, guild, role, user
 from memory.config import Profile, ReconcileConfig
 from memory.engine import MemoryEngine
+from memory.ingest import store_in_chunks
 from memory.records import DISCORD_EPOCH_MS, MessageRecord
 
 GUILD = 8_000
@@ -176,7 +177,7 @@ def run_reconcile_bench(
         progress(f"storing and embedding {messages} messages")
         started = time.perf_counter()
         engine = MemoryEngine(base, profile, _RandomEmbedder(), load_reranker=False)
-        engine.upsert_in_chunks(_records(per_channel))
+        store_in_chunks(engine.storage.messages, _records(per_channel))
         engine.embed_pending()
         engine.close()
         result["setup_s"] = round(time.perf_counter() - started, 1)
