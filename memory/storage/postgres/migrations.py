@@ -217,8 +217,10 @@ def migrate(conn: Any, *, read_only: bool = False, location: str = "the database
             )
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+            _version_table(conn, location)
             # read again under the lock: another process may have migrated meanwhile
-            version = _check(schema_version(conn), location)
+            version = _check(int(conn.execute(
+                "SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]), location)
             if version < len(MIGRATIONS):
                 _apply(conn, version + 1, location)
     return len(MIGRATIONS)
@@ -246,11 +248,19 @@ def _refuse_foreign(conn: Any, location: str) -> None:
         )
 
 
-def _apply(conn: Any, number: int, location: str) -> None:
-    if number == 1:
+def _version_table(conn: Any, location: str) -> None:
+    """Create ``schema_migrations`` in a new database (under the migration lock).
+
+    Creating it, rather than asking whether it exists, also makes this session see
+    a table another process created a moment ago (a catalog lookup alone may not).
+    """
+    if conn.execute("SELECT to_regclass('schema_migrations')").fetchone()[0] is None:
         _refuse_foreign(conn, location)
-        conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
-                     "(version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                 "(version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+
+
+def _apply(conn: Any, number: int, location: str) -> None:
     log.info("applying schema migration %d to %s", number, location)
     migration = MIGRATIONS[number - 1]
     try:
