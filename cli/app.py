@@ -186,7 +186,7 @@ def _channel_ids(
         if isinstance(value, int):
             ids.append(value)
             continue
-        found = engine.store.channel_ids_named(value.lstrip("#"), guild)
+        found = engine.storage.messages.channel_ids_named(value.lstrip("#"), guild)
         if not found:
             raise SearchInputError(f"no stored channel is named {value!r}")
         ids.extend(found)
@@ -199,7 +199,7 @@ def _author_ids(
     values = list(values)
     if not values:
         return None
-    members = engine.store.members(guild)
+    members = engine.storage.messages.members(guild)
     ids: list[int] = []
     for value in values:
         text = str(value).lower()
@@ -216,14 +216,14 @@ def _author_ids(
 @click.pass_obj
 def stats_command(settings: Settings, as_json: bool) -> int:
     """Show what the database holds."""
-    from memory.store import MessageStore
+    from memory.storage import open_storage
 
     require_db(settings.db)
-    store = MessageStore(settings.db)
+    storage = open_storage(settings.db)
     try:
-        stats = asdict(store.stats())
+        stats = asdict(storage.stats())
     finally:
-        store.close()
+        storage.close()
     if as_json:
         emit_json(stats)
     else:
@@ -253,7 +253,7 @@ def reembed_command(settings: Settings) -> int:
     require_db(settings.db)
     engine = open_engine(settings, load_reranker=False, check_model=False)
     try:
-        update, bar = progress_bar(engine.store.message_count(), "re-embedding")
+        update, bar = progress_bar(engine.storage.messages.count(), "re-embedding")
         done = engine.reembed(progress=update)
         bar.close()
     finally:

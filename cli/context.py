@@ -44,14 +44,14 @@ def resolve_profile(settings: Settings, stored: str | None = None) -> Profile:
 
 def open_engine(settings: Settings, db: Path | None = None, **kwargs: Any) -> MemoryEngine:
     """Open the engine on ``db`` (default ``--db``) with the resolved profile."""
-    from memory.store import MessageStore
+    from memory.storage import open_storage
 
     path = db or settings.db
     stored = None
     if Path(path).exists():
-        store = MessageStore(path)
-        stored = store.active_profile
-        store.close()
+        storage = open_storage(path)
+        stored = storage.meta.active_profile
+        storage.close()
     return MemoryEngine(path, resolve_profile(settings, stored), **kwargs)
 
 

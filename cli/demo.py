@@ -62,7 +62,7 @@ def _import(engine: MemoryEngine) -> None:
     summary = engine.import_exports([folder], embed=False, on_file=on_file)
     bar.close()
     summary.embedded = embed_with_progress(engine)
-    stats = engine.store.stats()
+    stats = engine.storage.stats()
     click.echo(
         f"imported {summary.files} channel exports from {folder.name}/: "
         f"{summary.inserted} new messages ({summary.unchanged} unchanged), "
@@ -99,7 +99,7 @@ def _reranker_status(engine: MemoryEngine) -> bool:
 def _filtered(engine: MemoryEngine, guild_id: int, rerank: bool) -> None:
     text = "what is the wifi password or door code"
     click.echo(f"\n>>> search only #general (and its threads): {text}")
-    channels = engine.store.channel_ids_named("general", guild_id)
+    channels = engine.storage.messages.channel_ids_named("general", guild_id)
     result = engine.search(text, guild_id=guild_id, channel_ids=tuple(channels), limit=3,
                            rerank=rerank)
     click.echo(format_result(result))

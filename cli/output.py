@@ -28,7 +28,7 @@ def progress_bar(total: int, desc: str, unit: str = "msg") -> tuple[Callable[[in
 
 def embed_with_progress(engine: MemoryEngine) -> int:
     """Embed the engine's backlog behind a progress bar; returns messages embedded."""
-    update, bar = progress_bar(engine.store.pending_count(), "embedding")
+    update, bar = progress_bar(engine.storage.backlog.pending_count(), "embedding")
     try:
         return engine.embed_pending(progress=update)
     finally:

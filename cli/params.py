@@ -11,7 +11,7 @@ from typing import Any, cast
 import click
 
 from memory.errors import DatabaseFileError
-from memory.storage.sqlite.connection import refuse_url
+from memory.storage import check_location
 
 MAX_SNOWFLAKE = 2**63 - 1  # what SQLite's INTEGER holds
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -117,7 +117,7 @@ class DatabasePath(click.Path):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """Return the path, or fail on a URL (checked before ``Path`` folds its ``//``)."""
         try:
-            refuse_url(value)
+            check_location(value)
         except DatabaseFileError as exc:
             self.fail(str(exc), param, ctx)
         return super().convert(value, param, ctx)

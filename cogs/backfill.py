@@ -157,11 +157,11 @@ class Backfiller:
 
     async def walk_back(self, channel: History, progress: Progress) -> None:
         """Read ``channel`` from its saved position back to its first message."""
-        engine = self.cog.engine
+        guilds = self.cog.engine.storage.guilds
         if not self._can_read(channel):
             progress.skipped_channels += 1
             return
-        cursor = await self.cog.read(engine.backfill_cursor, channel.id)
+        cursor = await self.cog.read(guilds.backfill_cursor, channel.id)
         if cursor is not None and cursor.complete:
             return
         before = discord.Object(cursor.before_id) if cursor and cursor.before_id else None
@@ -179,7 +179,7 @@ class Backfiller:
         if page:
             await self._store(channel, page, progress)
         await self.cog.writes.run_and_wait(
-            lambda: engine.save_backfill_cursor(channel.guild.id, channel.id, None, complete=True))
+            lambda: guilds.save_backfill_cursor(channel.guild.id, channel.id, None, complete=True))
 
     async def catch_up(self, channel: History, after_id: int, progress: Progress) -> None:
         """Read what was posted in ``channel`` after message ``after_id``."""
@@ -212,9 +212,9 @@ class Backfiller:
             progress.stored += len(records)
         if save_cursor:
             oldest = min(m.id for m in page)
-            engine = self.cog.engine
+            guilds = self.cog.engine.storage.guilds
             await self.cog.writes.run_and_wait(
-                lambda: engine.save_backfill_cursor(channel.guild.id, channel.id, oldest))
+                lambda: guilds.save_backfill_cursor(channel.guild.id, channel.id, oldest))
 
     # -- start-up catch-up ---------------------------------------------------------------
 
@@ -232,7 +232,7 @@ class Backfiller:
             for place in places:
                 if isinstance(place, discord.ForumChannel) or not self._can_read(place):
                     continue
-                latest = await self.cog.read(self.cog.engine.latest_message_id, place.id)
+                latest = await self.cog.read(self.cog.engine.storage.messages.latest_id, place.id)
                 if latest is None:
                     continue  # never stored here: that is a backfill's job, not a catch-up's
                 try:

@@ -195,11 +195,13 @@ class MemoryCog(commands.Cog):
     def _apply_writes(self, batch: list[Write]) -> None:
         """Apply a batch from the write queue, in order (runs on the write thread)."""
         actions: dict[str, Callable[[list], object]] = {
-            "upsert": self.engine.upsert,
-            "edit": self.engine.apply_edits,
-            "delete": self.engine.delete,
-            "purge_channels": self.engine.purge_channels,
-            "purge_guilds": lambda ids: [self.engine.purge_guild(g) for g in ids],
+            "upsert": self.engine.storage.messages.upsert,
+            # an edit the guild would not store as a new message (a channel it no longer
+            # remembers): the stored copy is updated, or forgotten if its author opted out
+            "edit": lambda records: self.engine.storage.messages.upsert(records, insert=False),
+            "forget_messages": self.engine.forget_messages,
+            "forget_channels": self.engine.forget_channels,
+            "forget_guilds": lambda ids: [self.engine.forget_guild(g) for g in ids],
             "call": lambda calls: [call() for call in calls],
         }
         run: list[Write] = []
@@ -252,7 +254,7 @@ class MemoryCog(commands.Cog):
         if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
             return cached[1]
         try:
-            settings = await self.read(self.engine.settings, guild_id)
+            settings = await self.read(self.engine.storage.guilds.settings, guild_id)
         except Exception as exc:  # never drop a message over a settings read
             log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
             # opt-outs are enforced again where messages are written
@@ -262,7 +264,8 @@ class MemoryCog(commands.Cog):
 
     async def _update_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
         # in the write queue: retried while the database is busy, in order with the writes
-        settings = (await self._in_order(lambda: self.engine.update_settings(guild_id, **changes)))[-1]
+        settings = (await self._in_order(
+            lambda: self.engine.storage.guilds.update_settings(guild_id, **changes)))[-1]
         self._settings[guild_id] = (time.monotonic(), settings)
         return settings
 
@@ -293,7 +296,7 @@ class MemoryCog(commands.Cog):
                 settings = await self.settings(guild.id)
                 if settings.retention_days:
                     cutoff = datetime.now(timezone.utc) - timedelta(days=settings.retention_days)
-                    removed = await self.forget(self.engine.purge_older_than, guild.id, cutoff)
+                    removed = await self.forget(self.engine.forget_older_than, guild.id, cutoff)
                     if removed:
                         log.info("retention: forgot %d messages in guild %d", removed, guild.id)
             except Exception:
@@ -340,28 +343,28 @@ class MemoryCog(commands.Cog):
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
         """Forget a deleted message everywhere."""
-        self.writes.put("delete", [payload.message_id])
+        self.writes.put("forget_messages", [payload.message_id])
 
     @commands.Cog.listener()
     async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
         """Forget bulk-deleted messages everywhere."""
-        self.writes.put("delete", sorted(payload.message_ids))
+        self.writes.put("forget_messages", sorted(payload.message_ids))
 
     @commands.Cog.listener()
     async def on_guild_channel_delete(self, channel: discord.abc.GuildChannel) -> None:
         """Forget a deleted channel's messages and its threads'."""
-        self.writes.put("purge_channels", [channel.id])
+        self.writes.put("forget_channels", [channel.id])
 
     @commands.Cog.listener()
     async def on_raw_thread_delete(self, payload: discord.RawThreadDeleteEvent) -> None:
         """Forget a deleted thread's messages."""
-        self.writes.put("purge_channels", [payload.thread_id])
+        self.writes.put("forget_channels", [payload.thread_id])
 
     @commands.Cog.listener()
     async def on_guild_remove(self, guild: discord.Guild) -> None:
         """The bot left (or was removed from) a guild: forget everything from it."""
         self._settings.pop(guild.id, None)
-        self.writes.put("purge_guilds", [guild.id])
+        self.writes.put("forget_guilds", [guild.id])
 
     @commands.Cog.listener()
     async def on_ready(self) -> None:
@@ -389,7 +392,7 @@ class MemoryCog(commands.Cog):
         self, member: discord.Member, reply_channel: discord.abc.GuildChannel | discord.Thread | None
     ) -> tuple[frozenset[int], frozenset[int] | None]:
         """What ``member`` can read, and what a reply in ``reply_channel`` may quote (if any)."""
-        rows = await self.read(self.engine.store.threads, member.guild.id)
+        rows = await self.read(self.engine.storage.messages.threads, member.guild.id)
         threads = [StoredThread(*row) for row in rows]
         readable = readable_channel_ids(member, threads)
         if reply_channel is None:
@@ -570,8 +573,8 @@ class MemoryCog(commands.Cog):
         """Counts for this guild's channels the member can read, theirs, the backlog, the profile."""
         await interaction.response.defer(ephemeral=True, thinking=True)
         readable = await self.allowed_channels(_member(interaction))
-        stats = await self.read(self.engine.guild_stats, _guild_id(interaction), interaction.user.id,
-                                readable)
+        stats = await self.read(self.engine.storage.messages.guild_stats, _guild_id(interaction),
+                                interaction.user.id, readable)
         settings = await self.settings(_guild_id(interaction))
         lines = [
             f"Messages you can search here: **{stats.messages}** in {stats.channels} channels and threads",
@@ -655,7 +658,7 @@ class MemoryCog(commands.Cog):
         removed = 0
         if days:
             cutoff = datetime.now(timezone.utc) - timedelta(days=days)
-            removed = await self.forget(self.engine.purge_older_than, interaction.guild_id, cutoff)
+            removed = await self.forget(self.engine.forget_older_than, interaction.guild_id, cutoff)
         text = f"Messages are kept for {days} days" if days else "Messages are kept until deleted"
         await interaction.followup.send(f"{text}; {removed} older messages forgotten now.",
                                         ephemeral=True)
@@ -669,7 +672,7 @@ class MemoryCog(commands.Cog):
     ) -> None:
         """Delete a channel's and its threads' stored messages."""
         await interaction.response.defer(ephemeral=True, thinking=True)
-        removed = await self.forget(self.engine.purge_channels, [channel.id])
+        removed = await self.forget(self.engine.forget_channels, [channel.id])
         await interaction.followup.send(
             f"Forgot {removed} messages from {channel.mention} and its threads.", ephemeral=True)
 

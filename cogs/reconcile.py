@@ -40,7 +40,7 @@ from memory.records import ms_to_datetime
 
 if TYPE_CHECKING:
     from cogs.memory import MemoryCog
-    from memory.store import ReconcileCursor
+    from memory.storage.contract import ReconcileCursor
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +157,8 @@ class Reconciler:
 
     async def forget_left_guilds(self, progress: ReconcileProgress) -> None:
         """Forget every stored guild the bot is no longer in."""
-        store = self.cog.engine.store
-        stored = await self.cog.read(store.known_guild_ids)
+        storage = self.cog.engine.storage
+        stored = await self.cog.read(storage.messages.known_guild_ids)
         cached = {g.id for g in self.cog.bot.guilds}
         missing = [g for g in stored if g not in cached]
         if not missing:
@@ -171,8 +171,9 @@ class Reconciler:
         for guild_id in missing:
             if guild_id in member_of:
                 continue
-            removed = await self._forget(functools.partial(self.cog.engine.purge_guild, guild_id))
-            await self.cog.writes.run_and_wait(functools.partial(store.end_reconcile_run, guild_id))
+            removed = await self._forget(functools.partial(self.cog.engine.forget_guild, guild_id))
+            await self.cog.writes.run_and_wait(
+                functools.partial(storage.guilds.end_reconcile_run, guild_id))
             progress.guilds_forgotten += 1
             progress.messages_forgotten += removed
             log.info("reconcile: the bot left guild %d; forgot its %d messages", guild_id, removed)
@@ -218,15 +219,15 @@ class Reconciler:
     async def reconcile_guild(self, guild: discord.Guild, progress: ReconcileProgress) -> None:
         """Check every stored channel of ``guild``, resuming an unfinished run."""
         async with self._lock(guild.id):
-            store = self.cog.engine.store
-            run_id = await self.cog.read(store.reconcile_run, guild.id)
+            storage = self.cog.engine.storage
+            run_id = await self.cog.read(storage.guilds.reconcile_run, guild.id)
             if run_id is None:
                 run_id = int(time.time() * 1000)
                 await self.cog.writes.run_and_wait(
-                    lambda: store.begin_reconcile_run(guild.id, run_id))
+                    lambda: storage.guilds.begin_reconcile_run(guild.id, run_id))
             else:
                 progress.resumed = True
-            channels = await self.cog.read(store.channels_with_messages, guild.id)
+            channels = await self.cog.read(storage.messages.channels_with_messages, guild.id)
             progress.channels += len(channels)
             forgotten: set[int] = set()
             logged = time.monotonic()
@@ -239,15 +240,15 @@ class Reconciler:
                 else:
                     await self._reconcile_channel(guild, channel_id, run_id, progress, forgotten)
                 progress.channels_done += 1
-            await self.cog.writes.run_and_wait(lambda: store.end_reconcile_run(guild.id))
+            await self.cog.writes.run_and_wait(lambda: storage.guilds.end_reconcile_run(guild.id))
         log.info("reconciled guild %d: %s", guild.id, progress.line())
 
     async def _reconcile_channel(
         self, guild: discord.Guild, channel_id: int, run_id: int,
         progress: ReconcileProgress, forgotten: set[int],
     ) -> None:
-        store = self.cog.engine.store
-        cursor = await self.cog.read(store.reconcile_cursor, channel_id)
+        guilds = self.cog.engine.storage.guilds
+        cursor = await self.cog.read(guilds.reconcile_cursor, channel_id)
         if cursor is not None and cursor.run_id == run_id and cursor.complete:
             return
         place = await self._locate(guild, channel_id, progress)
@@ -265,7 +266,7 @@ class Reconciler:
             except discord.Forbidden:
                 progress.channels_no_access += 1
         await self.cog.writes.run_and_wait(
-            lambda: store.save_reconcile_cursor(guild.id, channel_id, run_id, None, complete=True))
+            lambda: guilds.save_reconcile_cursor(guild.id, channel_id, run_id, None, complete=True))
 
     async def _locate(
         self, guild: discord.Guild, channel_id: int, progress: ReconcileProgress
@@ -302,7 +303,7 @@ class Reconciler:
         return fetched
 
     async def _forget_channel(self, channel_id: int, progress: ReconcileProgress) -> None:
-        removed = await self._forget(lambda: self.cog.engine.purge_channels([channel_id]))
+        removed = await self._forget(lambda: self.cog.engine.forget_channels([channel_id]))
         progress.channels_forgotten += 1
         progress.messages_forgotten += removed
         log.info("reconcile: channel %d is gone; forgot its %d messages", channel_id, removed)
@@ -328,7 +329,8 @@ class Reconciler:
             return
         channel_id = place.id
         start = discord.utils.time_snowflake(ms_to_datetime(run_id))
-        low = await self.cog.read(self.cog.engine.store.recent_floor, channel_id, start, count)
+        low = await self.cog.read(self.cog.engine.storage.messages.recent_floor, channel_id, start,
+                                  count)
         upper = cursor.before_id if cursor and cursor.run_id == run_id and cursor.before_id else start
         if low is None or upper <= low:
             return
@@ -352,18 +354,18 @@ class Reconciler:
         upper: int, progress: ReconcileProgress,
     ) -> int:
         """Forget stored messages in ``[lower, upper)`` Discord did not return; save the place."""
-        store = self.cog.engine.store
+        storage = self.cog.engine.storage
         channel_id, guild_id = place.id, place.guild.id
-        stored = await self.cog.read(store.message_ids_between, channel_id, lower, upper)
+        stored = await self.cog.read(storage.messages.ids_between, channel_id, lower, upper)
         gone = sorted(set(stored).difference(seen))
         progress.messages_checked += len(stored)
         if gone:
-            removed = await self._forget(lambda: self.cog.engine.delete(gone))
+            removed = await self._forget(lambda: self.cog.engine.forget_messages(gone))
             progress.messages_forgotten += removed
             log.info("reconcile: %d messages in channel %d were deleted while the bot was away",
                      removed, channel_id)
         await self.cog.writes.run_and_wait(
-            lambda: store.save_reconcile_cursor(guild_id, channel_id, run_id, lower))
+            lambda: storage.guilds.save_reconcile_cursor(guild_id, channel_id, run_id, lower))
         return lower
 
     async def _forget(self, deletion: Callable[[], int]) -> int:

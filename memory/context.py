@@ -31,7 +31,7 @@ from typing import Protocol
 from memory.config import LLMConfig
 from memory.records import Hit, SearchResult, StoredMessage, Trace, ms_to_datetime
 from memory.search import Searcher, SearchRequest
-from memory.store import MessageStore
+from memory.storage.contract import Messages
 from memory.text import clean
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ def render_windows(windows: Sequence[ContextWindow]) -> str:
 
 def assemble_context(
     searcher: Searcher,
-    store: MessageStore,
+    messages: Messages,
     query: str,
     scope: SearchRequest | None = None,
     budget_tokens: int = 1500,
@@ -225,7 +225,7 @@ def assemble_context(
 
     Args:
         searcher: Runs the search (and so applies the allow-list inside KNN/BM25).
-        store: Where windows are read from.
+        messages: Where windows are read from (the storage's messages).
         query: The question.
         scope: Where to search: guild, filters, ``allowed_channel_ids``, limit;
             its ``queries`` are replaced by ``query``.
@@ -247,7 +247,7 @@ def assemble_context(
     excluded = set(exclude_ids)
     allowed = _allowed(request)
     hits = [h for h in result.hits if h.id not in excluded and _may_read(allowed, h.channel_id)]
-    windows = _merge(_expand(store, hits, allowed, excluded, before, after))
+    windows = _merge(_expand(messages, hits, allowed, excluded, before, after))
     kept, dropped = _fit(windows, budget_tokens, counter,
                          {hit.id: rank for rank, hit in enumerate(hits)})
     context = _finish(query, kept, hits, result, counter, budget_tokens, dropped)
@@ -278,7 +278,7 @@ def _line(message: StoredMessage, role: str) -> ContextLine:
 
 
 def _expand(
-    store: MessageStore,
+    messages: Messages,
     hits: list[Hit],
     allowed: frozenset[int] | None,
     excluded: set[int],
@@ -288,12 +288,12 @@ def _expand(
     """One window per hit, best hit first: neighbours from the hit's own channel only."""
     windows = []
     for rank, hit in enumerate(hits):
-        ids = [i for i in store.channel_window(hit.channel_id, hit.id, before, after)
+        ids = [i for i in messages.neighbours(hit.channel_id, hit.id, before, after)
                if i not in excluded]
-        rows = store.hydrate(ids)
+        rows = messages.hydrate(ids)
         reply = None
         if hit.reply_to_id is not None and hit.reply_to_id not in rows:
-            target = store.hydrate([hit.reply_to_id]).get(hit.reply_to_id)
+            target = messages.hydrate([hit.reply_to_id]).get(hit.reply_to_id)
             # a reply target is read only where the member may read; a cross-guild
             # or unlisted channel's message never enters the context
             if (target and target.guild_id == hit.guild_id

@@ -1,9 +1,12 @@
 """The memory engine: one object the CLI and the Discord cog talk to.
 
-It owns the store, the embedder, the searcher and the active reranker, and exposes
-the few operations a caller needs: ingest, embed the backlog, search, delete,
-re-embed, and switch hardware profile.  Everything here is synchronous; the cog
-crosses into a worker thread once, at its boundary.
+It composes the storage (:mod:`memory.storage`), the embedder, the searcher and the
+active reranker, and does what takes more than one of them: ingest and import (store,
+then embed), embed the backlog, re-embed, search, retrieve context for a chat model,
+forget, and switch hardware profile.  What needs the storage alone is asked of it
+directly: ``engine.storage.<noun>.<method>`` (``engine.storage.guilds.settings(g)``).
+Every deletion goes through the engine's ``forget_*`` methods.  Everything here is
+synchronous; the cog crosses into a worker thread once, at its boundary.
 """
 
 from __future__ import annotations
@@ -26,9 +29,8 @@ from memory.importer import find_exports, iter_exports
 from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
 from memory.reranker.service import RerankerManager
 from memory.search import Searcher, SearchRequest
-from memory.settings import GuildSettings
-from memory.storage import claims
-from memory.store import BackfillCursor, GuildStats, MessageStore, UpsertStats
+from memory.storage import Storage, claims, open_storage
+from memory.storage.contract import UpsertStats
 from memory.text import embedding_text, needs_antecedent
 
 log = logging.getLogger(__name__)
@@ -87,8 +89,11 @@ class PartialImport(ImportFormatError):
 class MemoryEngine:
     """Store, embed and search a Discord server's messages.
 
+    Attributes:
+        storage: The database, one attribute per noun (:mod:`memory.storage.contract`).
+
     Args:
-        db_path: The SQLite file (created if missing).
+        db_path: Where the database is (an SQLite file, created if missing).
         profile: The hardware profile; each component gets its own section.
         embedder: Override the profile's embedder (tests pass a deterministic fake).
         load_reranker: Start loading the profile's reranker in the background now.
@@ -109,23 +114,23 @@ class MemoryEngine:
         check_model: bool = True,
     ) -> None:
         self.profile = profile
-        self.store = MessageStore(db_path)
+        self.storage: Storage = open_storage(db_path)
         self.embedder = embedder or SentenceTransformerEmbedder(profile.embedder)
         if check_model:
             self._check_model()
-            self.store.model = self.embedder.model_id  # a reembed elsewhere is noticed
+            self.storage.meta.model = self.embedder.model_id  # a reembed elsewhere is noticed
         self.rerankers = RerankerManager(profile, load=load_reranker)
         self.searcher = Searcher(
-            self.store, self.embedder, profile.search, reranker=self.rerankers.current
+            self.storage, self.embedder, profile.search, reranker=self.rerankers.current
         )
         self._token_counter: TokenCounter | None = None
 
     def _check_model(self) -> None:
-        stored = self.store.embedding_model()
+        stored = self.storage.meta.embedding_model()
         if stored is not None and stored[0] != self.embedder.model_id:
             raise EmbeddingModelMismatch(
-                f"{self.store.path} was embedded with {stored[0]} but the profile uses "
-                f"{self.embedder.model_id}; run `python bot.py reembed` to re-embed every "
+                f"{self.storage.database.location} was embedded with {stored[0]} but the profile "
+                f"uses {self.embedder.model_id}; run `python bot.py reembed` to re-embed every "
                 "message with the new model"
             )
 
@@ -147,7 +152,7 @@ class MemoryEngine:
         """Unload the reranker, stop the searcher's worker and close the database."""
         self.rerankers.close()
         self.searcher.close()
-        self.store.close()
+        self.storage.close()
 
     # -- writes -----------------------------------------------------------------------
 
@@ -156,7 +161,7 @@ class MemoryEngine:
         progress: Progress | None = None,
     ) -> IngestStats:
         """Store messages, then embed whatever is pending (the new ones and any backlog)."""
-        stats = self.store.upsert(records)
+        stats = self.storage.messages.upsert(records)
         embedded = self.embed_pending(progress=progress) if embed else 0
         return IngestStats(stats.inserted, stats.updated, stats.unchanged, embedded, stats.expired)
 
@@ -224,7 +229,7 @@ class MemoryEngine:
                 failure = exc
             if chunk:
                 started = time.perf_counter()
-                stats = self.store.upsert(chunk)
+                stats = self.storage.messages.upsert(chunk)
                 totals = UpsertStats(*(a + b for a, b in zip(astuple(totals), astuple(stats))))
                 elapsed = max(time.perf_counter() - started, 1e-3)
                 size = max(50, min(20_000, int(size * seconds / elapsed)))
@@ -234,30 +239,23 @@ class MemoryEngine:
                 break
         return totals
 
-    def upsert(self, records: Iterable[MessageRecord]) -> UpsertStats:
-        """Store messages without embedding them (they join the backlog)."""
-        return self.store.upsert(records)
+    # -- forgetting: the one deletion API -----------------------------------------------
 
-    def apply_edits(self, records: Iterable[MessageRecord]) -> UpsertStats:
-        """Apply edits to messages already stored; never store a new one.
+    def forget_messages(self, message_ids: Iterable[int]) -> int:
+        """Forget messages everywhere (table, keyword index, vectors); they stay forgotten.
 
-        For an edit the guild would not store as a new message (a channel it no
-        longer remembers): the stored copy is updated, or forgotten when its
-        author opted out (see :meth:`MessageStore.upsert`).
+        Returns:
+            How many stored messages were removed.
         """
-        return self.store.upsert(records, insert=False)
+        return self.storage.forgetting.forget_messages(message_ids)
 
-    def delete(self, message_ids: Iterable[int]) -> int:
-        """Forget messages everywhere (table, FTS index, vectors); they stay forgotten."""
-        return self.store.delete(message_ids)
-
-    def purge_channels(self, channel_ids: Iterable[int]) -> int:
+    def forget_channels(self, channel_ids: Iterable[int]) -> int:
         """Forget every message of these channels and their threads."""
-        return self.store.purge_channels(channel_ids)
+        return self.storage.forgetting.forget_channels(channel_ids)
 
-    def purge_guild(self, guild_id: int) -> int:
+    def forget_guild(self, guild_id: int) -> int:
         """Forget everything from a guild, its settings included."""
-        return self.store.purge_guild(guild_id)
+        return self.storage.forgetting.forget_guild(guild_id)
 
     def forget_member(self, guild_id: int, author_id: int) -> int:
         """Forget a member in one guild: their messages and name, and (opted out) their next ones.
@@ -265,39 +263,13 @@ class MemoryEngine:
         Returns:
             How many messages were removed.
         """
-        return self.store.forget_author(guild_id, author_id)
+        return self.storage.forgetting.forget_member(guild_id, author_id)
 
-    def purge_older_than(self, guild_id: int, cutoff: datetime) -> int:
+    def forget_older_than(self, guild_id: int, cutoff: datetime) -> int:
         """Forget a guild's messages older than ``cutoff`` (its retention period)."""
-        return self.store.purge_older_than(guild_id, datetime_to_ms(cutoff))
+        return self.storage.forgetting.forget_older_than(guild_id, datetime_to_ms(cutoff))
 
-    def settings(self, guild_id: int) -> GuildSettings:
-        """A guild's settings (see :class:`memory.settings.GuildSettings`)."""
-        return self.store.guild_settings(guild_id)
-
-    def update_settings(self, guild_id: int, **changes) -> GuildSettings:
-        """Change a guild's settings; see :meth:`MessageStore.update_guild_settings`."""
-        return self.store.update_guild_settings(guild_id, **changes)
-
-    def guild_stats(
-        self, guild_id: int, author_id: int | None = None, channel_ids: Iterable[int] | None = None
-    ) -> GuildStats:
-        """Stored counts for one guild (and one member in it), optionally only in some channels."""
-        return self.store.guild_stats(guild_id, author_id, channel_ids)
-
-    def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:
-        """How far a backfill of a channel got."""
-        return self.store.backfill_cursor(channel_id)
-
-    def save_backfill_cursor(
-        self, guild_id: int, channel_id: int, before_id: int | None, *, complete: bool = False
-    ) -> None:
-        """Record a backfill's progress in a channel."""
-        self.store.save_backfill_cursor(guild_id, channel_id, before_id, complete=complete)
-
-    def latest_message_id(self, channel_id: int) -> int | None:
-        """The newest stored message in a channel, where a catch-up starts."""
-        return self.store.latest_message_id(channel_id)
+    # -- embedding ----------------------------------------------------------------------
 
     def embed_pending(
         self, *, progress: Progress | None = None, stop: threading.Event | None = None
@@ -315,22 +287,23 @@ class MemoryEngine:
         Returns:
             How many messages were embedded.
         """
-        if self.store.pending_count() == 0:
+        backlog = self.storage.backlog
+        if backlog.pending_count() == 0:
             return 0
-        self.store.set_embedding_model(self.embedder.model_id, self.embedder.dimension)
+        self.storage.meta.bind_model(self.embedder.model_id, self.embedder.dimension)
         owner = claims.process_owner()  # concurrent embedders stay off each other's batches
         done = 0
         try:
             while not (stop is not None and stop.is_set()) and (
-                batch := self.store.claim(EMBED_CHUNK, owner=owner)
+                batch := backlog.claim(EMBED_CHUNK, owner=owner)
             ):
                 vectors = self.embedder.embed([self.embedding_text(m) for m in batch])
-                self.store.write_vectors(batch, vectors, owner=owner)
+                backlog.write_vectors(batch, vectors, owner=owner)
                 done += len(batch)
                 if progress:
                     progress(len(batch))
         finally:
-            self.store.release(owner)
+            backlog.release(owner)
         log.info("embedded %d messages", done)
         return done
 
@@ -347,8 +320,8 @@ class MemoryEngine:
         )
 
     def reembed(self, *, progress: Progress | None = None) -> int:
-        """Drop every vector, bind the store to the current embedder, embed all again."""
-        self.store.reset_embeddings(self.embedder.model_id, self.embedder.dimension)
+        """Drop every vector, bind the storage to the current embedder, embed all again."""
+        self.storage.meta.reset_embeddings(self.embedder.model_id, self.embedder.dimension)
         return self.embed_pending(progress=progress)
 
     # -- reads ------------------------------------------------------------------------
@@ -390,7 +363,7 @@ class MemoryEngine:
             SearchInputError: The query or scope is malformed.
         """
         return assemble_context(
-            self.searcher, self.store, query, scope,
+            self.searcher, self.storage.messages, query, scope,
             budget_tokens or self.profile.llm.context_tokens,
             counter=self.token_counter, exclude_ids=tuple(exclude_ids),
         )
@@ -421,4 +394,4 @@ class MemoryEngine:
         self.profile = replace(self.profile, reranker=profile.reranker, llm=profile.llm,
                                name=profile.name)
         self._token_counter = None  # the chat model may have changed
-        self.store.active_profile = profile.name
+        self.storage.meta.active_profile = profile.name

@@ -6,7 +6,7 @@ by their own vector (KNN), by their own words and author (BM25), by the words of
 their conversational window (BM25, :mod:`memory.storage.sqlite.windows`) and by the mean vector of
 that window (stored per message; looked up for the candidates the other lists
 found).  The two keyword lists (and the window vectors of what they found) are read
-on the store's second connection while the query is embedded and the vector KNN
+on the storage's second connection while the query is embedded and the vector KNN
 runs on the first (torch and SQLite release the GIL).  Reciprocal rank fusion
 merges the lists; an adaptive similarity threshold over that one pool (never
 re-querying) drops what is too far, with a floor calibrated to the guild's own
@@ -39,8 +39,8 @@ from memory.filters import Filters
 from memory.names import MemberNames
 from memory.records import Hit, SearchResult, StoredMessage, Trace, datetime_to_ms
 from memory.reranker.base import Reranker, RerankerProvider
-from memory.store import MessageStore
-from memory.text import content_words, fts_match, query_terms
+from memory.storage.contract import Storage, VectorIndex
+from memory.text import content_words, query_terms
 from memory.when import TimeSpan, asks_recent, parse_when
 
 log = logging.getLogger(__name__)
@@ -181,8 +181,8 @@ def recency(age_days: float, config: SearchConfig) -> float:
 class _WindowVectors:
     """The window vectors one search has read so far, and which ids it asked for."""
 
-    def __init__(self, store: MessageStore) -> None:
-        self._store = store
+    def __init__(self, vectors: VectorIndex) -> None:
+        self._index = vectors
         self._asked: set[int] = set()
         self._vectors: dict[int, np.ndarray] = {}
 
@@ -191,7 +191,7 @@ class _WindowVectors:
         ids = list(ids)
         new = [i for i in ids if i not in self._asked]
         self._asked.update(new)
-        self._vectors.update(self._store.window_vectors(new, beside=beside))
+        self._vectors.update(self._index.window_vectors(new, beside=beside))
         return {i: self._vectors[i] for i in ids if i in self._vectors}
 
 
@@ -211,11 +211,11 @@ class _BoostContext:
 
 
 class Searcher:
-    """Runs searches against a :class:`MessageStore` with one embedder.
+    """Runs searches against a :class:`~memory.storage.contract.Storage` with one embedder.
 
     Args:
-        store: Where the messages and vectors are.
-        embedder: The model the store was embedded with.
+        storage: Where the messages and vectors are.
+        embedder: The model the storage was embedded with.
         config: The profile's ``[search]`` section.
         reranker: Returns the reranker to use now (``None``: reranking is off); a
             callable so an admin's profile switch takes effect for the next search.
@@ -223,16 +223,16 @@ class Searcher:
 
     def __init__(
         self,
-        store: MessageStore,
+        storage: Storage,
         embedder: Embedder,
         config: SearchConfig,
         reranker: RerankerProvider | None = None,
     ) -> None:
-        self.store = store
+        self.storage = storage
         self.embedder = embedder
         self.config = config
         self._reranker: RerankerProvider = reranker or (lambda: None)
-        # guild -> (store generation, its members' rows, their index); see _member_names
+        # guild -> (storage generation, its members' rows, their index); see _member_names
         self._members: dict[int | None, tuple[int, list, MemberNames]] = {}
         self._members_lock = threading.Lock()
         self._beside = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-keyword")
@@ -300,7 +300,7 @@ class Searcher:
         reranker = self._reranker() if request.rerank else None
         if reranker is None:  # a reranker takes a wider head than the limit
             pool = self._contenders(pool, request.limit, context)
-        rows = self.store.hydrate([c.id for c in pool])
+        rows = self.storage.messages.hydrate([c.id for c in pool])
         clock.lap("hydrate")
         hits = self._hits(self._boost(pool, rows, context), rows)
         clock.lap("boost")
@@ -343,7 +343,7 @@ class Searcher:
     def _filters(self, request: SearchRequest) -> Filters:
         channels = request.channel_ids
         if channels:
-            channels = self.store.expand_channels(channels)
+            channels = self.storage.messages.expand_channels(channels)
         if request.allowed_channel_ids is not None:
             allowed = frozenset(request.allowed_channel_ids)
             channels = tuple(sorted(allowed)) if channels is None else tuple(
@@ -353,7 +353,7 @@ class Searcher:
         if request.guild_id is not None:
             # past the guild's retention period nothing is returned, purged yet or not;
             # as a filter inside the KNN and keyword queries, not after their top-k
-            cutoff = self.store.retention_cutoffs([request.guild_id]).get(request.guild_id)
+            cutoff = self.storage.guilds.retention_cutoffs([request.guild_id]).get(request.guild_id)
             if cutoff is not None:
                 after_ms = max(cutoff - 1, after_ms if after_ms is not None else cutoff - 1)
         return Filters(
@@ -366,9 +366,9 @@ class Searcher:
         )
 
     def _embed(self, queries: list[str]) -> np.ndarray | None:
-        if self.store.embedding_model() is None:
+        if self.storage.meta.embedding_model() is None:
             return None
-        self.store.check_model_unchanged()  # before embedding with a model that no longer fits
+        self.storage.meta.check_model_unchanged()  # before embedding with a model that no longer fits
         return self.embedder.embed(queries)
 
     def close(self) -> None:
@@ -387,7 +387,7 @@ class Searcher:
         """Each query's ranked lists, and the window vectors read so far.
 
         The vector KNN runs here.  ``words`` holds the keyword lists when they already
-        run on the worker thread (and the store's second connection); otherwise they
+        run on the worker thread (and the storage's second connection); otherwise they
         are read here, after the KNN.
         """
         dense = [self._dense(vector, k, filters) for vector in vectors]
@@ -410,11 +410,11 @@ class Searcher:
             # keyword mode stays literal (messages holding the words); windows join hybrid
             windows = request.mode == "hybrid" and self.config.window_weight and terms
             lists.append({
-                "keyword": self._keyword(fts_match(terms), k, filters, "message"),
-                "window": self._keyword(self._window_match(terms), k, filters, "window")
+                "keyword": self._keyword(terms, k, filters, "message"),
+                "window": self._keyword(self._window_terms(terms), k, filters, "window")
                 if windows else [],
             })
-        found = _WindowVectors(self.store)
+        found = _WindowVectors(self.storage.vectors)
         if request.mode == "hybrid" and self.config.window_dense_weight:
             found.read({mid for named in lists for ranked in named.values() for mid, _ in ranked},
                        beside=True)
@@ -459,14 +459,14 @@ class Searcher:
 
     def _dense(self, vector: np.ndarray | None, k: int, filters: Filters) -> list:
         return (
-            self.store.knn(vector, k, filters, rescore=self.config.rescore)
+            self.storage.vectors.knn(vector, k, filters, rescore=self.config.rescore)
             if vector is not None else []
         )
 
-    def _keyword(self, match: str | None, k: int, filters: Filters, field: str) -> list:
-        return self.store.keyword(match, k, filters, field=field) if match else []
+    def _keyword(self, terms: list[str], k: int, filters: Filters, field: str) -> list:
+        return self.storage.keywords.ranked(terms, k, filters, field=field) if terms else []
 
-    def _window_match(self, terms: list[str]) -> str | None:
+    def _window_terms(self, terms: list[str]) -> list[str]:
         """The query's terms for the window index, leaving out the very common ones.
 
         A window holds five messages, so a term found in thousands of messages
@@ -477,10 +477,10 @@ class Searcher:
         """
         limit = self.config.window_term_max_df
         if limit and len(terms) > 1:
-            counts = self.store.term_counts(terms)
+            counts = self.storage.keywords.term_counts(terms)
             rare = [t for t in terms if counts.get(t, 0) <= limit]
             terms = rare or [min(terms, key=lambda t: counts.get(t, 0))]
-        return fts_match(terms)
+        return terms
 
     @staticmethod
     def _window_dense(
@@ -566,7 +566,8 @@ class Searcher:
         """The adaptive threshold's floor: the guild's calibrated one, never below the profile's."""
         cfg = self.config
         calibrated = (
-            self.store.similarity_floor(guild_id, cfg.floor_quantile) if cfg.floor_quantile else None
+            self.storage.vectors.similarity_floor(guild_id, cfg.floor_quantile)
+            if cfg.floor_quantile else None
         )
         return max(cfg.threshold_floor, calibrated if calibrated is not None else -1.0)
 
@@ -650,17 +651,17 @@ class Searcher:
     def _member_names(self, guild_id: int | None) -> MemberNames:
         """The guild's member names, indexed again only when they changed.
 
-        Every write bumps the store's generation, and in a busy guild nearly every
+        Every write bumps the storage's generation, and in a busy guild nearly every
         search follows one; the members are read again then (a cheap query), but
         indexing them (46 ms for 2,500 members, 200 ms for 5,000) waits until a
         name, or who the guild's members are, has changed.
         """
-        generation = self.store.generation
+        generation = self.storage.database.generation
         with self._members_lock:  # searches run on several threads
             known = self._members.get(guild_id)
         if known is not None and known[0] == generation:
             return known[2]
-        rows = self.store.members(guild_id)
+        rows = self.storage.messages.members(guild_id)
         names = known[2] if known is not None and known[1] == rows else MemberNames.build(rows)
         with self._members_lock:
             self._members.pop(guild_id, None)
@@ -699,9 +700,9 @@ class Searcher:
     def _empty_reason(self, hits: list[Hit], request: SearchRequest) -> str | None:
         if hits:
             return None
-        if not self.store.has_messages(request.guild_id):
+        if not self.storage.messages.has_any(request.guild_id):
             return "nothing is stored for this server yet"
-        if request.mode != "keyword" and self.store.embedding_model() is None:
+        if request.mode != "keyword" and self.storage.meta.embedding_model() is None:
             return "messages are stored but not embedded yet; run `python bot.py embed`"
         return "no stored message matched the query and filters closely enough"
 

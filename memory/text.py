@@ -1,4 +1,4 @@
-"""Text shaping: what gets embedded for a message, and safe FTS5 queries from user text."""
+"""Text shaping: what gets embedded for a message, and the words of a query worth searching for."""
 
 from __future__ import annotations
 
@@ -68,21 +68,6 @@ def content_words(text: str) -> int:
     return sum(
         1 for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS and t not in CHAT_FILLER
     )
-
-
-def fts_match(terms: list[str]) -> str | None:
-    """Build an FTS5 MATCH expression from terms that can never raise a syntax error.
-
-    Every term is a double-quoted string (FTS5 syntax characters and keywords such
-    as ``AND``/``NEAR`` inside quotes are plain text), OR-ed together so BM25 ranks
-    messages by how many and how rare the matching words are.
-
-    Returns:
-        The expression, or ``None`` when there is no term (nothing to search for).
-    """
-    if not terms:
-        return None
-    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
 
 
 def embedding_text(

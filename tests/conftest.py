@@ -2,7 +2,10 @@
 a record factory, and the bundled MiniLM loaded once per session.
 
 Only models are faked (house style, Tests §13): every test that touches storage goes
-through a real database file with sqlite-vec and FTS5 loaded by ``memory.storage.sqlite.connection.connect``.
+through a real database file with sqlite-vec and FTS5 loaded by
+``memory.storage.sqlite.connection.connect``.  A test that must look at the SQLite
+file itself (what the storage contract does not say) opens its own connection with
+:func:`sql_rows` / :func:`sql_write`, never a storage object's private connection.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pytest
 from memory.config import EmbedderConfig, Profile, RerankerConfig, SearchConfig
 from memory.engine import MemoryEngine
 from memory.records import DISCORD_EPOCH_MS, MessageRecord
+from memory.storage.sqlite.connection import connect
 
 # the session's PostgreSQL server and fresh databases on it (tests marked `postgres`)
 pytest_plugins = ["tests.postgres_server"]
@@ -113,7 +117,7 @@ def engine(tmp_db: Path, hash_embedder: HashEmbedder) -> Iterator[MemoryEngine]:
 
 
 @pytest.fixture
-def make_engine(tmp_path: Path) -> Iterator[Callable[..., MemoryEngine]]:
+def make_engine(tmp_db: Path) -> Iterator[Callable[..., MemoryEngine]]:
     """Factory for engines with custom embedder/search settings; all closed at teardown."""
     opened: list[MemoryEngine] = []
 
@@ -126,7 +130,7 @@ def make_engine(tmp_path: Path) -> Iterator[Callable[..., MemoryEngine]]:
         **search: Any,
     ) -> MemoryEngine:
         profile = replace(make_profile(**search), embedder=EmbedderConfig(context=context))
-        eng = MemoryEngine(db or tmp_path / "memory.sqlite3", profile,
+        eng = MemoryEngine(db or tmp_db, profile,
                            embedder or HashEmbedder(), check_model=check_model)
         opened.append(eng)
         return eng
@@ -134,6 +138,28 @@ def make_engine(tmp_path: Path) -> Iterator[Callable[..., MemoryEngine]]:
     yield factory
     for eng in opened:
         eng.close()
+
+
+def sql_rows(location: str | Path, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+    """Rows of one read of the SQLite file at ``location``, on a connection of its own."""
+    conn = connect(location, read_only=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def sql_write(location: str | Path, *statements: str) -> None:
+    """Run ``statements`` on the SQLite file at ``location`` in one transaction of their own
+    (what another process, or an older version of the bot, would have written)."""
+    conn = connect(location)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
 
 
 def record_factory() -> Callable[..., MessageRecord]:

@@ -54,7 +54,7 @@ async def small(tmp_path):
 
 def break_tables(h: Harness, *tables: str) -> None:
     """Another process drops tables: what reads them next fails inside SQLite."""
-    other = connect(h.engine.store.path)
+    other = connect(h.engine.storage.database.location)
     other.execute("PRAGMA foreign_keys = OFF")
     for table in tables:
         other.execute(f"DROP TABLE {table}")

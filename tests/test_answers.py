@@ -208,7 +208,7 @@ def test_context_for_an_interaction_needs_a_query(harness, world):
 
 def allow_list(harness: Harness, who: tuple[int, str], reply_in: int | None) -> frozenset[int]:
     """The allow-list the cog computes: what ``who`` reads, narrowed for a public reply."""
-    threads = [StoredThread(*row) for row in harness.engine.store.threads(G)]
+    threads = [StoredThread(*row) for row in harness.engine.storage.messages.threads(G)]
     roles = [OFFICERS_ROLE] if who == OFFICER else []
     asker = discord.Member(data=member(*who, roles=roles), guild=harness.guild, state=harness.state)
     readable = readable_channel_ids(asker, threads)

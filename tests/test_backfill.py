@@ -80,10 +80,10 @@ async def test_backfill_reads_channels_and_archived_threads_through_a_rate_limit
 
     summary = await backfill(h)
     assert summary.startswith("Backfill finished") and "280 stored" in summary
-    assert h.engine.store.message_count() == 280
+    assert h.engine.storage.messages.count() == 280
     statuses = [r for r in fake.requests if r[0].endswith(f"/{GENERAL}/messages")]
     assert len(statuses) == 1 + 3  # the 429, then 100 + 100 + 50
-    assert h.engine.backfill_cursor(GENERAL).complete
+    assert h.engine.storage.guilds.backfill_cursor(GENERAL).complete
     # a second run reads nothing again
     fake.requests.clear()
     await backfill(h)
@@ -97,7 +97,7 @@ async def test_backfill_reads_voice_chats_and_forum_posts(setup):
     fake.history[POST] = history(h, POST, 4, "post")
     summary = await backfill(h)
     assert summary.startswith("Backfill finished") and "9 stored" in summary
-    assert h.engine.store.message_count() == 9
+    assert h.engine.storage.messages.count() == 9
     read = {path.split("/")[-2] for path, _ in fake.requests if path.endswith("/messages")}
     assert read == {str(GENERAL), str(VOICE), str(POST)}, "never the forum itself"
 
@@ -113,8 +113,8 @@ async def test_backfill_resumes_after_a_crash_without_duplicates(setup):
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
-    cursor = h.engine.backfill_cursor(GENERAL)
-    assert not cursor.complete and h.engine.store.message_count() == 200
+    cursor = h.engine.storage.guilds.backfill_cursor(GENERAL)
+    assert not cursor.complete and h.engine.storage.messages.count() == 200
     oldest_stored = min(int(m["id"]) for m in fake.history[GENERAL][-200:])
     assert cursor.before_id == oldest_stored
 
@@ -123,7 +123,7 @@ async def test_backfill_resumes_after_a_crash_without_duplicates(setup):
     summary = await backfill(h)
     assert summary.startswith("Backfill finished")
     assert fake.requests[0][1]["before"] == str(cursor.before_id)  # picked up where it stopped
-    assert h.engine.store.message_count() == 250
+    assert h.engine.storage.messages.count() == 250
 
 
 async def test_backfill_and_live_capture_agree(setup):
@@ -139,8 +139,8 @@ async def test_backfill_and_live_capture_agree(setup):
         {"id": payloads[6]["id"], "channel_id": str(GENERAL), "guild_id": str(G)}))
     await settle(h)
     await backfill(h)
-    assert h.engine.store.message_count() == 19  # the deleted one stays deleted
-    rows = h.engine.store.hydrate([int(payloads[5]["id"])])
+    assert h.engine.storage.messages.count() == 19  # the deleted one stays deleted
+    rows = h.engine.storage.messages.hydrate([int(payloads[5]["id"])])
     assert rows[int(payloads[5]["id"])].content == "edited live"
 
 
@@ -154,5 +154,5 @@ async def test_start_up_catches_up_from_the_newest_stored_message(setup):
     await h.cog.on_ready()
     await h.cog.backfill._catch_up
     await settle(h)
-    assert h.engine.store.message_count() == 1 + 110  # the known one and everything after it
+    assert h.engine.storage.messages.count() == 1 + 110  # the known one and everything after it
     assert all("after" in query for _, query in fake.requests)

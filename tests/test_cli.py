@@ -324,10 +324,10 @@ BAD_INPUT = [
 
 @pytest.fixture
 def empty_db(tmp_path: Path) -> Path:
-    from memory.store import MessageStore
+    from memory.storage import open_storage
 
     path = tmp_path / "empty.sqlite3"
-    MessageStore(path).close()
+    open_storage(path).close()
     return path
 
 

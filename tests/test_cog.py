@@ -23,7 +23,7 @@ from memory.config import LLMConfig, Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from memory.storage.sqlite.connection import connect
-from tests.conftest import HashEmbedder
+from tests.conftest import HashEmbedder, sql_rows
 from tests.discord_harness import (
     BOT_ID,
     READ,
@@ -125,7 +125,7 @@ async def test_messages_are_stored_edited_and_deleted(harness):
     await h.cog.on_raw_message_delete(discord.RawMessageDeleteEvent(
         {"id": str(msg.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
     await settle(h)
-    assert h.engine.store.message_count() == 0
+    assert h.engine.storage.messages.count() == 0
 
 
 async def test_the_bots_own_messages_are_not_stored_but_other_bots_are(harness):
@@ -133,7 +133,7 @@ async def test_the_bots_own_messages_are_not_stored_but_other_bots_are(harness):
     await say(h, "I am the bot", who=(BOT_ID, "memorybot"), bot=True)
     await say(h, "RSS: new release 2.0", who=(4242, "rssbot"), bot=True)
     await settle(h, embed=False)
-    assert h.engine.store.message_count() == 1
+    assert h.engine.storage.messages.count() == 1
 
 
 async def test_a_delete_before_its_insert_does_not_resurrect_the_message(harness):
@@ -143,9 +143,9 @@ async def test_a_delete_before_its_insert_does_not_resurrect_the_message(harness
         {"id": str(msg.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
     await h.cog.on_message(msg)  # the create event arrives late (or a backfill page has it)
     await settle(h)
-    assert h.engine.store.message_count() == 0
-    h.engine.upsert([record_from_message(msg)])  # and a re-import of an old export
-    assert h.engine.store.message_count() == 0
+    assert h.engine.storage.messages.count() == 0
+    h.engine.storage.messages.upsert([record_from_message(msg)])  # and a re-import of an old export
+    assert h.engine.storage.messages.count() == 0
 
 
 async def test_an_older_copy_never_overwrites_a_newer_edit(harness):
@@ -156,8 +156,8 @@ async def test_an_older_copy_never_overwrites_a_newer_edit(harness):
     new = discord.Message(state=h.state, channel=msg.channel, data=edited)
     await h.cog.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
     await settle(h)
-    h.engine.upsert([record_from_message(msg)])  # a backfill page read before the edit
-    assert h.engine.store.hydrate([msg.id])[msg.id].content == "second version"
+    h.engine.storage.messages.upsert([record_from_message(msg)])  # a backfill page read before the edit
+    assert h.engine.storage.messages.hydrate([msg.id])[msg.id].content == "second version"
 
 
 async def test_editing_or_deleting_a_message_re_embeds_its_neighbour(harness):
@@ -172,11 +172,11 @@ async def test_editing_or_deleting_a_message_re_embeds_its_neighbour(harness):
         {"id": str(first.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
     await settle(h, embed=False)
     # the reply's vector carried the deleted text as context: it goes back to the backlog
-    pending = h.engine.store.pending(10)
+    pending = h.engine.storage.backlog.pending(10)
     assert [p.id for p in pending] == [reply.id]
     assert "31-7-22" not in h.engine.embedding_text(pending[0])
     await settle(h)
-    assert h.engine.embedder.calls > embedded and h.engine.store.pending_count() == 0
+    assert h.engine.embedder.calls > embedded and h.engine.storage.backlog.pending_count() == 0
 
 
 async def test_forget_me_opt_out_and_opt_in(harness):
@@ -210,14 +210,14 @@ async def test_admins_choose_channels_and_purge_them(harness):
     await say(h, "kept in general")
     await say(h, "not kept in random", where=RANDOM)
     await settle(h, embed=False)
-    assert h.engine.store.message_count() == 1
+    assert h.engine.storage.messages.count() == 1
 
     await say(h, "in the thread", where=THREAD)
     await settle(h, embed=False)
     await h.slash("memory-admin purge-channel", invoker=bob(), where=GENERAL, permissions=admin,
                   channel=h.guild.get_channel(GENERAL))
     assert "Forgot 2 messages" in h.adapter.followups[-1]["content"]
-    assert h.engine.store.message_count() == 0
+    assert h.engine.storage.messages.count() == 0
 
 
 async def test_admin_commands_check_permissions_at_run_time(harness):
@@ -235,15 +235,15 @@ async def test_retention_purges_old_messages(harness):
     old_record = record_from_message(discord.Message(state=h.state, channel=h.guild.get_channel(
         GENERAL), data=old))
     from dataclasses import replace
-    h.engine.upsert([replace(old_record, created_at=datetime_to_ms(
+    h.engine.storage.messages.upsert([replace(old_record, created_at=datetime_to_ms(
         datetime.now(timezone.utc) - timedelta(days=40)))])
     await say(h, "a new message")
     await settle(h)
     await h.slash("memory-admin retention", invoker=bob(), where=GENERAL,
                   permissions=discord.Permissions(manage_guild=True), days=30)
     assert "1 older messages forgotten" in h.adapter.followups[-1]["content"]
-    assert h.engine.store.message_count() == 1
-    assert h.engine.settings(G).retention_days == 30
+    assert h.engine.storage.messages.count() == 1
+    assert h.engine.storage.guilds.settings(G).retention_days == 30
 
 
 async def test_deleted_channels_threads_and_guilds_are_forgotten(harness):
@@ -256,17 +256,17 @@ async def test_deleted_channels_threads_and_guilds_are_forgotten(harness):
                                  "parent_id": str(GENERAL), "type": 11})
     await asyncio.sleep(0)
     await settle(h)
-    assert h.engine.store.message_count() == 2
+    assert h.engine.storage.messages.count() == 2
     h.state.parse_channel_delete({"id": str(RANDOM), "guild_id": str(G), "type": 0})
     await asyncio.sleep(0)
     await settle(h)
-    assert h.engine.store.message_count() == 1
+    assert h.engine.storage.messages.count() == 1
     h.state.parse_guild_delete({"id": str(G), "unavailable": False})
     await asyncio.sleep(0)
     await settle(h)
-    assert h.engine.store.message_count() == 0
-    vectors = h.engine.store._query("SELECT count(*) FROM message_vectors")[0][0]
-    fts = h.engine.store._query("SELECT count(*) FROM search_fts")[0][0]
+    assert h.engine.storage.messages.count() == 0
+    vectors = sql_rows(h.engine.storage.database.location, "SELECT count(*) FROM message_vectors")[0][0]
+    fts = sql_rows(h.engine.storage.database.location, "SELECT count(*) FROM search_fts")[0][0]
     assert vectors == 0 and fts == 0
 
 
@@ -312,7 +312,7 @@ async def test_slash_search_on_an_empty_memory_says_why(harness):
 async def test_memory_stats_counts_this_guild_only(harness):
     h = harness
     await say(h, "hello there")
-    h.engine.upsert([record_from_message(h.message("elsewhere", author=(BOB, "bob"),
+    h.engine.storage.messages.upsert([record_from_message(h.message("elsewhere", author=(BOB, "bob"),
                                                    channel=GENERAL)).__class__(
         id=5, guild_id=777, channel_id=778, author_id=BOB, created_at=1, content="other guild")])
     await settle(h, embed=False)
@@ -342,15 +342,15 @@ async def test_the_profile_switch_is_for_the_bot_owner_only(harness):
     await h.slash("memory-owner profile", invoker=bob(), where=GENERAL, permissions=admin,
                   name="cpu-fast")
     assert "Only the bot's owner" in h.adapter.callbacks[-1]["data"]["content"]
-    assert h.engine.store.active_profile is None
+    assert h.engine.storage.meta.active_profile is None
     await h.slash("memory-owner profile", invoker=member(OWNER, "owner"), where=GENERAL,
                   permissions=admin, name="cpu-fast")
     assert "now **cpu-fast**" in h.adapter.followups[-1]["content"]
-    assert h.engine.store.active_profile == "cpu-fast"
+    assert h.engine.storage.meta.active_profile == "cpu-fast"
     await h.slash("memory-owner profile", invoker=member(OWNER, "owner"), where=GENERAL,
                   permissions=admin, name="no-such-profile")
     assert "Could not switch" in h.adapter.followups[-1]["content"]
-    assert h.engine.store.active_profile == "cpu-fast"
+    assert h.engine.storage.meta.active_profile == "cpu-fast"
 
 
 async def test_unexpected_errors_end_the_thinking_state_with_a_trace_id(harness, caplog):
@@ -419,17 +419,17 @@ async def test_mention_replies_follow_the_autoresponse_setting_and_a_cooldown(ha
 
 async def test_live_writes_survive_another_process_holding_the_lock(harness, tmp_path):
     h = harness
-    other = connect(h.engine.store.path)
+    other = connect(h.engine.storage.database.location)
     other.execute("PRAGMA busy_timeout = 0")
-    h.engine.store._conn.execute("PRAGMA busy_timeout = 50")
+    h.engine.storage.database.set_busy_timeout(0.05)
     other.execute("BEGIN IMMEDIATE")  # another process's long write transaction
     sent = [await say(h, f"message number {i}") for i in range(30)]
     await asyncio.sleep(0.5)
-    assert h.engine.store.message_count() == 0  # still waiting for the lock...
+    assert h.engine.storage.messages.count() == 0  # still waiting for the lock...
     other.execute("COMMIT")
     other.close()
     await settle(h, embed=False)
-    assert h.engine.store.message_count() == len(sent)  # ...and nothing was lost
+    assert h.engine.storage.messages.count() == len(sent)  # ...and nothing was lost
 
 
 async def test_the_embed_loop_survives_any_error(harness, monkeypatch):
@@ -488,7 +488,7 @@ async def test_captures_are_not_queued_behind_slow_searches(harness):
     await asyncio.sleep(0.1)
     await say(h, "stored while eight searches run")
     await settle(h, embed=False)
-    assert h.engine.store.message_count() == 1
+    assert h.engine.storage.messages.count() == 1
     release.set()
     await asyncio.gather(*searches)
 
@@ -496,17 +496,17 @@ async def test_captures_are_not_queued_behind_slow_searches(harness):
 def _write_from_another_process(path: str, first_id: int, batches: int) -> None:
     """Another process (an import, a second bot) writing batches in long-ish transactions."""
     from memory.records import MessageRecord
-    from memory.store import MessageStore
+    from memory.storage import open_storage
 
-    store = MessageStore(path)
+    storage = open_storage(path)
     for b in range(batches):
-        store.upsert(
+        storage.messages.upsert(
             MessageRecord(id=first_id + b * 200 + i, guild_id=G, channel_id=RANDOM,
                           author_id=BOB, created_at=1_700_000_000_000 + i,
                           content=f"imported line {b} {i} " + "padding " * 40)
             for i in range(200)
         )
-    store.close()
+    storage.close()
 
 
 async def test_two_processes_writing_while_the_bot_captures_lose_nothing(harness):
@@ -515,7 +515,7 @@ async def test_two_processes_writing_while_the_bot_captures_lose_nothing(harness
     h = harness
     context = multiprocessing.get_context("spawn")
     writers = [context.Process(target=_write_from_another_process,
-                               args=(h.engine.store.path, 10_000_000 * (n + 1), 25))
+                               args=(h.engine.storage.database.location, 10_000_000 * (n + 1), 25))
                for n in range(2)]
     for writer in writers:
         writer.start()
@@ -526,6 +526,6 @@ async def test_two_processes_writing_while_the_bot_captures_lose_nothing(harness
     await asyncio.to_thread(lambda: [w.join(120) for w in writers])
     assert all(w.exitcode == 0 for w in writers)
     await settle(h, embed=False)
-    assert h.engine.store.message_count() == 200 + 2 * 25 * 200
-    stored = h.engine.store.hydrate([m.id for m in captured])
+    assert h.engine.storage.messages.count() == 200 + 2 * 25 * 200
+    stored = h.engine.storage.messages.hydrate([m.id for m in captured])
     assert len(stored) == 200

@@ -92,7 +92,7 @@ def test_lines_carry_author_channel_time_and_jump_url(engine, chat):
 @pytest.mark.parametrize("budget", [60, 90, 150, 250, 400, 4000])
 @pytest.mark.parametrize("counter", [ApproximateTokens(), QwenTokens()], ids=["approx", "qwen"])
 def test_the_budget_is_respected(engine, chat, budget, counter):
-    ctx = assemble_context(engine.searcher, engine.store, "raid 9pm", scope(), budget,
+    ctx = assemble_context(engine.searcher, engine.storage.messages, "raid 9pm", scope(), budget,
                            counter=counter)
     if ctx:
         assert ctx.tokens == counter.count(ctx.text) <= budget

@@ -28,7 +28,7 @@ from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from memory.storage.sqlite.connection import connect
-from tests.conftest import HashEmbedder
+from tests.conftest import HashEmbedder, sql_rows
 from tests.discord_harness import READ, Harness, channel, guild, member, role
 from tests.fake_discord import FakeDiscord
 
@@ -99,7 +99,7 @@ async def slash(h: Harness, command: str, who: dict, admin: bool = False, **opti
 
 def stored(h: Harness, *payloads: dict) -> set[int]:
     ids = [int(p["id"]) for p in payloads]
-    return {m for m in ids if m in h.engine.store.hydrate(ids)}
+    return {m for m in ids if m in h.engine.storage.messages.hydrate(ids)}
 
 
 def found(h: Harness, words: str) -> bool:
@@ -108,7 +108,8 @@ def found(h: Harness, words: str) -> bool:
 
 def tombstoned(h: Harness, *payloads: dict) -> int:
     marks = ",".join("?" * len(payloads))
-    return h.engine.store._query(f"SELECT count(*) FROM tombstones WHERE message_id IN ({marks})",
+    return sql_rows(h.engine.storage.database.location,
+                    f"SELECT count(*) FROM tombstones WHERE message_id IN ({marks})",
                                  [int(p["id"]) for p in payloads])[0][0]
 
 
@@ -119,9 +120,9 @@ async def busy_database(h: Harness) -> AsyncIterator[None]:
     The store gives up after STORE_WAITS_S, so the write queue backs off and retries:
     the moment a deletion run beside the queue would slip in front of queued writes.
     """
-    other = connect(h.engine.store.path)
+    other = connect(h.engine.storage.database.location)
     other.execute("BEGIN IMMEDIATE")
-    h.engine.store._conn.execute(f"PRAGMA busy_timeout = {int(STORE_WAITS_S * 1000)}")
+    h.engine.storage.database.set_busy_timeout(STORE_WAITS_S)
 
     def release() -> None:
         other.execute("COMMIT")
@@ -185,7 +186,7 @@ async def test_purge_channel_deletes_a_message_still_queued_while_the_database_i
 async def test_retention_deletes_an_old_message_still_queued_while_the_database_is_busy(setup):
     h, _ = setup
     first, queued = old(h, "an ancient recipe", 40), old(h, "another ancient recipe", 50)
-    h.engine.upsert([old_record(h, first)])
+    h.engine.storage.messages.upsert([old_record(h, first)])
     async with busy_database(h):
         h.cog.writes.put("upsert", [old_record(h, queued)])  # a backfill page, say
         reply = await slash(h, "memory-admin retention", member(ADMIN, "admin"), admin=True,
@@ -198,7 +199,7 @@ async def test_retention_deletes_an_old_message_still_queued_while_the_database_
 
 async def test_the_hourly_retention_pass_runs_behind_queued_writes(setup):
     h, _ = setup
-    h.engine.update_settings(G, retention_days=30)
+    h.engine.storage.guilds.update_settings(G, retention_days=30)
     queued = old(h, "a stale rumour", 45)
     async with busy_database(h):
         h.cog.writes.put("upsert", [old_record(h, queued)])
@@ -275,8 +276,9 @@ async def test_a_forgotten_member_is_not_stored_again_by_any_path(setup, tmp_pat
     await settle(h)
     reply = await slash(h, "memory forget-me", member(ALICE, "alice"))
     assert "Deleted 1 of your messages" in reply and "opt-in" in reply
-    names = h.engine.store._query("SELECT count(*) FROM authors WHERE id = ?", (ALICE,))[0][0]
-    assert names == 0 and ALICE not in {m[0] for m in h.engine.store.members(None)}
+    names = sql_rows(h.engine.storage.database.location,
+                     "SELECT count(*) FROM authors WHERE id = ?", (ALICE,))[0][0]
+    assert names == 0 and ALICE not in {m[0] for m in h.engine.storage.messages.members(None)}
 
     # live capture, and an edit of the forgotten message
     live = await send(h, "alice's new line about kayaks")
@@ -291,16 +293,18 @@ async def test_a_forgotten_member_is_not_stored_again_by_any_path(setup, tmp_pat
     await settle(h)
     # an import of an export into this guild's database, through the CLI
     exported = export_file(tmp_path / "export.json", [(int(older[0]["id"]) - 5, "kayak export")])
-    code = await asyncio.to_thread(bot.main, ["--db", h.engine.store.path, "--profile", "cpu-fast",
+    code = await asyncio.to_thread(bot.main, ["--db", h.engine.storage.database.location,
+                                              "--profile", "cpu-fast",
                                               "import", "--no-embed", str(exported)])
     capsys.readouterr()
     assert code == 0
 
     assert stored(h, bobs)
     assert not stored(h, said, live, *older) and not found(h, "kayaks") and not found(h, "kayak")
-    assert h.engine.store._query("SELECT count(*) FROM messages WHERE author_id = ?",
-                                 (ALICE,))[0][0] == 0
-    assert h.engine.store._query("SELECT count(*) FROM authors WHERE id = ?", (ALICE,))[0][0] == 0
+    assert sql_rows(h.engine.storage.database.location,
+                    "SELECT count(*) FROM messages WHERE author_id = ?", (ALICE,))[0][0] == 0
+    assert sql_rows(h.engine.storage.database.location,
+                    "SELECT count(*) FROM authors WHERE id = ?", (ALICE,))[0][0] == 0
 
     await slash_plain(h, "memory opt-in", member(ALICE, "alice"))
     back = await send(h, "alice is back, talking about rafts")

@@ -25,8 +25,8 @@ from memory.errors import ConfigError, DatabaseFileError, RerankerUnavailable, S
 from memory.importer import read_export
 from memory.records import MessageRecord, ms_to_datetime, snowflake_time_ms
 from memory.search import MAX_QUERIES, MAX_QUERY_CHARS, SearchRequest
+from memory.storage import open_storage
 from memory.storage.sqlite.connection import connect
-from memory.store import MessageStore
 from tests.conftest import GUILD, HashEmbedder
 
 MakeRecord = Callable[..., MessageRecord]
@@ -139,10 +139,10 @@ def test_a_database_written_before_the_check_still_searches(
 ) -> None:
     # what the importer stored before it checked: years 0 and 10000 in UTC
     db = tmp_path / "old.sqlite3"
-    store = MessageStore(db)
-    store.upsert([make_record("ancient kettle", id=ANCIENT, created_at=-62135647200000),
+    storage = open_storage(db)
+    storage.messages.upsert([make_record("ancient kettle", id=ANCIENT, created_at=-62135647200000),
                   make_record("future kettle", id=FUTURE, created_at=253402343999000)])
-    store.close()
+    storage.close()
     before = snapshot(db)
 
     code, out, err = run_cli(capsys, "--db", db, *PROFILE, "search", "kettle", "--mode",
@@ -198,7 +198,7 @@ def test_reembed_repairs_a_damaged_embedding_dim(stored: Path) -> None:
     engine = MemoryEngine(stored, profile, embedder, check_model=False)  # as `reembed` opens it
     try:
         assert engine.reembed() == 3
-        assert engine.store.embedding_model() == (BUNDLED_MODEL_ID, 384)
+        assert engine.storage.meta.embedding_model() == (BUNDLED_MODEL_ID, 384)
         assert len(engine.search("kettle note", guild_id=GUILD).hits) == 3
     finally:
         engine.close()
@@ -304,7 +304,7 @@ def test_the_engine_refuses_a_database_url_too(tmp_path: Path, monkeypatch: pyte
     monkeypatch.chdir(tmp_path)
     for url in ("postgresql://user@host/db", Path("postgresql://user@host/db")):
         with pytest.raises(DatabaseFileError, match="is a URL"):
-            MessageStore(url)
+            open_storage(url)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -14,6 +14,7 @@ from memory.engine import MemoryEngine
 from memory.errors import ImportFormatError
 from memory.importer import find_exports, read_export
 from memory.records import datetime_to_ms, snowflake_time_ms
+from tests.conftest import sql_rows
 
 DEMO = Path(__file__).resolve().parent.parent / "data" / "demo-server"
 DEMO_GUILD = 820703368577024001
@@ -46,7 +47,8 @@ def msg(mid: int | str, content: str = "hello", **extra: Any) -> dict[str, Any]:
 
 
 def db_rows(engine: MemoryEngine, sql: str, params: tuple = ()) -> list[tuple]:
-    return engine.store._query(sql, params)
+    """Rows read from the engine's SQLite file on a connection of its own."""
+    return sql_rows(engine.storage.database.location, sql, params)
 
 
 # -- the demo server ------------------------------------------------------------------
@@ -65,7 +67,7 @@ def test_demo_import_summary(engine: MemoryEngine) -> None:
     assert summary.inserted == DEMO_MESSAGES
     assert (summary.updated, summary.unchanged, summary.skipped) == (0, 0, 0)
     assert summary.embedded == DEMO_MESSAGES
-    stats = engine.store.stats()
+    stats = engine.storage.stats()
     assert (stats.guilds, stats.channels, stats.messages) == (1, 5, DEMO_MESSAGES)
     assert stats.pending_embeddings == 0
 
@@ -75,11 +77,11 @@ def test_demo_thread_parent(demo: MemoryEngine) -> None:
                    (REPAIR_THREAD,)) == [(EVENTS, "GuildPublicThread", "Repair Café – November")]
     # ordinary channels have no parent even though the export names a category
     assert db_rows(demo, "SELECT count(*) FROM channels WHERE parent_id IS NOT NULL") == [(1,)]
-    assert set(demo.store.expand_channels([EVENTS])) == {EVENTS, REPAIR_THREAD}
+    assert set(demo.storage.messages.expand_channels([EVENTS])) == {EVENTS, REPAIR_THREAD}
 
 
 def test_demo_replies_attachments_and_edits(demo: MemoryEngine) -> None:
-    rows = demo.store.hydrate([1540301969686528247, 1548297177137152151, 1566013984342016267])
+    rows = demo.storage.messages.hydrate([1540301969686528247, 1548297177137152151, 1566013984342016267])
     assert rows[1540301969686528247].reply_to_id == 1540299507630080246
     assert rows[1548297177137152151].attachments == ("print-settings.pdf",)
     assert rows[1566013984342016267].attachments == ("halloween-group.jpg",)
@@ -95,17 +97,17 @@ def test_demo_replies_attachments_and_edits(demo: MemoryEngine) -> None:
 
 
 def test_demo_authors_and_nicknames(demo: MemoryEngine) -> None:
-    authors = {row[1]: row for row in demo.store.members(DEMO_GUILD)}
+    authors = {row[1]: row for row in demo.storage.messages.members(DEMO_GUILD)}
     assert authors["hannahwoods"] == (467669090304000009, "hannahwoods", "Hannah")
     assert len(authors) == len({row[0] for row in authors.values()})
 
 
 def test_reimporting_the_demo_changes_nothing(demo: MemoryEngine) -> None:
-    before = demo.store.stats()
+    before = demo.storage.stats()
     again = demo.import_exports([DEMO])
     assert (again.inserted, again.updated, again.unchanged) == (0, 0, DEMO_MESSAGES)
     assert again.embedded == 0
-    assert demo.store.stats() == before
+    assert demo.storage.stats() == before
 
 
 # -- tolerant parsing ----------------------------------------------------------------
@@ -222,7 +224,7 @@ def test_lone_surrogates_are_replaced_and_storable(tmp_path: Path, engine: Memor
     )
     summary = engine.import_exports([path])
     assert (summary.inserted, summary.errors) == (1, [])
-    content = engine.store.hydrate([10])[10].content
+    content = engine.storage.messages.hydrate([10])[10].content
     assert content.startswith("bad ") and content.endswith(" text")
     content.encode("utf-8")  # valid Unicode now
     assert len(engine.search("bad text", guild_id=900, mode="keyword").hits) == 1
@@ -251,7 +253,7 @@ def test_partitioned_exports_are_all_imported(tmp_path: Path, engine: MemoryEngi
     assert len(find_exports([folder])) == 3
     summary = engine.import_exports([folder])
     assert (summary.files, summary.inserted, summary.unchanged, summary.errors) == (3, 5, 1, [])
-    assert engine.store.message_count() == 5
+    assert engine.storage.messages.count() == 5
 
 
 def test_same_file_given_twice_is_read_once(tmp_path: Path) -> None:
@@ -310,8 +312,8 @@ def test_bad_files_are_reported_while_the_others_import(
     assert len(summary.errors) == 2
     assert any("broken.json" in e for e in summary.errors)
     assert any("wrong-shape.json" in e for e in summary.errors)
-    assert engine.store.message_count() == 3
-    assert engine.store.pending_count() == 0
+    assert engine.storage.messages.count() == 3
+    assert engine.storage.backlog.pending_count() == 0
 
 
 def test_missing_path_is_an_import_format_error(tmp_path: Path, engine: MemoryEngine) -> None:
@@ -323,7 +325,7 @@ def test_import_without_embedding_leaves_a_backlog(tmp_path: Path, engine: Memor
     export(tmp_path / "a.json", [msg(10, "alpha"), msg(11, "beta")])
     summary = engine.import_exports([tmp_path], embed=False)
     assert (summary.inserted, summary.embedded) == (2, 0)
-    assert engine.store.pending_count() == 2
+    assert engine.storage.backlog.pending_count() == 2
     assert engine.embed_pending() == 2
 
 
@@ -332,11 +334,11 @@ def test_a_long_import_commits_in_many_short_transactions(
 ) -> None:
     """Each transaction holds about ``seconds`` of work, so a live writer gets its turn."""
     records = [make_record(f"message number {i}") for i in range(3000)]
-    before = engine.store.generation
+    before = engine.storage.database.generation
     stats = engine.upsert_in_chunks(iter(records), seconds=1e-6)  # the smallest chunks
     assert stats.inserted == 3000
-    assert engine.store.generation - before >= 3000 // 500  # at least one commit per chunk
-    assert engine.store.message_count() == 3000
+    assert engine.storage.database.generation - before >= 3000 // 500  # at least one commit per chunk
+    assert engine.storage.messages.count() == 3000
 
 
 def test_a_file_damaged_part_way_keeps_what_came_before(
@@ -347,6 +349,6 @@ def test_a_file_damaged_part_way_keeps_what_came_before(
     cut = text.index('"id": "14"') if '"id": "14"' in text else text.rindex("{")
     path.write_text(text[:cut], encoding="utf-8")
     summary = engine.import_exports([path], embed=False)
-    assert summary.inserted == engine.store.message_count() >= 1
+    assert summary.inserted == engine.storage.messages.count() >= 1
     (error,) = summary.errors
     assert "cut.json" in error and "after" in error

@@ -23,7 +23,7 @@ from memory.engine import MemoryEngine
 from memory.errors import EmbeddingModelChanged
 from memory.search import SearchRequest
 from memory.storage.sqlite.connection import connect
-from tests.test_crash_recovery import GUILD, consistency, export, records
+from tests.storage.test_sqlite_crash_recovery import GUILD, consistency, export, records
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,8 +73,8 @@ def test_a_running_engine_stops_writing_vectors_and_searches_by_keywords(
     request = SearchRequest(queries=["laser cutter"], guild_id=GUILD, limit=5, rerank=False)
     assert running.search(request).trace.keyword_only is None
     fresh = replace(records(1)[0], id=records(1)[0].id + 1, content="a message that just came in")
-    running.store.upsert([fresh])
-    pending = running.store.pending(10)  # read before the other process re-embeds
+    running.storage.messages.upsert([fresh])
+    pending = running.storage.backlog.pending(10)  # read before the other process re-embeds
     assert [m.id for m in pending] == [fresh.id]
 
     reembed = cli("reembed", db=db, profile=small_profile)
@@ -87,7 +87,7 @@ def test_a_running_engine_stops_writing_vectors_and_searches_by_keywords(
     assert "\n" not in (result.trace.keyword_only or "")
     vectors = running.embedder.embed([running.embedding_text(m) for m in pending])
     with pytest.raises(EmbeddingModelChanged, match="re-embedded with .*keywords only"):
-        running.store.write_vectors(pending, vectors)
+        running.storage.backlog.write_vectors(pending, vectors)
     running.close()
 
     state = consistency(db)
@@ -113,7 +113,7 @@ def test_an_engine_whose_model_was_replaced_embeds_nothing_and_a_new_process_is_
     assert cli("reembed", db=db, profile=small_profile).wait() == 0
 
     late_message = replace(records(1)[0], id=records(1)[0].id + 1, content="sent after the reembed")
-    engine.store.upsert([late_message])
+    engine.storage.messages.upsert([late_message])
     with pytest.raises(EmbeddingModelChanged) as caught:  # the engine's own embed pass
         engine.embed_pending()
     assert "\n" not in str(caught.value)

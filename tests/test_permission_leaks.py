@@ -157,7 +157,7 @@ def as_member(h: Harness, uid: int) -> discord.Member:
 
 
 def stored_threads(h: Harness) -> list[StoredThread]:
-    return [StoredThread(*row) for row in h.engine.store.threads(G)]
+    return [StoredThread(*row) for row in h.engine.storage.messages.threads(G)]
 
 
 async def found(h: Harness, uid: int, words: str) -> set[str]:
@@ -267,7 +267,7 @@ async def test_an_archived_private_thread_stays_private_after_a_message_update(h
 
     await archive_and_update(h, data, **changes)
 
-    assert (PRIVATE_THREAD, GENERAL, "private_thread") in h.engine.store.threads(G)
+    assert (PRIVATE_THREAD, GENERAL, "private_thread") in h.engine.storage.messages.threads(G)
     assert PRIVATE_THREAD not in readable_channel_ids(as_member(h, BOB), stored_threads(h))
     assert not {t for t in await found(h, BOB, "vault code mangosteen") if "mangosteen" in t}
     for route, text in (await every_route(h, BOB, "vault code mangosteen")).items():
@@ -281,7 +281,7 @@ async def test_an_unknown_thread_type_is_never_public(harness):
     what older versions wrote) is read like a private one: Manage Threads only."""
     h = harness
     for kind in ("", "None"):
-        h.engine.upsert([MessageRecord(
+        h.engine.storage.messages.upsert([MessageRecord(
             id=9_000 + len(kind), guild_id=G, channel_id=9_100 + len(kind), author_id=EVE,
             created_at=1_700_000_000_000, content=f"unknown {kind!r} thread", parent_id=GENERAL,
             channel_type=kind)])
@@ -297,11 +297,11 @@ async def test_a_stored_channel_type_is_never_overwritten_by_an_unknown_one(harn
     record = MessageRecord(id=9_200, guild_id=G, channel_id=9_201, author_id=EVE,
                            created_at=1_700_000_000_000, content="first", parent_id=GENERAL,
                            channel_name="plans", channel_type="private_thread")
-    h.engine.upsert([record])
-    h.engine.upsert([MessageRecord(id=9_202, guild_id=G, channel_id=9_201, author_id=EVE,
+    h.engine.storage.messages.upsert([record])
+    h.engine.storage.messages.upsert([MessageRecord(id=9_202, guild_id=G, channel_id=9_201, author_id=EVE,
                                    created_at=1_700_000_000_001, content="second",
                                    channel_type=unknown)])
-    assert (9_201, GENERAL, "private_thread") in h.engine.store.threads(G)
+    assert (9_201, GENERAL, "private_thread") in h.engine.storage.messages.threads(G)
 
 
 # -- 3. no text from another channel in a message's vector ---------------------------------
@@ -428,8 +428,8 @@ async def test_vectors_built_with_another_channels_text_are_embedded_again(harne
     """The migration: a database whose replies were embedded with another channel's text
     (before this fix) sends them back to the backlog; they re-embed with their own."""
     h = harness
-    store = h.engine.store
-    h.engine.upsert([
+    storage = h.engine.storage
+    h.engine.storage.messages.upsert([
         MessageRecord(id=STAFF_MSG, guild_id=G, channel_id=STAFF_ONLY, author_id=EVE,
                       created_at=1_700_000_000_000, content=STAFF_WORDS, author_name="eve"),
         MessageRecord(id=CROSS_REPLY, guild_id=G, channel_id=GENERAL, author_id=EVE,
@@ -437,16 +437,16 @@ async def test_vectors_built_with_another_channels_text_are_embedded_again(harne
                       reply_to_id=STAFF_MSG)])
     await asyncio.to_thread(h.engine.embed_pending)
     # the reply's vector as the old code made it: with #staff-only's words
-    reply = PendingMessage(**asdict(store.hydrate([CROSS_REPLY])[CROSS_REPLY]))
+    reply = PendingMessage(**asdict(storage.messages.hydrate([CROSS_REPLY])[CROSS_REPLY]))
     leaky = f"{CROSS_TEXT} (replying to eve: {STAFF_WORDS})"
-    store.write_vectors([reply], np.asarray(h.engine.embedder.embed([leaky])))
+    storage.backlog.write_vectors([reply], np.asarray(h.engine.embedder.embed([leaky])))
     assert any(CROSS_TEXT in t for t in await found(h, BOB, "merger with globex friday"))
 
     conn = connect(tmp_path / "bot.sqlite3")  # reopened by the version before the migration
     conn.execute(f"PRAGMA user_version = {MIGRATIONS.index(reembed_cross_channel_replies)}")
     migrate(conn)
     conn.close()
-    assert [p.id for p in store.pending(10)] == [CROSS_REPLY]
+    assert [p.id for p in storage.backlog.pending(10)] == [CROSS_REPLY]
     assert not {t for t in await found(h, BOB, "merger with globex friday") if CROSS_TEXT in t}
     await asyncio.to_thread(h.engine.embed_pending)
     assert "globex" not in embedded_text(h, CROSS_TEXT)

@@ -123,7 +123,7 @@ async def _fill(h: Harness) -> None:
     h.cog.writes.start()
     # archived threads known only from the database (an earlier capture or an import)
     from memory.records import MessageRecord
-    h.engine.upsert([
+    h.engine.storage.messages.upsert([
         MessageRecord(id=tid * 10, guild_id=G, channel_id=tid, author_id=OTHER,
                       created_at=1_700_000_000_000, content=f"{WORD} note in channel {tid}",
                       parent_id=parent, channel_type=kind, channel_name=f"archived {tid}")
@@ -140,7 +140,7 @@ def as_member(h: Harness, uid: int) -> discord.Member:
 
 
 def stored_threads(h: Harness) -> list[StoredThread]:
-    return [StoredThread(*row) for row in h.engine.store.threads(G)]
+    return [StoredThread(*row) for row in h.engine.storage.messages.threads(G)]
 
 
 @pytest.mark.parametrize("uid", list(READABLE))

@@ -21,7 +21,7 @@ import bot
 from memory.config import Profile, ReconcileConfig, parse_profile
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError
-from tests.conftest import HashEmbedder
+from tests.conftest import HashEmbedder, sql_rows
 from tests.discord_harness import READ, Harness, channel, guild, member, role, thread
 from tests.fake_discord import FakeDiscord
 
@@ -70,7 +70,7 @@ class World:
         return [int(p["id"]) for p in self.stored[place]]
 
     def count(self, place: int) -> int:
-        return len(self.engine.store.message_ids_between(place, 0, (1 << 63) - 1))
+        return len(self.engine.storage.messages.ids_between(place, 0, (1 << 63) - 1))
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ async def world(tmp_path, fake):
             await first.cog.on_message(discord.Message(state=first.state, channel=where,
                                                        data=payload))
     await first.close()  # every queued write committed
-    engine.update_settings(OTHER_G, retention_days=30, opt_out=ALICE)
+    engine.storage.guilds.update_settings(OTHER_G, retention_days=30, opt_out=ALICE)
     # what Discord holds now: every place as it was, minus what the tests delete
     for place, payloads in w.stored.items():
         fake.history[place] = list(payloads)
@@ -131,12 +131,12 @@ def delete_on_discord(w: World, place: int, ids: list[int]) -> None:
 
 def forgotten(w: World, ids: list[int]) -> bool:
     """Gone from the rows, the keyword index and the vectors, and tombstoned."""
-    store = w.engine.store
+    db = w.engine.storage.database.location
     marks = ",".join("?" * len(ids))
-    left = store._query(f"SELECT count(*) FROM messages WHERE id IN ({marks})", ids)[0][0]
-    indexed = store._query(f"SELECT count(*) FROM search_text WHERE id IN ({marks})", ids)[0][0]
-    tombs = store._query(f"SELECT count(*) FROM tombstones WHERE message_id IN ({marks})",
-                         ids)[0][0]
+    left = sql_rows(db, f"SELECT count(*) FROM messages WHERE id IN ({marks})", ids)[0][0]
+    indexed = sql_rows(db, f"SELECT count(*) FROM search_text WHERE id IN ({marks})", ids)[0][0]
+    tombs = sql_rows(db, f"SELECT count(*) FROM tombstones WHERE message_id IN ({marks})",
+                     ids)[0][0]
     return left == 0 and indexed == 0 and tombs == len(ids)
 
 
@@ -191,17 +191,17 @@ async def test_a_channel_deleted_offline_is_forgotten_with_its_threads(world):
 
 async def test_a_guild_left_offline_is_forgotten_entirely(world):
     w = world
-    assert w.engine.store.message_count(OTHER_G) == 7
+    assert w.engine.storage.messages.count(OTHER_G) == 7
     h = await restart(w)
     progress = await h.cog.reconciler.at_start_up()
     await stop(h)
-    store = w.engine.store
-    assert store.message_count(OTHER_G) == 0 and forgotten(w, w.ids(OTHER_CHANNEL))
-    assert OTHER_G not in store.known_guild_ids()
-    assert store.guild_settings(OTHER_G).retention_days is None
-    assert not store.guild_settings(OTHER_G).opted_out
+    storage = w.engine.storage
+    assert storage.messages.count(OTHER_G) == 0 and forgotten(w, w.ids(OTHER_CHANNEL))
+    assert OTHER_G not in storage.messages.known_guild_ids()
+    assert storage.guilds.settings(OTHER_G).retention_days is None
+    assert not storage.guilds.settings(OTHER_G).opted_out
     assert progress.guilds_forgotten == 1
-    assert store.message_count(G) > 0, "the guild the bot is still in is kept"
+    assert storage.messages.count(G) > 0, "the guild the bot is still in is kept"
 
 
 async def test_a_guild_missing_from_the_cache_but_listed_by_discord_is_kept(world):
@@ -212,7 +212,7 @@ async def test_a_guild_missing_from_the_cache_but_listed_by_discord_is_kept(worl
     h = await restart(w)
     await h.cog.reconciler.at_start_up()
     await stop(h)
-    assert w.engine.store.message_count(OTHER_G) == 7
+    assert w.engine.storage.messages.count(OTHER_G) == 7
 
 
 async def test_a_forbidden_thread_is_kept(world):
@@ -236,7 +236,7 @@ async def test_only_the_recent_window_is_checked(world):
     await h.cog.reconciler.at_start_up()
     await stop(h)
     assert forgotten(w, [recent])
-    assert w.engine.store.hydrate([old]), "older than the window: not checked, kept"
+    assert w.engine.storage.messages.hydrate([old]), "older than the window: not checked, kept"
     pages = [q for p, q in w.fake.requests if p.endswith(f"/channels/{GENERAL}/messages")]
     assert len(pages) == 1
 
@@ -255,10 +255,10 @@ async def test_reconcile_resumes_from_its_cursor_after_an_interruption(world):
     with pytest.raises(asyncio.CancelledError):
         await run
     await stop(h)
-    cursor = w.engine.store.reconcile_cursor(GENERAL)
+    cursor = w.engine.storage.guilds.reconcile_cursor(GENERAL)
     assert cursor is not None and not cursor.complete and cursor.before_id is not None
     assert forgotten(w, [deleted[1]]), "the newest pages were settled before the stop"
-    assert w.engine.store.hydrate([deleted[0]]), "not reached yet"
+    assert w.engine.storage.messages.hydrate([deleted[0]]), "not reached yet"
 
     w.fake.stall_after = None
     w.fake.requests.clear()
@@ -268,7 +268,7 @@ async def test_reconcile_resumes_from_its_cursor_after_an_interruption(world):
     pages = [q for p, q in w.fake.requests if p.endswith(f"/channels/{GENERAL}/messages")]
     assert pages[0]["before"] == str(cursor.before_id), "picked up where it stopped"
     assert progress.resumed and forgotten(w, deleted)
-    assert w.engine.store.reconcile_run(G) is None, "a finished run leaves no cursor"
+    assert w.engine.storage.guilds.reconcile_run(G) is None, "a finished run leaves no cursor"
 
 
 async def test_admin_command_reports_counts_and_is_admin_only(world):
@@ -285,7 +285,7 @@ async def test_admin_command_reports_counts_and_is_admin_only(world):
     assert final.startswith("Reconcile finished")
     # one in #general, then #old (5), the deleted thread (4) and #old's thread (2)
     assert f"{1 + 5 + 4 + 2} messages forgotten" in final and "3 channels gone" in final
-    assert w.engine.store.message_count(OTHER_G) == 7, "the command judges its own server only"
+    assert w.engine.storage.messages.count(OTHER_G) == 7, "the command judges its own server only"
 
 
 async def test_start_up_runs_reconcile_after_the_catch_up(world):

@@ -17,7 +17,7 @@ import bot
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.search import SearchRequest
-from memory.store import MessageStore
+from memory.storage import open_storage
 from tests.conftest import GUILD, snowflake
 from tests.test_backfill import ALICE, GENERAL, G, backfill, history, setup  # noqa: F401
 
@@ -44,14 +44,14 @@ def aged(make_record: Callable[..., MessageRecord]) -> Callable[[str, float], Me
 def test_ingest_leaves_out_messages_older_than_retention(
     engine: MemoryEngine, aged: Callable[..., MessageRecord], tmp_db: Path
 ) -> None:
-    engine.update_settings(GUILD, retention_days=30)
+    engine.storage.guilds.update_settings(GUILD, retention_days=30)
     records = [aged("fresh pelican notes", 1), aged("late pelican notes", 29),
                aged("stale walrus ninetydaymarker", 90), aged("ancient walrus hundredtwentymarker", 120)]
 
     stats = engine.ingest(records)
 
     assert (stats.inserted, stats.expired) == (2, 2)
-    assert engine.store.message_count() == 2
+    assert engine.storage.messages.count() == 2
     assert engine.search("walrus", guild_id=GUILD).hits == []
     data = file_bytes(tmp_db)
     assert b"ninetydaymarker" not in data and b"hundredtwentymarker" not in data
@@ -61,7 +61,7 @@ def test_ingest_leaves_out_messages_older_than_retention(
 def test_a_guild_without_retention_keeps_old_messages(
     engine: MemoryEngine, aged: Callable[..., MessageRecord]
 ) -> None:
-    engine.update_settings(GUILD + 1, retention_days=30)  # another guild's period binds only it
+    engine.storage.guilds.update_settings(GUILD + 1, retention_days=30)  # another guild's period binds only it
     stats = engine.ingest([aged("old walrus", 400)])
     assert (stats.inserted, stats.expired) == (1, 0)
     assert [h.content for h in engine.search("walrus", guild_id=GUILD).hits] == ["old walrus"]
@@ -77,7 +77,7 @@ def test_search_and_context_hide_what_aged_past_retention_before_the_purge(
     engine.ingest([old, reply, neighbour])
     assert len(engine.search("walrus", guild_id=GUILD).hits) == 3
 
-    engine.update_settings(GUILD, retention_days=10)  # what the hourly purge has not seen yet
+    engine.storage.guilds.update_settings(GUILD, retention_days=10)  # what the hourly purge has not seen yet
 
     for scope in (GUILD, None):
         for mode in ("hybrid", "keyword", "dense"):
@@ -97,9 +97,9 @@ def test_an_import_of_old_exports_stores_only_what_retention_keeps(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     db = tmp_path / "memory.sqlite3"
-    store = MessageStore(db)
-    store.update_guild_settings(900, retention_days=30)
-    store.close()
+    storage = open_storage(db)
+    storage.guilds.update_settings(900, retention_days=30)
+    storage.close()
     messages = [
         {"id": str(snowflake(days_ago(age), i)), "content": text,
          "author": {"id": "5", "name": "ann"}}
@@ -121,7 +121,7 @@ def test_an_import_of_old_exports_stores_only_what_retention_keeps(
 
 async def test_a_backfill_of_old_history_stores_only_what_retention_keeps(setup):  # noqa: F811
     h, fake = setup
-    h.engine.update_settings(G, retention_days=30)
+    h.engine.storage.guilds.update_settings(G, retention_days=30)
     fresh = history(h, GENERAL, 3, "fresh")
     old = [
         h.message_payload(f"old backfillmarker {age}", author=(ALICE, "alice"), channel=GENERAL,
@@ -134,6 +134,6 @@ async def test_a_backfill_of_old_history_stores_only_what_retention_keeps(setup)
     summary = await backfill(h)
 
     assert summary.startswith("Backfill finished")
-    assert h.engine.store.message_count() == 3
-    assert b"backfillmarker" not in file_bytes(Path(h.engine.store.path))
+    assert h.engine.storage.messages.count() == 3
+    assert b"backfillmarker" not in file_bytes(Path(h.engine.storage.database.location))
     assert h.engine.search("backfillmarker", guild_id=G).hits == []

@@ -165,7 +165,7 @@ def test_hostile_content_is_stored_and_found_by_keyword(
 ) -> None:
     target = make_record(content)
     engine.ingest([target, make_record("unrelated filler about tomatoes")])
-    assert engine.store.hydrate([target.id])[target.id].content == content
+    assert engine.storage.messages.hydrate([target.id])[target.id].content == content
     result = engine.search(query, guild_id=GUILD, mode="keyword")
     assert target.id in [h.id for h in result.hits]
     assert result.hits[0].id == target.id
@@ -218,7 +218,7 @@ def test_rrf_fused_score_is_reciprocal_rank(
     most = 1 + CONFIG.keyword_weight + CONFIG.window_weight + CONFIG.window_dense_weight
     assert 2 / (CONFIG.rrf_k + 1) < hit.fused <= most / (CONFIG.rrf_k + 1)
     plain = make_engine(context="none", window_weight=0.0, window_dense_weight=0.0,
-                        db=engine.store.path + ".2")
+                        db=engine.storage.database.location + ".2")
     plain.ingest([target])
     hit = plain.search("soldering iron", guild_id=GUILD, adaptive=False, boosts=False).hits[0]
     assert hit.fused == pytest.approx(2 / (CONFIG.rrf_k + 1))
@@ -305,19 +305,19 @@ def test_the_floor_is_calibrated_per_guild_stored_and_renewed_as_it_grows(
     make_engine: MakeEngine, make_record: MakeRecord
 ) -> None:
     engine = make_engine()
-    assert engine.store.similarity_floor(GUILD, 0.5) is None  # too few vectors to say
+    assert engine.storage.vectors.similarity_floor(GUILD, 0.5) is None  # too few vectors to say
     engine.ingest([make_record(f"note {i} about {word}") for i, word in
                    enumerate(["tomatoes", "routers", "solder", "beans", "printers"] * 6)])
-    floor = engine.store.similarity_floor(GUILD, 0.5)
+    floor = engine.storage.vectors.similarity_floor(GUILD, 0.5)
     assert floor is not None and -1.0 < floor < 1.0
-    stored = json.loads(engine.store.get_meta(f"similarity_floor:{GUILD}") or "{}")
+    stored = json.loads(engine.storage.meta.get(f"similarity_floor:{GUILD}") or "{}")
     assert stored == {"quantile": 0.5, "vectors": 30, "floor": floor}
-    assert engine.store.similarity_floor(GUILD, 0.9) > floor  # a higher quantile, higher floor
+    assert engine.storage.vectors.similarity_floor(GUILD, 0.9) > floor  # a higher quantile, higher floor
     result = engine.search("tomatoes", guild_id=GUILD, now=NOW)
     assert result.trace.threshold_floor == pytest.approx(max(CONFIG.threshold_floor, floor))
     engine.ingest([make_record(f"off topic chatter {i}") for i in range(20)])  # grew by 2/3
-    engine.store.similarity_floor(GUILD, 0.5)
-    assert json.loads(engine.store.get_meta(f"similarity_floor:{GUILD}") or "{}")["vectors"] == 50
+    engine.storage.vectors.similarity_floor(GUILD, 0.5)
+    assert json.loads(engine.storage.meta.get(f"similarity_floor:{GUILD}") or "{}")["vectors"] == 50
 
 
 def test_the_floor_is_the_same_for_the_same_messages(
@@ -328,8 +328,8 @@ def test_the_floor_is_the_same_for_the_same_messages(
                    enumerate(["tomatoes", "routers", "solder", "beans", "printers"] * 200)])
     floors = set()
     for _ in range(3):  # the sample is spread over the history, not drawn at random
-        engine.store.set_meta(f"similarity_floor:{GUILD}", "{}")
-        floors.add(engine.store.similarity_floor(GUILD, 0.5))
+        engine.storage.meta.set(f"similarity_floor:{GUILD}", "{}")
+        floors.add(engine.storage.vectors.similarity_floor(GUILD, 0.5))
     assert len(floors) == 1
 
 
@@ -354,13 +354,13 @@ def test_only_candidates_that_cannot_reach_the_top_are_left_unread(
     ])
     every = corpus.searcher._contenders
     hydrated: list[int] = []  # how many candidates each search read back
-    hydrate = corpus.store.hydrate
+    hydrate = corpus.storage.messages.hydrate
 
     def counting_hydrate(ids: Sequence[int]) -> dict[int, StoredMessage]:
         hydrated.append(len(ids))
         return hydrate(ids)
 
-    corpus.store.hydrate = counting_hydrate  # type: ignore[method-assign]
+    corpus.storage.messages.hydrate = counting_hydrate  # type: ignore[method-assign]
     pruned_any = False
     for query in ("soldering iron", "Sam", "recent pizza", "tomatoes in May", "hakko tip"):
         request = replace(SearchRequest(queries=(query,), guild_id=GUILD, now=NOW), **fields)
@@ -390,7 +390,7 @@ class _EmbedderWatch:
     ) -> None:
         self.keyword_started = threading.Event()
         self.seen: list[tuple[bool, int]] = []  # (keyword list started, torch threads)
-        keyword, embed = engine.store.keyword, engine.embedder.embed
+        keyword, embed = engine.storage.keywords.ranked, engine.embedder.embed
 
         def watched_keyword(*args, **kwargs):
             self.keyword_started.set()
@@ -400,7 +400,7 @@ class _EmbedderWatch:
             self.seen.append((self.keyword_started.wait(timeout=wait), torch.get_num_threads()))
             return embed(texts)
 
-        monkeypatch.setattr(engine.store, "keyword", watched_keyword)
+        monkeypatch.setattr(engine.storage.keywords, "ranked", watched_keyword)
         monkeypatch.setattr(engine.embedder, "embed", watched_embed)
 
 
@@ -423,7 +423,7 @@ def test_a_failed_embedding_leaves_no_keyword_work_running(
     corpus: MemoryEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started, release, finished = threading.Event(), threading.Event(), threading.Event()
-    keyword = corpus.store.keyword
+    keyword = corpus.storage.keywords.ranked
 
     def slow_keyword(*args, **kwargs):
         started.set()
@@ -438,7 +438,7 @@ def test_a_failed_embedding_leaves_no_keyword_work_running(
         threading.Timer(0.2, release.set).start()
         raise RuntimeError("the embedder broke")
 
-    monkeypatch.setattr(corpus.store, "keyword", slow_keyword)
+    monkeypatch.setattr(corpus.storage.keywords, "ranked", slow_keyword)
     monkeypatch.setattr(corpus.embedder, "embed", failing_embed)
     with pytest.raises(RuntimeError, match="embedder broke"):
         corpus.search(SearchRequest(queries=("solder iron",), guild_id=GUILD))
@@ -462,13 +462,13 @@ def test_window_vectors_of_keyword_finds_are_read_beside_the_knn(
 ) -> None:
     want = corpus.search(SearchRequest(queries=("solder iron", "hakko tip"), guild_id=GUILD))
     reads: list[tuple[bool, list[int]]] = []
-    window_vectors = corpus.store.window_vectors
+    window_vectors = corpus.storage.vectors.window_vectors
 
     def watched(ids, *, beside=False):
         reads.append((beside, list(ids)))
         return window_vectors(ids, beside=beside)
 
-    monkeypatch.setattr(corpus.store, "window_vectors", watched)
+    monkeypatch.setattr(corpus.storage.vectors, "window_vectors", watched)
     got = corpus.search(SearchRequest(queries=("solder iron", "hakko tip"), guild_id=GUILD))
     assert [(h.id, h.score) for h in got.hits] == [(h.id, h.score) for h in want.hits]
     assert reads[0][0] and reads[0][1]  # the keyword lists' finds, on the worker thread
@@ -820,14 +820,14 @@ def test_empty_reason_names_this_server_when_only_others_have_messages(
     engine: MemoryEngine, make_record: MakeRecord
 ) -> None:
     engine.ingest([make_record("hello from elsewhere", guild_id=GUILD + 1)])
-    assert engine.store.has_messages() and engine.store.has_messages(GUILD + 1)
-    assert not engine.store.has_messages(GUILD)
+    assert engine.storage.messages.has_any() and engine.storage.messages.has_any(GUILD + 1)
+    assert not engine.storage.messages.has_any(GUILD)
     result = engine.search("hello", guild_id=GUILD)
     assert result.hits == [] and "nothing is stored for this server" in result.empty_reason
 
 
 def test_empty_reason_not_embedded_yet(engine: MemoryEngine, make_record: MakeRecord) -> None:
-    engine.upsert([make_record("stored but not embedded")])
+    engine.storage.messages.upsert([make_record("stored but not embedded")])
     result = engine.search("stored", guild_id=GUILD, mode="dense")
     assert result.hits == []
     assert "embed" in result.empty_reason

@@ -335,7 +335,7 @@ def test_switch_profile_swaps_after_load_and_keeps_inflight_on_old(remote_engine
                 break
             time.sleep(0.05)
         assert old.backend._closed
-    assert remote_engine.store.active_profile == "remote-test"
+    assert remote_engine.storage.meta.active_profile == "remote-test"
 
 
 def test_failed_switch_keeps_the_old_reranker(remote_engine, tmp_path):
@@ -348,7 +348,7 @@ def test_failed_switch_keeps_the_old_reranker(remote_engine, tmp_path):
     with pytest.raises(RerankerUnavailable, match="missing"):
         future.result(timeout=30)
     assert remote_engine.rerankers.current() is old
-    assert remote_engine.store.active_profile != "broken"
+    assert remote_engine.storage.meta.active_profile != "broken"
     assert search(remote_engine).trace.reranked
 
 
@@ -358,7 +358,7 @@ def test_switch_to_a_profile_without_reranker(remote_engine):
     result = search(remote_engine)
     assert remote_engine.rerankers.current() is None
     assert not result.trace.reranked and result.trace.rerank_backend is None
-    assert remote_engine.store.active_profile == "plain"
+    assert remote_engine.storage.meta.active_profile == "plain"
 
 
 # -- the in-process backend end to end ---------------------------------------------

@@ -44,7 +44,7 @@ async def test_close_stops_embedding_at_the_next_chunk_and_loses_nothing(tmp_pat
     embedder = PacedEmbedder()
     engine = MemoryEngine(db, Profile(name="test"), embedder, load_reranker=False)
     make = record_factory()
-    engine.upsert(make(f"backlog message {i}", guild_id=G, channel_id=GENERAL)
+    engine.storage.messages.upsert(make(f"backlog message {i}", guild_id=G, channel_id=GENERAL)
                   for i in range(BACKLOG))
     h = Harness(engine, [server()])
     await h.start()
@@ -62,11 +62,11 @@ async def test_close_stops_embedding_at_the_next_chunk_and_loses_nothing(tmp_pat
     assert took < CLOSE_BOUND_S, f"close took {took:.1f} s"
     reopened = MemoryEngine(db, Profile(name="test"), HashEmbedder(), load_reranker=False)
     try:
-        assert set(reopened.store.hydrate([m.id for m in queued])) == {m.id for m in queued}
-        pending = reopened.store.pending_count()
+        assert set(reopened.storage.messages.hydrate([m.id for m in queued])) == {m.id for m in queued}
+        pending = reopened.storage.backlog.pending_count()
         assert pending >= BACKLOG + len(queued) - 3 * EMBED_CHUNK  # at most a chunk or two done
         assert reopened.embed_pending() == pending
-        assert reopened.store.pending_count() == 0
+        assert reopened.storage.backlog.pending_count() == 0
     finally:
         reopened.close()
 
@@ -94,7 +94,7 @@ class Announcing(PacedEmbedder):
 
 engine = MemoryEngine(db, Profile(name="test"), Announcing(), load_reranker=False)
 make = record_factory()
-engine.upsert(make(f"backlog message {i}") for i in range(int(sys.argv[4])))
+engine.storage.messages.upsert(make(f"backlog message {i}") for i in range(int(sys.argv[4])))
 sys.exit(bot.run_bot(engine, "good-token"))
 """
 
@@ -123,7 +123,7 @@ def test_sigterm_to_a_running_bot_exits_within_the_bound_and_keeps_the_backlog(
     assert took < 5.0, f"exit took {took:.1f} s after SIGTERM"
     reopened = MemoryEngine(db, Profile(name="test"), HashEmbedder(), load_reranker=False)
     try:
-        pending = reopened.store.pending_count()
+        pending = reopened.storage.backlog.pending_count()
         assert BACKLOG - 3 * EMBED_CHUNK <= pending < BACKLOG
         assert reopened.embed_pending() == pending
     finally:

@@ -1,10 +1,11 @@
-"""What a query's words become in the keyword search, and which lines count as content."""
+"""What a query's words become in the keyword search, and which lines count as content
+(what the SQLite engine makes of those words: tests/storage/test_sqlite_keywords.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from memory.text import content_words, fts_match, query_terms
+from memory.text import content_words, query_terms
 
 
 @pytest.mark.parametrize("query, terms", [
@@ -19,20 +20,6 @@ def test_question_words_and_chat_filler_leave_the_keyword_query(
     query: str, terms: list[str]
 ) -> None:
     assert query_terms(query) == terms
-
-
-@pytest.mark.parametrize("text, expected", [
-    ('solder "iron" AND NEAR(x)', '"solder" OR "iron" OR "near" OR "x"'),
-    ("", None),
-    ("?!", None),
-])
-def test_fts_queries_are_quoted_terms(text: str, expected: str | None) -> None:
-    assert fts_match(query_terms(text)) == expected
-
-
-def test_fts_match_escapes_quotes() -> None:
-    assert fts_match(['a"b']) == '"a""b"'
-    assert fts_match([]) is None
 
 
 @pytest.mark.parametrize("text, words", [

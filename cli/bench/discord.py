@@ -212,7 +212,8 @@ async def _embedding_stall(db: Path, profile: Profile, payload: dict, backlog: i
     engine = MemoryEngine(db, replace(profile, reranker=RerankerConfig()), load_reranker=False)
     if preload:
         engine.preload()
-    engine.upsert(replace(r, guild_id=GUILD, channel_id=10_001) for r in synthetic_records(backlog))
+    engine.storage.messages.upsert(replace(r, guild_id=GUILD, channel_id=10_001)
+                                   for r in synthetic_records(backlog))
     bot, cog, _ = await _offline_bot(engine, payload)
     cog.embed_backlog.cancel()  # driven by hand below, so the probe sees exactly one pass
     try:
@@ -239,7 +240,7 @@ async def _rerank_and_capture(db: Path, profile: Profile, reranking: Profile, pa
                               searches: int, captures: int) -> dict[str, Any]:
     engine = MemoryEngine(db, replace(profile, reranker=RerankerConfig()), load_reranker=False)
     engine.preload()
-    engine.upsert(replace(r, guild_id=GUILD, channel_id=10_001 + r.id % 7)
+    engine.storage.messages.upsert(replace(r, guild_id=GUILD, channel_id=10_001 + r.id % 7)
                   for r in synthetic_records(3000))
     engine.embed_pending()
     bot, cog, server = await _offline_bot(engine, payload)

@@ -216,7 +216,7 @@ async def _reconcile(db: Path, profile: Profile, window: int, per_channel: dict[
         await bot.load_extension("cogs.memory")
         await bot.http.static_login("bench-token")
         cog = cast(Any, bot.get_cog("MemoryCog"))
-        before = engine.store.message_count()
+        before = engine.storage.messages.count()
         started = time.perf_counter()
         done = await cog.reconciler.at_start_up()
         local_s = time.perf_counter() - started
@@ -226,7 +226,7 @@ async def _reconcile(db: Path, profile: Profile, window: int, per_channel: dict[
             "requests": dict(stand_in.requests), "messages_compared": done.messages_checked,
             "messages_forgotten": done.messages_forgotten,
             "channels_forgotten": done.channels_forgotten,
-            "stored_after": engine.store.message_count(), "stored_before": before,
+            "stored_after": engine.storage.messages.count(), "stored_before": before,
         }
     finally:
         await bot.http.close()

@@ -27,6 +27,7 @@ from memory.engine import MemoryEngine
 from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.search import SearchRequest
+from memory.storage.sqlite.connection import connect
 from memory.text import STOPWORDS
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,9 @@ def run_search_scale(
             raw_texts = 0
             for start in range(0, len(records), 5000):
                 started = time.perf_counter()
-                engine.upsert(records[start : start + 5000])
+                engine.storage.messages.upsert(records[start : start + 5000])
                 import_s += time.perf_counter() - started
-                sample = [engine.embedding_text(m) for m in engine.store.pending(500)]
+                sample = [engine.embedding_text(m) for m in engine.storage.backlog.pending(500)]
                 raw_s += _encoder_seconds(engine, sample)
                 raw_texts += len(sample)
                 started = time.perf_counter()
@@ -182,6 +183,19 @@ ALLOW_LIST_500 = tuple(range(2000, 2007)) + tuple(range(50_000, 50_493))
 RESCORE_SWEEP = (1, 2, 4, 8, 16)
 
 
+def _every_vector(engine: MemoryEngine) -> list[tuple[int, bytes]]:
+    """Every stored ``(message_id, float32 bytes)``, read from the SQLite file itself.
+
+    A measurement, not a storage read: the exact cosine baseline needs every vector,
+    which no storage method lists; its own read-only connection leaves the engine's alone.
+    """
+    conn = connect(engine.storage.database.location, read_only=True)
+    try:
+        return conn.execute("SELECT message_id, embedding FROM message_vectors").fetchall()
+    finally:
+        conn.close()
+
+
 def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, dict[str, float]]:
     """The vector stage alone: latency and agreement with exact cosine per ``rescore``.
 
@@ -189,7 +203,7 @@ def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, d
     the same queries, interleaved, and compared with the exact top 10 and top k
     computed in numpy over every stored vector.
     """
-    rows = engine.store._query("SELECT message_id, embedding FROM message_vectors")
+    rows = _every_vector(engine)
     ids = np.array([row[0] for row in rows])
     matrix = np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float32)
     matrix = matrix.reshape(len(rows), -1)
@@ -199,7 +213,7 @@ def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, d
     filters = Filters(guild_id=SCALE_GUILD)
     for rescore in RESCORE_SWEEP:  # warm-up: the radius memory learns on other queries
         for vector in engine.embedder.embed([f"warm up {i}" for i in range(8)]):
-            engine.store.knn(vector, k, filters, rescore=rescore)
+            engine.storage.vectors.knn(vector, k, filters, rescore=rescore)
     stats: dict[int, dict[str, list[float]]] = {
         r: {"ms": [], "top10": [], "topk": []} for r in RESCORE_SWEEP
     }
@@ -207,7 +221,8 @@ def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, d
         exact = ids[np.argsort(-(matrix @ vector), kind="stable")[:k]]
         for rescore in RESCORE_SWEEP:
             started = time.perf_counter()
-            found = [mid for mid, _ in engine.store.knn(vector, k, filters, rescore=rescore)]
+            found = [mid for mid, _ in
+                     engine.storage.vectors.knn(vector, k, filters, rescore=rescore)]
             stats[rescore]["ms"].append((time.perf_counter() - started) * 1000)
             stats[rescore]["top10"].append(len(set(found[:10]) & set(exact[:10])) / 10)
             stats[rescore]["topk"].append(len(set(found) & set(exact)) / k)

@@ -81,7 +81,7 @@ async def _run(profile: Profile, backlog: int, burst: int, shutdown: tuple[int, 
 def _engine(db: Path, profile: Profile, backlog: int) -> MemoryEngine:
     engine = MemoryEngine(db, profile, load_reranker=False)
     engine.preload()
-    engine.upsert(replace(r, guild_id=GUILD, channel_id=10_001)
+    engine.storage.messages.upsert(replace(r, guild_id=GUILD, channel_id=10_001)
                   for r in synthetic_records(backlog))
     return engine
 
@@ -135,7 +135,7 @@ async def _switch(db: Path, profile: Profile, reranking: Profile, payload: dict)
 async def _shutdown(db: Path, profile: Profile, payload: dict, backlog: int) -> dict:
     """``bot.close()`` one second into embedding a backlog; what stayed pending."""
     engine = _engine(db, profile, backlog)
-    path = engine.store.path
+    path = engine.storage.database.location
     bot, _, _ = await _offline_bot(engine, payload)  # the cog's loop starts embedding
     await asyncio.sleep(1.0)
     started = time.perf_counter()
@@ -143,7 +143,7 @@ async def _shutdown(db: Path, profile: Profile, payload: dict, backlog: int) -> 
     seconds = time.perf_counter() - started
     reopened = MemoryEngine(path, profile, load_reranker=False)
     try:
-        pending = reopened.store.pending_count()
+        pending = reopened.storage.backlog.pending_count()
     finally:
         reopened.close()
     return {"backlog": backlog, "close_s": round(seconds, 2), "left_pending": pending}

@@ -1,7 +1,7 @@
 """Who holds a claim on part of the embedding backlog, and whether they still run.
 
 Concurrent embedders (the bot, an ``embed`` or ``import`` next to it) share the
-backlog by claiming batches (:meth:`memory.store.MessageStore.claim`).  A claim must
+backlog by claiming batches (:meth:`memory.storage.contract.Backlog.claim`).  A claim must
 die with the process that made it: a killed embedder's batch goes back to the
 backlog at once, so the very next run finishes it, instead of waiting for the claim
 to time out.

@@ -159,7 +159,7 @@ def connect(
 
     Args:
         path: Database file, or ``":memory:"``.
-        check_same_thread: Passed to the driver; the store serialises access itself.
+        check_same_thread: Passed to the driver; the database serialises access itself.
         read_only: Force read-only (True) or read-write (False); ``None`` decides by
             the file's permissions.
 

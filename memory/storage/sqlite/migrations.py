@@ -7,7 +7,7 @@ a function of the connection (for a change SQL alone cannot express).  A shipped
 migration is never edited: change the schema by appending a new one.
 
 The sqlite-vec table is not created here because its dimension depends on the
-embedding model; :meth:`memory.store.MessageStore.set_embedding_model` creates it.
+embedding model; :meth:`memory.storage.sqlite.meta.SQLiteMeta.bind_model` creates it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from memory.errors import DatabaseFileError
 from memory.storage.sqlite.connection import IN_IDS, id_list, sqlite_driver
-from memory.storage.sqlite.vectors import VectorIndex, upgrade_float_table
+from memory.storage.sqlite.vectors import Vec0Table, upgrade_float_table
 from memory.storage.sqlite.windows import index_all_window_vectors, index_all_windows, vectors_changed
 
 log = logging.getLogger(__name__)
@@ -29,11 +29,11 @@ Migration = str | Callable[[Any], None]
 def reembed_cross_channel_replies(conn: Any) -> None:
     """Drop the vectors of replies embedded with another channel's text; they re-embed.
 
-    Before :meth:`memory.store.MessageStore.pending` kept a reply's context to its
-    own channel, an imported reply to a message elsewhere was embedded with that
+    Before :meth:`memory.storage.sqlite.backlog.SQLiteBacklog.pending` kept a reply's
+    antecedent to its own channel, an imported reply to a message elsewhere was embedded with that
     message's text.  Their vectors (and the window vectors holding them) are
     removed and the messages marked pending, so the embedder redoes them with
-    same-channel context.
+    same-channel antecedents.
     """
     ids = [row[0] for row in conn.execute(
         "SELECT m.id FROM messages m JOIN messages r ON r.id = m.reply_to_id "
@@ -41,7 +41,7 @@ def reembed_cross_channel_replies(conn: Any) -> None:
     )]
     if ids:
         conn.execute(f"UPDATE messages SET embedded = 0 WHERE id {IN_IDS}", (id_list(ids),))
-        index = VectorIndex(lambda sql, params: conn.execute(sql, params).fetchall(),
+        index = Vec0Table(lambda sql, params: conn.execute(sql, params).fetchall(),
                             on_change=vectors_changed)
         index.delete(conn, ids)
     log.info("%d replies embedded with another channel's text will be embedded again", len(ids))
@@ -101,7 +101,7 @@ MIGRATIONS: list[Migration] = [
     END;
     """,
     # 2: per guild, how often each bit of the stored 1-bit codes is set; it lets a
-    # search guess how far its k-th nearest code lies (memory.store._RadiusMemory).
+    # search guess how far its k-th nearest code lies (memory.storage.sqlite.vectors._RadiusMemory).
     """
     CREATE TABLE code_stats (
         guild_id INTEGER PRIMARY KEY,
@@ -151,7 +151,7 @@ MIGRATIONS: list[Migration] = [
     # 4: first-release vector tables (a float vec0 column) move to 1-bit codes + floats
     # (memory.storage.sqlite.vectors).
     upgrade_float_table,
-    # 5: embedders claim their batches (memory.store.MessageStore.claim), so that two
+    # 5: embedders claim their batches (memory.storage.sqlite.backlog.SQLiteBacklog.claim), so that two
     # never embed the same message; an expired claim (its embedder died) is free again.
     """
     CREATE TABLE embedding_claims (
@@ -162,7 +162,7 @@ MIGRATIONS: list[Migration] = [
     """,
     # 6: the keyword index sees author names, and each message's conversational window
     # (memory.storage.sqlite.windows) gets an index of its own; both read `search_text`, which the
-    # store keeps in step with `messages` (a message's row and its neighbours' together).
+    # storage keeps in step with `messages` (a message's row and its neighbours' together).
     """
     DROP TRIGGER IF EXISTS messages_ai;
     DROP TRIGGER IF EXISTS messages_ad;
@@ -210,8 +210,8 @@ MIGRATIONS: list[Migration] = [
     """,
     # 7: fill the new index for messages stored before migration 6.
     index_all_windows,
-    # 8: each window's mean vector, stored (memory.storage.sqlite.windows) so that a search looks it
-    # up instead of averaging its members' vectors for every candidate.
+    # 8: each window's mean vector, stored (memory.storage.sqlite.windows) so that a
+    # search looks it up instead of averaging its members' vectors for every candidate.
     index_all_window_vectors,
     # 9: replies embedded with a reply target from another channel go back to the
     # backlog: their vectors carried that channel's text (issue 19, item 3).

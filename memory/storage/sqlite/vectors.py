@@ -1,4 +1,5 @@
-"""The vector side of the store: the vec0 table, its 1-bit KNN and the code statistics.
+"""The vector side of the SQLite engine: the vec0 table, its 1-bit KNN, the code
+statistics and the window vectors.  The only module that knows vec0's internals.
 
 Each message's vector is kept twice in one sqlite-vec ``vec0`` row: as a 1-bit code
 (one bit per dimension) that the KNN searches by Hamming distance, and as the float
@@ -10,21 +11,32 @@ rather than after its top-k.
 ``code_stats`` keeps, per guild, how many codes have each bit set; it lets
 :class:`_RadiusMemory` guess how far a search must look.  The counts are exact:
 every write adds its codes, and every delete or replacement subtracts them.
+
+``window_vectors`` keeps each conversational window's mean vector (float16, unit
+length; :mod:`memory.storage.sqlite.windows` says which messages a window holds and
+when it changes).  :class:`Vec0Table` is the table itself, written inside the
+callers' transactions; :class:`SQLiteVectorIndex` is the contract's ``VectorIndex``
+over it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from memory.filters import Filters
 from memory.storage.sqlite.connection import IN_IDS, id_list
 from memory.storage.sqlite.filters import filter_sql
+
+if TYPE_CHECKING:
+    from memory.storage.sqlite.database import SQLiteDatabase
+    from memory.storage.sqlite.meta import SQLiteMeta
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +52,7 @@ Query = Callable[[str, Sequence[Any]], list[tuple]]
 OnChange = Callable[[Any, Sequence[int]], None]
 """Called inside the writing transaction with the ids whose vectors were stored or deleted."""
 VectorRow = tuple[int, int, int, int, int, bool, np.ndarray]
-"""What :meth:`VectorIndex.write` stores per message: its id, guild, channel, author,
+"""What :meth:`Vec0Table.write` stores per message: its id, guild, channel, author,
 creation time, whether it has attachments, and its vector."""
 
 
@@ -75,7 +87,7 @@ def shadow_table_readable(query: Query) -> bool:
 
 
 def read_floats(query: Query, ids: Iterable[int], *, auxiliary: bool) -> dict[int, np.ndarray]:
-    """The stored float vectors of ``ids`` that have one (see :meth:`VectorIndex.floats`)."""
+    """The stored float vectors of ``ids`` that have one (see :meth:`Vec0Table.floats`)."""
     ids = list(ids)
     if not ids:
         return {}
@@ -145,6 +157,56 @@ def upgrade_float_table(conn: Any) -> None:
         for guild_id, blob in conn.execute("SELECT guild_id, embedding FROM temp.vectors_copy")
     ))
     conn.execute("DROP TABLE temp.vectors_copy")
+
+
+def write_window_vectors(conn: Any, windows: dict[int, list[int]]) -> None:
+    """Store the window vector of each message in ``windows`` (drop it where there is none).
+
+    Args:
+        conn: A connection inside the caller's write transaction.
+        windows: Each message's window members (message ids); a window vector is the
+            normalised mean of its embedded members' vectors, and a message with no
+            window here, or none of whose members has a vector yet, has none.
+    """
+    means = _window_means(conn, windows)
+    conn.execute(f"DELETE FROM window_vectors WHERE id {IN_IDS}", (id_list(windows),))
+    conn.executemany(
+        "INSERT INTO window_vectors(id, vector) VALUES (?, ?)",
+        [(mid, vector.astype(np.float16).tobytes()) for mid, vector in means.items()],
+    )
+
+
+def _window_means(conn: Any, windows: dict[int, list[int]]) -> dict[int, np.ndarray]:
+    if not table_columns(conn):  # no embedding model bound yet: no vectors
+        return {}
+
+    def query(sql: str, params: Sequence[Any]) -> list[tuple]:
+        return conn.execute(sql, params).fetchall()
+    floats = read_floats(query, {m for members in windows.values() for m in members},
+                         auxiliary=shadow_table_readable(query))
+    owners, rows = [], []
+    for mid, members in windows.items():
+        found = [floats[m] for m in members if m in floats]
+        if found:
+            owners.append(mid)
+            rows.append(np.sum(found, axis=0))
+    if not owners:
+        return {}
+    sums = np.stack(rows)
+    sums /= np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
+    return dict(zip(owners, sums))
+
+
+def read_window_vectors(query: Query, ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """The stored window vectors of those of ``ids`` that have one, as float32."""
+    if not ids:
+        return {}
+    rows = query(f"SELECT id, vector FROM window_vectors WHERE id {IN_IDS}", (id_list(ids),))
+    if not rows:
+        return {}
+    # one conversion for all rows: per-row numpy calls cost more than the query
+    matrix = np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float16)
+    return dict(zip((row[0] for row in rows), matrix.reshape(len(rows), -1).astype(np.float32)))
 
 
 class _RadiusMemory:
@@ -231,17 +293,17 @@ class _RadiusMemory:
             self._offsets.setdefault(key, deque(maxlen=self._history)).append(offset)
 
 
-class VectorIndex:
+class Vec0Table:
     """The ``message_vectors`` table and ``code_stats`` of one database.
 
-    Reads go through ``query`` (the store's locked reader); writes take the
+    Reads go through ``query`` (the database's locked reader); writes take the
     connection of a transaction the caller holds, so a message and its vector
     change together.
 
     Args:
         query: Runs one read-only statement and returns its rows.
         on_change: Told which messages' vectors each write or delete changed
-            (the store keeps its window vectors in step with them).
+            (the window vectors are kept in step with them).
     """
 
     def __init__(self, query: Query, on_change: OnChange | None = None) -> None:
@@ -249,6 +311,10 @@ class VectorIndex:
         self._on_change = on_change or (lambda conn, ids: None)
         self._radii = _RadiusMemory()
         self._auxiliary: bool | None = None  # vec0's float shadow table is readable
+
+    def exists(self) -> bool:
+        """Whether the vector table exists (an embedding model was bound)."""
+        return bool(self._query("SELECT 1 FROM pragma_table_info('message_vectors')", ()))
 
     # -- writes (inside the caller's transaction) --------------------------------------
 
@@ -260,9 +326,10 @@ class VectorIndex:
 
     @staticmethod
     def drop(conn: Any) -> None:
-        """Drop every vector and every code count."""
+        """Drop every vector, every code count and every window vector."""
         conn.execute("DROP TABLE IF EXISTS message_vectors")
         conn.execute("DELETE FROM code_stats")
+        conn.execute("DELETE FROM window_vectors")
 
     def write(self, conn: Any, rows: Sequence[VectorRow]) -> None:
         """Store (or replace) one vector per message and count its code bits."""
@@ -322,7 +389,7 @@ class VectorIndex:
         500 ids at 100k messages), so the floats are read from vec0's own shadow
         table for auxiliary columns, by rowid (= message id): 1.7 ms.  If a
         sqlite-vec release lays its shadow tables out otherwise, the vec0 query is
-        used (slower, same answer; tests/test_store.py checks both agree).
+        used (slower, same answer; tests/storage/test_sqlite_vectors.py checks both agree).
         """
         if self._auxiliary is None:
             self._auxiliary = shadow_table_readable(self._query)
@@ -375,3 +442,81 @@ class VectorIndex:
             f"WHERE {' AND '.join(clauses)} ORDER BY distance",
             params,
         )
+
+
+class SQLiteVectorIndex:
+    """The contract's ``VectorIndex`` over one database's :class:`Vec0Table`.
+
+    Args:
+        database: The database.
+        table: Its vector table (shared with the nouns that write vectors).
+        meta: Which embedding model the vectors belong to (a KNN of another model's
+            vector is refused; the similarity floor is cached there).
+    """
+
+    def __init__(self, database: SQLiteDatabase, table: Vec0Table, meta: SQLiteMeta) -> None:
+        self._db = database
+        self.table = table
+        """The vec0 table itself, for SQLite-specific tools and tests."""
+        self._meta = meta
+
+    def knn(
+        self, vector: np.ndarray, k: int, filters: Filters, *, rescore: int = 4
+    ) -> list[tuple[int, float]]:
+        """Up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first (:meth:`Vec0Table.knn`).
+
+        Empty before anything is embedded.
+        """
+        if self._meta.embedding_model() is None:
+            return []
+        self._meta.check_model_unchanged()
+        try:
+            return self.table.knn(vector, k, filters, rescore=rescore)
+        except Exception as exc:  # re-embedded between the check and the query
+            self._meta.check_model_unchanged()
+            raise exc
+
+    def window_vectors(self, ids: Sequence[int], *, beside: bool = False) -> dict[int, np.ndarray]:
+        """The window vector of each message: its window's mean vector, unit length.
+
+        Kept up to date by :mod:`.windows`; messages without content of their own
+        ("lol") or without any embedded member in their window have none.
+        ``beside``: read on the second connection (:meth:`SQLiteDatabase.read_beside`).
+        """
+        return read_window_vectors(self._db.read_beside if beside else self._db.read, ids)
+
+    def similarity_floor(self, guild_id: int | None, quantile: float) -> float | None:
+        """The cosine similarity that random pairs of a guild's messages reach at ``quantile``.
+
+        See the contract; cached in ``meta`` under ``similarity_floor:<guild>``.
+        """
+        key = f"similarity_floor:{guild_id if guild_id is not None else 'all'}"
+        count = self.count(guild_id)
+        if count < 20:
+            return None
+        cached = json.loads(self._meta.get(key) or "{}")
+        if cached.get("quantile") == quantile and cached.get("vectors", 0) * 1.5 >= count:
+            return float(cached["floor"])
+        where, params = ("guild_id = ? AND ", [guild_id]) if guild_id is not None else ("", [])
+        # evenly spaced over the guild's history: the same floor for the same messages
+        sample = [row[0] for row in self._db.read(
+            f"SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM messages "
+            f"WHERE {where}embedded = 1) WHERE n % ? = 0 LIMIT 400",
+            [*params, max(1, count // 400)])]
+        vectors = np.array(list(self.table.floats(sample).values()), dtype=np.float32)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        pairs = (vectors @ vectors.T)[np.triu_indices(len(vectors), k=1)]
+        floor = round(float(np.quantile(pairs, quantile)), 4)
+        if not self._db.read_only:
+            self._meta.set(key, json.dumps({"quantile": quantile, "vectors": count, "floor": floor}))
+        return floor
+
+    def floats(self, ids: Iterable[int]) -> dict[int, np.ndarray]:
+        """The stored float vectors of ``ids`` (those that have one)."""
+        return self.table.floats(ids)
+
+    def count(self, guild_id: int | None = None) -> int:
+        """How many messages have a vector (in one guild, or in all), from ``code_stats``."""
+        where, params = ("WHERE guild_id = ?", [guild_id]) if guild_id is not None else ("", [])
+        return int(self._db.read(f"SELECT coalesce(sum(vectors), 0) FROM code_stats {where}",
+                                 params)[0][0])

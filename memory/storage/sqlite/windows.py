@@ -35,10 +35,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from memory.storage.sqlite.connection import IN_IDS, id_list
-from memory.storage.sqlite.vectors import read_floats, shadow_table_readable, table_columns
+from memory.storage.sqlite.vectors import write_window_vectors
 from memory.text import content_words
 
 log = logging.getLogger(__name__)
@@ -132,44 +130,18 @@ def refresh_vectors(conn: Any, ids: Iterable[int]) -> None:
     """Store the window vector of each of ``ids`` (drop it where there is none).
 
     A window vector is the normalised mean of the window's embedded members'
-    vectors; a message without content of its own, or whose window has no
-    embedded member yet, has none.
+    vectors (:func:`.vectors.write_window_vectors`); a message without content of
+    its own, or whose window has no embedded member yet, has none.
     """
     ids = sorted(set(ids))
     for start in range(0, len(ids), _SEGMENT):  # bounded memory when a whole guild goes
         chunk = ids[start:start + _SEGMENT]
-        means = _window_means(conn, chunk)
-        conn.execute(f"DELETE FROM window_vectors WHERE id {IN_IDS}", (id_list(chunk),))
-        conn.executemany(
-            "INSERT INTO window_vectors(id, vector) VALUES (?, ?)",
-            [(mid, vector.astype(np.float16).tobytes()) for mid, vector in means.items()],
-        )
-
-
-def _window_means(conn: Any, ids: list[int]) -> dict[int, np.ndarray]:
-    if not table_columns(conn):  # no embedding model bound yet: no vectors
-        return {}
-    members = {
-        mid: [int(m) for m in context_ids.split()] for mid, context_ids in conn.execute(
-            f"SELECT id, context_ids FROM search_text WHERE id {IN_IDS} AND contentful "
-            "AND id IN (SELECT id FROM messages)", (id_list(ids),))  # not one being deleted
-    }
-
-    def query(sql: str, params: Sequence[Any]) -> list[tuple]:
-        return conn.execute(sql, params).fetchall()
-    floats = read_floats(query, {m for window in members.values() for m in window},
-                         auxiliary=shadow_table_readable(query))
-    owners, rows = [], []
-    for mid, window in members.items():
-        found = [floats[m] for m in window if m in floats]
-        if found:
-            owners.append(mid)
-            rows.append(np.sum(found, axis=0))
-    if not owners:
-        return {}
-    sums = np.stack(rows)
-    sums /= np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
-    return dict(zip(owners, sums))
+        members = {
+            mid: [int(m) for m in context_ids.split()] for mid, context_ids in conn.execute(
+                f"SELECT id, context_ids FROM search_text WHERE id {IN_IDS} AND contentful "
+                "AND id IN (SELECT id FROM messages)", (id_list(chunk),))  # not one being deleted
+        }
+        write_window_vectors(conn, {mid: members.get(mid, []) for mid in chunk})
 
 
 def index_all_window_vectors(conn: Any) -> None:

@@ -1,5 +1,6 @@
-"""The one ``connect()``: sqlite-vec loaded (via pysqlite3 where needed), FTS5, WAL,
-a clear error when no driver can load extensions, and idempotent migrations."""
+"""The SQLite database file: the one ``connect()`` (sqlite-vec loaded, via pysqlite3
+where needed; FTS5; WAL), a clear error when no driver can load extensions,
+idempotent migrations, foreign and read-only files, and the second connection."""
 
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ import pytest
 
 import memory.storage.sqlite.connection
 from memory.errors import DatabaseFileError, ExtensionLoadError, MemoryBotError
-from memory.filters import Filters
+from memory.storage import open_storage
 from memory.storage.sqlite.connection import connect, sqlite_driver
 from memory.storage.sqlite.migrations import MIGRATIONS, migrate
-from memory.store import MessageStore
-from tests.conftest import HashEmbedder
+from tests.conftest import sql_rows
+
+
+@pytest.fixture
+def storage_kind() -> str:
+    """These tests are about the SQLite file itself."""
+    return "sqlite"
 
 
 def _stdlib_can_load_extensions() -> bool:
@@ -36,7 +42,7 @@ def _stdlib_can_load_extensions() -> bool:
         conn.close()
 
 
-def test_connect_loads_sqlite_vec(tmp_db: Path) -> None:
+def test_connect_loads_sqlite_vec(tmp_db: str) -> None:
     conn = connect(tmp_db)
     try:
         (version,) = conn.execute("SELECT vec_version()").fetchone()
@@ -52,7 +58,7 @@ def test_connect_loads_sqlite_vec(tmp_db: Path) -> None:
         conn.close()
 
 
-def test_connect_has_fts5_and_wal(tmp_db: Path) -> None:
+def test_connect_has_fts5_and_wal(tmp_db: str) -> None:
     conn = connect(tmp_db)
     try:
         conn.execute("CREATE VIRTUAL TABLE t USING fts5(body)")
@@ -71,7 +77,7 @@ def test_driver_is_cached_and_usable() -> None:
 
 
 def test_clear_error_when_no_driver_can_load_extensions(
-    monkeypatch: pytest.MonkeyPatch, tmp_db: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_db: str
 ) -> None:
     if _stdlib_can_load_extensions():
         pytest.skip("this Python's sqlite3 can load extensions itself; no fallback to test")
@@ -83,7 +89,7 @@ def test_clear_error_when_no_driver_can_load_extensions(
     message = str(excinfo.value)
     assert "pysqlite3-binary" in message
     assert "extension" in message
-    assert not tmp_db.exists()  # failed before touching the file
+    assert not Path(tmp_db).exists()  # failed before touching the file
 
 
 def test_fallback_driver_is_pysqlite3_when_stdlib_cannot_load() -> None:
@@ -92,10 +98,10 @@ def test_fallback_driver_is_pysqlite3_when_stdlib_cannot_load() -> None:
     assert sqlite_driver().__name__ == "pysqlite3.dbapi2"
 
 
-def test_migrations_are_idempotent(tmp_db: Path) -> None:
-    first = MessageStore(tmp_db)
+def test_migrations_are_idempotent(tmp_db: str) -> None:
+    first = open_storage(tmp_db)
     first.close()
-    second = MessageStore(tmp_db)  # opening again must not re-run anything
+    second = open_storage(tmp_db)  # opening again must not re-run anything
     try:
         assert second.stats().schema_version == len(MIGRATIONS)
     finally:
@@ -111,20 +117,20 @@ def test_migrations_are_idempotent(tmp_db: Path) -> None:
         conn.close()
 
 
-def test_newer_schema_is_refused(tmp_db: Path) -> None:
-    MessageStore(tmp_db).close()
+def test_newer_schema_is_refused(tmp_db: str) -> None:
+    open_storage(tmp_db).close()
     conn = connect(tmp_db)
     conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
     conn.close()
     with pytest.raises(DatabaseFileError, match="newer"):
-        MessageStore(tmp_db)
+        open_storage(tmp_db)
 
 
 def test_not_a_database_file_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "notes.sqlite3"
     path.write_text("these are my notes, not a database\n" * 200)
     with pytest.raises(MemoryBotError, match="not a usable SQLite database"):
-        MessageStore(path)
+        open_storage(path)
     assert path.read_text().startswith("these are my notes")  # left untouched
 
 
@@ -135,7 +141,7 @@ def test_foreign_database_is_a_clear_error(tmp_path: Path) -> None:
     conn.execute("INSERT INTO messages VALUES ('keep me')")
     conn.close()
     with pytest.raises(DatabaseFileError, match="another application's tables"):
-        MessageStore(path)
+        open_storage(path)
     conn = connect(path)
     try:  # the failed migration was rolled back entirely
         assert conn.execute("SELECT x FROM messages").fetchall() == [("keep me",)]
@@ -147,7 +153,7 @@ def test_foreign_database_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_directory_as_database_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DatabaseFileError):
-        MessageStore(tmp_path)
+        open_storage(tmp_path)
 
 
 def _open_and_close(path_and_start: tuple[str, float]) -> str:
@@ -155,7 +161,7 @@ def _open_and_close(path_and_start: tuple[str, float]) -> str:
     while time.time() < start:  # every process opens at the same instant
         pass
     try:
-        MessageStore(path).close()
+        open_storage(path).close()
     except Exception as exc:  # reported to the parent, which asserts there are none
         return f"{type(exc).__name__}: {exc}"
     return ""
@@ -214,7 +220,7 @@ def test_a_foreign_sqlite_file_keeps_its_journal_mode(tmp_path: Path) -> None:
     conn.close()
     assert _journal_mode(path) == "delete"
     with pytest.raises(DatabaseFileError, match="another application's tables"):
-        MessageStore(path)
+        open_storage(path)
     assert _journal_mode(path) == "delete"  # never flipped to WAL
 
 
@@ -238,7 +244,7 @@ def test_another_applications_sqlite_file_is_left_byte_identical(
     conn.close()
     before = path.read_bytes()
     with pytest.raises(DatabaseFileError, match="another application's tables"):
-        MessageStore(path)
+        open_storage(path)
     for command in (["stats"], ["--profile", "cpu-fast", "search", "x"], ["embed"]):
         assert bot.main(["--db", str(path), *command]) == 2
         (line,) = capsys.readouterr().err.splitlines()
@@ -250,39 +256,28 @@ def test_another_applications_sqlite_file_is_left_byte_identical(
 
 def test_new_and_own_databases_use_wal(tmp_path: Path) -> None:
     path = tmp_path / "ours.sqlite3"
-    MessageStore(path).close()
+    open_storage(path).close()
     assert _journal_mode(path) == "wal"
-
-
-def test_a_read_only_store_searches_and_refuses_writes(make_engine, make_record) -> None:
-    engine = make_engine()
-    engine.ingest([make_record("the wifi password is on the fridge")])
-    path = engine.store.path
-    engine.close()
-    store = MessageStore(path, read_only=True)
-    try:
-        assert store.read_only
-        assert store.stats().messages == 1
-        assert store.keyword('"wifi"', 5, Filters())
-        vector = HashEmbedder().embed(["wifi password"])[0]
-        assert [mid for mid, _ in store.knn(vector, 5, Filters())] == [
-            mid for mid, _ in store.keyword('"wifi"', 5, Filters())]
-        with pytest.raises(DatabaseFileError, match="read-only"):
-            store.upsert([make_record("a new message")])
-        with pytest.raises(DatabaseFileError, match="read-only"):
-            store.delete([1])
-    finally:
-        store.close()
 
 
 @pytest.mark.skipif(sys.platform == "win32" or os.geteuid() == 0,
                     reason="file permissions do not bind root")
 def test_a_file_without_write_permission_is_opened_read_only(tmp_path: Path) -> None:
     path = tmp_path / "ro.sqlite3"
-    MessageStore(path).close()
+    open_storage(path).close()
     path.chmod(0o444)
-    store = MessageStore(path)
+    storage = open_storage(path)
     try:
-        assert store.read_only and store.stats().messages == 0
+        assert storage.database.read_only and storage.stats().messages == 0
     finally:
-        store.close()
+        storage.close()
+
+
+def test_wal_mode_on_the_storage(storage) -> None:
+    assert sql_rows(storage.database.location, "PRAGMA journal_mode")[0][0].lower() == "wal"
+
+
+def test_the_second_connection_cannot_write(storage) -> None:
+    """Keyword lists are read beside the KNN on a read-only connection of their own."""
+    with pytest.raises(Exception, match="readonly|read-only|read only"):
+        storage.database.read_beside("DELETE FROM search_text")

@@ -4,8 +4,9 @@ The disk fills through ``RLIMIT_FSIZE``, set in a child process only: a file may
 grow past the limit, so SQLite's write fails exactly as on a full disk (``write()``
 returns EFBIG; SIGXFSZ is ignored so that the process lives to say so).  A small
 tmpfs in a user namespace would give ENOSPC instead; both reach the same handling
-(:func:`memory.storage.sqlite.connection.as_disk_full`), and a file-size limit needs no privileges.  After
-each failure the limit is lifted and the same command finishes the work.
+(:func:`memory.storage.sqlite.connection.as_disk_full`), and a file-size limit needs no
+privileges.  After each failure the limit is lifted and the same command finishes the
+work.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.test_crash_recovery import consistency, export
+from tests.storage.test_sqlite_crash_recovery import consistency, export
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 pytestmark = pytest.mark.slow
 
@@ -106,12 +107,12 @@ from tests.conftest import HashEmbedder, record_factory
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 engine = MemoryEngine(sys.argv[1], Profile(name="test"), HashEmbedder(), load_reranker=False)
 make = record_factory()
-engine.store.upsert([make("before the disk filled")])
+engine.storage.messages.upsert([make("before the disk filled")])
 size = max(p.stat().st_size for p in __import__("pathlib").Path(sys.argv[1]).parent.glob("*"))
 
 
 def apply(batch):
-    engine.store.upsert([r for write in batch for r in write.items])
+    engine.storage.messages.upsert([r for write in batch for r in write.items])
 
 
 async def main():
@@ -123,10 +124,10 @@ async def main():
         queue.put("upsert", [make(f"message {i} " + "words " * 200)])
         await asyncio.sleep(0.02)
     await asyncio.sleep(1.5)
-    print("stored while full:", engine.store.message_count(), flush=True)
+    print("stored while full:", engine.storage.messages.count(), flush=True)
     resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     await queue.stop(timeout=60)
-    print("stored after:", engine.store.message_count(), flush=True)
+    print("stored after:", engine.storage.messages.count(), flush=True)
 
 asyncio.run(main())
 engine.close()

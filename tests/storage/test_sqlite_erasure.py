@@ -1,5 +1,5 @@
-"""Forgotten text is gone from the database file and its write-ahead log, not only
-from the tables: every way of forgetting, read back as raw bytes (issue 19, item 7)."""
+"""Forgotten text is gone from the SQLite file and its write-ahead log, not only from
+the tables: every way of forgetting, read back as raw bytes (issue 19, item 7)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,20 @@ import pytest
 import bot
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord, ms_to_datetime
-from memory.store import MessageStore
-from tests.conftest import CHANNEL, GUILD
+from memory.storage import open_storage
+from tests.conftest import CHANNEL, GUILD, sql_write
 
 OTHER_CHANNEL = CHANNEL + 1
 DAY_MS = 86_400_000
 
 
-def file_bytes(path: Path) -> dict[str, bytes]:
+@pytest.fixture
+def storage_kind() -> str:
+    """These tests read the SQLite file's bytes."""
+    return "sqlite"
+
+
+def file_bytes(path: str | Path) -> dict[str, bytes]:
     """The database file and its write-ahead log, as they are on disk."""
     return {name: Path(f"{path}{suffix}").read_bytes() if Path(f"{path}{suffix}").exists() else b""
             for name, suffix in (("db", ""), ("wal", "-wal"))}
@@ -34,7 +40,7 @@ def marker() -> str:
     return "zq" + uuid.uuid4().hex[:14] + "7"
 
 
-def traces(path: Path, needles: dict[str, bytes]) -> dict[str, list[str]]:
+def traces(path: str | Path, needles: dict[str, bytes]) -> dict[str, list[str]]:
     """Which needles each file still holds."""
     return {name: [label for label, needle in needles.items() if needle in data]
             for name, data in file_bytes(path).items()}
@@ -47,18 +53,18 @@ def now_ms(days_ago: float = 0) -> int:
 Forget = Callable[[MemoryEngine, MessageRecord], int]
 
 FORGETTING: dict[str, Forget] = {
-    "message deleted on Discord": lambda e, r: e.delete([r.id]),
+    "message deleted on Discord": lambda e, r: e.forget_messages([r.id]),
     "forget-me": lambda e, r: e.forget_member(GUILD, r.author_id),
-    "purge-channel": lambda e, r: e.purge_channels([OTHER_CHANNEL]),
-    "retention purge": lambda e, r: e.purge_older_than(GUILD, ms_to_datetime(now_ms(30))),
-    "server left": lambda e, r: e.purge_guild(GUILD),
+    "purge-channel": lambda e, r: e.forget_channels([OTHER_CHANNEL]),
+    "retention purge": lambda e, r: e.forget_older_than(GUILD, ms_to_datetime(now_ms(30))),
+    "server left": lambda e, r: e.forget_guild(GUILD),
 }
 
 
 @pytest.mark.parametrize("forget", FORGETTING.values(), ids=FORGETTING.keys())
 def test_forgotten_text_and_vectors_leave_the_file_and_the_wal(
     make_engine: Callable[..., MemoryEngine], make_record: Callable[..., MessageRecord],
-    tmp_db: Path, forget: Forget,
+    tmp_db: str, forget: Forget,
 ) -> None:
     engine = make_engine(tmp_db)
     secret, attachment = marker(), marker()
@@ -73,7 +79,7 @@ def test_forgotten_text_and_vectors_leave_the_file_and_the_wal(
     after = make_record("noted, thanks", created_at=now_ms(40) + 1000, author_id=9,
                         channel_id=OTHER_CHANNEL)  # its window and vector context held the secret
     engine.ingest([*fillers, *theirs, target, after])
-    vector = engine.store.vectors.floats([target.id])[target.id].astype(np.float32).tobytes()
+    vector = engine.storage.vectors.floats([target.id])[target.id].astype(np.float32).tobytes()
     needles = {"text": secret.encode(), "attachment": attachment.encode(),
                # the index stores a term after the prefix it shares with the one before it
                "index term": secret[-10:].encode(), "vector": vector}
@@ -88,7 +94,7 @@ def test_forgotten_text_and_vectors_leave_the_file_and_the_wal(
 
 
 def test_text_removed_by_an_edit_leaves_the_file(
-    engine: MemoryEngine, make_record: Callable[..., MessageRecord], tmp_db: Path,
+    engine: MemoryEngine, make_record: Callable[..., MessageRecord], tmp_db: str,
 ) -> None:
     secret = marker()
     original = make_record(f"my password is {secret}", created_at=now_ms(1))
@@ -106,7 +112,7 @@ def test_text_removed_by_an_edit_leaves_the_file(
 
 def test_a_file_written_before_secure_delete_is_scrubbed_once(
     make_engine: Callable[..., MemoryEngine], make_record: Callable[..., MessageRecord],
-    tmp_db: Path,
+    tmp_db: str,
 ) -> None:
     """Text forgotten by an older version lingers in free space; the next open removes it."""
     engine = make_engine(tmp_db)
@@ -114,22 +120,23 @@ def test_a_file_written_before_secure_delete_is_scrubbed_once(
     keep = make_record("the harbour opens at nine", created_at=now_ms(1))
     gone = make_record(f"the code word is {secret}", created_at=now_ms(1) + 1)
     engine.ingest([keep, gone])
-    # as an older version wrote it: no secure_delete, keyword index in its default mode
-    conn = engine.store._conn
-    conn.execute("PRAGMA secure_delete=OFF")
-    for table in ("search_fts", "window_fts"):
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('secure-delete', 0)")
-    conn.execute("DELETE FROM meta WHERE key = 'deleted_text_scrubbed'")
-    engine.delete([gone.id])
     engine.close()
+    # as an older version wrote it: keyword index in its default mode, never scrubbed,
+    # and the delete itself without secure_delete (what erase_deleted=False leaves out)
+    sql_write(tmp_db, *(f"INSERT INTO {table}({table}, rank) VALUES ('secure-delete', 0)"
+                        for table in ("search_fts", "window_fts")),
+              "DELETE FROM meta WHERE key = 'deleted_text_scrubbed'")
+    older = open_storage(tmp_db, erase_deleted=False)
+    older.forgetting.forget_messages([gone.id])
+    older.close()
     assert secret.encode() in file_bytes(tmp_db)["db"], "an older version leaves it behind"
 
-    reopened = MessageStore(tmp_db)
+    reopened = open_storage(tmp_db)
     try:
         assert secret.encode() not in b"".join(file_bytes(tmp_db).values())
         assert secret[-10:].encode() not in b"".join(file_bytes(tmp_db).values())
-        assert reopened.message_count() == 1
-        assert reopened.get_meta("deleted_text_scrubbed") == "1"
+        assert reopened.messages.count() == 1
+        assert reopened.meta.get("deleted_text_scrubbed") == "1"
     finally:
         reopened.close()
 

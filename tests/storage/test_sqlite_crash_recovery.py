@@ -1,5 +1,6 @@
 """Issue 21, items 1, 2 and 6: crashes finish on the next run, concurrent imports, and a
-message id exported from two channels — on real temporary databases.
+message id exported from two channels — on real temporary SQLite files, checked with
+SQLite's own integrity check.
 
 Item 1 kills real processes with SIGKILL: a claim on part of the embedding backlog
 dies with its process (:mod:`memory.storage.claims`), so the very next plain ``embed``
@@ -27,12 +28,11 @@ import pytest
 
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
-from memory.storage import claims
+from memory.storage import Storage, claims, open_storage
 from memory.storage.sqlite.connection import connect
-from memory.store import MessageStore
 from tests.conftest import HashEmbedder, make_profile, snowflake
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 GUILD, CHANNEL, OTHER_CHANNEL = 900, 901, 902
 
 
@@ -131,10 +131,9 @@ def test_an_owner_is_dead_only_when_its_process_has_ended() -> None:
 
 CLAIMER = """
 import sys, time
-from memory.storage import claims
-from memory.store import MessageStore
-store = MessageStore(sys.argv[1])
-batch = store.claim(int(sys.argv[2]), owner=claims.process_owner())
+from memory.storage import claims, open_storage
+storage = open_storage(sys.argv[1])
+batch = storage.backlog.claim(int(sys.argv[2]), owner=claims.process_owner())
 print(len(batch), flush=True)
 time.sleep(600)
 """
@@ -143,7 +142,7 @@ time.sleep(600)
 def test_a_killed_embedders_claim_is_taken_back_by_the_next_run(tmp_path: Path) -> None:
     path = tmp_path / "memory.sqlite3"
     engine = MemoryEngine(path, make_profile(), CountingEmbedder(), check_model=False)
-    engine.store.upsert(records(600))
+    engine.storage.messages.upsert(records(600))
     child = subprocess.Popen([sys.executable, "-c", CLAIMER, str(path), "256"], cwd=ROOT,
                              stdout=subprocess.PIPE, text=True)
     try:
@@ -170,7 +169,7 @@ def test_a_killed_embedders_claim_is_taken_back_by_the_next_run(tmp_path: Path) 
 def test_two_live_embedders_share_the_backlog_without_overlap(tmp_path: Path) -> None:
     path = tmp_path / "memory.sqlite3"
     first = MemoryEngine(path, make_profile(), CountingEmbedder(), check_model=False)
-    first.store.upsert(records(3000))
+    first.storage.messages.upsert(records(3000))
     second = MemoryEngine(path, make_profile(), CountingEmbedder(), check_model=False)
     done: list[int] = []
     threads = [threading.Thread(target=lambda e=e: done.append(e.embed_pending()))
@@ -249,26 +248,26 @@ def test_kill_9_then_one_plain_embed_embeds_everything_once(tmp_path: Path, comm
 
 def test_two_writers_storing_the_same_messages_at_once_both_succeed(tmp_path: Path) -> None:
     path = tmp_path / "memory.sqlite3"
-    MessageStore(path).close()
+    open_storage(path).close()
     batch = records(2000)
-    stores = [MessageStore(path) for _ in range(2)]
+    storages = [open_storage(path) for _ in range(2)]
     barrier = threading.Barrier(2)
     results: list[Any] = []
 
-    def write(store: MessageStore) -> None:
+    def write(storage: Storage) -> None:
         barrier.wait()
         try:
-            results.append(store.upsert(batch))
+            results.append(storage.messages.upsert(batch))
         except Exception as exc:  # the failure this test is about
             results.append(exc)
 
-    threads = [threading.Thread(target=write, args=(s,)) for s in stores]
+    threads = [threading.Thread(target=write, args=(s,)) for s in storages]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    for store in stores:
-        store.close()
+    for storage in storages:
+        storage.close()
     assert not [r for r in results if isinstance(r, Exception)], results
     assert sorted((r.inserted, r.unchanged) for r in results) == [(0, 2000), (2000, 0)]
     state = consistency(path)
@@ -296,9 +295,9 @@ def test_a_message_keeps_the_channel_it_was_first_stored_in(tmp_path: Path) -> N
     first = records(3, text="kettle")
     engine.ingest(first)
     copy = [replace(r, channel_id=OTHER_CHANNEL, content=f"forged {r.id} teapot") for r in first[:2]]
-    stats = engine.store.upsert(copy)
+    stats = engine.storage.messages.upsert(copy)
     assert (stats.inserted, stats.updated, stats.misplaced) == (0, 0, 2)
-    stored = engine.store.hydrate([r.id for r in first])
+    stored = engine.storage.messages.hydrate([r.id for r in first])
     assert [(stored[r.id].channel_id, stored[r.id].content) for r in first] == [(CHANNEL, r.content) for r in first]
     # both keyword indexes follow the stored rows: the copy's words find nothing
     assert count(path, "SELECT count(*) FROM search_fts WHERE search_fts MATCH 'teapot'") == 0

@@ -1,0 +1,187 @@
+"""Every deletion: messages leave the table, the keyword index, the vectors and their
+neighbours' windows, for good.
+
+Each forgotten id gets a tombstone, so a late insert (a gateway event racing the
+delete, a backfill page, a re-import of an old export) cannot bring the message back
+(:meth:`SQLiteForgetting.tombstoned`, read by every upsert).  A message is embedded
+with its antecedent (the message it replies to, or the one before it), so the
+messages whose vectors carried a forgotten or edited text go back to the backlog
+(:meth:`SQLiteForgetting.edited`).  The text leaves the file too: the transaction is
+marked as erasing (:meth:`.SQLiteDatabase.erased`), and a large forget rebuilds the
+keyword indexes instead of erasing word by word (:func:`.scrub.erasing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from memory.storage.sqlite import windows
+from memory.storage.sqlite.connection import IN_IDS, id_list
+from memory.storage.sqlite.database import SQLiteDatabase, now_ms
+from memory.storage.sqlite.vectors import Vec0Table
+
+# what forgetting a guild removes besides its messages, channels and name
+_GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
+                 "guild_settings", "code_stats")
+
+
+def expand_channels(read: Any, channel_ids: Sequence[int]) -> tuple[int, ...]:
+    """The channels, in order, plus every stored thread whose parent is one of them.
+
+    Args:
+        read: A locked read (:meth:`.SQLiteDatabase.read`).
+        channel_ids: The channels.
+    """
+    threads = read(f"SELECT id FROM channels WHERE parent_id {IN_IDS}", (id_list(channel_ids),))
+    return tuple(dict.fromkeys([*channel_ids, *(row[0] for row in threads)]))
+
+
+class SQLiteForgetting:
+    """The contract's ``Forgetting`` on one database.
+
+    Args:
+        database: The database.
+        table: Its vector table (forgotten messages' vectors leave it).
+    """
+
+    def __init__(self, database: SQLiteDatabase, table: Vec0Table) -> None:
+        self._db = database
+        self._table = table
+
+    def forget_messages(self, ids: Iterable[int]) -> int:
+        """Remove messages from the table, the keyword index and the vectors, for good.
+
+        Each id gets a tombstone; messages whose vectors carried its text as their
+        antecedent are re-embedded.
+
+        Returns:
+            How many messages existed and were removed.
+        """
+        ids = sorted(set(ids))
+        if not ids:
+            return 0
+        with self._db.write() as conn, self._db.erasing(conn, len(ids)):
+            return self.forget_in(conn, ids)
+
+    def forget_channels(self, channel_ids: Iterable[int]) -> int:
+        """Forget every message in these channels and in their threads.
+
+        Returns:
+            How many messages were removed.
+        """
+        channel_ids = list(channel_ids)
+        if not channel_ids:
+            return 0
+        places = id_list(expand_channels(self._db.read, channel_ids))
+        removed = self._forget_where(f"channel_id {IN_IDS}", (places,))
+        with self._db.write() as conn:
+            conn.execute(f"DELETE FROM backfill_cursors WHERE channel_id {IN_IDS}", (places,))
+        return removed
+
+    def forget_guild(self, guild_id: int) -> int:
+        """Forget a guild entirely: messages, channels, settings, opt-outs, cursors."""
+        removed = self._forget_where("guild_id = ?", (guild_id,))
+        with self._db.write() as conn:
+            self._db.erased()  # the guild's and its channels' names go too
+            for table in _GUILD_TABLES:
+                conn.execute(f"DELETE FROM {table} WHERE guild_id = ?", (guild_id,))
+            conn.execute("DELETE FROM channels WHERE guild_id = ?", (guild_id,))
+            conn.execute("DELETE FROM guilds WHERE id = ?", (guild_id,))
+        return removed
+
+    def forget_member(self, guild_id: int, author_id: int) -> int:
+        """Forget a member in one guild: their messages, their name, their future messages.
+
+        In one transaction the member is opted out of the guild (so no later
+        write, whichever path brings it, stores them there again until they opt
+        in), their messages there are deleted and tombstoned, and their name row
+        goes once no guild in this database holds a message of theirs.
+
+        Returns:
+            How many messages were removed.
+        """
+        with self._db.write() as conn:
+            conn.execute("INSERT OR IGNORE INTO member_optouts(guild_id, author_id) VALUES (?, ?)",
+                         (guild_id, author_id))
+            ids = [row[0] for row in conn.execute(
+                "SELECT id FROM messages WHERE guild_id = ? AND author_id = ?", (guild_id, author_id))]
+            removed = self.forget_in(conn, ids)
+            conn.execute("DELETE FROM authors WHERE id = ? AND NOT EXISTS "
+                         "(SELECT 1 FROM messages WHERE author_id = ?)", (author_id, author_id))
+        return removed
+
+    def forget_older_than(self, guild_id: int, cutoff_ms: int) -> int:
+        """Forget a guild's messages created before ``cutoff_ms`` (unix milliseconds)."""
+        return self._forget_where("guild_id = ? AND created_at < ?", (guild_id, cutoff_ms))
+
+    # -- inside another noun's transaction (package-internal) ------------------------------
+
+    def forget_in(self, conn: Any, ids: Sequence[int]) -> int:
+        """Delete ``ids`` everywhere inside the caller's transaction; tombstone them.
+
+        Returns:
+            How many of them were stored.
+        """
+        if not ids:
+            return 0
+        self._db.erased()
+        now = now_ms()
+        conn.executemany(
+            "INSERT OR IGNORE INTO tombstones(message_id, deleted_at) VALUES (?, ?)",
+            [(i, now) for i in ids],
+        )
+        self._reembed_dependants(conn, ids)
+        places = conn.execute(
+            f"SELECT channel_id, id FROM messages WHERE id {IN_IDS}", (id_list(ids),)
+        ).fetchall()
+        removed = conn.execute(f"DELETE FROM messages WHERE id {IN_IDS}", (id_list(ids),)).rowcount
+        self._table.delete(conn, ids)  # after the rows: no window vector is made for them
+        windows.reindex(conn, places)  # their rows go; neighbours' windows lose their text
+        return removed
+
+    def edited(self, conn: Any, ids: Sequence[int]) -> None:
+        """Messages whose text changed: their old text leaves the vectors and the file.
+
+        Inside the caller's transaction (an upsert's): their own vectors and those of
+        the messages that carried their old text as antecedent go (all of them wait
+        in the backlog again), and the write-ahead log is emptied after the commit.
+        """
+        self._db.erased()  # the author removed the old text: it leaves the file too
+        self._table.delete(conn, ids)
+        self._reembed_dependants(conn, ids)
+
+    def tombstoned(self, ids: Iterable[int]) -> set[int]:
+        """Those of ``ids`` forgotten before (an upsert leaves them out)."""
+        return {row[0] for row in self._db.read(
+            f"SELECT message_id FROM tombstones WHERE message_id {IN_IDS}", (id_list(ids),))}
+
+    def _reembed_dependants(self, conn: Any, ids: Sequence[int]) -> None:
+        """Send back to the backlog the messages whose embedded antecedent is one of ``ids``.
+
+        A message is embedded with the message it replies to, or else the message
+        before it in its channel (:meth:`.SQLiteBacklog.pending`); when that one is
+        edited or deleted, the old text must not live on inside its neighbour's vector.
+        """
+        batch = id_list(ids)
+        dependants = [row[0] for row in conn.execute(
+            """SELECT id FROM messages WHERE reply_to_id IN (SELECT value FROM json_each(?1))
+               UNION
+               SELECT (SELECT n.id FROM messages n WHERE n.channel_id = x.channel_id AND n.id > x.id
+                       ORDER BY n.id LIMIT 1)
+               FROM messages x WHERE x.id IN (SELECT value FROM json_each(?1))""",
+            (batch,),
+        ) if row[0] is not None]
+        dependants = [i for i in dependants if i not in set(ids)]
+        if dependants:
+            conn.execute(
+                f"UPDATE messages SET embedded = 0 WHERE id {IN_IDS}", (id_list(dependants),)
+            )
+            self._table.delete(conn, dependants)
+
+    def _forget_where(self, where: str, params: Sequence[Any]) -> int:
+        """Forget every message matching a WHERE clause over ``messages``."""
+        with self._db.write() as conn:
+            ids = [row[0] for row in conn.execute(f"SELECT id FROM messages WHERE {where}", params)]
+            with self._db.erasing(conn, len(ids)):
+                return self.forget_in(conn, ids)

@@ -1,0 +1,212 @@
+"""The embedding backlog: crash-safe, claimed by concurrent embedders, never writing a
+vector for text that changed or went while it was embedded; antecedents."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import memory.engine
+from memory.engine import MemoryEngine
+from memory.records import MessageRecord
+from memory.storage import Storage
+from tests.conftest import GUILD, HashEmbedder
+from tests.storage.inspection import Inspector
+from tests.storage.support import row_counts, stored_vector
+
+MakeRecord = Callable[..., MessageRecord]
+Inspect = Callable[[Storage], Inspector]
+
+
+class CrashingEmbedder(HashEmbedder):
+    """Embeds ``good_calls`` batches, then fails like a killed process would."""
+
+    def __init__(self, good_calls: int) -> None:
+        super().__init__()
+        self.good_calls = good_calls
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self.calls >= self.good_calls:
+            raise RuntimeError("embedder crashed")
+        return super().embed(texts)
+
+
+def test_backlog_survives_an_embedder_crash(
+    make_engine: Callable[..., MemoryEngine],
+    make_record: MakeRecord,
+    tmp_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+    inspector: Inspect,
+) -> None:
+    monkeypatch.setattr(memory.engine, "EMBED_CHUNK", 10)
+    records = [make_record(f"backlog message {i}") for i in range(25)]
+    crashing = make_engine(tmp_db, CrashingEmbedder(good_calls=1))
+    with pytest.raises(RuntimeError, match="crashed"):
+        crashing.ingest(records)
+    # every message was stored before embedding began; the first chunk's vectors persist
+    assert crashing.storage.messages.count() == 25
+    assert crashing.storage.backlog.pending_count() == 15
+    assert row_counts(crashing.storage, inspector) == {"messages": 25, "fts": 25, "vectors": 10}
+    first_chunk = sorted(r.id for r in records)[:10]
+    assert all(stored_vector(crashing.storage, mid) is not None for mid in first_chunk)
+    crashing.close()
+
+    resumed = make_engine(tmp_db, HashEmbedder())  # the next run
+    assert resumed.embed_pending() == 15
+    assert resumed.storage.backlog.pending_count() == 0
+    assert row_counts(resumed.storage, inspector)["vectors"] == 25
+
+
+def test_messages_are_stored_even_if_the_first_batch_fails(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord
+) -> None:
+    engine = make_engine(embedder=CrashingEmbedder(good_calls=0))
+    with pytest.raises(RuntimeError):
+        engine.ingest([make_record("hello there"), make_record("general kenobi")])
+    assert engine.storage.messages.count() == 2
+    assert engine.storage.backlog.pending_count() == 2
+    # keyword search still finds them while the vectors are missing
+    result = engine.search("kenobi", guild_id=GUILD, mode="keyword")
+    assert len(result.hits) == 1
+
+
+def test_edit_during_embedding_does_not_leave_a_stale_vector(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    # The interleaving of a background embed with a Discord edit event, step by step.
+    record = make_record("the meeting is on tuesday")
+    engine.storage.messages.upsert([record])
+    engine.storage.meta.bind_model(engine.embedder.model_id, engine.embedder.dimension)
+    batch = engine.storage.backlog.pending(10)
+    vectors = engine.embedder.embed([engine.embedding_text(m) for m in batch])
+    # the edit lands
+    engine.storage.messages.upsert([replace(record, content="the meeting is on thursday")])
+    engine.storage.backlog.write_vectors(batch, vectors)  # the embed of the old text finishes
+    assert stored_vector(engine.storage, record.id) is None
+    assert engine.storage.backlog.pending_count() == 1
+    assert engine.embed_pending() == 1
+    (fresh,) = engine.embedder.embed(
+        [engine.embedding_text(replace(batch[0], content="the meeting is on thursday"))])
+    np.testing.assert_allclose(stored_vector(engine.storage, record.id), fresh, atol=1e-6)
+
+
+def test_delete_during_embedding_leaves_no_orphan_vector(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    keep, gone = make_record("keep me"), make_record("delete me")
+    engine.storage.messages.upsert([keep, gone])
+    engine.storage.meta.bind_model(engine.embedder.model_id, engine.embedder.dimension)
+    batch = engine.storage.backlog.pending(10)
+    vectors = engine.embedder.embed([engine.embedding_text(m) for m in batch])
+    engine.forget_messages([gone.id])  # the delete lands while the batch is being embedded
+    engine.storage.backlog.write_vectors(batch, vectors)
+    assert row_counts(engine.storage, inspector) == {"messages": 1, "fts": 1, "vectors": 1}
+    assert stored_vector(engine.storage, gone.id) is None
+    assert engine.storage.backlog.pending_count() == 0
+
+
+def test_pending_uses_reply_target_or_previous_message_as_antecedent(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    question = make_record("does anyone have a spare soldering iron", age_days=3)
+    chatter = make_record("lunch was great", age_days=2)
+    answer = make_record("yes mine", age_days=1, reply_to_id=question.id, author_id=2)
+    follow = make_record("thanks", age_days=0.5)
+    engine.storage.messages.upsert([question, chatter, answer, follow])
+    pending = {p.id: p for p in engine.storage.backlog.pending(10)}
+    assert pending[answer.id].antecedent_content == question.content
+    assert pending[follow.id].antecedent_content == answer.content  # previous in channel
+    assert pending[question.id].antecedent_content is None
+    assert "soldering iron" in engine.embedding_text(pending[answer.id])
+
+
+class CountingEmbedder(HashEmbedder):
+    """Counts every text it embeds; pauses a moment per batch so embedders interleave."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+        self._lock = threading.Lock()
+
+    def embed(self, texts):
+        with self._lock:
+            self.texts.extend(texts)
+        time.sleep(0.005)
+        return super().embed(texts)
+
+
+def test_claims_split_the_backlog_between_embedders(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    engine.storage.messages.upsert([make_record(f"note {i}") for i in range(10)])
+    first = engine.storage.backlog.claim(6, owner="a")
+    second = engine.storage.backlog.claim(6, owner="b")
+    assert len(first) == 6 and len(second) == 4
+    assert not {m.id for m in first} & {m.id for m in second}
+    assert engine.storage.backlog.claim(6, owner="c") == []
+    engine.storage.backlog.release("b")
+    assert {m.id for m in engine.storage.backlog.claim(6, owner="c")} == {m.id for m in second}
+    # an expired claim (its embedder died) is free again
+    assert len(engine.storage.backlog.claim(6, owner="d", ttl_s=0)) == 0
+    engine.storage.backlog.release("a")
+    assert len(engine.storage.backlog.claim(6, owner="d", ttl_s=0)) == 6
+    assert len(engine.storage.backlog.claim(6, owner="e")) == 6
+
+
+def test_a_write_whose_claim_was_taken_over_is_skipped(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    engine.storage.messages.upsert([make_record("slow embedder's message")])
+    engine.storage.meta.bind_model(engine.embedder.model_id, engine.embedder.dimension)
+    mine = engine.storage.backlog.claim(1, owner="slow", ttl_s=0)  # expires at once
+    theirs = engine.storage.backlog.claim(1, owner="fast")
+    assert [m.id for m in theirs] == [m.id for m in mine]
+    engine.storage.backlog.write_vectors(mine, engine.embedder.embed(["x"]), owner="slow")
+    # left to the embedder that holds the claim
+    assert engine.storage.backlog.pending_count() == 1
+    engine.storage.backlog.write_vectors(theirs, engine.embedder.embed(["x"]), owner="fast")
+    assert engine.storage.backlog.pending_count() == 0
+
+
+def test_two_embedders_never_embed_the_same_message(
+    make_engine, make_record: MakeRecord, make_location: Callable[[str], str], inspector: Inspect
+) -> None:
+    """Two engines (two connections, as two processes would have) share one backlog;
+    afterwards the vector statistics (SQLite: code_stats) equal a recount of the stored
+    vectors."""
+    db = make_location("shared")
+    records = [make_record(f"message {i} about the garden") for i in range(1500)]
+    records += [make_record(f"other guild {i}", guild_id=GUILD + 1) for i in range(300)]
+    make_engine(db).storage.messages.upsert(records)
+    embedders = [CountingEmbedder(), CountingEmbedder()]
+    engines = [make_engine(db, embedder) for embedder in embedders]
+    errors: list[BaseException] = []
+
+    def run(engine: MemoryEngine) -> None:
+        try:
+            engine.embed_pending()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(e,)) for e in engines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    embedded = [t for e in embedders for t in e.texts]
+    assert len(embedded) == len(records)  # nobody repeated anybody's work
+    assert all(e.texts for e in embedders), "both embedders took part"
+    storage = engines[0].storage
+    assert storage.backlog.pending_count() == 0
+    inspector(storage).check_vector_statistics()
+    # deletes and edits subtract their old codes
+    storage.forgetting.forget_messages([r.id for r in records[:100]])
+    edited = replace(records[200], content="an edited message about bicycles")
+    engines[0].ingest([edited])
+    inspector(storage).check_vector_statistics()

@@ -1,0 +1,151 @@
+"""Messages: idempotent upserts and edits across the text, the keyword index and the
+vectors; deletes; threads and their parents."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from memory.engine import MemoryEngine
+from memory.filters import Filters
+from memory.records import MessageRecord
+from memory.storage import Storage
+from tests.conftest import CHANNEL, GUILD
+from tests.storage.inspection import Inspector
+from tests.storage.support import keyword_ids, row_counts, stored_vector
+
+MakeRecord = Callable[..., MessageRecord]
+Inspect = Callable[[Storage], Inspector]
+
+
+def test_upsert_is_idempotent(engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect) -> None:
+    records = [make_record(f"message number {i} about widgets") for i in range(12)]
+    first = engine.ingest(records)
+    assert (first.inserted, first.updated, first.unchanged, first.embedded) == (12, 0, 0, 12)
+    before = row_counts(engine.storage, inspector)
+    assert before == {"messages": 12, "fts": 12, "vectors": 12}
+    vector = stored_vector(engine.storage, records[0].id)
+
+    again = engine.ingest(records)
+    assert (again.inserted, again.updated, again.unchanged, again.embedded) == (0, 0, 12, 0)
+    assert row_counts(engine.storage, inspector) == before
+    assert engine.storage.backlog.pending_count() == 0
+    inspector(engine.storage).check_keyword_index()
+    np.testing.assert_array_equal(stored_vector(engine.storage, records[0].id), vector)
+
+
+def test_duplicate_ids_within_one_batch(engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect) -> None:
+    record = make_record("first version")
+    stats = engine.storage.messages.upsert(
+        [record, record, replace(record, content="second version")])
+    assert (stats.inserted, stats.updated, stats.unchanged) == (1, 1, 1)
+    assert engine.storage.messages.hydrate([record.id])[record.id].content == "second version"
+    inspector(engine.storage).check_keyword_index()
+
+
+def test_empty_upsert_and_delete_are_noops(engine: MemoryEngine) -> None:
+    assert engine.storage.messages.upsert([]).inserted == 0
+    assert engine.forget_messages([]) == 0
+    assert engine.forget_messages([123456789]) == 0
+
+
+def test_edit_updates_text_fts_and_vector(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    original = make_record("the meeting is on tuesday in the workshop")
+    other = make_record("completely unrelated chatter about gardening")
+    engine.ingest([original, other])
+    old_vector = stored_vector(engine.storage, original.id)
+    assert keyword_ids(engine.storage, "tuesday") == {original.id}
+
+    edited = replace(original, content="the meeting moved to thursday evening",
+                     edited_at=original.created_at + 60_000)
+    stats = engine.storage.messages.upsert([edited])
+    assert (stats.inserted, stats.updated, stats.unchanged) == (0, 1, 0)
+    # text and FTS change at once; the stale vector is gone and the message is pending
+    assert engine.storage.messages.hydrate([original.id])[original.id].content == edited.content
+    assert keyword_ids(engine.storage, "tuesday") == set()
+    assert keyword_ids(engine.storage, "thursday") == {original.id}
+    assert stored_vector(engine.storage, original.id) is None
+    # the next message was embedded with the old text as its context: it goes too
+    assert stored_vector(engine.storage, other.id) is None
+    assert engine.storage.backlog.pending_count() == 2
+    inspector(engine.storage).check_keyword_index()
+
+    pending = engine.storage.backlog.pending(10)
+    expected = engine.embedder.embed([engine.embedding_text(p) for p in pending])[0]
+    assert "thursday" in engine.embedding_text(pending[0])
+    assert engine.embed_pending() == 2
+    new_vector = stored_vector(engine.storage, original.id)
+    np.testing.assert_allclose(new_vector, expected, atol=1e-6)
+    assert not np.allclose(new_vector, old_vector)
+    assert row_counts(engine.storage, inspector) == {"messages": 2, "fts": 2, "vectors": 2}
+
+
+def test_edit_of_timestamp_only_keeps_vector(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    record = make_record("same words as before")
+    engine.ingest([record])
+    vector = stored_vector(engine.storage, record.id)
+    stats = engine.storage.messages.upsert([replace(record, edited_at=record.created_at + 1000)])
+    assert stats.updated == 1
+    assert engine.storage.backlog.pending_count() == 0
+    np.testing.assert_array_equal(stored_vector(engine.storage, record.id), vector)
+
+
+def test_attachment_change_counts_as_an_edit(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    record = make_record("look at this")
+    engine.ingest([record])
+    engine.storage.messages.upsert([replace(record, attachments=("schematic.png",))])
+    assert engine.storage.backlog.pending_count() == 1
+    assert keyword_ids(engine.storage, "schematic") == {record.id}
+    engine.embed_pending()
+    hits = engine.storage.vectors.knn(engine.embedder.embed(["look"])[0], 5,
+                                      Filters(has_attachment=True))
+    assert [mid for mid, _ in hits] == [record.id]
+
+
+def test_delete_purges_messages_fts_and_vectors(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    keep = make_record("the router password is on the fridge")
+    gone = [make_record(f"secret plan number {i}") for i in range(3)]
+    engine.ingest([keep, *gone])
+    assert engine.forget_messages([m.id for m in gone] + [999]) == 3
+    assert row_counts(engine.storage, inspector) == {"messages": 1, "fts": 1, "vectors": 1}
+    assert keyword_ids(engine.storage, "secret") == set()
+    inspector(engine.storage).check_keyword_index()
+    vec = engine.embedder.embed(["secret plan number 1"])[0]
+    assert [mid for mid, _ in engine.storage.vectors.knn(vec, 10, Filters())] == [keep.id]
+    result = engine.search("secret plan", guild_id=GUILD)
+    assert all(h.id == keep.id for h in result.hits)
+
+
+def test_delete_before_embedding(engine: MemoryEngine, make_record: MakeRecord) -> None:
+    record = make_record("never embedded")
+    engine.storage.messages.upsert([record])
+    assert engine.forget_messages([record.id]) == 1
+    assert engine.storage.backlog.pending_count() == 0
+    assert engine.embed_pending() == 0
+
+
+def test_thread_parent_is_stored_and_expanded(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    thread_id = CHANNEL + 1
+    engine.storage.messages.upsert([
+        make_record("in the channel"),
+        make_record("in the thread", channel_id=thread_id, parent_id=CHANNEL,
+                    channel_type="GuildPublicThread", channel_name="a thread"),
+    ])
+    assert engine.storage.messages.threads(GUILD) == [(thread_id, CHANNEL, "GuildPublicThread")]
+    assert set(engine.storage.messages.expand_channels([CHANNEL])) == {CHANNEL, thread_id}
+    assert engine.storage.messages.expand_channels([thread_id]) == (thread_id,)
+    # a later record without the parent does not erase it
+    engine.storage.messages.upsert([make_record("more", channel_id=thread_id)])
+    assert engine.storage.messages.threads(GUILD) == [(thread_id, CHANNEL, "GuildPublicThread")]

@@ -1,0 +1,71 @@
+"""Meta: the database is bound to one embedding model; another is refused until
+``reembed`` switches every vector to it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from memory.engine import MemoryEngine
+from memory.errors import EmbeddingModelMismatch
+from memory.records import MessageRecord
+from memory.storage import Storage
+from tests.conftest import GUILD, HashEmbedder
+from tests.storage.inspection import Inspector
+from tests.storage.support import row_counts, stored_vector
+
+MakeRecord = Callable[..., MessageRecord]
+Inspect = Callable[[Storage], Inspector]
+
+
+def test_model_id_and_dimension_are_recorded(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    assert engine.storage.meta.embedding_model() is None
+    engine.ingest([make_record("hello")])
+    assert engine.storage.meta.embedding_model() == ("test/hash-128", 128)
+    stats = engine.storage.stats()
+    assert (stats.embedding_model, stats.embedding_dim) == ("test/hash-128", 128)
+
+
+def test_model_mismatch_is_refused(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str
+) -> None:
+    first = make_engine(tmp_db, HashEmbedder(128))
+    first.ingest([make_record("hello")])
+    first.close()
+    with pytest.raises(EmbeddingModelMismatch, match="reembed") as excinfo:
+        make_engine(tmp_db, HashEmbedder(64))
+    assert "test/hash-128" in str(excinfo.value) and "test/hash-64" in str(excinfo.value)
+
+
+def test_same_model_id_with_another_dimension_is_refused(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    engine.ingest([make_record("hello")])
+    with pytest.raises(EmbeddingModelMismatch, match="reembed"):
+        engine.storage.meta.bind_model("test/hash-128", 64)
+
+
+def test_reembed_switches_model_and_dimension(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str,
+    inspector: Inspect,
+) -> None:
+    records = [make_record(f"note {i} about the garden") for i in range(7)]
+    first = make_engine(tmp_db, HashEmbedder(128), context="none")
+    first.ingest(records)
+    first.close()
+
+    second = make_engine(tmp_db, HashEmbedder(64, model_id="test/other-64"), check_model=False,
+                         context="none")  # each vector is its own note's alone
+    assert second.reembed() == 7
+    assert second.storage.meta.embedding_model() == ("test/other-64", 64)
+    assert second.storage.backlog.pending_count() == 0
+    assert row_counts(second.storage, inspector) == {"messages": 7, "fts": 7, "vectors": 7}
+    assert stored_vector(second.storage, records[0].id).shape == (64,)
+    result = second.search("note 3 about the garden", guild_id=GUILD, mode="dense")
+    assert result.hits and result.hits[0].id == records[3].id
+    second.close()
+    # the new model is now the one the database accepts
+    make_engine(tmp_db, HashEmbedder(64, model_id="test/other-64")).close()
