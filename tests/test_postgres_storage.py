@@ -100,7 +100,7 @@ def test_another_applications_database_is_left_alone(postgres_url: Callable[...,
         assert conn.execute("SELECT to_regclass('messages')").fetchone()[0] is None
 
 
-def test_an_unreachable_server_is_one_clear_line() -> None:
+def test_an_unreachable_server_is_one_clear_line(postgres_server: PostgresServer) -> None:
     with pytest.raises(DatabaseFileError, match="cannot connect to postgresql://bot:\\*\\*\\*@"):
         PostgresStorage("postgresql://bot:pw@127.0.0.1:1/memory?connect_timeout=2")
 

@@ -30,7 +30,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 def is_postgres_url(location: object) -> bool:
     """Whether ``location`` is a ``postgresql://`` (or ``postgres://``) URL."""
     match = _SCHEME.match(str(location))
-    return bool(match) and match.group(1).lower() in URL_SCHEMES
+    return match is not None and match.group(1).lower() in URL_SCHEMES
 
 
 def redact(url: str) -> str:
@@ -43,7 +43,7 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
 
 
-def driver() -> ModuleType:
+def driver(url: str = "") -> ModuleType:
     """The psycopg module, with a clear error when the ``[postgres]`` extra is missing.
 
     Raises:
@@ -55,7 +55,8 @@ def driver() -> ModuleType:
         import psycopg_pool  # noqa: F401
     except ImportError as exc:
         raise DatabaseFileError(
-            f"a postgresql:// database needs the PostgreSQL driver ({exc.name} is missing): "
+            f"{redact(url) if url else 'a postgresql:// database'} needs the PostgreSQL driver "
+            f"({exc.name} is missing): "
             "pip install 'discord-memory-bot[postgres]' (psycopg, psycopg-pool, pgvector)"
         ) from None
     return psycopg
@@ -67,7 +68,7 @@ def connect(url: str, **kwargs: Any) -> Any:
     Raises:
         DatabaseFileError: The server cannot be reached or refuses the login.
     """
-    psycopg = driver()
+    psycopg = driver(url)
     try:
         return psycopg.connect(url, autocommit=True, **kwargs)
     except psycopg.OperationalError as exc:
@@ -93,7 +94,7 @@ def open_pool(url: str, *, max_size: int, read_only: bool) -> Any:
     Raises:
         DatabaseFileError: The server cannot be reached.
     """
-    driver()
+    driver(url)
     from psycopg_pool import ConnectionPool
 
     def configure(conn: Any) -> None:

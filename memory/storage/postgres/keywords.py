@@ -111,12 +111,13 @@ def documents(
     """
     result = []
     for author, content, attachments, window in tokenizer().columns(entries):
-        message: Counter[str] = Counter()
+        message: dict[str, float] = {}
         for weight, tokens in zip(MESSAGE_WEIGHTS, (author, content, attachments)):
             for token in tokens:
-                message[token] += weight
-        result.append((dict(message), len(author) + len(content) + len(attachments),
-                       dict(Counter(window)), len(window)))
+                message[token] = message.get(token, 0.0) + weight
+        window_terms = {word: float(n) for word, n in Counter(window).items()}
+        result.append((message, len(author) + len(content) + len(attachments),
+                       window_terms, len(window)))
     return result
 
 
