@@ -20,6 +20,7 @@ import click
 
 from cli.bench import bench
 from cli.context import Settings, default_db, open_engine, profile_storage_url, require_db
+from cli.migrate import migrate_db_command
 from cli.output import (
     embed_with_progress,
     emit_json,
@@ -280,6 +281,7 @@ def demo_command(settings: Settings, keep: bool) -> int:
 
 
 cli_group.add_command(bench)
+cli_group.add_command(migrate_db_command)
 
 
 # -- running it ------------------------------------------------------------------------

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -135,3 +138,23 @@ def as_disk_full(exc: BaseException, url: str) -> DiskFullError | None:
         "interrupted write was rolled back and everything stored before it is intact; "
         "free some space on the server and run it again"
     )
+
+
+@contextmanager
+def scratch_database(server_url: str) -> Iterator[str]:
+    """A new, empty database on ``server_url``'s server for as long as the block runs.
+
+    For benchmarks and tools that need a throw-away database next to the real one; the
+    role needs ``CREATEDB``.  It is dropped at the end, whatever happens.
+
+    Yields:
+        The new database's URL.
+    """
+    name = f"memory_scratch_{uuid.uuid4().hex[:12]}"
+    admin = connect(server_url)
+    try:
+        admin.execute(f"CREATE DATABASE {name}")
+        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()

@@ -163,7 +163,9 @@ class PostgresVectorIndex:
         """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first.
 
         A quantised index fetches ``k × rescore`` candidates and ranks them by exact
-        cosine; the float index ranks by exact cosine already.  ``index`` (for
+        cosine; the float index ranks by exact cosine already.  Either way the HNSW
+        walk keeps ``k × rescore`` (at least 40, at most 1000) candidates in view
+        (``hnsw.ef_search``): ``rescore`` buys recall with time.  ``index`` (for
         ``bench``) searches another of :data:`INDEXES` built beside the default.
         """
         model = self._meta.embedding_model()
@@ -178,7 +180,8 @@ class PostgresVectorIndex:
         fetch = k if spec.exact else k * max(1, int(rescore))
         query = np.ascontiguousarray(vector, dtype=np.float32)
         try:
-            rows = self._hnsw(query, fetch, spec, model[1], clauses, params)
+            effort = min(MAX_EF_SEARCH, max(40, k * max(1, int(rescore))))
+            rows = self._hnsw(query, fetch, effort, spec, model[1], clauses, params)
             if len(rows) < fetch:  # the walk gave up before the filters let enough through
                 rows = self._exact(query, fetch, clauses, params)
         except Exception:
@@ -187,7 +190,7 @@ class PostgresVectorIndex:
         rows.sort(key=lambda row: (row[1], row[0]))
         return [(mid, 1.0 - float(distance)) for mid, distance in rows[:k]]
 
-    def _hnsw(self, query: np.ndarray, fetch: int, spec: Index, dimension: int,
+    def _hnsw(self, query: np.ndarray, fetch: int, effort: int, spec: Index, dimension: int,
               clauses: list[str], params: list[Any]) -> list[tuple[int, float]]:
         where = " AND ".join(clauses) or "TRUE"
         order = f"{spec.expression.format(d=dimension)} {spec.operator} " \
@@ -198,7 +201,7 @@ class PostgresVectorIndex:
         with self._db.session() as conn, conn.transaction():
             conn.execute("SELECT set_config('hnsw.ef_search', %s, true), "
                          "set_config('hnsw.iterative_scan', 'relaxed_order', true)",
-                         (str(min(MAX_EF_SEARCH, max(40, fetch))),))
+                         (str(effort),))
             return [(row[0], float(row[1])) for row in
                     conn.execute(sql, [*params, query, fetch, query]).fetchall()]
 
