@@ -77,7 +77,10 @@ ENGINE_META = frozenset({"deleted_text_scrubbed", "vector_index", SOURCE_KEY,
 class Endpoint(Protocol):
     """One side of a transfer: an open storage seen as logical tables."""
 
-    storage: Storage
+    @property
+    def storage(self) -> Storage:
+        """The open storage (its contract: meta, messages)."""
+        ...
 
     def count(self, table: Table) -> int:
         """Rows in ``table``."""
