@@ -138,6 +138,22 @@ def scale_command(settings: Settings, messages: int, queries: int, postgres: str
     return 0
 
 
+@bench.command("write-throughput")
+@click.option("--messages", type=click.IntRange(1000, 10_000_000), default=20_000, show_default=True,
+              help="Messages each process stores (each in a guild of its own).")
+@click.option("--processes", type=CountList(1, 64), default="1,2,4", show_default=True,
+              help="Comma-separated process counts.")
+@POSTGRES
+@JSON_OUT
+def write_throughput_command(messages: int, processes: list[int], postgres: str | None,
+                             json_out: Path | None) -> int:
+    """Messages stored and vectors written per second by 1, 2, 4 processes on one database."""
+    from cli.bench.throughput import run_write_throughput
+
+    emit_json(run_write_throughput(messages, processes, postgres), json_out)
+    return 0
+
+
 @bench.command("member-names")
 @click.option("--members", "sizes", type=CountList(1, 200_000), default="40,500,2500,5000,20000",
               show_default=True, help="Comma-separated member counts.")

@@ -1,0 +1,86 @@
+"""``bench write-throughput``: messages stored and vectors written per second by 1, 2, 4
+processes sharing one database.
+
+Each process plays a bot process (a shard): it stores its own guild's messages in
+batches as an import does, then claims and writes vectors for the shared backlog
+until none is left.  The vectors are random (the encoder's cost is measured by
+``bench search-scale``; this measures the database), so the rates are the storage
+engine's ceiling.  On SQLite the processes share one file and take turns at its one
+write lock; on PostgreSQL they write side by side.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from cli.bench.common import machine_description, scratch_location
+from cli.bench.scale import synthetic_records
+from memory.storage import open_storage
+
+BATCH = 1000
+DIM = 384
+
+
+def _store(location: str, guild: int, messages: int, start: float) -> float:
+    records = [replace(r, guild_id=guild, id=r.id + guild)  # a guild of its own, ids apart
+               for r in synthetic_records(messages, seed=guild)]
+    storage = open_storage(location)
+    try:
+        time.sleep(max(0.0, start - time.time()))
+        began = time.perf_counter()
+        for i in range(0, len(records), BATCH):
+            storage.messages.upsert(records[i:i + BATCH])
+        return time.perf_counter() - began
+    finally:
+        storage.close()
+
+
+def _embed(location: str, worker: int, start: float) -> tuple[int, float]:
+    storage = open_storage(location)
+    rng = np.random.default_rng(worker)
+    done = 0
+    try:
+        storage.meta.bind_model("bench/random", DIM)
+        time.sleep(max(0.0, start - time.time()))
+        began = time.perf_counter()
+        while batch := storage.backlog.claim(256, owner=f"bench-{worker}"):
+            storage.backlog.write_vectors(batch, rng.normal(size=(len(batch), DIM)),
+                                          owner=f"bench-{worker}")
+            done += len(batch)
+        return done, time.perf_counter() - began
+    finally:
+        storage.backlog.release(f"bench-{worker}")
+        storage.close()
+
+
+def run_write_throughput(messages: int, processes: list[int],
+                         postgres: str | None = None) -> dict[str, Any]:
+    """Per process count: stored and embedded messages per second, all processes together.
+
+    Each process stores ``messages`` of its own guild (so ``n`` processes store
+    ``n × messages``), then all embed the shared backlog.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    report: dict[str, Any] = {"machine": machine_description(),
+                              "engine": "postgres" if postgres else "sqlite",
+                              "messages_per_process": messages, "runs": {}}
+    for count in processes:
+        with scratch_location(postgres, name="throughput") as location:
+            open_storage(location).close()  # created and migrated before the clock starts
+            with ctx.Pool(count) as pool:
+                start = time.time() + 5.0
+                stored = pool.starmap(_store, [(location, 7000 + i, messages, start)
+                                               for i in range(count)])
+                start = time.time() + 5.0
+                embedded = pool.starmap(_embed, [(location, i, start) for i in range(count)])
+        total = count * messages
+        report["runs"][str(count)] = {
+            "store_msgs_per_s": round(total / max(stored), 1),
+            "vectors_per_s": round(sum(n for n, _ in embedded) / max(s for _, s in embedded), 1),
+        }
+    return report
