@@ -38,6 +38,7 @@ from memory.storage.postgres.filters import filter_sql
 TOKENIZE = "porter unicode61 remove_diacritics 2"  # SQLite's search_fts and window_fts
 K1, B = 1.2, 0.75  # FTS5's bm25() constants
 MESSAGE_WEIGHTS = (1.0, 1.0, 0.5)  # author, content, attachments: as SQLite's bm25() call
+_FILTERED = "guild_id, channel_id, author_id, created_at, has_attachment"
 _TABLES = {"message": ("keyword_messages", "message_tokens"),
            "window": ("keyword_windows", "window_tokens")}
 
@@ -155,40 +156,32 @@ class PostgresKeywordIndex:
         words = query_words(terms)
         if not words or int(k) <= 0:
             return []
-        documents_total, tokens_total = self._totals(tokens_column)
-        if not documents_total:
-            return []
-        average = tokens_total / documents_total
-        hits = ", ".join(f"count(*) FILTER (WHERE terms ? %s) AS n{i}" for i in range(len(words)))
+        n = len(words)
+        hits = ", ".join(f"count(*) FILTER (WHERE terms ? %s) AS n{i}" for i in range(n))
         idf = ", ".join(
-            f"CASE WHEN ln((%s - n{i} + 0.5) / (n{i} + 0.5)) > 0 "
-            f"THEN ln((%s - n{i} + 0.5) / (n{i} + 0.5)) ELSE 1e-6 END AS idf{i}"
-            for i in range(len(words)))
+            f"CASE WHEN ln((total - n{i} + 0.5) / (n{i} + 0.5)) > 0 "
+            f"THEN ln((total - n{i} + 0.5) / (n{i} + 0.5)) ELSE 1e-6 END AS idf{i}"
+            for i in range(n))
         score = " + ".join(
-            f"idf{i} * (f{i} * {K1 + 1}) / (f{i} + {K1} * ({1 - B} + {B} * length / %s))"
-            for i in range(len(words)))
-        frequencies = ", ".join(
-            f"coalesce((terms ->> %s)::float8, 0) AS f{i}" for i in range(len(words)))
+            f"idf{i} * (f{i} * {K1 + 1}) / (f{i} + {K1} * ({1 - B} + {B} * length / average))"
+            for i in range(n))
+        frequencies = ", ".join(f"coalesce((terms ->> %s)::float8, 0) AS f{i}" for i in range(n))
         where = " AND ".join(clauses) or "TRUE"
         sql = (
-            f"WITH hits AS MATERIALIZED (SELECT * FROM {table} WHERE terms ?| %s::text[]), "
+            # N and the average length (FTS5's nRow, avgdl) come from index_stats' totals
+            f"WITH totals AS (SELECT sum(documents)::float8 AS total, "
+            f"sum({tokens_column})::float8 / nullif(sum(documents), 0) AS average FROM index_stats), "
+            f"hits AS MATERIALIZED (SELECT id, length, terms, {_FILTERED}"
+            f"{', contentful' if field == 'window' else ''} FROM {table} "
+            "WHERE terms ?| %s::text[]), "
             f"counts AS (SELECT {hits} FROM hits), "
-            f"weights AS (SELECT {idf} FROM counts) "
+            f"weights AS (SELECT {idf}, average FROM counts, totals) "
             f"SELECT id, {score} AS score FROM "
             f"(SELECT id, length, {frequencies} FROM hits WHERE {where}) scored, weights "
             "ORDER BY score DESC, id LIMIT %s"
         )
-        params: list[Any] = [words, *words]
-        for _ in words:
-            params += [documents_total, documents_total]
-        params += [average] * len(words) + words + filter_params + [int(k)]
+        params: list[Any] = [words, *words, *words, *filter_params, int(k)]
         return [(row[0], float(row[1])) for row in self._db.read_beside(sql, params)]
-
-    def _totals(self, tokens_column: str) -> tuple[int, int]:
-        row = self._db.read_beside(
-            f"SELECT coalesce(sum(documents), 0), coalesce(sum({tokens_column}), 0) "
-            "FROM index_stats")[0]
-        return int(row[0]), int(row[1])
 
     def term_counts(self, terms: Sequence[str]) -> dict[str, int]:
         """In how many messages each term occurs (by text, author or attachment name)."""
