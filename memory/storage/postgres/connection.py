@@ -102,6 +102,9 @@ def open_pool(url: str, *, max_size: int, read_only: bool) -> Any:
 
     def configure(conn: Any) -> None:
         register_vector(conn)
+        # filters are applied inside the HNSW walk, which goes on until enough rows
+        # pass them (pgvector 0.8); results are re-sorted by exact distance after it
+        conn.execute("SET hnsw.iterative_scan = relaxed_order")
         if read_only:
             conn.execute("SET default_transaction_read_only = on")
 

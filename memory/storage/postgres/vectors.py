@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -150,6 +151,8 @@ class PostgresVectorIndex:
     def __init__(self, database: PostgresDatabase, meta: Any) -> None:
         self._db = database
         self._meta = meta
+        # each pooled connection's hnsw.ef_search, as this index last set it
+        self._effort: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
     @property
     def index(self) -> str:
@@ -198,10 +201,11 @@ class PostgresVectorIndex:
         sql = (f"WITH near AS MATERIALIZED (SELECT message_id, embedding FROM message_vectors "
                f"WHERE {where} ORDER BY {order} LIMIT %s) "
                "SELECT message_id, embedding <=> %s::vector FROM near")
-        with self._db.session() as conn, conn.transaction():
-            conn.execute("SELECT set_config('hnsw.ef_search', %s, true), "
-                         "set_config('hnsw.iterative_scan', 'relaxed_order', true)",
-                         (str(effort),))
+        with self._db.session() as conn:
+            # a session setting, sent only when it changes: a search costs one round trip
+            if self._effort.get(conn) != effort:
+                conn.execute(f"SET hnsw.ef_search = {int(effort)}")
+                self._effort[conn] = effort
             return [(row[0], float(row[1])) for row in
                     conn.execute(sql, [*params, query, fetch, query]).fetchall()]
 
