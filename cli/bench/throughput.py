@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from cli.bench.common import machine_description, scratch_location
 from cli.bench.scale import synthetic_records
 from memory.storage import open_storage
+from memory.storage.postgres.connection import connect, is_postgres_url
 
 BATCH = 1000
 DIM = 384
@@ -78,9 +80,33 @@ def run_write_throughput(messages: int, processes: list[int],
                                                for i in range(count)])
                 start = time.time() + 5.0
                 embedded = pool.starmap(_embed, [(location, i, start) for i in range(count)])
+            sizes = _sizes(location)
         total = count * messages
         report["runs"][str(count)] = {
             "store_msgs_per_s": round(total / max(stored), 1),
             "vectors_per_s": round(sum(n for n, _ in embedded) / max(s for _, s in embedded), 1),
+            "bytes_per_message": {name: round(size / total) for name, size in sizes.items()},
         }
     return report
+
+
+def _sizes(location: str) -> dict[str, int]:
+    """What the database takes on disk, in all and per part (a measurement, not a storage
+    read: sizes are no part of the contract)."""
+    if not is_postgres_url(location):
+        files = [Path(location), Path(f"{location}-wal")]
+        return {"database": sum(f.stat().st_size for f in files if f.exists())}
+    conn = connect(location)
+    try:
+        parts = dict(conn.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND c.relkind = 'r'"
+        ).fetchall())
+        hnsw = conn.execute("SELECT coalesce(sum(pg_relation_size(indexrelid)), 0) FROM pg_index i "
+                            "JOIN pg_class c ON c.oid = i.indexrelid "
+                            "WHERE c.relname LIKE 'message_vectors_hnsw_%%'", ()).fetchone()[0]
+        database = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+    finally:
+        conn.close()
+    big = {name: int(size) for name, size in parts.items() if size > 1 << 20}
+    return {"database": int(database), "hnsw_index": int(hnsw), **big}
