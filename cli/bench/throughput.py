@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,8 +26,21 @@ from cli.bench.scale import synthetic_records
 from memory.storage import open_storage
 from memory.storage.postgres.connection import connect, is_postgres_url
 
+T = TypeVar("T")
 BATCH = 1000
 DIM = 384
+
+
+def _retrying(write: Callable[[], T]) -> T:
+    """Run a write again while SQLite says another process holds its lock (as the bot's
+    write queue does: ``cogs.capture``); PostgreSQL writers never get here."""
+    while True:
+        try:
+            return write()
+        except Exception as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            time.sleep(0.05)
 
 
 def _store(location: str, guild: int, messages: int, start: float) -> float:
@@ -36,7 +51,8 @@ def _store(location: str, guild: int, messages: int, start: float) -> float:
         time.sleep(max(0.0, start - time.time()))
         began = time.perf_counter()
         for i in range(0, len(records), BATCH):
-            storage.messages.upsert(records[i:i + BATCH])
+            chunk = records[i:i + BATCH]
+            _retrying(partial(storage.messages.upsert, chunk))
         return time.perf_counter() - began
     finally:
         storage.close()
@@ -50,9 +66,10 @@ def _embed(location: str, worker: int, start: float) -> tuple[int, float]:
         storage.meta.bind_model("bench/random", DIM)
         time.sleep(max(0.0, start - time.time()))
         began = time.perf_counter()
-        while batch := storage.backlog.claim(256, owner=f"bench-{worker}"):
-            storage.backlog.write_vectors(batch, rng.normal(size=(len(batch), DIM)),
-                                          owner=f"bench-{worker}")
+        owner = f"bench-{worker}"
+        while batch := _retrying(lambda: storage.backlog.claim(256, owner=owner)):
+            vectors = rng.normal(size=(len(batch), DIM))
+            _retrying(partial(storage.backlog.write_vectors, batch, vectors, owner=owner))
             done += len(batch)
         return done, time.perf_counter() - began
     finally:

@@ -157,7 +157,8 @@ class PostgresKeywordIndex:
         if not words or int(k) <= 0:
             return []
         n = len(words)
-        hits = ", ".join(f"count(*) FILTER (WHERE terms ? %s) AS n{i}" for i in range(n))
+        frequencies = ", ".join(f"coalesce((terms ->> %s)::float8, 0) AS f{i}" for i in range(n))
+        hits = ", ".join(f"count(*) FILTER (WHERE f{i} > 0) AS n{i}" for i in range(n))
         idf = ", ".join(
             f"CASE WHEN ln((total - n{i} + 0.5) / (n{i} + 0.5)) > 0 "
             f"THEN ln((total - n{i} + 0.5) / (n{i} + 0.5)) ELSE 1e-6 END AS idf{i}"
@@ -165,22 +166,21 @@ class PostgresKeywordIndex:
         score = " + ".join(
             f"idf{i} * (f{i} * {K1 + 1}) / (f{i} + {K1} * ({1 - B} + {B} * length / average))"
             for i in range(n))
-        frequencies = ", ".join(f"coalesce((terms ->> %s)::float8, 0) AS f{i}" for i in range(n))
         where = " AND ".join(clauses) or "TRUE"
         sql = (
-            # N and the average length (FTS5's nRow, avgdl) come from index_stats' totals
+            # N and the average length (FTS5's nRow, avgdl) come from index_stats' totals;
+            # each document's JSONB is read once, into its query words' frequencies
             f"WITH totals AS (SELECT sum(documents)::float8 AS total, "
             f"sum({tokens_column})::float8 / nullif(sum(documents), 0) AS average FROM index_stats), "
-            f"hits AS MATERIALIZED (SELECT id, length, terms, {_FILTERED}"
+            f"hits AS MATERIALIZED (SELECT id, length, {frequencies}, {_FILTERED}"
             f"{', contentful' if field == 'window' else ''} FROM {table} "
             "WHERE terms ?| %s::text[]), "
             f"counts AS (SELECT {hits} FROM hits), "
             f"weights AS (SELECT {idf}, average FROM counts, totals) "
-            f"SELECT id, {score} AS score FROM "
-            f"(SELECT id, length, {frequencies} FROM hits WHERE {where}) scored, weights "
+            f"SELECT id, {score} AS score FROM hits, weights WHERE {where} "
             "ORDER BY score DESC, id LIMIT %s"
         )
-        params: list[Any] = [words, *words, *words, *filter_params, int(k)]
+        params: list[Any] = [*words, words, *filter_params, int(k)]
         return [(row[0], float(row[1])) for row in self._db.read_beside(sql, params)]
 
     def term_counts(self, terms: Sequence[str]) -> dict[str, int]:
