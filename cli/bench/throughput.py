@@ -44,7 +44,8 @@ def _retrying(write: Callable[[], T]) -> T:
 
 
 def _store(location: str, guild: int, messages: int, start: float) -> float:
-    records = [replace(r, guild_id=guild, id=r.id + guild)  # a guild of its own, ids apart
+    # a guild (and channels) of its own, ids apart; the 40 authors are members of every guild
+    records = [replace(r, guild_id=guild, id=r.id + guild, channel_id=r.channel_id + 100 * guild)
                for r in synthetic_records(messages, seed=guild)]
     storage = open_storage(location)
     try:

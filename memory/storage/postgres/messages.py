@@ -296,26 +296,55 @@ def _newer_version(r: MessageRecord, stored: tuple | None) -> bool:
 
 
 def _write_names(conn: Any, records: list[MessageRecord]) -> None:
-    """The guild, channel and author rows the messages name (unknown names never overwrite)."""
+    """The guild, channel and author rows the messages name (unknown names never overwrite).
+
+    Only rows that change are written, in ascending id order: a member of several
+    guilds is named by writers of each, and an unchanged row must not be locked
+    until their transactions end (nor rows locked in two orders: a deadlock).
+    """
+    guilds = _merged(conn, "guilds", ("name",), [
+        (r.guild_id, {"name": r.guild_name}) for r in records])
+    channels = _merged(conn, "channels", ("guild_id", "parent_id", "name", "type"), [
+        (r.channel_id, {"guild_id": r.guild_id, "parent_id": r.parent_id, "name": r.channel_name,
+                        "type": _known_type(r.channel_type)}) for r in records])
+    authors = _merged(conn, "authors", ("name", "display_name", "is_bot"), [
+        (r.author_id, {"name": r.author_name, "display_name": r.author_display_name,
+                       "is_bot": bool(r.author_is_bot)}) for r in records])
     cursor = conn.cursor()
     cursor.executemany(
         "INSERT INTO guilds AS g(id, name) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET "
-        "name = excluded.name WHERE excluded.name <> '' AND excluded.name <> g.name",
-        [(r.guild_id, r.guild_name) for r in records])
+        "name = CASE WHEN excluded.name <> '' THEN excluded.name ELSE g.name END", guilds)
     cursor.executemany(
         "INSERT INTO channels AS c(id, guild_id, parent_id, name, type) VALUES (%s, %s, %s, %s, %s) "
         "ON CONFLICT (id) DO UPDATE SET parent_id = COALESCE(excluded.parent_id, c.parent_id), "
         "name = CASE WHEN excluded.name <> '' THEN excluded.name ELSE c.name END, "
-        "type = CASE WHEN excluded.type <> '' THEN excluded.type ELSE c.type END",
-        [(r.channel_id, r.guild_id, r.parent_id, r.channel_name, _known_type(r.channel_type))
-         for r in records])
+        "type = CASE WHEN excluded.type <> '' THEN excluded.type ELSE c.type END", channels)
     cursor.executemany(
         "INSERT INTO authors AS a(id, name, display_name, is_bot) VALUES (%s, %s, %s, %s) "
         "ON CONFLICT (id) DO UPDATE SET "
         "name = CASE WHEN excluded.name <> '' THEN excluded.name ELSE a.name END, "
         "display_name = CASE WHEN excluded.display_name <> '' THEN excluded.display_name "
-        "ELSE a.display_name END, is_bot = excluded.is_bot",
-        [(r.author_id, r.author_name, r.author_display_name, bool(r.author_is_bot)) for r in records])
+        "ELSE a.display_name END, is_bot = excluded.is_bot", authors)
+
+
+def _merged(conn: Any, table: str, columns: tuple[str, ...],
+            updates: list[tuple[int, dict[str, Any]]]) -> list[tuple]:
+    """The rows of ``table`` that ``updates`` change (in order: later ones win, an empty
+    name or type and a missing parent keep what is there), ascending by id."""
+    ids = sorted({i for i, _ in updates})
+    stored = {row[0]: dict(zip(columns, row[1:])) for row in conn.execute(
+        f"SELECT id, {', '.join(columns)} FROM {table} WHERE id = ANY(%s)", (ids,))}
+    merged = {i: dict(values) for i, values in stored.items()}
+    for i, values in updates:
+        row = merged.setdefault(i, dict(values))
+        for column, value in values.items():
+            if column == "parent_id":
+                row[column] = value if value is not None else row[column]
+            elif column in ("name", "display_name", "type"):
+                row[column] = value if value != "" else row[column]
+            elif column != "guild_id":  # a channel keeps its guild
+                row[column] = value
+    return [(i, *merged[i].values()) for i in ids if merged[i] != stored.get(i)]
 
 
 def _write_messages(conn: Any, inserts: list[MessageRecord],
