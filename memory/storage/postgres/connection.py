@@ -105,6 +105,9 @@ def open_pool(url: str, *, max_size: int, read_only: bool) -> Any:
         # filters are applied inside the HNSW walk, which goes on until enough rows
         # pass them (pgvector 0.8); results are re-sorted by exact distance after it
         conn.execute("SET hnsw.iterative_scan = relaxed_order")
+        # a keyword ranking over many hits is costed high enough to be JIT-compiled, which
+        # takes longer than running it (measured: bench search-scale)
+        conn.execute("SET jit = off")
         if read_only:
             conn.execute("SET default_transaction_read_only = on")
 
