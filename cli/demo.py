@@ -34,7 +34,7 @@ def demo_queries() -> Path:
     return demo_dir() / "queries.jsonl"
 
 
-def run_demo(settings: Settings, db: Path) -> int:
+def run_demo(settings: Settings, db: Path | str) -> int:
     """Import the demo export into ``db`` and print searches; returns an exit status."""
     engine = open_engine(settings, db=db, load_reranker=False)
     try:

@@ -26,6 +26,9 @@ from memory.engine import MemoryEngine
 from memory.records import DISCORD_EPOCH_MS, MessageRecord
 from memory.storage.sqlite.connection import connect
 
+# the session's PostgreSQL server and fresh databases on it (tests marked `postgres`)
+pytest_plugins = ["tests.postgres_server"]
+
 GUILD = 111_111_111_111_111_111
 CHANNEL = 222_222_222_222_222_222
 # 2026-01-01T00:00:00Z: a fixed "now" so recency bonuses are reproducible.

@@ -283,7 +283,7 @@ def test_keys_after_the_messages_list_are_still_read(tmp_path: Path) -> None:
 # -- 7. a database URL for --db ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("url", ["postgresql://user@host/db", "sqlite:///tmp/x.db",
+@pytest.mark.parametrize("url", ["mysql://user@host/db", "sqlite:///tmp/x.db",
                                  "file:/tmp/x.sqlite3"])
 @pytest.mark.parametrize("command", [["import", "--no-embed", "@export"], ["stats"],
                                      ["search", "x"], ["embed"]], ids=lambda c: c[0])
@@ -300,9 +300,24 @@ def test_a_database_url_is_refused_and_creates_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export.json"]
 
 
+@pytest.mark.parametrize("command", [["stats"], ["search", "x"]], ids=lambda c: c[0])
+def test_an_unreachable_postgresql_url_is_one_line_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = "postgresql://bot:secret@127.0.0.1:1/memory?connect_timeout=2"
+    code, out, err = run_cli(capsys, "--db", url, *PROFILE, *command)
+    assert (code, out) == (2, "")
+    line = error_line(err)  # the driver is missing, or the server cannot be reached
+    assert "postgresql://bot:***@127.0.0.1:1/memory" in line and "secret" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_engine_refuses_a_database_url_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    for url in ("postgresql://user@host/db", Path("postgresql://user@host/db")):
+    # a URL of another kind, or a postgresql:// URL a Path has folded ("postgresql:/user@…")
+    for url in ("mysql://user@host/db", Path("postgresql://user@host/db")):
         with pytest.raises(DatabaseFileError, match="is a URL"):
             open_storage(url)
     assert list(tmp_path.iterdir()) == []

@@ -19,6 +19,12 @@ JSON_OUT = click.option("--json", "json_out", type=OUTPUT_FILE,
                         help="Write results to this file.")
 
 
+POSTGRES = click.option(
+    "--postgres", metavar="URL",
+    help="Run on throw-away databases on this PostgreSQL server (the role needs CREATEDB) "
+    "instead of temporary SQLite files.")
+
+
 @click.group("bench")
 def bench() -> None:
     """Benchmarks (results belong in BENCHMARKS.md)."""
@@ -39,12 +45,13 @@ def bench() -> None:
               help="Keep the embedder's vectors in this .npz between runs.")
 @click.option("--compare", nargs=2, type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Compare two --json reports (BEFORE AFTER) instead of running.")
+@POSTGRES
 @JSON_OUT
 @click.pass_obj
 def retrieval_command(
     settings: Settings, data: tuple[Path, ...], queries: Path | None, k: int, scope: str,
     modes: str | None, overrides: tuple[str, ...], cache: Path | None,
-    compare: tuple[Path, Path] | None, json_out: Path | None,
+    compare: tuple[Path, Path] | None, postgres: str | None, json_out: Path | None,
 ) -> int:
     """Recall/MRR/nDCG per mode and category on labelled export sets (DATA...)."""
     from cli.bench.common import load_queries
@@ -82,7 +89,8 @@ def retrieval_command(
     update, bar = progress_bar(total, "searches", "query")
     try:
         result = run_retrieval_bench(data, profile, queries_path=queries, k=k, scope=scope,
-                                     modes=chosen, embedder=cached or embedder, progress=update)
+                                     modes=chosen, embedder=cached or embedder, progress=update,
+                                     postgres=postgres)
     finally:
         bar.close()
         if cached:
@@ -104,23 +112,45 @@ def _read_report(path: Path) -> dict:
 
 
 @bench.command("search-scale")
+@POSTGRES
 @click.option("--messages", type=click.IntRange(100, 10_000_000), default=100_000,
               show_default=True, help="Synthetic corpus size.")
 @click.option("--queries", type=click.IntRange(1, 100_000), default=100, show_default=True,
               help="Searches timed per mode.")
 @JSON_OUT
 @click.pass_obj
-def scale_command(settings: Settings, messages: int, queries: int, json_out: Path | None) -> int:
-    """Search latency and import throughput at scale."""
-    from cli.bench.scale import run_search_scale
+def scale_command(settings: Settings, messages: int, queries: int, postgres: str | None,
+                  json_out: Path | None) -> int:
+    """Search latency and import throughput at scale (with --postgres: both engines, side by side)."""
+    from cli.bench.scale import run_search_scale, run_search_scale_engines
 
-    update, bar = progress_bar(messages, "importing")
+    update, bar = progress_bar(messages * (2 if postgres else 1), "importing")
     try:
-        result = run_search_scale(resolve_profile(settings), messages, queries=queries,
-                                  progress=update)
+        if postgres:
+            result = run_search_scale_engines(resolve_profile(settings), messages, postgres,
+                                              queries=queries, progress=update)
+        else:
+            result = run_search_scale(resolve_profile(settings), messages, queries=queries,
+                                      progress=update)
     finally:
         bar.close()
     emit_json(result, json_out)
+    return 0
+
+
+@bench.command("write-throughput")
+@click.option("--messages", type=click.IntRange(1000, 10_000_000), default=20_000, show_default=True,
+              help="Messages each process stores (each in a guild of its own).")
+@click.option("--processes", type=CountList(1, 64), default="1,2,4", show_default=True,
+              help="Comma-separated process counts.")
+@POSTGRES
+@JSON_OUT
+def write_throughput_command(messages: int, processes: list[int], postgres: str | None,
+                             json_out: Path | None) -> int:
+    """Messages stored and vectors written per second by 1, 2, 4 processes on one database."""
+    from cli.bench.throughput import run_write_throughput
+
+    emit_json(run_write_throughput(messages, processes, postgres), json_out)
     return 0
 
 

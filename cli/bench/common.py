@@ -6,6 +6,9 @@ import json
 import math
 import os
 import platform
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,3 +126,24 @@ def require_device(device: str) -> None:
     mps = getattr(torch.backends, "mps", None)
     if kind == "mps" and not (mps is not None and mps.is_available()):
         raise ConfigError(f"--device {device}: torch sees no Apple GPU here; use --device cpu")
+
+
+@contextmanager
+def scratch_location(postgres: str | None = None, *, name: str = "bench",
+                     db_dir: str | Path | None = None) -> Iterator[str]:
+    """A throw-away database for one benchmark run, removed afterwards.
+
+    Args:
+        postgres: A PostgreSQL server's URL: a new database on it (the role needs
+            CREATEDB); ``None``: a temporary SQLite file.
+        name: The SQLite file's name.
+        db_dir: Where the SQLite file's temporary folder goes.
+    """
+    if postgres:
+        from memory.storage.postgres.connection import scratch_database
+
+        with scratch_database(postgres) as url:
+            yield url
+        return
+    with tempfile.TemporaryDirectory(prefix="memory-bench-", dir=db_dir) as tmp:
+        yield str(Path(tmp) / f"{name}.sqlite3")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import tempfile
 import time
 import tomllib
 from collections import defaultdict
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from cli.bench.common import Query, load_queries, percentile, score_ranking
+from cli.bench.common import Query, load_queries, percentile, score_ranking, scratch_location
 from memory.config import Profile, parse_profile
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.engine import MemoryEngine
@@ -139,8 +138,12 @@ def run_retrieval_bench(
     modes: list[str] | None = None,
     embedder: Embedder | None = None,
     progress: Progress | None = None,
+    postgres: str | None = None,
 ) -> dict[str, Any]:
     """Import each dataset into a temporary database and score every mode on its queries.
+
+    The database is a temporary SQLite file, or with ``postgres`` (a server URL) a
+    throw-away database on that server.
 
     ``rerank`` is dropped (and ``rerank_skipped`` says why) when the profile's
     reranker cannot be loaded; its searches would only repeat hybrid's.
@@ -156,12 +159,12 @@ def run_retrieval_bench(
     """
     modes = list(modes or default_modes(profile))
     embedder = embedder or SentenceTransformerEmbedder(profile.embedder)
-    report: dict[str, Any] = {"k": k, "scope": scope, "datasets": {}}
+    report: dict[str, Any] = {"k": k, "scope": scope, "datasets": {},
+                              "engine": "postgres" if postgres else "sqlite"}
     for data in datasets:
         queries = load_queries(queries_path or Path(data) / "queries.jsonl")
-        with tempfile.TemporaryDirectory(prefix="memory-bench-") as tmp:
-            engine = MemoryEngine(Path(tmp) / "bench.sqlite3", profile, embedder,
-                                  load_reranker=False)
+        with scratch_location(postgres) as location:
+            engine = MemoryEngine(location, profile, embedder, load_reranker=False)
             try:
                 if "rerank" in modes and (reason := _reranker_missing(engine)):
                     modes.remove("rerank")

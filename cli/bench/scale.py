@@ -19,14 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from cli.bench.common import machine_description, percentile
+from cli.bench.common import machine_description, percentile, scratch_location
 from cli.bench.retrieval import RETRIEVAL_MODES
 from memory.config import DEFAULT_EMBEDDER, Profile
-from memory.embedder import Embedder, resolve_model
+from memory.embedder import Embedder, SentenceTransformerEmbedder, resolve_model
 from memory.engine import MemoryEngine
 from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.search import SearchRequest
+from memory.storage.postgres.connection import is_postgres_url
 from memory.storage.sqlite.connection import connect
 from memory.text import STOPWORDS
 
@@ -93,6 +94,7 @@ def run_search_scale(
     embedder: Embedder | None = None,
     progress: Progress | None = None,
     db_dir: str | Path | None = None,
+    postgres: str | None = None,
 ) -> dict[str, Any]:
     """Build a synthetic corpus, then time import against the raw encoder and searches.
 
@@ -101,35 +103,70 @@ def run_search_scale(
     included, exactly what import embeds), so both rates are measured under the
     same machine load.  Search latencies (query embedding included) for fixed,
     adaptive and hybrid are interleaved query by query so noise hits all alike.
+    The database is a temporary SQLite file, or with ``postgres`` (a server URL) a
+    throw-away database there.
     """
     records = synthetic_records(messages)
-    with tempfile.TemporaryDirectory(prefix="memory-scale-", dir=db_dir) as tmp:
-        engine = MemoryEngine(Path(tmp) / "scale.sqlite3", profile, embedder, load_reranker=False)
+    with scratch_location(postgres, name="scale", db_dir=db_dir) as location:
+        engine = MemoryEngine(location, profile, embedder, load_reranker=False)
         try:
-            engine.embedder.embed(["warm up"] * 64)  # load the weights outside the timings
-            import_s = raw_s = 0.0
-            raw_texts = 0
-            for start in range(0, len(records), 5000):
-                started = time.perf_counter()
-                engine.storage.messages.upsert(records[start : start + 5000])
-                import_s += time.perf_counter() - started
-                sample = [engine.embedding_text(m) for m in engine.storage.backlog.pending(500)]
-                raw_s += _encoder_seconds(engine, sample)
-                raw_texts += len(sample)
-                started = time.perf_counter()
-                engine.embed_pending(progress=progress)
-                import_s += time.perf_counter() - started
-            import_rate = len(records) / import_s
-            raw_rate = raw_texts / raw_s
-            latencies = _time_searches(engine, queries)
-            knn = _rescore_sweep(engine, queries)
+            result = _measure(engine, records, queries, progress)
+            if postgres:
+                result["knn_by_index"] = _index_sweep(engine, queries)
         finally:
             engine.close()
+    return {"engine": "postgres" if postgres else "sqlite", **result}
+
+
+def run_search_scale_engines(
+    profile: Profile, messages: int, postgres: str, *, queries: int = 100,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """:func:`run_search_scale` on SQLite, then on PostgreSQL, in one run on one machine.
+
+    Both get the same corpus and the same vectors: the second run takes them from
+    the first's embedder cache, so its ``import_msgs_per_s`` has no encoder time in
+    it (compare ``store_msgs_per_s`` and ``vectors_per_s``, which are storage only).
+    """
+    from cli.bench.retrieval import CachedEmbedder
+
+    with tempfile.TemporaryDirectory(prefix="memory-scale-cache-") as tmp:
+        cached = CachedEmbedder(SentenceTransformerEmbedder(profile.embedder),
+                                Path(tmp) / "vectors.npz")
+        sqlite = run_search_scale(profile, messages, queries=queries, embedder=cached,
+                                  progress=progress)
+        server = run_search_scale(profile, messages, queries=queries, embedder=cached,
+                                  progress=progress, postgres=postgres)
+    hybrid = server["search"]["hybrid"]["p50_ms"] / sqlite["search"]["hybrid"]["p50_ms"]
+    return {"sqlite": sqlite, "postgres": server, "postgres_vs_sqlite_hybrid_p50": round(hybrid, 3)}
+
+
+def _measure(engine: MemoryEngine, records: list[MessageRecord], queries: int,
+             progress: Progress | None) -> dict[str, Any]:
+    engine.embedder.embed(["warm up"] * 64)  # load the weights outside the timings
+    store_s = embed_s = raw_s = 0.0
+    raw_texts = 0
+    for start in range(0, len(records), 5000):
+        started = time.perf_counter()
+        engine.storage.messages.upsert(records[start : start + 5000])
+        store_s += time.perf_counter() - started
+        sample = [engine.embedding_text(m) for m in engine.storage.backlog.pending(500)]
+        raw_s += _encoder_seconds(engine, sample)
+        raw_texts += len(sample)
+        started = time.perf_counter()
+        engine.embed_pending(progress=progress)
+        embed_s += time.perf_counter() - started
+    import_rate = len(records) / (store_s + embed_s)
+    raw_rate = raw_texts / raw_s
+    latencies = _time_searches(engine, queries)
+    knn = _rescore_sweep(engine, queries)
     return {
         "machine": machine_description(),
-        "messages": messages,
+        "messages": len(records),
         "queries": queries,
         "import_msgs_per_s": round(import_rate, 1),
+        "store_msgs_per_s": round(len(records) / store_s, 1),
+        "vectors_per_s": round(len(records) / embed_s, 1),
         "raw_encoder_msgs_per_s": round(raw_rate, 1),
         "import_vs_encoder": round(import_rate / raw_rate, 3),
         "search": {
@@ -183,17 +220,34 @@ ALLOW_LIST_500 = tuple(range(2000, 2007)) + tuple(range(50_000, 50_493))
 RESCORE_SWEEP = (1, 2, 4, 8, 16)
 
 
-def _every_vector(engine: MemoryEngine) -> list[tuple[int, bytes]]:
-    """Every stored ``(message_id, float32 bytes)``, read from the SQLite file itself.
+def _every_vector(engine: MemoryEngine) -> tuple[np.ndarray, np.ndarray]:
+    """Every stored message id and float32 vector, read from the database itself.
 
     A measurement, not a storage read: the exact cosine baseline needs every vector,
-    which no storage method lists; its own read-only connection leaves the engine's alone.
+    which no storage method lists; its own connection leaves the engine's alone.
     """
-    conn = connect(engine.storage.database.location, read_only=True)
+    location = engine.storage.database.location
+    if is_postgres_url(location):
+        from memory.storage.postgres.connection import connect as connect_postgres
+        from memory.storage.postgres.vectors import vector_array
+
+        server = connect_postgres(engine.storage.database.url)  # type: ignore[attr-defined]
+        try:
+            from pgvector.psycopg import register_vector
+
+            register_vector(server)
+            rows = [(mid, vector_array(v)) for mid, v in server.execute(
+                "SELECT message_id, embedding FROM message_vectors")]
+        finally:
+            server.close()
+        return np.array([r[0] for r in rows]), np.stack([r[1] for r in rows])
+    conn = connect(location, read_only=True)
     try:
-        return conn.execute("SELECT message_id, embedding FROM message_vectors").fetchall()
+        stored = conn.execute("SELECT message_id, embedding FROM message_vectors").fetchall()
     finally:
         conn.close()
+    matrix = np.frombuffer(b"".join(row[1] for row in stored), dtype=np.float32)
+    return np.array([row[0] for row in stored]), matrix.reshape(len(stored), -1)
 
 
 def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, dict[str, float]]:
@@ -203,17 +257,50 @@ def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, d
     the same queries, interleaved, and compared with the exact top 10 and top k
     computed in numpy over every stored vector.
     """
-    rows = _every_vector(engine)
-    ids = np.array([row[0] for row in rows])
-    matrix = np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float32)
-    matrix = matrix.reshape(len(rows), -1)
+    ids, matrix = _every_vector(engine)
+    return _sweep(engine, ids, matrix, count, k, engine.storage.vectors.knn)
+
+
+def _index_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, Any]:
+    """PostgreSQL only: the KNN sweep over every kind of HNSW index pgvector offers.
+
+    The default index exists; the others are built here (their build time is
+    reported), and each is searched through the same ``knn`` with ``index=``.
+    """
+    from memory.storage.postgres.vectors import INDEXES, create_index
+
+    ids, matrix = _every_vector(engine)
+    storage: Any = engine.storage
+    report: dict[str, Any] = {}
+    for index in INDEXES:
+        started = time.perf_counter()
+        with storage.database.write() as conn:
+            create_index(conn, matrix.shape[1], index)
+        built_s = time.perf_counter() - started
+
+        def knn(vector: np.ndarray, k: int, filters: Filters, *, rescore: int,
+                index: str = index) -> list[tuple[int, float]]:
+            return storage.vectors.knn(vector, k, filters, rescore=rescore, index=index)
+
+        report[index] = {"build_s": round(built_s, 1),
+                         "rescore": _sweep(engine, ids, matrix, count, k, knn)}
+    size = storage.database.read(
+        "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
+        "WHERE c.relname LIKE 'message_vectors_hnsw_%%'")
+    for name, nbytes in size:
+        report[name.removeprefix("message_vectors_hnsw_")]["index_mb"] = round(nbytes / 2**20, 1)
+    return report
+
+
+def _sweep(engine: MemoryEngine, ids: np.ndarray, matrix: np.ndarray, count: int, k: int,
+           knn: Callable[..., list[tuple[int, float]]]) -> dict[str, dict[str, float]]:
     rng = random.Random(2)
     texts = [" ".join(_words(rng, rng.randint(2, 6))) for _ in range(count)]
     vectors = engine.embedder.embed(texts)
     filters = Filters(guild_id=SCALE_GUILD)
     for rescore in RESCORE_SWEEP:  # warm-up: the radius memory learns on other queries
         for vector in engine.embedder.embed([f"warm up {i}" for i in range(8)]):
-            engine.storage.vectors.knn(vector, k, filters, rescore=rescore)
+            knn(vector, k, filters, rescore=rescore)
     stats: dict[int, dict[str, list[float]]] = {
         r: {"ms": [], "top10": [], "topk": []} for r in RESCORE_SWEEP
     }
@@ -221,8 +308,7 @@ def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, d
         exact = ids[np.argsort(-(matrix @ vector), kind="stable")[:k]]
         for rescore in RESCORE_SWEEP:
             started = time.perf_counter()
-            found = [mid for mid, _ in
-                     engine.storage.vectors.knn(vector, k, filters, rescore=rescore)]
+            found = [mid for mid, _ in knn(vector, k, filters, rescore=rescore)]
             stats[rescore]["ms"].append((time.perf_counter() - started) * 1000)
             stats[rescore]["top10"].append(len(set(found[:10]) & set(exact[:10])) / 10)
             stats[rescore]["topk"].append(len(set(found) & set(exact)) / k)
