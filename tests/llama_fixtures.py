@@ -77,7 +77,7 @@ def save_tiny_chat_model(folder: Path, seed: int = 0) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from cli.bench.qwen_models import qwen_tokenizer
+    from benchmarks.qwen_models import qwen_tokenizer
 
     tokenizer = qwen_tokenizer()
     tokenizer.chat_template = CHATML_TEMPLATE

@@ -20,7 +20,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
-from cli.bench.qwen_models import TINY_QWEN3, qwen3_config, qwen_fast_tokenizer
+from benchmarks.qwen_models import TINY_QWEN3, qwen3_config, qwen_fast_tokenizer
 from memory.rerank.prompt import (
     DEFAULT_INSTRUCTION,
     PREFIX,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import bot
-from cli.bench.qwen_models import MODEL_SHAPES, qwen3_config
+from benchmarks.qwen_models import MODEL_SHAPES, qwen3_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -91,7 +91,7 @@ def test_cuda_asked_without_a_gpu_is_one_clear_line(capsys, command):
 @pytest.mark.parametrize("size, profile", [("0.6B", "cuda"), ("4B", "cuda-8b"), ("8B", "cuda-8b")])
 def test_gpu_quick_plan_has_graph_variants_with_the_profiles_buckets(size, profile):
     # the plan a CUDA run would time, checked here without one
-    from cli.bench.rerank import _profile_static, _variants
+    from benchmarks.rerank import _profile_static, _variants
     from memory.config import load_profile
 
     static = _profile_static(size)

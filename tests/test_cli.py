@@ -512,7 +512,7 @@ def test_bench_remote_without_llama_server_is_one_line(
 @pytest.mark.llama
 @pytest.mark.slow
 def test_bench_remote_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from cli.bench.llama_cpp import locate
+    from benchmarks.llama_cpp import locate
 
     found = locate()
     if isinstance(found, str):

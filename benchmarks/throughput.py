@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from cli.bench.common import machine_description, scratch_location
-from cli.bench.scale import synthetic_records
+from benchmarks.common import machine_description, scratch_location
+from benchmarks.scale import synthetic_records
 from memory.storage import open_storage
 from memory.storage.postgres.connection import connect, is_postgres_url
 

@@ -1,6 +1,6 @@
 """``bench stalls``: how long the bot's event loop waits, and how long it takes to stop.
 
-The real bot and memory cogs (:mod:`cli.bench.discord`'s offline bot, its Discord state
+The real bot and memory cogs (:mod:`benchmarks.discord`'s offline bot, its Discord state
 built from gateway payloads), a real SQLite database and the profile's embedder,
 preloaded as ``run`` does.  A probe task on the loop sleeps a few milliseconds and
 records how late it wakes; the worst lateness is the stall.  Measured:
@@ -21,8 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cli.bench.common import machine_description
-from cli.bench.discord import (
+from benchmarks.common import machine_description
+from benchmarks.discord import (
     GUILD,
     _message_payloads,
     _offline_bot,
@@ -30,7 +30,7 @@ from cli.bench.discord import (
     _server,
     _stall_during,
 )
-from cli.bench.scale import synthetic_records
+from benchmarks.scale import synthetic_records
 from memory.config import Profile, RerankerConfig
 from memory.engine import MemoryEngine
 

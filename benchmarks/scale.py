@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from cli.bench.common import machine_description, percentile, scratch_location
-from cli.bench.retrieval import RETRIEVAL_MODES
+from benchmarks.common import machine_description, percentile, scratch_location
+from benchmarks.retrieval import RETRIEVAL_MODES
 from memory.config import DEFAULT_EMBEDDER, Profile
 from memory.embedder import Embedder, SentenceTransformerEmbedder, resolve_model
 from memory.engine import MemoryEngine
@@ -128,7 +128,7 @@ def run_search_scale_engines(
     the first's embedder cache, so its ``import_msgs_per_s`` has no encoder time in
     it (compare ``store_msgs_per_s`` and ``vectors_per_s``, which are storage only).
     """
-    from cli.bench.retrieval import CachedEmbedder
+    from benchmarks.retrieval import CachedEmbedder
 
     with tempfile.TemporaryDirectory(prefix="memory-scale-cache-") as tmp:
         cached = CachedEmbedder(SentenceTransformerEmbedder(profile.embedder),

@@ -45,9 +45,9 @@ from typing import Any
 
 import torch
 
-from cli.bench.common import cpu_model, require_device
-from cli.bench.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
-from cli.bench.rerank_corpus import CANDIDATES, QUERY
+from benchmarks.common import cpu_model, require_device
+from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
+from benchmarks.rerank_corpus import CANDIDATES, QUERY
 from memory.config import RerankerConfig, load_profile
 from memory.errors import ConfigError
 from memory.rerank.prompt import SUFFIX

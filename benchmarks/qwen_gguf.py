@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from cli.bench.qwen_models import qwen3_config, tiktoken_backend
+from benchmarks.qwen_models import qwen3_config, tiktoken_backend
 from memory.rerank.prompt import DEFAULT_INSTRUCTION, full_prompt
 
 # Qwen3's added tokens, in id order from 151643 (the same list every Qwen3 size ships).

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from cli.bench.common import machine_description, percentile
-from cli.bench.scale import SCALE_GUILD, synthetic_records
+from benchmarks.common import machine_description, percentile
+from benchmarks.scale import SCALE_GUILD, synthetic_records
 from memory.records import MessageRecord
 from memory.storage import Storage, open_storage
 

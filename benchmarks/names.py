@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from cli.bench.common import machine_description, percentile
-from cli.bench.scale import _vocabulary, _words
+from benchmarks.common import machine_description, percentile
+from benchmarks.scale import _vocabulary, _words
 from memory.names import MemberNames
 
 PLAIN_FUZZY_LIMIT = 5000  # the plain definition skipped misspellings above this many names

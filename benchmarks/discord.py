@@ -1,7 +1,7 @@
 """``bench discord``: what the bot costs its event loop and its members, without Discord.
 
 The bot runs for real — :class:`cogs.memory.MemoryBot`, the memory cogs, their worker
-threads — on a server built from gateway payloads (:mod:`cli.bench.gateway`).
+threads — on a server built from gateway payloads (:mod:`benchmarks.gateway`).
 Measured in one run, side by side:
 
 * the permission allow-lists for a member of a large server (channels, active and
@@ -31,9 +31,9 @@ from typing import Any, cast
 
 import discord
 
-from cli.bench.common import machine_description, percentile
-from cli.bench.gateway import HIDE, READ, channel, guild, member, overwrite, role, thread, user
-from cli.bench.scale import synthetic_records
+from benchmarks.common import machine_description, percentile
+from benchmarks.gateway import HIDE, READ, channel, guild, member, overwrite, role, thread, user
+from benchmarks.scale import synthetic_records
 from memory.config import Profile, RerankerConfig
 from memory.engine import MemoryEngine
 from memory.search import SearchRequest
@@ -227,7 +227,7 @@ async def _embedding_stall(db: Path, profile: Profile, payload: dict, backlog: i
 def _save_reranker(folder: Path, shape: str) -> Path:
     import torch
 
-    from cli.bench.qwen_models import QWEN3_RERANKER_06B, TINY_QWEN3, qwen_tokenizer, random_qwen3
+    from benchmarks.qwen_models import QWEN3_RERANKER_06B, TINY_QWEN3, qwen_tokenizer, random_qwen3
 
     tokenizer = qwen_tokenizer()
     sizes = {"0.6B": QWEN3_RERANKER_06B, "tiny": TINY_QWEN3}

@@ -54,8 +54,7 @@ def retrieval_command(
     compare: tuple[Path, Path] | None, postgres: str | None, json_out: Path | None,
 ) -> int:
     """Recall/MRR/nDCG per mode and category on labelled export sets (DATA...)."""
-    from cli.bench.common import load_queries
-    from cli.bench.retrieval import (
+    from benchmarks.retrieval import (
         RETRIEVAL_MODES,
         CachedEmbedder,
         compare_reports,
@@ -64,6 +63,7 @@ def retrieval_command(
         run_retrieval_bench,
         with_settings,
     )
+    from cli.scoring import load_queries
     from memory.embedder import SentenceTransformerEmbedder
 
     if compare:
@@ -122,7 +122,7 @@ def _read_report(path: Path) -> dict:
 def scale_command(settings: Settings, messages: int, queries: int, postgres: str | None,
                   json_out: Path | None) -> int:
     """Search latency and import throughput at scale (with --postgres: both engines, side by side)."""
-    from cli.bench.scale import run_search_scale, run_search_scale_engines
+    from benchmarks.scale import run_search_scale, run_search_scale_engines
 
     update, bar = progress_bar(messages * (2 if postgres else 1), "importing")
     try:
@@ -148,7 +148,7 @@ def scale_command(settings: Settings, messages: int, queries: int, postgres: str
 def write_throughput_command(messages: int, processes: list[int], postgres: str | None,
                              json_out: Path | None) -> int:
     """Messages stored and vectors written per second by 1, 2, 4 processes on one database."""
-    from cli.bench.throughput import run_write_throughput
+    from benchmarks.throughput import run_write_throughput
 
     emit_json(run_write_throughput(messages, processes, postgres), json_out)
     return 0
@@ -166,7 +166,7 @@ def member_names_command(
     sizes: list[int], queries: int, plain_max: int, json_out: Path | None
 ) -> int:
     """How fast a query's member names are found, index against one regex per name."""
-    from cli.bench.names import run_member_names
+    from benchmarks.names import run_member_names
 
     emit_json(run_member_names(sizes, queries=queries, plain_max=plain_max), json_out)
     return 0
@@ -184,7 +184,7 @@ def secure_delete_command(
     sizes: list[int], repeats: int, db_dir: Path | None, json_out: Path | None
 ) -> int:
     """What erasing deleted text from the file costs: import, edits and deletes, on and off."""
-    from cli.bench.erasure import run_secure_delete
+    from benchmarks.erasure import run_secure_delete
 
     emit_json(run_secure_delete(sizes, repeats=repeats, db_dir=db_dir), json_out)
     return 0
@@ -212,7 +212,7 @@ def rerank_command(
     quick: bool, json_out: Path | None,
 ) -> int:
     """Qwen3-Reranker-shaped model: per-pair vs batched vs shared prefix vs static shapes."""
-    from cli.bench.rerank import run_rerank_bench
+    from benchmarks.rerank import run_rerank_bench
 
     result = run_rerank_bench(candidates=candidates, repeats=repeats, device=device,
                               dtype=dtype, model_size=model_size, quick=quick)
@@ -236,7 +236,7 @@ def embedder_command(
     json_out: Path | None,
 ) -> int:
     """The embedder alone: import throughput and query latency (MiniLM on CUDA in fp16)."""
-    from cli.bench.embedder import run_embedder_bench
+    from benchmarks.embedder import run_embedder_bench
 
     profile = resolve_profile(settings)
     result = run_embedder_bench(profile.embedder, device=device, dtype=dtype,
@@ -258,7 +258,7 @@ def embedder_command(
 def discord_command(settings: Settings, backlog: int, searches: int, reranker_shape: str,
                     json_out: Path | None) -> int:
     """The bot without Discord: allow-lists, event-loop stalls, capture latency."""
-    from cli.bench.discord import run_discord_bench
+    from benchmarks.discord import run_discord_bench
 
     result = run_discord_bench(resolve_profile(settings), backlog=backlog, searches=searches,
                                reranker_shape=reranker_shape,
@@ -282,7 +282,7 @@ def discord_command(settings: Settings, backlog: int, searches: int, reranker_sh
 def stalls_command(settings: Settings, backlog: int, burst: int, shutdown: list[int],
                    reranker_shape: str, json_out: Path | None) -> int:
     """Event-loop stalls (embed pass, message burst, profile switch) and shutdown time."""
-    from cli.bench.stalls import run_stalls_bench
+    from benchmarks.stalls import run_stalls_bench
 
     result = run_stalls_bench(resolve_profile(settings), backlog=backlog, burst=burst,
                               shutdown=tuple(shutdown), reranker_shape=reranker_shape,
@@ -310,7 +310,7 @@ def stalls_command(settings: Settings, backlog: int, burst: int, shutdown: list[
 def remote_command(queries: int, candidates: int, repeats: int, sizes: list[int], agreement: bool,
                    parallel: int, threads: int, json_out: Path | None) -> int:
     """llama-server reranker vs in-process on a tiny model: agreement and latency."""
-    from cli.bench.remote import run_remote_bench
+    from benchmarks.remote import run_remote_bench
 
     result = run_remote_bench(queries=queries, candidates=candidates, repeats=repeats,
                               sizes=sizes, parallel=parallel, threads=threads,
@@ -336,7 +336,7 @@ def remote_command(queries: int, candidates: int, repeats: int, sizes: list[int]
 def reconcile_command(settings: Settings, channels: int, messages: int, deleted: float,
                       gone: int, windows: list[int], json_out: Path | None) -> int:
     """Reconcile with a local Discord stand-in: wall time, requests, rate-limited time."""
-    from cli.bench.reconcile import run_reconcile_bench
+    from benchmarks.reconcile import run_reconcile_bench
 
     result = run_reconcile_bench(resolve_profile(settings), channels=channels, messages=messages,
                                  deleted_share=deleted, gone_channels=min(gone, channels),

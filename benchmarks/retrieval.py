@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from cli.bench.common import Query, load_queries, percentile, score_ranking, scratch_location
+from benchmarks.common import percentile, scratch_location
+from cli.scoring import Query, load_queries, score_ranking
 from memory.config import Profile, parse_profile
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.engine import MemoryEngine

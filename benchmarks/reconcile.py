@@ -32,8 +32,8 @@ import discord
 import numpy as np
 from aiohttp import web
 
-from cli.bench.common import machine_description
-from cli.bench.gateway import READ, channel, guild, role, user
+from benchmarks.common import machine_description
+from benchmarks.gateway import READ, channel, guild, role, user
 from memory.config import Profile, ReconcileConfig
 from memory.engine import MemoryEngine
 from memory.ingest import store_in_chunks

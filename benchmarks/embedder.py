@@ -10,7 +10,7 @@ profile has no embedder dtype yet, so this measures what one would give).  Then:
 * agreement: in ``float16``, the cosine between each vector and the float32
   model's vector for the same text (1.0 means identical directions).
 
-The texts are :func:`cli.bench.scale.synthetic_records` chat lines, so numbers are
+The texts are :func:`benchmarks.scale.synthetic_records` chat lines, so numbers are
 comparable with ``bench search-scale``.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from cli.bench.common import cpu_model, machine_description, percentile, require_device
-from cli.bench.scale import synthetic_records
+from benchmarks.common import cpu_model, machine_description, percentile, require_device
+from benchmarks.scale import synthetic_records
 from memory.config import EmbedderConfig, detect_accelerator
 from memory.embedder import SentenceTransformerEmbedder
 from memory.errors import ConfigError

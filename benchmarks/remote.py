@@ -1,9 +1,9 @@
 """``bench remote``: the llama-server reranker against the in-process one, same weights.
 
 Builds the tiny random Qwen3 with the real Qwen vocabulary
-(:mod:`cli.bench.qwen_gguf`), converts it to a causal and a rank GGUF with the
+(:mod:`benchmarks.qwen_gguf`), converts it to a causal and a rank GGUF with the
 ``convert_hf_to_gguf.py`` of the llama.cpp source the binary was built from, starts
-two real ``llama-server`` processes on 127.0.0.1 (:mod:`cli.bench.llama_cpp`) and
+two real ``llama-server`` processes on 127.0.0.1 (:mod:`benchmarks.llama_cpp`) and
 measures, side by side in one run:
 
 * agreement of each remote path with the in-process backend (max abs diff, worst
@@ -35,10 +35,11 @@ from typing import Any
 
 import httpx
 
-from cli.bench.common import load_queries, machine_description
-from cli.bench.llama_cpp import LlamaCpp, LlamaServer, locate
-from cli.bench.qwen_gguf import convert, save_checkpoint
+from benchmarks.common import machine_description
+from benchmarks.llama_cpp import LlamaCpp, LlamaServer, locate
+from benchmarks.qwen_gguf import convert, save_checkpoint
 from cli.demo import demo_dir, demo_queries
+from cli.scoring import load_queries
 from memory.config import RerankerConfig
 from memory.errors import RerankerUnavailable
 from memory.rerank.llama_answers import sigmoid, yes_probability
