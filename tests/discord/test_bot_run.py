@@ -23,8 +23,8 @@ from cli.run import run_bot, run_command
 from cogs.memory import MemoryBot
 from memory.config import Profile
 from memory.engine import MemoryEngine
-from tests.conftest import HashEmbedder
-from tests.discord.fake_discord import FakeDiscord
+from tests.support.builders import HashEmbedder
+from tests.support.discord_standin import FakeDiscord
 
 
 @pytest.fixture

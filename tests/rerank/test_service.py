@@ -22,8 +22,8 @@ from memory.errors import RerankerError, RerankerUnavailable
 from memory.records import MessageRecord
 from memory.rerank.service import RerankerService
 from memory.search import SearchRequest
-from tests.conftest import HashEmbedder
-from tests.fake_llama_server import FakeLlamaServer, relevance
+from tests.support.builders import HashEmbedder
+from tests.support.llama_standin import FakeLlamaServer, relevance
 
 GUILD = 42
 CHANNEL = 7
@@ -366,7 +366,7 @@ def test_switch_to_a_profile_without_reranker(remote_engine):
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from tests.qwen_tiny import save_tiny_reranker
+    from tests.support.qwen_tiny import save_tiny_reranker
 
     return save_tiny_reranker(tmp_path_factory.mktemp("tiny-qwen"))
 

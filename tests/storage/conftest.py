@@ -21,13 +21,13 @@ import pytest
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.storage import Storage, open_storage
-from tests.conftest import CHANNEL
-from tests.storage.inspection import Inspector, SQLiteInspector
-from tests.storage.postgres_inspection import PostgresInspector
+from tests.support.builders import CHANNEL
+from tests.support.inspection import Inspector, SQLiteInspector
+from tests.support.postgres_inspection import PostgresInspector
 
 ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 """The engines the storage suite runs against; ``postgres`` runs on the session's
-server (:mod:`tests.postgres_server`) and skips with the reason where it cannot start."""
+server (:mod:`tests.support.postgres`) and skips with the reason where it cannot start."""
 
 
 @pytest.fixture(params=ENGINES)

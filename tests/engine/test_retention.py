@@ -18,8 +18,8 @@ from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.search import SearchRequest
 from memory.storage import open_storage
-from tests.conftest import GUILD, snowflake
 from tests.discord.test_backfill import ALICE, GENERAL, G, backfill, history, setup  # noqa: F401
+from tests.support.builders import GUILD, snowflake
 
 DAY_MS = 86_400_000
 

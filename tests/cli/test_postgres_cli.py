@@ -14,7 +14,7 @@ from memory.storage import open_storage
 
 pytestmark = pytest.mark.postgres
 
-EXPORT = Path(__file__).resolve().parent.parent / "data" / "demo-server"
+EXPORT = Path(__file__).resolve().parents[2] / "data" / "demo-server"
 
 
 def _profile(tmp_path: Path, url: str) -> Path:

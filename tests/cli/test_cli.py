@@ -23,7 +23,7 @@ import bot
 from cli.app import cli_group
 from memory.embedder import BUNDLED_MODEL_ID
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BENCH_MINI = FIXTURES / "bench-mini"  # 3 files, 11 messages (1 system), 5 labelled queries
 MINI_GUILD = 930000000000000001
 PROFILE = ["--profile", "cpu-fast"]

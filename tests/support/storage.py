@@ -8,7 +8,7 @@ import numpy as np
 
 from memory.filters import Filters
 from memory.storage import Storage
-from tests.storage.inspection import Inspector
+from tests.support.inspection import Inspector
 
 
 def row_counts(storage: Storage, inspector: Callable[[Storage], Inspector]) -> dict[str, int]:

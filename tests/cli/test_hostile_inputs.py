@@ -27,7 +27,7 @@ from memory.records import MessageRecord, ms_to_datetime, snowflake_time_ms
 from memory.search import MAX_QUERIES, MAX_QUERY_CHARS, SearchRequest
 from memory.storage import open_storage
 from memory.storage.sqlite.connection import connect
-from tests.conftest import GUILD, HashEmbedder
+from tests.support.builders import GUILD, HashEmbedder
 
 MakeRecord = Callable[..., MessageRecord]
 PROFILE = ["--profile", "cpu-fast"]  # no reranker; no command here loads the MiniLM

@@ -16,7 +16,7 @@ from memory.context import (
     token_counter_for,
 )
 from memory.search import SearchRequest
-from tests.conftest import CHANNEL, GUILD, NOW
+from tests.support.builders import CHANNEL, GUILD, NOW
 
 SECRET = 333_333_333_333_333_333  # a channel the asking member cannot read
 THREAD = 444_444_444_444_444_444  # a thread of CHANNEL, not in the allow-list

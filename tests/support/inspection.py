@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tests.conftest import sql_rows, sql_write
+from tests.support.sqlite import sql_rows, sql_write
 
 
 class Inspector(Protocol):

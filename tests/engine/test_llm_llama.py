@@ -14,7 +14,7 @@ from memory.config import LLMConfig
 from memory.context import QwenTokens
 from memory.errors import ChatModelAuthError, ChatModelTimeout
 from memory.llm import ChatClient, build_messages, cited_numbers
-from tests.llama_fixtures import (
+from tests.support.llama import (
     CHAT_MODEL,
     chat_server,
     llama_server,

@@ -15,9 +15,9 @@ from memory.errors import ImportFormatError
 from memory.importer import find_exports, read_export
 from memory.ingest import store_in_chunks
 from memory.records import datetime_to_ms, snowflake_time_ms
-from tests.conftest import sql_rows
+from tests.support.sqlite import sql_rows
 
-DEMO = Path(__file__).resolve().parent.parent / "data" / "demo-server"
+DEMO = Path(__file__).resolve().parents[2] / "data" / "demo-server"
 DEMO_GUILD = 820703368577024001
 EVENTS = 820703867699200017
 REPAIR_THREAD = 1562134932619264018

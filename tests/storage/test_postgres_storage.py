@@ -23,8 +23,8 @@ from memory.records import MessageRecord
 from memory.storage.postgres import PostgresStorage
 from memory.storage.postgres.connection import is_postgres_url, redact
 from memory.storage.postgres.keywords import documents, query_words
-from tests.conftest import BASE_MS, CHANNEL, GUILD, snowflake
-from tests.postgres_server import PostgresServer, database_name
+from tests.support.builders import BASE_MS, CHANNEL, GUILD, snowflake
+from tests.support.postgres import PostgresServer, database_name
 
 pytestmark = pytest.mark.postgres
 

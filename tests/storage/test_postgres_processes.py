@@ -23,7 +23,7 @@ import pytest
 
 from memory.records import MessageRecord
 from memory.storage.postgres import PostgresStorage, windows
-from tests.conftest import BASE_MS, GUILD, snowflake
+from tests.support.builders import BASE_MS, GUILD, snowflake
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ import pytest
 import bot
 from memory.storage.sqlite.connection import connect
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH_MINI = ROOT / "tests" / "fixtures" / "bench-mini"
 CHANNEL = "930000000000000010"
 

@@ -13,7 +13,7 @@ from memory import engine, errors, records
 from memory.rerank import service
 from memory.search import request
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_public_name_is_the_class_of_its_home_module() -> None:

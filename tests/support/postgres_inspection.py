@@ -15,7 +15,7 @@ from memory.storage.postgres.vectors import vector_array
 
 
 class PostgresInspector:
-    """:class:`tests.storage.inspection.Inspector` for a PostgreSQL database."""
+    """:class:`tests.support.inspection.Inspector` for a PostgreSQL database."""
 
     def __init__(self, url: str) -> None:
         self.url = url

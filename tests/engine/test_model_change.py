@@ -25,7 +25,7 @@ from memory.search import SearchRequest
 from memory.storage.sqlite.connection import connect
 from tests.storage.test_sqlite_crash_recovery import GUILD, consistency, export, records
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_torch_thread")]
 

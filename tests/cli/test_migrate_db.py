@@ -17,8 +17,8 @@ from memory.errors import DatabaseFileError
 from memory.filters import Filters
 from memory.storage import open_storage
 from memory.storage import transfer as transfer_module
-from tests.conftest import BASE_MS, CHANNEL, GUILD, HashEmbedder, snowflake
-from tests.postgres_server import PostgresServer
+from tests.support.builders import BASE_MS, CHANNEL, GUILD, HashEmbedder, snowflake
+from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.postgres
 
