@@ -1,8 +1,9 @@
 """``bench``: retrieval quality, search speed at scale, and reranker scoring designs.
 
 Tooling beside ``cli/``, not shipped in the wheel: ``bot.py`` adds this group when the
-package is importable (a source checkout).  Results belong in BENCHMARKS.md with the machine named; each benchmark module is
-imported only when its command runs (the rerank one needs torch and transformers).
+package is importable (a source checkout).  Results belong in BENCHMARKS.md with the
+machine named; each benchmark module is imported only when its command runs (the
+rerank one needs torch and transformers).
 """
 
 from __future__ import annotations
