@@ -11,6 +11,10 @@ it and hands it to every memory cog; ``teardown`` stops it after the cogs are go
   writes they must win against (:meth:`MemoryRuntime.forget`).
 * **Loops.**  The embedding backlog every few seconds and retention every hour; a
   failure is logged and retried, never the end of a loop.
+* **Shards.**  A guild's events, its commands and its background work (retention,
+  catch-up, reconcile, backfill) belong to the process running its shard
+  (:meth:`MemoryRuntime.owns`); embedding the backlog may run anywhere, the
+  storage's claims keep embedders apart.
 * **Background work** (backfills, catch-up, reconciles) is started with
   :meth:`MemoryRuntime.spawn`, so stopping the runtime cancels it before the queue drains.
 """
@@ -32,6 +36,7 @@ from discord.ext import commands, tasks
 
 from cogs.memory.answers import make_chat_client
 from cogs.memory.capture import WriteQueue
+from cogs.memory.shards import Shards
 from memory.errors import EmbeddingModelChanged, MemoryBotError, SearchInputError
 from memory.records import MessageRecord, SearchResult
 from memory.search import SearchRequest
@@ -71,6 +76,7 @@ class MemoryRuntime:
         self._embed_pool = ThreadPoolExecutor(1, thread_name_prefix="memory-embed")
         self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
         self.writes = WriteQueue(self._write)
+        self.shards = Shards.of(bot)
         self._settings: dict[int, tuple[float, GuildSettings]] = {}
         self._embed_failures = 0
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
@@ -84,6 +90,13 @@ class MemoryRuntime:
         self.writes.start()
         self._stop_embedding.clear()
         self.embed_backlog.start()
+        if not self.shards.all:
+            log.info("this process runs %s: it answers for their guilds only",
+                     self.shards.describe())
+
+    def owns(self, guild_id: int) -> bool:
+        """Whether ``guild_id`` is this process's: its shard runs here (always, unsharded)."""
+        return self.shards.owns(guild_id)
 
     def start_retention(self) -> None:
         """Start the hourly retention job, once."""
@@ -261,7 +274,10 @@ class MemoryRuntime:
 
     @tasks.loop(hours=RETENTION_INTERVAL_H)
     async def enforce_retention(self) -> None:
-        """Purge messages older than each guild's retention period."""
+        """Purge messages older than each guild's retention period.
+
+        The guilds are the bot's cached ones: with shards, those of this process's shards.
+        """
         for guild in list(self.bot.guilds):
             try:
                 settings = await self.settings(guild.id)

@@ -1,0 +1,185 @@
+"""One memory, several bot processes: shards, and whose guild is whose.
+
+Each process runs some of the bot's shards (``bot.py run --shard-count N --shards
+a,b``) over one shared database.  Here two real bots (discord.py objects from
+gateway payloads, as Discord would send each process the guilds of its shards)
+stand for two processes on one SQLite file; the stand-in for Discord's REST API
+answers the guild list.  tests/discord/test_shard_processes.py runs real processes
+against a stand-in gateway and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import discord
+import pytest
+from discord.ext import commands
+
+from cogs.memory.bot import MemoryBot, ShardedMemoryBot, memory_bot
+from cogs.memory.shards import Shards, shard_of
+from memory.config import Profile, ReconcileConfig
+from memory.engine import MemoryEngine
+from memory.errors import ConfigError
+from memory.storage import open_storage
+from tests.support.builders import HashEmbedder, record_factory
+from tests.support.discord_harness import READ, Harness, channel, guild, member, role
+from tests.support.discord_standin import FakeDiscord
+
+ALICE, OWNER = 1301, 1302
+# recent messages are not compared here: what is checked is which guilds are judged
+PROFILE = Profile(name="test", reconcile=ReconcileConfig(pause_s=0, recent_messages=0))
+
+
+def guild_on(shard: int, n: int, count: int = 2) -> int:
+    """A guild id Discord sends on ``shard`` of ``count`` (its creation time picks it)."""
+    gid = ((1000 + n * count + shard) << 22) + n
+    assert shard_of(gid, count) == shard
+    return gid
+
+
+G0, L0 = guild_on(0, 1), guild_on(0, 2)  # shard 0: the bot is in G0, left L0 while offline
+G1, L1 = guild_on(1, 1), guild_on(1, 2)  # shard 1: the bot is in G1, left L1 while offline
+
+
+def server(gid: int) -> dict:
+    return guild(gid, f"guild {gid}", owner=OWNER, roles=[role(gid, "@everyone", READ, position=0)],
+                 members=[member(ALICE, "alice"), member(OWNER, "owner")],
+                 channels=[channel(gid + 1, gid, "general"), channel(gid + 2, gid, "random")])
+
+
+def listed(*gids: int) -> list[dict]:
+    """GET /users/@me/guilds: every guild the bot is in, whichever shard it is on."""
+    return [{"id": str(g), "name": f"guild {g}", "icon": None, "owner": False,
+             "permissions": "0", "features": []} for g in gids]
+
+
+# -- which shard is whose -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("count", "ids", "problem"), [
+    (0, (0,), "--shard-count must be 1 or more"),
+    (2, (), "names no shard"),
+    (2, (2,), "--shards 2: with --shard-count 2 the ids are 0 to 1"),
+    (4, (0, 4, 7), "--shards 4,7: with --shard-count 4 the ids are 0 to 3"),
+    (4, (-1,), "--shards -1"),
+    (4, (1, 3, 1), "names shard 1 twice"),
+])
+def test_shards_outside_the_count_or_twice_are_refused(count, ids, problem):
+    with pytest.raises(ConfigError, match=problem):
+        Shards(count, ids)
+
+
+@pytest.mark.parametrize(("shards", "guilds", "owned"), [
+    (Shards(), [G0, L0, G1, L1], [G0, L0, G1, L1]),  # unsharded: every guild
+    (Shards(2, (0,)), [G0, L0, G1, L1], [G0, L0]),
+    (Shards(2, (1,)), [G0, L0, G1, L1], [G1, L1]),
+    (Shards(2, (1, 0)), [G0, G1], [G0, G1]),
+    (Shards(4, (0, 2)), [guild_on(s, 1, 4) for s in range(4)],
+     [guild_on(0, 1, 4), guild_on(2, 1, 4)]),
+])
+def test_a_process_owns_the_guilds_of_its_shards(shards, guilds, owned):
+    assert [g for g in guilds if shards.owns(g)] == owned
+
+
+def test_shards_are_kept_in_order_and_described():
+    assert Shards(4, (3, 1)).ids == (1, 3)
+    assert Shards(4, (3, 1)).describe() == "shards 1,3 of 4"
+    assert Shards(4, (2,)).describe() == "shard 2 of 4"
+    assert Shards(2, (0, 1)).describe() == "all 2 shards" and Shards(2, (0, 1)).all
+    assert Shards().describe() == "one shard"
+
+
+def test_the_bot_is_sharded_only_when_asked(tmp_path):
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", PROFILE, HashEmbedder(), load_reranker=False)
+    try:
+        plain = memory_bot(engine, owns_engine=False)
+        assert type(plain) is MemoryBot and not isinstance(plain, commands.AutoShardedBot)
+        assert plain.shard_count is None and Shards.of(plain) == Shards()
+        sharded = memory_bot(engine, shards=Shards(4, (2, 0)), owns_engine=False)
+        assert isinstance(sharded, ShardedMemoryBot) and isinstance(sharded, commands.AutoShardedBot)
+        assert isinstance(sharded, MemoryBot)
+        assert sharded.shard_count == 4 and sharded.shard_ids == [0, 2]
+        assert Shards.of(sharded) == Shards(4, (0, 2))
+    finally:
+        engine.close()
+
+
+# -- forgetting the guilds the bot left: each process judges its own ----------------------
+
+
+@pytest.fixture
+async def fake(monkeypatch):
+    stand_in = FakeDiscord()
+    monkeypatch.setattr(discord.http.Route, "BASE", await stand_in.start())
+    yield stand_in
+    await stand_in.stop()
+
+
+@pytest.fixture
+def shared_db(tmp_path) -> str:
+    """One database holding all four guilds, as the bot's processes wrote it before."""
+    location = str(tmp_path / "shared.sqlite3")
+    engine = MemoryEngine(location, PROFILE, HashEmbedder(), load_reranker=False)
+    make_record = record_factory()
+    try:
+        for gid in (G0, L0, G1, L1):
+            engine.storage.messages.upsert([make_record(f"hello {gid}", guild_id=gid,
+                                                        channel_id=gid + 1, age_days=0)])
+            engine.storage.guilds.update_settings(gid, retention_days=30)
+    finally:
+        engine.close()
+    return location
+
+
+async def run_process(location: str, fake: FakeDiscord, shards: Shards, guilds: list[int]):
+    """Start one process's bot (the guilds of its shards cached), reconcile as at start-up."""
+    engine = MemoryEngine(location, PROFILE, HashEmbedder(), load_reranker=False)
+    h = Harness(engine, [server(g) for g in guilds], shards=shards)
+    await h.start()
+    await h.bot.http.static_login("good-token")
+    try:
+        progress = await h.reconciler.at_start_up()
+    finally:
+        await h.close()
+        await h.bot.http.close()
+        engine.close()
+    return progress
+
+
+def stored_guilds(location: str) -> set[int]:
+    storage = open_storage(location)
+    try:
+        return set(storage.messages.known_guild_ids())
+    finally:
+        storage.close()
+
+
+async def test_each_process_forgets_only_the_left_guilds_of_its_own_shards(fake, shared_db):
+    """Shard 1's guilds are not in shard 0's cache because another process runs them:
+    shard 0's process must not judge them, or one process forgets another's guilds."""
+    fake.guilds = listed(G0, G1)
+    progress = await run_process(shared_db, fake, Shards(2, (0,)), [G0])
+    assert stored_guilds(shared_db) == {G0, G1, L1}, "L0 forgotten; shard 1's guilds untouched"
+    assert progress.guilds_forgotten == 1
+
+    progress = await run_process(shared_db, fake, Shards(2, (1,)), [G1])
+    assert stored_guilds(shared_db) == {G0, G1}
+    assert progress.guilds_forgotten == 1
+
+
+async def test_a_process_whose_guilds_are_all_there_does_not_ask_for_the_guild_list(
+    fake, shared_db
+):
+    """Other shards' guilds are never missing from this process's point of view: with
+    thousands of guilds spread over processes, none of them pages through the list."""
+    fake.guilds = listed(G0, G1)
+    await run_process(shared_db, fake, Shards(2, (1,)), [G1])  # forgets L1
+    fake.requests.clear()
+    await run_process(shared_db, fake, Shards(2, (0,)), [G0, L0])  # the bot is back in L0
+    assert not [p for p, _ in fake.requests if p.endswith("/users/@me/guilds")]
+    assert stored_guilds(shared_db) == {G0, L0, G1}
+
+
+async def test_an_unsharded_bot_still_judges_every_stored_guild(fake, shared_db):
+    fake.guilds = listed(G0, G1)
+    progress = await run_process(shared_db, fake, Shards(), [G0, G1])
+    assert stored_guilds(shared_db) == {G0, G1} and progress.guilds_forgotten == 2
