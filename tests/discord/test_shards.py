@@ -1,4 +1,5 @@
-"""One memory, several bot processes: shards, and whose guild is whose.
+"""One memory, several bot processes: shards, whose guild is whose, and changes that
+reach every process.
 
 Each process runs some of the bot's shards (``bot.py run --shard-count N --shards
 a,b``) over one shared database.  Here two real bots (discord.py objects from
@@ -9,6 +10,10 @@ against a stand-in gateway and PostgreSQL.
 """
 
 from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
 
 import discord
 import pytest
@@ -23,6 +28,7 @@ from memory.storage import open_storage
 from tests.support.builders import HashEmbedder, record_factory
 from tests.support.discord_harness import READ, Harness, channel, guild, member, role
 from tests.support.discord_standin import FakeDiscord
+from tests.support.sqlite import sql_write
 
 ALICE, OWNER = 1301, 1302
 # recent messages are not compared here: what is checked is which guilds are judged
@@ -183,3 +189,147 @@ async def test_an_unsharded_bot_still_judges_every_stored_guild(fake, shared_db)
     fake.guilds = listed(G0, G1)
     progress = await run_process(shared_db, fake, Shards(), [G0, G1])
     assert stored_guilds(shared_db) == {G0, G1} and progress.guilds_forgotten == 2
+
+
+# -- changes made by another process reach this one ----------------------------------------
+
+
+@pytest.fixture
+async def harness(tmp_path):
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", PROFILE, HashEmbedder(), load_reranker=False)
+    h = Harness(engine, [server(G0)], owner_ids=[OWNER])
+    await h.start()
+    h.runtime.follow_changes.cancel()  # the tests run its passes by hand, when they choose
+    await h.runtime.follow_settings()  # what the loop's first pass does at start-up
+    await h.runtime.follow_profile()
+    yield h
+    await h.close()
+    engine.close()
+
+
+def another_process(h: Harness, change: Callable) -> None:
+    """Run ``change`` on a storage of its own on the bot's database: another process."""
+    storage = open_storage(h.engine.storage.database.location)
+    try:
+        change(storage)
+    finally:
+        storage.close()
+
+
+async def said(h: Harness, text: str, where: int) -> bool:
+    """Dispatch a message; whether it was stored."""
+    message = h.message(text, author=(ALICE, "alice"), channel=where)
+    await h.listeners.on_message(message)
+    await h.runtime.writes.run_and_wait(lambda: None)
+    return bool(h.engine.storage.messages.hydrate([message.id]))
+
+
+async def test_a_settings_change_made_elsewhere_applies_once_followed(harness):
+    h, general, rnd = harness, G0 + 1, G0 + 2
+    assert await said(h, "kept", rnd)  # the guild's settings are cached now
+    another_process(h, lambda s: s.guilds.update_settings(G0, channel_mode="exclude",
+                                                          add_channel=rnd))
+    assert await said(h, "still cached: kept", rnd), "the cache is what this test is about"
+    await h.runtime.follow_settings()
+    assert not await said(h, "excluded now", rnd)
+    assert await said(h, "general is still remembered", general)
+    await h.slash("memory-admin channels show", invoker=member(OWNER, "owner"), where=general,
+                  permissions=discord.Permissions(manage_guild=True))
+    assert "Mode **exclude**" in h.adapter.callbacks[-1]["data"]["content"]
+
+
+async def test_the_cache_stays_while_the_version_does_not_move(harness):
+    """Following is one read of one number; the cached settings stay until it moves."""
+    h = harness
+    another_process(h, lambda s: s.guilds.update_settings(G0, autoresponse="channels"))
+    await h.runtime.follow_settings()
+    assert (await h.runtime.settings(G0)).autoresponse == "channels"  # cached now
+    # a write that does not move the version (a hand edit, or an older bot version)
+    sql_write(h.engine.storage.database.location,
+              f"UPDATE guild_settings SET autoresponse = 'off' WHERE guild_id = {G0}")
+    await h.runtime.follow_settings()
+    assert (await h.runtime.settings(G0)).autoresponse == "channels", "nothing said it moved"
+    another_process(h, lambda s: s.forgetting.forget_member(G0, ALICE))  # forget-me elsewhere
+    await h.runtime.follow_settings()
+    settings = await h.runtime.settings(G0)
+    assert ALICE in settings.opted_out and settings.autoresponse == "off"
+
+
+async def wait_for(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(400):
+        if condition():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_profile_switch_made_elsewhere_is_followed_and_not_written_back(harness, caplog):
+    h = harness
+    assert h.engine.rerankers.profile_name == "test"
+    another_process(h, lambda s: setattr(s.meta, "active_profile", "cpu-fast"))
+    with caplog.at_level(logging.INFO, logger="cogs.memory.runtime"):
+        await h.runtime.follow_profile()
+        await wait_for(lambda: h.engine.profile.name == "cpu-fast", "the profile to follow")
+    assert h.engine.rerankers.profile_name == "cpu-fast"
+    assert h.engine.storage.meta.active_profile == "cpu-fast"
+    assert any("as another process chose" in r.getMessage() for r in caplog.records)
+    await h.runtime.follow_profile()  # the same choice again: nothing more to do
+    assert sum("loading it" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_a_profile_this_process_cannot_load_is_said_once_and_the_old_one_kept(
+    harness, caplog
+):
+    h = harness
+    another_process(h, lambda s: setattr(s.meta, "active_profile", "made-on-another-machine"))
+    with caplog.at_level(logging.ERROR, logger="cogs.memory.runtime"):
+        await h.runtime.follow_profile()
+        await wait_for(lambda: bool(caplog.records), "the failure to be logged")
+        for _ in range(3):
+            await h.runtime.follow_profile()
+    assert h.engine.rerankers.profile_name == "test"
+    [record] = caplog.records
+    assert "made-on-another-machine" in record.getMessage()
+    assert "this process keeps test" in record.getMessage()
+
+
+async def test_the_profile_a_process_started_with_is_kept_until_the_next_switch(tmp_path):
+    """``run --profile X`` beside a stored choice Y: the stored Y is not a new switch."""
+    location = tmp_path / "bot.sqlite3"
+    first = MemoryEngine(location, PROFILE, HashEmbedder(), load_reranker=False)
+    first.storage.meta.active_profile = "cpu-fast"
+    first.close()
+    engine = MemoryEngine(location, PROFILE, HashEmbedder(), load_reranker=False)
+    h = Harness(engine, [server(G0)])
+    await h.start()
+    try:
+        for _ in range(3):
+            await h.runtime.follow_profile()
+        assert h.engine.rerankers.profile_name == "test"
+    finally:
+        await h.close()
+        engine.close()
+
+
+async def test_an_owner_switch_here_is_not_followed_again(harness, caplog):
+    h = harness
+    with caplog.at_level(logging.INFO, logger="cogs.memory.runtime"):
+        await h.slash("memory-owner profile", invoker=member(OWNER, "owner"), where=G0 + 1,
+                      permissions=discord.Permissions.all(), name="cpu-fast")
+        await h.runtime.follow_profile()
+    assert "now **cpu-fast**" in h.adapter.followups[-1]["content"]
+    assert h.engine.storage.meta.active_profile == "cpu-fast"
+    assert not [r for r in caplog.records if "another process" in r.getMessage()]
+
+
+async def test_following_survives_a_database_error_that_is_not_ours(harness, caplog):
+    h = harness
+    location = h.engine.storage.database.location
+    sql_write(location, "ALTER TABLE meta RENAME TO meta_away")
+    with caplog.at_level(logging.WARNING, logger="cogs.memory.runtime"):
+        await h.runtime.follow_changes()  # one pass of the loop, run by hand
+    assert "reading other processes' changes failed" in caplog.records[-1].getMessage()
+    sql_write(location, "ALTER TABLE meta_away RENAME TO meta")
+    another_process(h, lambda s: s.guilds.update_settings(G0, autoresponse="off"))
+    await h.runtime.follow_changes()
+    assert (await h.runtime.settings(G0)).autoresponse == "off"
