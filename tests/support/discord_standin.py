@@ -17,7 +17,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from aiohttp import WSCloseCode, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -41,6 +41,7 @@ class FakeDiscord:
         self.rate_limit_next = 0  # answer the next N history requests with 429
         self.stall_after: int | None = None  # history requests served before the rest hang
         self.gateway_close_code: int | None = 4014
+        self.identified: list[dict[str, Any]] = []  # the IDENTIFY payloads the gateway received
         self._released = asyncio.Event()
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -161,7 +162,14 @@ class FakeDiscord:
         await ws.prepare(request)
         await ws.send_str(json.dumps({"op": 10, "d": {"heartbeat_interval": 45000}}))
         try:
-            await asyncio.wait_for(ws.receive(), 5)  # IDENTIFY
+            while True:  # a heartbeat first, then IDENTIFY
+                message = await asyncio.wait_for(ws.receive(), 5)
+                if message.type != WSMsgType.TEXT:
+                    break
+                frame = json.loads(message.data)
+                if frame.get("op") == 2:
+                    self.identified.append(frame["d"])
+                    break
         except TimeoutError:
             pass
         await ws.close(code=self.gateway_close_code or WSCloseCode.GOING_AWAY)
