@@ -60,12 +60,16 @@ class FakeDiscord:
         app.router.add_get("/api/v10/gateway/bot", self._gateway)
         app.router.add_get("/api/v10/gateway", self._gateway)
         app.router.add_get("/ws", self._websocket)
+        self._routes(app)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{self.port}/api/v10"
+
+    def _routes(self, app: web.Application) -> None:
+        """Where a subclass adds routes of its own."""
 
     async def stop(self) -> None:
         self._released.set()
