@@ -68,7 +68,7 @@ def run_bot(
         The process exit code.
     """
     if shards is not None:
-        log.info("running %s", shards.describe())
+        log.info("running %s: this process answers for their servers only", shards.describe())
     log.info("loading models before connecting")
     engine.preload()
 

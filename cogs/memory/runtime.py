@@ -111,9 +111,6 @@ class MemoryRuntime:
         self._stop_embedding.clear()
         self.embed_backlog.start()
         self.follow_changes.start()
-        if not self.shards.all:
-            log.info("this process runs %s: it answers for their guilds only",
-                     self.shards.describe())
 
     def owns(self, guild_id: int) -> bool:
         """Whether ``guild_id`` is this process's: its shard runs here (always, unsharded)."""

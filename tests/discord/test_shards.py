@@ -191,6 +191,35 @@ async def test_an_unsharded_bot_still_judges_every_stored_guild(fake, shared_db)
     assert stored_guilds(shared_db) == {G0, G1} and progress.guilds_forgotten == 2
 
 
+async def test_retention_runs_in_the_process_of_the_guilds_shard(tmp_path):
+    """Each process purges the guilds of its own shards: the ones Discord sends it."""
+    location = str(tmp_path / "shared.sqlite3")
+    make_record = record_factory()
+    old = [make_record(f"old news {gid}", guild_id=gid, channel_id=gid + 1, age_days=400)
+           for gid in (G0, G1)]
+    engines = [MemoryEngine(location, PROFILE, HashEmbedder(), load_reranker=False)
+               for _ in range(2)]
+    engines[0].storage.messages.upsert(old)
+    for gid in (G0, G1):
+        engines[0].storage.guilds.update_settings(gid, retention_days=30)
+    processes = [Harness(engines[shard], [server(gid)], shards=Shards(2, (shard,)))
+                 for shard, gid in enumerate((G0, G1))]
+    try:
+        for h in processes:
+            await h.start()
+        messages = engines[0].storage.messages
+        await processes[0].runtime.enforce_retention()
+        assert messages.count(G0) == 0, "its own guild: purged"
+        assert messages.count(G1) == 1, "shard 1's: left to the process that runs it"
+        await processes[1].runtime.enforce_retention()
+        assert messages.count(G1) == 0
+    finally:
+        for h in processes:
+            await h.close()
+        for engine in engines:
+            engine.close()
+
+
 # -- changes made by another process reach this one ----------------------------------------
 
 
