@@ -361,6 +361,16 @@ def test_switch_to_a_profile_without_reranker(remote_engine):
     assert remote_engine.storage.meta.active_profile == "plain"
 
 
+def test_following_another_process_switches_without_storing_the_choice(remote_engine):
+    """A bot process that follows a switch stored by another never writes it back: that
+    write could overwrite a newer choice an owner made meanwhile in a third process."""
+    remote_engine.storage.meta.active_profile = "newer-choice"
+    future = remote_engine.switch_profile(Profile(name="plain"), remember=False)
+    assert future.result(timeout=10) == "plain"
+    assert remote_engine.profile.name == "plain" and remote_engine.rerankers.current() is None
+    assert remote_engine.storage.meta.active_profile == "newer-choice"
+
+
 # -- the in-process backend end to end ---------------------------------------------
 
 

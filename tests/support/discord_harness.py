@@ -32,7 +32,8 @@ from benchmarks.gateway import (  # noqa: F401  (re-exported for the tests)
     thread,
     user,
 )
-from cogs.memory import MemoryBot
+from cogs.memory.bot import memory_bot
+from cogs.memory.shards import Shards
 from memory.engine import MemoryEngine
 
 BOT_ID = APP_ID = 1000
@@ -92,13 +93,15 @@ class CaptureAdapter(AsyncWebhookAdapter):
 class Harness:
     """A MemoryBot whose connection state is filled from guild payloads.
 
-    Once started: ``search`` (the ``"MemoryCog"``), ``listeners`` and their ``runtime``.
+    With ``shards`` it is the sharded bot of one process of several (its guilds should
+    then be those of its shards, as Discord would send them).  Once started:
+    ``search`` (the ``"MemoryCog"``), ``listeners`` and their ``runtime``.
     """
 
     def __init__(self, engine: MemoryEngine, guilds: Iterable[dict[str, Any]],
-                 owner_ids: Iterable[int] = ()) -> None:
+                 owner_ids: Iterable[int] = (), shards: Shards | None = None) -> None:
         self.engine = engine
-        self.bot = MemoryBot(engine, owner_ids=set(owner_ids) or None)
+        self.bot = memory_bot(engine, owner_ids=set(owner_ids) or None, shards=shards)
         state = self.bot._connection
         state.user = discord.ClientUser(state=state, data=user(BOT_ID, "memorybot", bot=True))
         state.application_id = APP_ID

@@ -17,7 +17,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from aiohttp import WSCloseCode, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -41,6 +41,7 @@ class FakeDiscord:
         self.rate_limit_next = 0  # answer the next N history requests with 429
         self.stall_after: int | None = None  # history requests served before the rest hang
         self.gateway_close_code: int | None = 4014
+        self.identified: list[dict[str, Any]] = []  # the IDENTIFY payloads the gateway received
         self._released = asyncio.Event()
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -59,12 +60,16 @@ class FakeDiscord:
         app.router.add_get("/api/v10/gateway/bot", self._gateway)
         app.router.add_get("/api/v10/gateway", self._gateway)
         app.router.add_get("/ws", self._websocket)
+        self._routes(app)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{self.port}/api/v10"
+
+    def _routes(self, app: web.Application) -> None:
+        """Where a subclass adds routes of its own."""
 
     async def stop(self) -> None:
         self._released.set()
@@ -161,7 +166,14 @@ class FakeDiscord:
         await ws.prepare(request)
         await ws.send_str(json.dumps({"op": 10, "d": {"heartbeat_interval": 45000}}))
         try:
-            await asyncio.wait_for(ws.receive(), 5)  # IDENTIFY
+            while True:  # a heartbeat first, then IDENTIFY
+                message = await asyncio.wait_for(ws.receive(), 5)
+                if message.type != WSMsgType.TEXT:
+                    break
+                frame = json.loads(message.data)
+                if frame.get("op") == 2:
+                    self.identified.append(frame["d"])
+                    break
         except TimeoutError:
             pass
         await ws.close(code=self.gateway_close_code or WSCloseCode.GOING_AWAY)
