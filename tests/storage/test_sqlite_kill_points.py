@@ -19,7 +19,13 @@ How a moment is caught, without sleeping as synchronisation: the command is froz
 SQLite whether it is inside a write transaction (``BEGIN IMMEDIATE`` on another
 connection with no busy timeout is refused exactly then) and reads the committed
 counts.  At the first frozen moment that matches the case it gets SIGKILL; otherwise
-it continues (SIGCONT).
+it continues (SIGCONT).  A moment a few milliseconds long (the drop-and-requeue
+transaction) can fall between two looks: the case then starts again from its copy, a
+few times at most.
+
+After the kill and the plain run that finishes the work, the database must equal one
+that a single uninterrupted run made: the same windows, the same vector of every
+message and window, the same per-guild vector statistics.
 
 The commands run as real ``bot.py`` processes.  Their embedders are two tiny
 sentence-transformers models built here — a ``StaticEmbedding`` over MiniLM's own
@@ -39,12 +45,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 
 from memory.storage.sqlite.connection import connect
 from tests.storage.test_sqlite_crash_recovery import consistency, export
+from tests.support.inspection import SQLiteInspector
+from tests.support.sqlite import sql_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 3000  # 12 embedding batches; two or three storing transactions
@@ -75,7 +85,8 @@ KILL_POINTS = {
     "embed-batch-claimed-nothing-written": KillPoint(
         "embed", False, lambda s: s["claims"] > 0 and s["embedded"] == 0),
     "embed-between-batches": KillPoint("embed", False, lambda s: 0 < s["embedded"] < N),
-    "embed-inside-a-vector-write": KillPoint("embed", True, lambda s: 0 < s["embedded"] < N),
+    "embed-inside-a-vector-write": KillPoint(  # claims > 0: not inside the next claim
+        "embed", True, lambda s: s["claims"] > 0 and 0 < s["embedded"] < N),
     "reembed-inside-the-drop-and-requeue": KillPoint(
         "reembed", True, lambda s: s["embedded"] == N),
     "reembed-requeued-nothing-written": KillPoint(
@@ -162,21 +173,25 @@ class Observer:
         self.conn.close()
 
 
-def kill_at(process: subprocess.Popen[str], observer: Observer, point: KillPoint) -> State:
+def kill_at(process: subprocess.Popen[str], observer: Observer,
+            point: KillPoint) -> State | None:
     """Freeze ``process`` again and again; SIGKILL it at the first moment that fits ``point``.
 
     Returns:
-        The committed counts at that moment.
+        The committed counts at that moment, or ``None`` if the command ended first
+        (it ran past a short moment between two looks).
     """
     frozen = psutil.Process(process.pid)
     while True:
         process.send_signal(signal.SIGSTOP)
         while frozen.status() != psutil.STATUS_STOPPED:
-            assert process.poll() is None, ("the command ended before the kill point",
-                                            process.communicate())
+            if process.poll() is not None:
+                _, err = process.communicate()
+                assert process.returncode == 0, err
+                return None
         try:
             inside = observer.in_write_transaction()
-            state = observer.state()
+            state = observer.state() if inside == point.inside_write else {}
         except Exception as exc:  # it was frozen holding a lock that reads need too
             assert "locked" in str(exc) or "busy" in str(exc), exc
             inside, state = None, {}
@@ -194,22 +209,69 @@ def starts(tmp_path_factory: pytest.TempPathFactory, profiles: dict[str, Path]) 
 
     ``import`` starts from an empty database (opened once, as by an earlier run: the
     observer needs the file), ``embed`` from the export stored but not embedded, and
-    ``reembed`` from the export embedded with the ``old`` model.
+    ``reembed`` from the export embedded with the ``old`` model.  ``old`` and ``new``:
+    the export stored and embedded by one uninterrupted run of each model, what every
+    case must end up equal to.
     """
     from memory.config import load_profile
     from memory.engine import MemoryEngine
 
     folder = tmp_path_factory.mktemp("starts")
     made = {"export": export(folder / "export.json", N)}
-    for command in ("import", "embed", "reembed"):
-        made[command] = folder / f"{command}.sqlite3"
-        engine = MemoryEngine(made[command], load_profile(str(profiles["old"])),
+    for name, stored, embedded in (("import", False, False), ("embed", True, False),
+                                   ("reembed", True, True), ("new", True, True)):
+        made[name] = folder / f"{name}.sqlite3"
+        engine = MemoryEngine(made[name], load_profile(str(profiles[name if name == "new"
+                                                                    else "old"])),
                               load_reranker=False)
-        if command != "import":
-            engine.import_exports([made["export"]], embed=command == "reembed")
+        if stored:
+            engine.import_exports([made["export"]], embed=embedded)
         engine.close()
-        assert not Path(f"{made[command]}-wal").exists()  # all in the file: one copy is whole
+        assert not Path(f"{made[name]}-wal").exists()  # all in the file: one copy is whole
+    made["old"] = made["reembed"]
     return made
+
+
+def fingerprint(db: Path) -> dict[str, Any]:
+    """What a finished run leaves: the windows' text, every vector and window vector."""
+    inspect = SQLiteInspector(str(db))
+    inspect.check_vector_statistics()
+    return {
+        "windows": sql_rows(db, "SELECT id, context, context_ids FROM search_text ORDER BY id"),
+        "vectors": inspect.every_vector(),
+        "window_vectors": {mid: np.frombuffer(blob, np.float16) for mid, blob in sql_rows(
+            db, "SELECT id, vector FROM window_vectors")},
+    }
+
+
+def assert_same(finished: dict[str, Any], reference: dict[str, Any]) -> None:
+    assert finished["windows"] == reference["windows"]
+    for key, tolerance in (("vectors", 1e-6), ("window_vectors", 2e-3)):
+        assert finished[key].keys() == reference[key].keys(), key
+        for mid, vector in reference[key].items():
+            np.testing.assert_allclose(finished[key][mid].astype(np.float32),
+                                       vector.astype(np.float32), atol=tolerance)
+
+
+def run_and_kill(point: KillPoint, db: Path, start: Path, argv: tuple[str, ...],
+                 profile: Path, attempts: int = 3) -> State:
+    """Start the command on a copy of ``start`` and kill it at ``point`` (a few tries)."""
+    for _ in range(attempts):
+        for leftover in (Path(f"{db}-wal"), Path(f"{db}-shm")):  # a killed try's
+            leftover.unlink(missing_ok=True)
+        shutil.copyfile(start, db)
+        process = cli(*argv, db=db, profile=profile)
+        observer = Observer(db)
+        try:
+            state = kill_at(process, observer, point)
+        finally:
+            observer.close()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if state is not None:
+            return state
+    raise AssertionError(f"{argv[0]} ran past the kill point {attempts} times")
 
 
 def model(db: Path) -> tuple[str, int]:
@@ -227,24 +289,14 @@ def test_kill_9_at_any_point_then_a_plain_run_finishes_the_work(
 ) -> None:
     point = KILL_POINTS[name]
     db, source = tmp_path / "memory.sqlite3", starts["export"]
-    shutil.copyfile(starts[point.command], db)
     profile = profiles["new" if point.command == "reembed" else "old"]
     argv = {"import": ("import", str(source)), "embed": ("embed",), "reembed": ("reembed",)}
-    process = cli(*argv[point.command], db=db, profile=profile)
-    observer = Observer(db)
-    try:
-        at_kill = kill_at(process, observer, point)
-    finally:
-        observer.close()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    at_kill = run_and_kill(point, db, starts[point.command], argv[point.command], profile)
 
     killed = consistency(db)
     assert killed["integrity"] == "ok"
     # what is committed is what the frozen process showed, and nothing of it is half-done
-    assert {k: killed[k] for k in at_kill if k != "claims"} == {
-        k: at_kill[k] for k in at_kill if k != "claims"}
+    assert {k: killed[k] for k in at_kill} == at_kill
     assert killed["embedded"] == killed["vectors"] and killed["search_rows"] == killed["messages"]
     stored, embedded = killed["messages"], killed["embedded"]
 
@@ -269,4 +321,6 @@ def test_kill_9_at_any_point_then_a_plain_run_finishes_the_work(
     assert after["integrity"] == "ok"
     assert after["messages"] == after["embedded"] == after["vectors"] == after["search_rows"] == N
     assert after["claims"] == 0
-    assert model(db) == (("new", 32) if point.command == "reembed" else ("old", 16))
+    reference = "new" if point.command == "reembed" else "old"
+    assert model(db) == ((reference, 32 if reference == "new" else 16))
+    assert_same(fingerprint(db), fingerprint(starts[reference]))  # as if never interrupted
