@@ -85,6 +85,14 @@ async def settle(h: Harness, embed: bool = True) -> None:
         await asyncio.to_thread(h.engine.embed_pending)
 
 
+async def until(condition, timeout: float = 30.0) -> None:
+    """Wait until ``condition()`` holds, checking between event-loop turns."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)
+
+
 def ids_for(h: Harness, query: str, **options) -> list[int]:
     return [hit.id for hit in h.engine.search(query, guild_id=G, limit=20, **options).hits]
 
@@ -447,6 +455,56 @@ async def test_the_embed_loop_survives_any_error(harness, monkeypatch):
     h.runtime.embed_backlog.change_interval(seconds=0.01)
     await asyncio.sleep(0.3)
     assert calls and h.runtime.embed_backlog.is_running()
+
+
+async def test_a_model_replaced_under_the_bot_stops_embedding_in_one_line(harness, caplog):
+    """Another process re-embeds the bot's database with another model (``reembed``).
+
+    The embedding loop says so in one line and stops, so no vector of the old model
+    gets in; what members send is still stored (it waits in the backlog for a restart
+    with the new profile), and searches still answer, by keywords.
+    """
+    h = harness
+    loop = h.runtime.embed_backlog
+    loop.change_interval(seconds=0.01)
+    for text in ("the soldering iron is in the red drawer", "the kettle descaler is under the sink"):
+        await say(h, text)
+    await settle(h, embed=False)
+    await until(lambda: h.engine.storage.backlog.pending_count() == 0)  # the loop embeds them
+    other = MemoryEngine(h.engine.storage.database.location, Profile(name="other"),
+                         HashEmbedder(64, model_id="test/other-64"), load_reranker=False,
+                         check_model=False)  # as `python bot.py reembed` with another profile
+    assert other.reembed() == 2
+    other.close()
+
+    with caplog.at_level(logging.INFO, logger="cogs.memory.runtime"):
+        await say(h, "the soldering iron tips are in the blue box")
+        await settle(h, embed=False)
+        await until(lambda: not loop.is_running())
+        await say(h, "the glue gun is next to the soldering iron")  # after the loop stopped
+        await settle(h, embed=False)
+    stopped = [r for r in caplog.records if r.name == "cogs.memory.runtime"
+               and r.levelno >= logging.WARNING]
+    assert len(stopped) == 1 and stopped[0].levelno == logging.ERROR, stopped
+    line = stopped[0].getMessage()
+    assert line.startswith("embedding stopped until the bot restarts: ") and "\n" not in line
+    assert "re-embedded with test/other-64 (64 dims)" in line and stopped[0].exc_info is None
+    assert not loop.is_running()
+
+    storage = h.engine.storage
+    assert storage.messages.count() == 4  # nothing a member sent is lost
+    assert storage.backlog.pending_count() == 2  # waiting for a restart with the new model
+    assert sql_rows(storage.database.location, "SELECT count(*) FROM message_vectors") == [(2,)]
+    assert storage.meta.embedding_model() == ("test/other-64", 64)
+
+    with caplog.at_level(logging.WARNING, logger="memory.search.searcher"):
+        await h.slash("search", invoker=alice(), where=GENERAL, query="soldering iron")
+    fields = h.adapter.followups[-1]["embeds"][0]["fields"]
+    assert len(fields) == 3 and all("soldering iron" in f["value"] for f in fields)
+    assert any("searching by keywords only: " in r.getMessage() and "re-embedded with" in
+               r.getMessage() for r in caplog.records if r.name == "memory.search.searcher")
+    result = h.engine.search("glue gun", guild_id=G)
+    assert result.hits and result.trace.keyword_only == line.split(": ", 1)[1]
 
 
 async def test_write_queue_retries_busy_errors_in_order():

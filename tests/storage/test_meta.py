@@ -1,5 +1,6 @@
 """Meta: the database is bound to one embedding model; another is refused until
-``reembed`` switches every vector to it."""
+``reembed`` switches every vector to it, and a process whose model another process
+replaced meanwhile notices it (``model_changed`` / ``check_model_unchanged``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from collections.abc import Callable
 import pytest
 
 from memory.engine import MemoryEngine
-from memory.errors import EmbeddingModelMismatch
+from memory.errors import EmbeddingModelChanged, EmbeddingModelMismatch
 from memory.records import MessageRecord
-from memory.storage import Storage
+from memory.storage import Storage, open_storage
 from tests.support.builders import GUILD, HashEmbedder
 from tests.support.inspection import Inspector
 from tests.support.storage import row_counts, stored_vector
@@ -69,3 +70,47 @@ def test_reembed_switches_model_and_dimension(
     second.close()
     # the new model is now the one the database accepts
     make_engine(tmp_db, HashEmbedder(64, model_id="test/other-64")).close()
+
+
+def test_a_model_replaced_by_another_process_is_noticed_before_anything_is_written(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str,
+    inspector: Inspect,
+) -> None:
+    records = [make_record(f"note {i} about the garden") for i in range(5)]
+    running = make_engine(tmp_db, HashEmbedder(128))
+    running.ingest(records)
+    assert running.storage.meta.model_changed() is None
+    running.storage.meta.check_model_unchanged()  # its own model: nothing to say
+    late = make_record("a late note about the greenhouse")
+    running.storage.messages.upsert([late])
+    pending = running.storage.backlog.pending(10)  # read before the other process re-embeds
+    assert [m.id for m in pending] == [late.id]
+
+    other = make_engine(tmp_db, HashEmbedder(64, model_id="test/other-64"), check_model=False)
+    assert other.reembed() == 6  # the late note too, with the new model
+
+    reason = running.storage.meta.model_changed()
+    assert reason is not None and "\n" not in reason
+    assert "test/other-64 (64 dims)" in reason and "test/hash-128" in reason
+    with pytest.raises(EmbeddingModelChanged) as caught:
+        running.storage.meta.check_model_unchanged()
+    assert str(caught.value) == reason
+    vectors = running.embedder.embed([running.embedding_text(m) for m in pending])
+    with pytest.raises(EmbeddingModelChanged):  # not one vector of the old model gets in
+        running.storage.backlog.write_vectors(pending, vectors)
+    with pytest.raises(EmbeddingModelChanged):  # nor through a new binding
+        running.storage.meta.bind_model("test/hash-128", 128)
+    result = running.search("garden", guild_id=GUILD)  # keywords only, saying why
+    assert result.hits and result.trace.keyword_only == reason
+
+    other.storage.meta.check_model_unchanged()  # the re-embedding process carries on
+    assert other.storage.meta.model_changed() is None
+    fresh = open_storage(tmp_db)  # nor does a process that has not chosen a model yet
+    try:
+        assert fresh.meta.model_changed() is None
+        fresh.meta.check_model_unchanged()
+    finally:
+        fresh.close()
+    assert running.storage.meta.embedding_model() == ("test/other-64", 64)
+    assert row_counts(running.storage, inspector) == {"messages": 6, "fts": 6, "vectors": 6}
+    assert stored_vector(running.storage, late.id).shape == (64,)
