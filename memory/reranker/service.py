@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from memory import metrics
-from memory.config import Profile, RerankerConfig
+from memory.config import LLMConfig, Profile, RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.records import Hit, Trace
 from memory.reranker.base import Rankable, RerankerBackend
@@ -28,13 +28,13 @@ from memory.reranker.base import Rankable, RerankerBackend
 log = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=Rankable)
-BLEND_ORIGINAL, BLEND_RERANK = 0.4, 0.6
 
 
-def make_backend(config: RerankerConfig) -> RerankerBackend:
+def make_backend(config: RerankerConfig, llm: LLMConfig | None = None) -> RerankerBackend:
     """Create (but do not load) the backend a reranker config names.
 
-    Heavy imports happen here, only for the backend in use.
+    Heavy imports happen here, only for the backend in use.  ``llm`` is the
+    profile's ``[llm]`` section, which the ``llm`` backend judges with.
     """
     try:
         if config.backend == "transformers":
@@ -45,6 +45,18 @@ def make_backend(config: RerankerConfig) -> RerankerBackend:
             from memory.reranker.llama_server import LlamaServerBackend
 
             return LlamaServerBackend(config)
+        if config.backend == "cross-encoder":
+            from memory.reranker.cross_encoder import CrossEncoderReranker
+
+            return CrossEncoderReranker(config)
+        if config.backend == "rerank-api":
+            from memory.reranker.rerank_api import RerankApiBackend
+
+            return RerankApiBackend(config)
+        if config.backend == "llm":
+            from memory.reranker.llm_judge import LLMJudge
+
+            return LLMJudge(config, llm or LLMConfig())
     except ImportError as exc:  # searches go on without reranking, saying why
         return MissingBackend(config.backend, (
             f"the {config.backend} reranker cannot run here ({exc}); install the missing "
@@ -91,11 +103,15 @@ class RerankerService:
     Args:
         config: The profile's ``[reranker]`` section.
         backend: A ready backend (tests, benchmarks); built from ``config`` if omitted.
+        llm: The profile's ``[llm]`` section, for the ``llm`` backend.
     """
 
-    def __init__(self, config: RerankerConfig, backend: RerankerBackend | None = None) -> None:
+    def __init__(
+        self, config: RerankerConfig, backend: RerankerBackend | None = None,
+        llm: LLMConfig | None = None,
+    ) -> None:
         self.config = config
-        self.backend = backend or make_backend(config)
+        self.backend = backend or make_backend(config, llm)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reranker")
         self._inflight = 0
         self._idle = threading.Condition()
@@ -216,7 +232,8 @@ class RerankerService:
             hi = max(h.score for h in ranked)
             for h in ranked:
                 original = (h.score - lo) / (hi - lo) if hi > lo else 1.0
-                h.score = BLEND_ORIGINAL * original + BLEND_RERANK * (h.rerank_score or 0.0)
+                weight = self.config.blend_weight
+                h.score = (1.0 - weight) * original + weight * (h.rerank_score or 0.0)
             ranked.sort(key=lambda h: -h.score)
         else:
             for h in ranked:
@@ -267,7 +284,7 @@ class RerankerManager:
         self._service: RerankerService | None = None
         self.profile_name = profile.name
         if profile.reranker.enabled:
-            self._service = RerankerService(profile.reranker)
+            self._service = RerankerService(profile.reranker, llm=profile.llm)
             if load:
                 threading.Thread(
                     target=self._load_quietly, args=(self._service,), daemon=True,
@@ -302,7 +319,8 @@ class RerankerManager:
 
         def work() -> None:
             try:
-                new = RerankerService(profile.reranker) if profile.reranker.enabled else None
+                new = (RerankerService(profile.reranker, llm=profile.llm)
+                       if profile.reranker.enabled else None)
                 if new is not None:
                     new.load()
             except Exception as exc:
