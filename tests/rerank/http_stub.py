@@ -39,7 +39,7 @@ class StubServer:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 request = Request(self.path, {k.lower(): v for k, v in self.headers.items()},
                                   json.loads(raw or b"null"))
