@@ -622,6 +622,12 @@ class MemoryCog(commands.Cog):
             notice += ("\n\n**Answers**\n• Mention answers are written by a chat model "
                        f"(`{inert(llm.model, 60)}` at `{inert(host, 80)}`): the messages quoted "
                        "to answer a question are sent to it.")
+        service = self.engine.rerankers.current()
+        reranker_host = getattr(service.backend, "host", None) if service else None
+        if service is not None and reranker_host:  # a remote reranker: rerank-api, llm
+            notice += ("\n\n**Search**\n• Searches are reranked by a remote service "
+                       f"(`{inert(service.name, 40)}` at `{inert(reranker_host, 80)}`): each "
+                       "search's question and candidate messages are sent to it.")
         await interaction.response.send_message(notice, ephemeral=True)
 
     # -- admin commands ----------------------------------------------------------------------
