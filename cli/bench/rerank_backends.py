@@ -2,7 +2,7 @@
 
 Each backend scores the 30 built-in chat candidates (cycled to ``candidates``) for
 one query.  Reported per backend: load time, the first (cold) call, the median of
-``repeats`` warm calls, requests sent (remote backends), and the scores; and for
+``repeats`` warm calls (wall and CPU time), requests sent (remote backends), and the scores; and for
 every two backends that run the same model, their Spearman agreement and largest
 score difference.
 
@@ -61,6 +61,7 @@ class BackendRun:
     load_s: float | None = None
     cold_s: float | None = None
     warm_s: float | None = None
+    warm_cpu_s: float | None = None
     requests: int | None = None
     scores: list[float] = dataclasses.field(default_factory=list)
     error: str | None = None
@@ -82,7 +83,7 @@ def run_backends_bench(
     Returns:
         A JSON-ready dict: the machine, ``backends`` (one :class:`BackendRun` each),
         ``agreement`` between backends that share a model, and ``speedups`` of each
-        backend's warm call over ``cross-encoder``'s.
+        backend's warm call over ``cross-encoder``'s (wall and CPU time).
     """
     docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
     runs: list[BackendRun] = []
@@ -115,9 +116,10 @@ def _run_one(
         backend.load()
         run.load_s = round(time.perf_counter() - started, 3)
         sent = getattr(backend, "requests_sent", None)
-        run.cold_s, run.scores = _timed(backend, docs)
-        warm = [_timed(backend, docs)[0] for _ in range(max(1, repeats))]
-        run.warm_s = round(statistics.median(warm), 4)
+        run.cold_s, _, run.scores = _timed(backend, docs)
+        warm = [_timed(backend, docs) for _ in range(max(1, repeats))]
+        run.warm_s = round(statistics.median(w[0] for w in warm), 4)
+        run.warm_cpu_s = round(statistics.median(w[1] for w in warm), 4)
         if sent is not None:
             run.requests = (getattr(backend, "requests_sent", 0) - sent) // (1 + max(1, repeats))
     except (MemoryBotError, ImportError, OSError, RuntimeError, ValueError) as exc:
@@ -129,10 +131,13 @@ def _run_one(
     return run
 
 
-def _timed(backend: RerankerBackend, docs: list[str]) -> tuple[float, list[float]]:
-    started = time.perf_counter()
+def _timed(backend: RerankerBackend, docs: list[str]) -> tuple[float, float, list[float]]:
+    """Wall and CPU seconds of one call (CPU time of this process: on a shared machine
+    wall time includes other processes' turns), and its scores."""
+    started, cpu = time.perf_counter(), time.process_time()
     scores = backend.score(QUERY, docs)
-    return round(time.perf_counter() - started, 4), [round(s, 6) for s in scores]
+    return (round(time.perf_counter() - started, 4), round(time.process_time() - cpu, 4),
+            [round(s, 6) for s in scores])
 
 
 def agreement(runs: list[BackendRun]) -> list[dict[str, Any]]:
@@ -149,17 +154,23 @@ def agreement(runs: list[BackendRun]) -> list[dict[str, Any]]:
     return pairs
 
 
-def _speedups(runs: list[BackendRun]) -> dict[str, float]:
+def _speedups(runs: list[BackendRun]) -> dict[str, dict[str, float]]:
+    """Each backend's warm wall and CPU time against ``cross-encoder``'s (its first run)."""
     base = next((r for r in runs if r.name == "cross-encoder" and r.warm_s), None)
-    if base is None or base.warm_s is None:
+    if base is None or not base.warm_s or not base.warm_cpu_s:
         return {}
-    return {r.name: round(base.warm_s / r.warm_s, 2) for r in runs if r.warm_s}
+    return {
+        r.name: {"wall": round(base.warm_s / r.warm_s, 2),
+                 "cpu": round(base.warm_cpu_s / r.warm_cpu_s, 2) if r.warm_cpu_s else 0.0}
+        for r in runs if r.warm_s
+    }
 
 
 def _row(r: BackendRun) -> str:
     if r.error:
         return f"{r.name:<26} unavailable: {r.error}"
     return (f"{r.name:<26} load {r.load_s:6.2f} s | cold {r.cold_s:7.3f} s | warm {r.warm_s:7.3f} s"
+            f" (cpu {r.warm_cpu_s:.3f} s)"
             + (f" | {r.requests} request(s)" if r.requests is not None else ""))
 
 

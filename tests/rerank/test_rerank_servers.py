@@ -117,13 +117,15 @@ def test_a_killed_llama_server_falls_back_within_the_deadline(tmp_path):
     _, rerank_dir = save_checkpoint(tmp_path, found.src, seed=1)
     rank = convert(rerank_dir, tmp_path / "rank.gguf", found.src)
     server = LlamaServer(found.binary, rank, tmp_path / "rank.log", extra=("--reranking",)).start()
-    config = RerankerConfig(backend="rerank-api", url=server.url, dialect="jina", timeout=30.0,
-                            oversample=1)
-    service = RerankerService(config)
-    trace = Trace()
-    service.rerank_search(QUERY, hits(), limit=len(DOCS), trace=trace)
-    assert trace.reranked
-    server.stop()
+    try:
+        config = RerankerConfig(backend="rerank-api", url=server.url, dialect="jina",
+                                timeout=30.0, oversample=1)
+        service = RerankerService(config)
+        trace = Trace()
+        service.rerank_search(QUERY, hits(), limit=len(DOCS), trace=trace)
+        assert trace.reranked
+    finally:
+        server.stop()  # a failed assertion must not leave the server running
     trace = Trace()
     started = time.monotonic()
     ranked = service.rerank_search(QUERY, hits(), limit=len(DOCS), trace=trace)
