@@ -2,9 +2,9 @@
 
 Each backend scores the 30 built-in chat candidates (cycled to ``candidates``) for
 one query.  Reported per backend: load time, the first (cold) call, the median of
-``repeats`` warm calls (wall and CPU time), requests sent (remote backends), and the scores; and for
-every two backends that run the same model, their Spearman agreement and largest
-score difference.
+``repeats`` warm calls (wall and CPU time), requests and tokens sent per call (remote
+backends), and the scores; and for every two backends that run the same model, their
+Spearman agreement and largest score difference.
 
 Built-in names build random-weight models of real shapes, so nothing is
 downloaded (speed does not depend on the weights):
@@ -63,6 +63,7 @@ class BackendRun:
     warm_s: float | None = None
     warm_cpu_s: float | None = None
     requests: int | None = None
+    tokens: int | None = None
     scores: list[float] = dataclasses.field(default_factory=list)
     error: str | None = None
 
@@ -116,12 +117,16 @@ def _run_one(
         backend.load()
         run.load_s = round(time.perf_counter() - started, 3)
         sent = getattr(backend, "requests_sent", None)
+        used = getattr(backend, "tokens_used", None)
         run.cold_s, _, run.scores = _timed(backend, docs)
         warm = [_timed(backend, docs) for _ in range(max(1, repeats))]
         run.warm_s = round(statistics.median(w[0] for w in warm), 4)
         run.warm_cpu_s = round(statistics.median(w[1] for w in warm), 4)
-        if sent is not None:
-            run.requests = (getattr(backend, "requests_sent", 0) - sent) // (1 + max(1, repeats))
+        calls = 1 + max(1, repeats)
+        if sent is not None:  # per call, as the remote backends count them
+            run.requests = (getattr(backend, "requests_sent", 0) - sent) // calls
+        if used is not None:
+            run.tokens = (getattr(backend, "tokens_used", 0) - used) // calls
     except (MemoryBotError, ImportError, OSError, RuntimeError, ValueError) as exc:
         run.error = f"{type(exc).__name__}: {exc}"
         log.warning("%s could not run: %s", name, run.error)
