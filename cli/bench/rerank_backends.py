@@ -198,7 +198,8 @@ class _Builder:
         if not chosen.reranker.enabled:
             raise ValueError(f"profile {chosen.name} has no reranker")
         r = chosen.reranker
-        return make_backend(r, chosen.llm), f"{r.backend}:{r.model}"
+        model = chosen.llm.model if r.backend == "llm" else r.model
+        return make_backend(r, chosen.llm), f"{r.backend}:{model}"
 
     def _cross_encoder(self, name: str) -> tuple[RerankerBackend, str]:
         from memory.reranker.cross_encoder import CrossEncoderReranker
