@@ -452,15 +452,19 @@ def detect_accelerator() -> str:
     return "cpu"
 
 
-BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+# CPU flags under which the 0.6B Qwen reranker is fast in bfloat16: AMX on x86 (with
+# only AVX512-BF16 it is slower in bfloat16 than in float32: 14 s against 10 s of CPU
+# for 20 candidates on a 2-core Xeon, BENCHMARKS.md), bf16 on ARM.
+FAST_BF16_FLAGS = frozenset({"amx_bf16", "bf16"})
 
 
-def cpu_supports_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
-    """Whether this CPU computes bfloat16 natively, from the kernel's CPU flags.
+def cpu_runs_bf16_fast(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU has bfloat16 matrix units, from the kernel's CPU flags.
 
-    x86 lists ``avx512_bf16`` or ``amx_bf16`` in ``flags``; ARM lists ``bf16`` in
-    ``Features``.  Read from ``/proc/cpuinfo`` because torch has no public check
-    (its mkldnn one is private).
+    x86 lists ``amx_bf16`` in ``flags`` (Sapphire Rapids and later); ARM lists ``bf16``
+    in ``Features``.  ``avx512_bf16`` alone does not count: measured, torch's bfloat16
+    path is slower there than float32.  Read from ``/proc/cpuinfo`` because torch has
+    no public check.
 
     Returns:
         ``None`` when the flags cannot be read (not Linux).
@@ -472,7 +476,7 @@ def cpu_supports_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
-            return bool(BF16_FLAGS & set(value.split()))
+            return bool(FAST_BF16_FLAGS & set(value.split()))
     return None
 
 
@@ -480,14 +484,15 @@ def auto_profile_name() -> str:
     """The profile ``auto`` stands for on this machine.
 
     ``cuda``, then ``mps``; on a CPU-only machine ``cpu`` (the 0.6B Qwen reranker in
-    bfloat16) only when the CPU computes bfloat16 natively, and ``cpu-small`` (a
-    small cross-encoder) otherwise: in float32 the 0.6B takes 8-15 s a search on a
-    2-core CPU, the cross-encoder well under one (BENCHMARKS.md).
+    bfloat16, 1.2-3.6 s a search with AMX) only when the CPU has bfloat16 matrix units
+    (:func:`cpu_runs_bf16_fast`), and ``cpu-small`` (a small cross-encoder, about half
+    a second for 30 candidates on 2 cores) otherwise: without them the 0.6B takes
+    10-20 s a search (BENCHMARKS.md).
     """
     accelerator = detect_accelerator()
     if accelerator != "cpu":
         return accelerator
-    return "cpu" if cpu_supports_bf16() else "cpu-small"
+    return "cpu" if cpu_runs_bf16_fast() else "cpu-small"
 
 
 def missing_device(device: str) -> str | None:

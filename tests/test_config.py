@@ -14,7 +14,7 @@ from memory.config import (
     RerankerConfig,
     SearchConfig,
     available_profiles,
-    cpu_supports_bf16,
+    cpu_runs_bf16_fast,
     detect_accelerator,
     load_profile,
     load_profile_file,
@@ -69,7 +69,7 @@ def test_auto_resolves_to_a_cpu_profile_here() -> None:
         pytest.skip("this machine has an accelerator")
     profile = load_profile("auto")
     # cpu-small (a cross-encoder) where the CPU lacks bfloat16: tests/rerank/test_cross_encoder.py
-    assert profile.name == ("cpu" if cpu_supports_bf16() else "cpu-small")
+    assert profile.name == ("cpu" if cpu_runs_bf16_fast() else "cpu-small")
     assert profile.embedder.device == "cpu"
 
 

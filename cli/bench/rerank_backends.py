@@ -38,7 +38,7 @@ from typing import Any
 from cli.bench.common import cpu_model
 from cli.bench.remote import spearman
 from cli.bench.rerank_corpus import CANDIDATES, QUERY
-from memory.config import Profile, RerankerConfig, cpu_supports_bf16, load_profile
+from memory.config import Profile, RerankerConfig, cpu_runs_bf16_fast, load_profile
 from memory.errors import MemoryBotError
 from memory.reranker.base import RerankerBackend
 
@@ -239,7 +239,7 @@ class _Builder:
         from memory.reranker.qwen import QwenReranker
 
         cpu = load_profile("cpu").reranker
-        dtype = "bfloat16" if cpu_supports_bf16() else "float32"
+        dtype = "bfloat16" if cpu_runs_bf16_fast() else "float32"
         model = random_qwen3(QWEN3_RERANKER_06B, device="cpu")
         if dtype == "bfloat16":
             import torch

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from cli.bench.rerank_backends import int8_flavour, save_random_cross_encoder
-from memory.config import RerankerConfig, cpu_supports_bf16, detect_accelerator, load_profile
+from memory.config import RerankerConfig, cpu_runs_bf16_fast, detect_accelerator, load_profile
 from memory.errors import RerankerUnavailable
 from memory.records import Hit, Trace
 from memory.reranker.cross_encoder import CrossEncoderReranker
@@ -139,21 +139,22 @@ def test_the_owner_switch_loads_a_cross_encoder_profile(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("flags, expected", [
-    ("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile", True),
+    ("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True),
     ("flags\t\t: fpu avx2 amx_bf16", True),
+    ("flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni", False),  # slower in bf16
     ("flags\t\t: fpu sse4_2 avx2 avx512f avx512_vnni", False),
     ("Features\t: fp asimd bf16 i8mm", True),
     ("Features\t: fp asimd", False),
     ("processor\t: 0", None),
 ])
-def test_bf16_support_is_read_from_the_cpu_flags(flags, expected, tmp_path):
+def test_fast_bf16_is_read_from_the_cpu_flags(flags, expected, tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\n{flags}\n", "utf-8")
-    assert cpu_supports_bf16(cpuinfo) is expected
+    assert cpu_runs_bf16_fast(cpuinfo) is expected
 
 
-def test_bf16_support_is_unknown_without_proc(tmp_path):
-    assert cpu_supports_bf16(tmp_path / "missing") is None
+def test_fast_bf16_is_unknown_without_proc(tmp_path):
+    assert cpu_runs_bf16_fast(tmp_path / "missing") is None
 
 
 def test_the_cpu_small_profile_runs_the_cross_encoder():
@@ -211,4 +212,4 @@ def test_the_onnx_export_and_its_int8_file_agree_with_torch(tiny, tmp_path):
 def test_auto_means_cpu_only_with_bf16_and_cpu_small_without():
     if detect_accelerator() != "cpu":
         pytest.skip("this machine has an accelerator")
-    assert load_profile("auto").name == ("cpu" if cpu_supports_bf16() else "cpu-small")
+    assert load_profile("auto").name == ("cpu" if cpu_runs_bf16_fast() else "cpu-small")
