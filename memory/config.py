@@ -123,10 +123,10 @@ class RerankerConfig:
     small model; low where compute does, the 8B).
 
     ``cross-encoder`` runs any Hugging Face cross-encoder (``model``: a hub id or a
-    local folder) through sentence-transformers' ``CrossEncoder`` on ``device``;
-    ``runtime`` is ``torch`` or ``onnx`` (sentence-transformers' own ONNX support;
-    ``onnx_file`` picks a file in the model's folder, e.g. an int8-quantised
-    ``onnx/model_qint8_avx512_vnni.onnx``).
+    local folder): ``runtime = "torch"`` through sentence-transformers' ``CrossEncoder``
+    on ``device``; ``runtime = "onnx"`` runs the model's ONNX file with onnxruntime on
+    the CPU (``onnx_file``, a path inside the model's folder or repo: by default
+    ``onnx/model.onnx``, or an int8-quantised ``onnx/model_qint8_avx512_vnni.onnx``).
 
     ``rerank-api`` asks a server that speaks a rerank API at ``url``, in the
     ``dialect`` of Cohere (``/v2/rerank``), Jina / vLLM / llama.cpp (``/v1/rerank``),
@@ -377,6 +377,11 @@ def _validate_new_backends(profile: Profile) -> None:
         )
     if r.onnx_file and r.runtime != "onnx":
         raise ConfigError(f"{source}: reranker.onnx_file is only read with runtime = \"onnx\"")
+    if r.runtime == "onnx" and r.device in ("cuda", "mps"):
+        raise ConfigError(
+            f"{source}: reranker.runtime = \"onnx\" runs on the CPU (onnxruntime's CPU "
+            f"provider); use runtime = \"torch\" for device = \"{r.device}\""
+        )
     if r.onnx_file and (r.onnx_file.startswith("/") or ".." in Path(r.onnx_file).parts):
         raise ConfigError(
             f"{source}: reranker.onnx_file must be a path inside the model's folder "

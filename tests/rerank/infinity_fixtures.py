@@ -65,6 +65,7 @@ def infinity_server(model: Path, startup_s: float = 180.0) -> Iterator[str]:
              "--host", "127.0.0.1", "--port", str(port), "--engine", "torch", "--device", "cpu",
              "--no-bettertransformer", "--no-model-warmup", "--batch-size", "8"],
             stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=model.parent,  # its .infinity_cache folder goes there, not into the checkout
         )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -1,24 +1,27 @@
-"""The cross-encoder backend on a tiny BERT cross-encoder built here.
+"""The cross-encoder backend's torch runtime on a tiny BERT cross-encoder built here.
 
 The model is a two-layer ``BertForSequenceClassification`` from a config, saved with
 the real BERT uncased tokenizer of the bundled all-MiniLM-L6-v2; the backend must
 score exactly what sentence-transformers' ``CrossEncoder.predict`` gives, mapped to
 [0, 1] with the sigmoid applied once, whatever activation the checkpoint saved.
+The ONNX runtime's tests are in test_onnx_runtime.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from cli.bench.rerank_backends import int8_flavour, save_random_cross_encoder
+from cli.bench.rerank_backends import save_random_cross_encoder
 from memory.config import RerankerConfig, cpu_runs_bf16_fast, detect_accelerator, load_profile
-from memory.errors import RerankerUnavailable
-from memory.rerank.cross_encoder import CrossEncoderReranker
+from memory.errors import RerankerError, RerankerUnavailable
+from memory.rerank import deadline
+from memory.rerank.cross_encoder import CrossEncoderReranker, length_batches, relevance
 from memory.rerank.manager import RerankerManager
 from memory.rerank.service import RerankerService
 from tests.rerank.support import engine_search, falling, rerank_texts
@@ -163,53 +166,41 @@ def test_fast_bf16_is_unknown_without_proc(tmp_path):
 def test_the_cpu_small_profile_runs_the_cross_encoder():
     reranker = load_profile("cpu-small").reranker
     assert (reranker.backend, reranker.runtime, reranker.device) == ("cross-encoder", "torch", "cpu")
+    assert reranker.batch_size == 8  # short batches pad less: faster for both runtimes
 
 
-def onnx_missing() -> str | None:
-    """Why sentence-transformers' ONNX runtime cannot run here, or None."""
-    try:
-        from memory.rerank.cross_encoder import _require_onnx_packages
-
-        _require_onnx_packages()
-    except RerankerUnavailable as exc:
-        return str(exc)
-    return None
-
-
-def test_without_a_working_onnx_runtime_the_reason_is_one_line(tiny):
-    reason = onnx_missing()
-    if reason is None:
-        pytest.skip("optimum-onnx imports here: the ONNX agreement test runs instead")
-    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder", model=str(tiny),
-                                                   runtime="onnx"))
-    with pytest.raises(RerankerUnavailable, match="optimum-onnx") as info:
-        reranker.load()
-    assert "\n" not in str(info.value) and 'runtime = "torch"' in str(info.value)
+@pytest.mark.parametrize("pairs, batch_size, batches", [
+    ([], 8, []),
+    ([("q", "a")], 8, [[0]]),
+    ([("q", "a"), ("q", "abc"), ("q", "ab")], 2, [[1, 2], [0]]),  # longest first
+    ([("q", "x"), ("q", "y"), ("q", "z")], 2, [[0, 1], [2]]),  # all equal: input order
+    ([("q", "ü" * 3), ("q", "🍕"), ("qq", "")], 1, [[0], [1], [2]]),  # characters, not bytes
+])
+def test_length_batches_sort_longest_first_and_keep_every_pair_once(pairs, batch_size, batches):
+    assert list(length_batches(pairs, batch_size)) == batches
 
 
-@pytest.mark.skipif(importlib.util.find_spec("optimum") is None or onnx_missing() is not None,
-                    reason=f"sentence-transformers' ONNX runtime cannot run here: {onnx_missing()}")
-# optimum-onnx 0.1.0 exports with torch's TorchScript exporter, which warns (several
-# times, from inside torch.onnx) of its own deprecation: optimum's call, not ours.
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_the_onnx_export_and_its_int8_file_agree_with_torch(tiny, tmp_path):
-    from sentence_transformers.backend import export_dynamic_quantized_onnx_model
+@pytest.mark.parametrize("logits, expected", [
+    ([[0.0], [2.0], [-2.0]], [0.5, 1 / (1 + math.exp(-2)), 1 / (1 + math.exp(2))]),
+    ([0.0, 40.0, -40.0], [0.5, 1.0, 0.0]),  # one value per pair; no overflow
+    ([[1.0, 1.0], [0.0, math.log(3)]], [0.5, 0.75]),  # the "relevant" softmax column
+    ([[-1000.0, 1000.0]], [1.0]),
+])
+def test_relevance_maps_logits_to_zero_one(logits, expected):
+    assert relevance(np.array(logits)) == pytest.approx(expected, abs=1e-12)
 
-    folder = tmp_path / "onnx-copy"
-    save_random_cross_encoder(folder, {**TINY, "num_labels": 1})  # same seed: same weights
-    torch_scores = backend(folder).score(QUERY, DOCS)
-    onnx = backend(folder, runtime="onnx")
-    assert onnx.name == "cross-encoder-onnx"
-    assert onnx.score(QUERY, DOCS) == pytest.approx(torch_scores, abs=1e-3)
-    onnx.model.save_pretrained(str(folder))
-    flavour = int8_flavour()
-    export_dynamic_quantized_onnx_model(onnx.model, flavour, str(folder))
-    int8 = backend(folder, runtime="onnx", onnx_file=f"onnx/model_qint8_{flavour}.onnx")
-    int8_scores = int8.score(QUERY, DOCS)
-    # int8 rounds activations per batch: close to, not equal to, float32 (the tiny
-    # model's large random weights make it coarser than a trained model's)
-    assert int8_scores != pytest.approx(torch_scores, abs=1e-6)
-    assert int8_scores == pytest.approx(torch_scores, abs=0.2)
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_the_deadline_is_checked_between_batches(tiny, batch_size):
+    reranker = backend(tiny, batch_size=batch_size)
+    with deadline.until(time.monotonic() - 1.0), pytest.raises(RerankerError, match="deadline"):
+        reranker.score(QUERY, DOCS)
+    assert len(reranker.score(QUERY, DOCS)) == len(DOCS), "no deadline outside the service"
+
+
+def test_batches_give_the_scores_of_one_batch(tiny):
+    one = backend(tiny, batch_size=64).score(QUERY, DOCS)
+    assert backend(tiny, batch_size=2).score(QUERY, DOCS) == pytest.approx(one, abs=1e-5)
 
 
 def test_auto_means_cpu_only_with_bf16_and_cpu_small_without():

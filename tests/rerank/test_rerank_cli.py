@@ -90,9 +90,30 @@ def test_bench_rerank_backends_compares_on_the_same_candidates(tmp_path, capsys)
     assert len(runs["cross-encoder"]["scores"]) == 4 and runs["cross-encoder"]["warm_s"] > 0
     # a backend that cannot run is reported, not fatal
     assert runs["profile"]["error"] == "ValueError: profile cpu-fast has no reranker"
-    onnx = runs["cross-encoder-onnx"]
-    if onnx["error"]:  # optimum-onnx cannot import with transformers 5: the reason is kept
-        assert "optimum-onnx" in onnx["error"]
-    else:
-        (pair,) = result["agreement"]
-        assert pair["max_abs_diff"] <= 1e-3
+    assert runs["cross-encoder-onnx"]["error"] is None
+    (pair,) = result["agreement"]  # the same weights on torch and on onnxruntime
+    assert pair["max_abs_diff"] <= 1e-3 and set(result["speedups"]) == {
+        "cross-encoder", "cross-encoder-onnx"}
+
+
+def test_export_onnx_writes_files_the_onnx_profile_reads(db, tmp_path, capsys):
+    model = save_random_cross_encoder(tmp_path / "ce", TINY)
+    code, out, err = run_cli(capsys, "export-onnx", model, "--int8")
+    assert code == 0, err
+    assert "onnx/model.onnx" in out and "onnx/model_qint8_" in out
+    assert (model / "onnx" / "model.onnx").is_file()
+    onnx_file = out.rsplit('onnx_file = "', 1)[1].split('"', 1)[0]
+    profile = tmp_path / "onnx.toml"
+    profile.write_text(f'[reranker]\nbackend = "cross-encoder"\nmodel = "{model}"\n'
+                       f'runtime = "onnx"\nonnx_file = "{onnx_file}"\n', "utf-8")
+    code, out, err = run_cli(capsys, "--db", db, "--profile", profile, "search",
+                             "who can lend me a soldering iron", "--debug")
+    assert code == 0, err
+    assert "cross-encoder-onnx" in out and "skipped" not in out
+
+
+def test_export_onnx_of_a_folder_without_a_model_is_one_line(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "export-onnx", tmp_path)
+    assert code == 2
+    assert err.startswith("error: ") and "not a cross-encoder folder" in err
+    assert err.count("\n") == 1
