@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Pair = tuple[str, str]
+# How long a failed load is answered from memory (as the Qwen backend does): searches
+# before then fall back at once instead of each asking the hub or the disk again.
+LOAD_RETRY_S = 60.0
 
 
 class CrossEncoderRuntime(Protocol):
@@ -126,6 +130,7 @@ class CrossEncoderReranker:
         self.name = "cross-encoder-onnx" if config.runtime == "onnx" else "cross-encoder"
         self._runtime = runtime
         self._lock = threading.Lock()
+        self._load_failure: tuple[float, RerankerUnavailable] | None = None
 
     @property
     def runtime(self) -> CrossEncoderRuntime:
@@ -148,13 +153,14 @@ class CrossEncoderReranker:
         with self._lock:
             if self._runtime is not None:
                 return
-            runtime = _load_runtime(self.config)
+            if self._load_failure and time.monotonic() - self._load_failure[0] < LOAD_RETRY_S:
+                raise self._load_failure[1]
             try:
-                check_labels(runtime.labels, self.config.model)
-            except RerankerUnavailable:
-                runtime.close()
+                self._runtime = _checked(_load_runtime(self.config), self.config.model)
+            except RerankerUnavailable as exc:
+                self._load_failure = (time.monotonic(), exc)
                 raise
-            self._runtime = runtime
+            self._load_failure = None
         log.info("cross-encoder %s loaded on %s (%s runtime, %d output(s))",
                  self.config.model, self._runtime.device, self.config.runtime,
                  self._runtime.labels)
@@ -194,6 +200,16 @@ class CrossEncoderReranker:
             runtime, self._runtime = self._runtime, None
         if runtime is not None:
             runtime.close()
+
+
+def _checked(runtime: CrossEncoderRuntime, model: str) -> CrossEncoderRuntime:
+    """``runtime`` if its model is a reranker; closed and refused otherwise."""
+    try:
+        check_labels(runtime.labels, model)
+    except RerankerUnavailable:
+        runtime.close()
+        raise
+    return runtime
 
 
 def _load_runtime(config: RerankerConfig) -> CrossEncoderRuntime:

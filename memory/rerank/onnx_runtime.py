@@ -18,9 +18,11 @@ Session options, measured on a 2-core Xeon (BENCHMARKS.md, issue 23):
   ``LayerNormalization`` into one ``SkipLayerNormalization`` kernel, which took
   54 ms of an int8 MiniLM-L6's 233 ms for 30 pairs, against 16 ms for the two
   unfused kernels: the fusion made the model a quarter slower.
-* ``intra_op.allow_spinning`` off: idle worker threads sleep instead of spinning, so a
-  rerank does not keep both cores busy after it ends (the bot's event loop and the
-  embedder share them); measured within noise of spinning for a whole call.
+* ``intra_op.allow_spinning`` off: a worker thread waiting for work sleeps instead of
+  spinning.  With other processes busy on the two cores (load average 5), spinning
+  made an int8 call 1.6-1.8x slower (0.50-0.57 s against 0.31-0.33 s, and half as much
+  CPU again); on an idle machine it was about 9 % faster.  A bot's cores are shared
+  with its event loop, the embedder and SQLite, so the reranker does not spin.
 * Full graph optimisation (the default, said explicitly) and onnxruntime's default
   thread count (one per physical core).
 """

@@ -103,6 +103,17 @@ def test_a_missing_model_is_one_line(model, message, monkeypatch):
     assert "\n" not in str(info.value)
 
 
+def test_a_failed_load_is_remembered_not_retried_per_search(tmp_path):
+    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder",
+                                                   model=str(tmp_path / "gone")))
+    with pytest.raises(RerankerUnavailable) as first:
+        reranker.load()
+    save_random_cross_encoder(tmp_path / "gone", {**TINY, "num_labels": 1})  # too late
+    with pytest.raises(RerankerUnavailable) as second:
+        reranker.score(QUERY, DOCS)
+    assert second.value is first.value
+
+
 def test_a_cuda_profile_without_cuda_says_so(tiny):
     if detect_accelerator() == "cuda":
         pytest.skip("this machine has CUDA")
