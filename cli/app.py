@@ -18,8 +18,8 @@ from typing import Any
 
 import click
 
-from cli.bench import bench
-from cli.context import Settings, default_db, open_engine, require_db
+from cli.context import Settings, default_db, open_engine, profile_storage_url, require_db
+from cli.migrate import migrate_db_command
 from cli.output import (
     embed_with_progress,
     emit_json,
@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--db", type=DATABASE_PATH, default=default_db,
               show_default="data/memory.sqlite3, env MEMORY_DB",
-              help="SQLite database file.")
+              help="SQLite database file, or a postgresql:// URL (else the profile's "
+              "[storage] url).")
 @click.option("--profile", envvar="MEMORY_PROFILE",
               help="Hardware profile name or .toml path (default: the one stored in the "
               "database, else cpu); 'auto' picks cuda, mps or cpu; shipped: "
@@ -51,7 +52,8 @@ log = logging.getLogger(__name__)
 @click.option("--metrics-port", type=PORT, help="Expose Prometheus metrics on this port.")
 @click.pass_context
 def cli_group(
-    ctx: click.Context, db: Path, profile: str | None, log_level: str, metrics_port: int | None
+    ctx: click.Context, db: Path | str, profile: str | None, log_level: str,
+    metrics_port: int | None,
 ) -> None:
     """Discord memory bot: offline tools and the bot itself."""
     if not sys.stderr.isatty():  # model-loading bars (transformers' tqdm) would litter logs
@@ -67,6 +69,8 @@ def cli_group(
                 f"cannot listen on port {metrics_port} ({exc.strerror or exc})",
                 param_hint="'--metrics-port'",
             ) from None
+    if profile and ctx.get_parameter_source("db") is click.core.ParameterSource.DEFAULT:
+        db = profile_storage_url(profile) or db
     ctx.obj = Settings(db=db, profile=profile)
 
 
@@ -285,8 +289,8 @@ def export_onnx_command(model_dir: Path, int8: bool) -> int:
     return 0
 
 
-cli_group.add_command(bench)
 cli_group.add_command(run_command)
+cli_group.add_command(migrate_db_command)
 
 
 # -- running it ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 from memory.config import Profile, load_profile
 from memory.engine import MemoryEngine
 from memory.errors import MemoryBotError
+from memory.storage.postgres.connection import is_postgres_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,10 +21,14 @@ def data_dir() -> Path:
     return installed if installed.is_dir() else ROOT / "data"
 
 
-def default_db() -> Path:
-    """``$MEMORY_DB``, else ``data/memory.sqlite3`` in a checkout, else ``./memory.sqlite3``."""
+def default_db() -> Path | str:
+    """``$MEMORY_DB``, else ``data/memory.sqlite3`` in a checkout, else ``./memory.sqlite3``.
+
+    A ``postgresql://`` URL stays text (a ``Path`` would fold its ``//``).
+    """
     if os.environ.get("MEMORY_DB"):
-        return Path(os.environ["MEMORY_DB"])
+        value = os.environ["MEMORY_DB"]
+        return value if is_postgres_url(value) else Path(value)
     checkout = ROOT / "data"
     return checkout / "memory.sqlite3" if (ROOT / "pyproject.toml").is_file() else Path(
         "memory.sqlite3")
@@ -33,7 +38,7 @@ def default_db() -> Path:
 class Settings:
     """The global options every command receives."""
 
-    db: Path
+    db: Path | str  # an SQLite file, or a postgresql:// URL
     profile: str | None
 
 
@@ -42,24 +47,31 @@ def resolve_profile(settings: Settings, stored: str | None = None) -> Profile:
     return load_profile(settings.profile or stored or "cpu")
 
 
-def open_engine(settings: Settings, db: Path | None = None, **kwargs: Any) -> MemoryEngine:
+def profile_storage_url(profile: str) -> str:
+    """The ``[storage] url`` of the profile named with ``--profile`` (``""``: none)."""
+    return load_profile(profile).storage.url
+
+
+def open_engine(settings: Settings, db: Path | str | None = None, **kwargs: Any) -> MemoryEngine:
     """Open the engine on ``db`` (default ``--db``) with the resolved profile."""
     from memory.storage import open_storage
 
     path = db or settings.db
     stored = None
-    if Path(path).exists():
+    if is_postgres_url(path) or Path(path).exists():
         storage = open_storage(path)
         stored = storage.meta.active_profile
         storage.close()
     return MemoryEngine(path, resolve_profile(settings, stored), **kwargs)
 
 
-def require_db(path: Path) -> None:
+def require_db(path: Path | str) -> None:
     """Refuse to create a database where the command only reads one.
+
+    A PostgreSQL database exists on its server already (opening it says if it cannot).
 
     Raises:
         MemoryBotError: ``path`` does not exist.
     """
-    if not Path(path).exists():
+    if not is_postgres_url(path) and not Path(path).exists():
         raise MemoryBotError(f"{path} does not exist yet; run `python bot.py import ...` first")

@@ -12,6 +12,7 @@ import click
 
 from memory.errors import DatabaseFileError
 from memory.storage import check_location
+from memory.storage.postgres.connection import is_postgres_url
 
 MAX_SNOWFLAKE = 2**63 - 1  # what SQLite's INTEGER holds
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -109,17 +110,21 @@ class InputPath(click.Path):
 
 
 class DatabasePath(click.Path):
-    """The database file; a URL (``postgresql://…``) is refused before it becomes folders."""
+    """The database: an SQLite file, or a ``postgresql://`` URL (kept as text); any other
+    URL is refused before it becomes folders."""
 
     def __init__(self) -> None:
         super().__init__(path_type=Path, dir_okay=False)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        """Return the path, or fail on a URL (checked before ``Path`` folds its ``//``)."""
+        """Return the path or the PostgreSQL URL, or fail on another URL (checked before
+        ``Path`` folds its ``//``)."""
         try:
             check_location(value)
         except DatabaseFileError as exc:
             self.fail(str(exc), param, ctx)
+        if is_postgres_url(value):
+            return str(value)
         return super().convert(value, param, ctx)
 
 
@@ -164,12 +169,28 @@ class CountList(click.ParamType):
         return counts
 
 
+class ShardIds(click.ParamType):
+    """Comma-separated shard ids: ``"0,2"`` → ``(0, 2)`` (checked against the count later)."""
+
+    name = "ID,ID,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the ids as a tuple of ints, in the order given."""
+        if isinstance(value, tuple):
+            return value
+        parts = [part.strip() for part in str(value).split(",")]
+        if not all(part.isdigit() for part in parts):
+            self.fail(f"comma-separated shard ids (0, 1, ...), got {value!r}", param, ctx)
+        return tuple(int(part) for part in parts)
+
+
 def valid_unicode(text: str) -> str:
     """``text`` with lone surrogates (undecodable command-line bytes) replaced by U+FFFD."""
     return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 SNOWFLAKE = Snowflake()
+SHARD_IDS = ShardIds()
 ID_OR_NAME = IdOrName()
 ISO_DATE = IsoDate()
 PORT = click.IntRange(1, 65535)

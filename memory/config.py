@@ -238,6 +238,20 @@ class ReconcileConfig:
 
 
 @dataclass(frozen=True)
+class StorageConfig:
+    """Where the memory is kept, when ``--db`` (or ``MEMORY_DB``) does not say.
+
+    ``url`` is a ``postgresql://`` URL (:mod:`memory.storage.postgres`); empty keeps
+    the SQLite file.  Leave the password out of it and let libpq read it from
+    ``PGPASSWORD`` or ``~/.pgpass``: profiles are files people share.  Read from the
+    profile named with ``--profile`` (or ``MEMORY_PROFILE``): the profile a database
+    stores cannot say where that database is.
+    """
+
+    url: str = ""
+
+
+@dataclass(frozen=True)
 class Profile:
     """A named hardware profile: one config per component."""
 
@@ -248,11 +262,12 @@ class Profile:
     llm: LLMConfig = LLMConfig()
     source: str = "<defaults>"
     reconcile: ReconcileConfig = ReconcileConfig()
+    storage: StorageConfig = StorageConfig()
 
 
 _SECTIONS = {
     "embedder": EmbedderConfig, "search": SearchConfig, "reranker": RerankerConfig,
-    "llm": LLMConfig, "reconcile": ReconcileConfig,
+    "llm": LLMConfig, "reconcile": ReconcileConfig, "storage": StorageConfig,
 }
 
 
@@ -364,6 +379,12 @@ def _validate_profile(profile: Profile) -> Profile:
             f"reranker.max_length {r.max_length}: a document and suffix never need more"
         )
     _validate_llm(profile.source, profile.llm)
+    url = profile.storage.url
+    if url and not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            f"{profile.source}: storage.url must be a postgresql:// URL (an SQLite file is "
+            f"given with --db), got {url.split('@')[-1][:60]!r}"
+        )
     return profile
 
 

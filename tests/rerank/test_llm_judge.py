@@ -25,9 +25,9 @@ from memory.rerank.llm_judge import (
     retrieval_order_score,
 )
 from memory.rerank.service import RerankerService
-from tests.llama_fixtures import CHAT_MODEL, chat_server
-from tests.rerank.http_stub import Request, StubServer
-from tests.rerank.support import falling, rerank_texts
+from tests.support.http_stub import Request, StubServer
+from tests.support.llama import CHAT_MODEL, chat_server
+from tests.support.rerank import falling, rerank_texts
 
 __all__ = ["chat_server"]  # a fixture, imported for its side effect
 

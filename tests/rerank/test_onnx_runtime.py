@@ -15,15 +15,15 @@ from pathlib import Path
 import onnx
 import pytest
 
-from cli.bench.rerank_backends import save_minilm_cross_encoder, save_random_cross_encoder
-from cli.bench.rerank_corpus import CANDIDATES
-from cli.bench.rerank_corpus import QUERY as CHAT_QUERY
+from benchmarks.rerank_backends import save_minilm_cross_encoder, save_random_cross_encoder
+from benchmarks.rerank_corpus import CANDIDATES
+from benchmarks.rerank_corpus import QUERY as CHAT_QUERY
 from cli.export_onnx import F32_FILE, export_cross_encoder, int8_file
 from memory.config import RerankerConfig, load_profile_file
 from memory.errors import ConfigError, RerankerUnavailable
 from memory.rerank.cross_encoder import CrossEncoderReranker
 from memory.rerank.service import RerankerService
-from tests.rerank.support import falling, rerank_texts
+from tests.support.rerank import falling, rerank_texts
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=512, initializer_range=0.5, num_labels=1)

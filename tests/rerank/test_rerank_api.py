@@ -2,7 +2,7 @@
 
 The hosted dialects (Cohere, Jina, Voyage) and the self-hosted ones (TEI, Infinity)
 answer with the response shapes of their public API references, served by a
-scripted local server (tests/rerank/http_stub.py); rate limits, server errors, slow
+scripted local server (tests/support/http_stub.py); rate limits, server errors, slow
 and killed servers are real HTTP behaviour.  test_rerank_servers.py runs the backend
 against a real llama-server and a real Infinity.
 """
@@ -25,8 +25,8 @@ from memory.rerank.base import Ranking
 from memory.rerank.llama_answers import sigmoid
 from memory.rerank.rerank_api import DIALECTS, RerankApiBackend, endpoint_url, parse_scores
 from memory.rerank.service import RerankerService
-from tests.rerank.http_stub import Request, StubServer
-from tests.rerank.support import engine_search, falling, rerank_texts
+from tests.support.http_stub import Request, StubServer
+from tests.support.rerank import engine_search, falling, rerank_texts
 
 KEY = "sk-test-7f3a9c1e5b2d4f6a8e0c"
 QUERY = "when is pizza night"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import bot
-from cli.bench.rerank_backends import save_random_cross_encoder
-from tests.rerank.http_stub import Request, StubServer
+from benchmarks.rerank_backends import save_random_cross_encoder
+from tests.support.http_stub import Request, StubServer
 
 BENCH_MINI = Path(__file__).resolve().parent.parent / "fixtures" / "bench-mini"
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

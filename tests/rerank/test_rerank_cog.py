@@ -2,7 +2,7 @@
 answers and /memory privacy, with real discord.py objects and real HTTP servers.
 
 The rerank API and the judge's chat model are scripted servers on 127.0.0.1
-(tests/rerank/http_stub.py); the cog, the engine and the SQLite file are real.
+(tests/support/http_stub.py); the cog, the engine and the SQLite file are real.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from cogs.memory.capture import record_from_message
 from memory.config import Profile
 from memory.engine import MemoryEngine
-from tests.conftest import HashEmbedder
-from tests.discord.harness import BOT_ID, READ, Harness, channel, guild, member, role, user
-from tests.rerank.http_stub import Request, StubServer
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import BOT_ID, READ, Harness, channel, guild, member, role, user
+from tests.support.http_stub import Request, StubServer
 
 G, GENERAL = 900, 901
 ALICE, BOB, OWNER = 1001, 1002, 1003

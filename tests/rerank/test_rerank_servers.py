@@ -1,7 +1,7 @@
 """The rerank-api backend against two real servers started here on 127.0.0.1.
 
 * llama.cpp's ``llama-server --reranking`` serving a tiny random Qwen3 converted to a
-  rank-pooled GGUF by llama.cpp's own converter (cli/bench/qwen_gguf.py): the ``jina``
+  rank-pooled GGUF by llama.cpp's own converter (benchmarks/qwen_gguf.py): the ``jina``
   dialect (``/v1/rerank``) and the ``tei`` one (``/rerank``, which llama-server also
   speaks) must give the in-process Qwen3-Reranker's scores on the same weights.
 * Infinity (``infinity-emb`` in its own environment, scripts/infinity.sh) serving the
@@ -20,19 +20,19 @@ from typing import Any
 
 import pytest
 
-from cli.bench.llama_cpp import LlamaServer, locate
-from cli.bench.qwen_gguf import convert, save_checkpoint
-from cli.bench.remote import spearman
-from cli.bench.rerank_backends import save_random_cross_encoder
+from benchmarks.llama_cpp import LlamaServer, locate
+from benchmarks.qwen_gguf import convert, save_checkpoint
+from benchmarks.remote import spearman
+from benchmarks.rerank_backends import save_random_cross_encoder
 from memory.config import RerankerConfig
 from memory.rerank.cross_encoder import CrossEncoderReranker
 from memory.rerank.llama_server import RERANK_INSTRUCTION
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.rerank_api import RerankApiBackend
 from memory.rerank.service import RerankerService
-from tests.rerank.infinity_fixtures import SERVED_NAME, infinity_server
-from tests.rerank.infinity_fixtures import missing_reason as infinity_missing
-from tests.rerank.support import falling, rerank_texts
+from tests.support.infinity import SERVED_NAME, infinity_server
+from tests.support.infinity import missing_reason as infinity_missing
+from tests.support.rerank import falling, rerank_texts
 
 pytestmark = pytest.mark.slow
 

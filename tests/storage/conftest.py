@@ -21,11 +21,13 @@ import pytest
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.storage import Storage, open_storage
-from tests.conftest import CHANNEL
-from tests.storage.inspection import Inspector, SQLiteInspector
+from tests.support.builders import CHANNEL
+from tests.support.inspection import Inspector, SQLiteInspector
+from tests.support.postgres_inspection import PostgresInspector
 
-ENGINES = ["sqlite"]
-"""The engines the storage suite runs against (issue 24 adds ``"postgres"``)."""
+ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+"""The engines the storage suite runs against; ``postgres`` runs on the session's
+server (:mod:`tests.support.postgres`) and skips with the reason where it cannot start."""
 
 
 @pytest.fixture(params=ENGINES)
@@ -35,12 +37,18 @@ def storage_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_location(storage_kind: str, tmp_path: Path) -> Callable[[str], str]:
+def make_location(storage_kind: str, tmp_path: Path,
+                  request: pytest.FixtureRequest) -> Callable[[str], str]:
     """Factory: a fresh, empty database location of this engine, one per ``name``."""
+    made: dict[str, str] = {}
 
     def make(name: str = "memory") -> str:
         if storage_kind == "sqlite":
             return str(tmp_path / f"{name}.sqlite3")
+        if storage_kind == "postgres":
+            if name not in made:
+                made[name] = request.getfixturevalue("postgres_url")()
+            return made[name]
         raise AssertionError(f"no locations for storage engine {storage_kind!r}")
 
     return make
@@ -65,6 +73,8 @@ def inspector(storage_kind: str) -> Callable[[Storage], Inspector]:
     """Factory: an :class:`Inspector` for a storage's database."""
     if storage_kind == "sqlite":
         return lambda storage: SQLiteInspector(storage.database.location)
+    if storage_kind == "postgres":
+        return lambda storage: PostgresInspector(storage.database.url)  # type: ignore[attr-defined]
     raise AssertionError(f"no inspector for storage engine {storage_kind!r}")
 
 

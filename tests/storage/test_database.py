@@ -7,7 +7,7 @@ import pytest
 from memory.errors import DatabaseFileError
 from memory.filters import Filters
 from memory.storage import open_storage
-from tests.conftest import HashEmbedder
+from tests.support.builders import HashEmbedder
 
 
 def test_a_read_only_storage_searches_and_refuses_writes(make_engine, make_record) -> None:

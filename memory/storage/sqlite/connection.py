@@ -132,15 +132,19 @@ def sqlite_driver() -> ModuleType:
 
 
 def refuse_url(path: str | Path) -> None:
-    """Refuse a database given as a URL (``postgresql://…``), which would become folders.
+    """Refuse an SQLite database given as a URL, which would become folders.
+
+    A ``postgresql://`` URL opens the PostgreSQL engine instead
+    (:func:`memory.storage.check_location` lets it through before this is asked).
 
     Raises:
         DatabaseFileError: ``path`` starts with ``scheme:/``.
     """
     if _URL.match(str(path)):
         raise DatabaseFileError(
-            f"{path} is a URL, but the memory is an SQLite file: no database engine for "
-            "URLs exists yet; give a file path such as data/memory.sqlite3"
+            f"{path} is a URL, but only postgresql:// URLs name a database the bot can "
+            "open; give an SQLite file path such as data/memory.sqlite3, or a "
+            "postgresql://user@host/dbname URL"
         )
 
 

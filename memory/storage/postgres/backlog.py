@@ -1,0 +1,181 @@
+"""The embedding backlog on PostgreSQL: messages stored with ``embedded = false``, and
+embedders' claims, shared by any number of processes on any number of hosts.
+
+A claim is a row of ``embedding_claims`` written in a short transaction that picks
+its messages with ``FOR UPDATE SKIP LOCKED``, so concurrent claimers never wait for
+each other and never pick the same message (the claim rows' primary key settles
+the one race left: a row another claimer committed a moment before).
+
+A claim dies with its process, on any host: each owner holds a session-level
+advisory lock on a connection of its own for as long as it claims; when its process
+ends (killed or not) the server closes that session and the lock goes.  A claim
+whose owner's lock is no longer held (``pg_locks``) is taken back by the next
+``claim``, so a killed embedder's batch is embedded again at once; the
+time-to-live stays as a last resort (a session the network left half-open).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from memory.records import PendingMessage
+from memory.storage.postgres import connection, vectors
+from memory.storage.postgres.database import PostgresDatabase, lock_guilds, now_ms
+from memory.storage.postgres.messages import AUTHOR_NAME, message_fields, split_attachments
+
+log = logging.getLogger(__name__)
+
+_COLUMNS = (f"m.id, m.guild_id, m.channel_id, m.author_id, {AUTHOR_NAME}, m.content, "
+            "m.created_at, c.name, m.reply_to_id, m.attachments")
+
+
+def owner_key(owner: str) -> int:
+    """The 64-bit advisory lock key of a claim owner (signed, as PostgreSQL's bigint)."""
+    return int.from_bytes(hashlib.blake2b(owner.encode(), digest_size=8).digest(), "big",
+                          signed=True)
+
+
+class PostgresBacklog:
+    """The contract's ``Backlog`` on PostgreSQL (see the module)."""
+
+    def __init__(self, database: PostgresDatabase, meta: Any) -> None:
+        self._db = database
+        self._meta = meta
+        self._owners: dict[str, Any] = {}  # owner -> the session holding its advisory lock
+        self._owners_lock = threading.Lock()
+
+    def pending_count(self) -> int:
+        """How many stored messages have no vector yet."""
+        return int(self._db.read("SELECT count(*) FROM messages WHERE NOT embedded")[0][0])
+
+    def pending(self, limit: int) -> list[PendingMessage]:
+        """Up to ``limit`` unembedded messages, oldest first, with their antecedent
+        (same channel only); nothing is claimed."""
+        return self._pending_where("NOT m.embedded ORDER BY m.id LIMIT %s", (int(limit),))
+
+    def claim(self, limit: int, *, owner: str, ttl_s: float = 600.0) -> list[PendingMessage]:
+        """Claim up to ``limit`` unembedded messages for ``owner`` and return them."""
+        key = self._hold(owner)
+        now = now_ms()
+        with self._db.write() as conn:
+            self._take_back(conn, now)
+            candidates = [row[0] for row in conn.execute(
+                "SELECT m.id FROM messages m WHERE NOT m.embedded AND NOT EXISTS "
+                "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
+                "ORDER BY m.id LIMIT %s FOR UPDATE OF m SKIP LOCKED", (int(limit),))]
+            ids = [row[0] for row in conn.execute(
+                "INSERT INTO embedding_claims(message_id, owner, lock_key, expires_at) "
+                "SELECT unnest(%s::bigint[]), %s, %s, %s ON CONFLICT DO NOTHING "
+                "RETURNING message_id", (candidates, owner, key, now + int(ttl_s * 1000)))]
+        return self._pending_where("m.id = ANY(%s) ORDER BY m.id", (sorted(ids),))
+
+    def _hold(self, owner: str) -> int:
+        """Open ``owner``'s session and take its advisory lock (once per owner)."""
+        key = owner_key(owner)
+        with self._owners_lock:
+            if owner not in self._owners:
+                session = connection.connect(self._db.url)
+                session.execute("SELECT pg_advisory_lock(%s)", (key,))
+                self._owners[owner] = session
+        return key
+
+    @staticmethod
+    def _take_back(conn: Any, now: int) -> None:
+        """Delete expired claims and those whose owner's session has ended."""
+        dead = conn.execute(
+            "DELETE FROM embedding_claims c WHERE c.expires_at <= %s OR NOT EXISTS ("
+            "SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+            "AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database "
+            "WHERE datname = current_database()) "
+            "AND (l.classid::bigint << 32 | l.objid::bigint) = c.lock_key) "
+            "RETURNING c.owner", (now,)).fetchall()
+        if dead:
+            log.info("took back %d embedding claims of %d ended or expired owners",
+                     len(dead), len({row[0] for row in dead}))
+
+    def release(self, owner: str) -> None:
+        """Give up every claim ``owner`` still holds (its messages stay pending)."""
+        if self._db.read_only:
+            return
+        with self._db.write() as conn:
+            conn.execute("DELETE FROM embedding_claims WHERE owner = %s", (owner,))
+        with self._owners_lock:
+            session = self._owners.pop(owner, None)
+        if session is not None:
+            session.close()  # the advisory lock ends with the session
+
+    def close(self) -> None:
+        """End every owner's session (their claims are taken back by the next claim)."""
+        with self._owners_lock:
+            sessions, self._owners = list(self._owners.values()), {}
+        for session in sessions:
+            session.close()
+
+    def write_vectors(
+        self, messages: Sequence[PendingMessage], vectors_: np.ndarray, *, owner: str | None = None
+    ) -> None:
+        """Store one vector per pending message and mark them embedded, atomically
+        (skipping those deleted, edited or claimed by another meanwhile)."""
+        if len(messages) != len(vectors_):
+            raise ValueError("one vector per message is required")
+        matrix = np.ascontiguousarray(vectors_, dtype=np.float32)
+        with self._db.write() as conn:
+            lock_guilds(conn, {m.guild_id for m in messages})
+            self._meta.check_model_unchanged()  # inside: no reembed can slip in before the write
+            current = _unchanged_since_read(conn, messages)
+            if owner is not None:
+                current -= _claimed_by_others(conn, messages, owner)
+            rows = [(m.id, m.guild_id, m.channel_id, m.author_id, m.created_at,
+                     bool(m.attachments), v) for m, v in zip(messages, matrix) if m.id in current]
+            vectors.write(conn, rows)
+            conn.execute("UPDATE messages SET embedded = true WHERE id = ANY(%s)",
+                         ([row[0] for row in rows],))
+            if owner is not None:
+                conn.execute("DELETE FROM embedding_claims WHERE owner = %s AND message_id = ANY(%s)",
+                             (owner, [m.id for m in messages]))
+
+    def _pending_where(self, where: str, params: Sequence[Any]) -> list[PendingMessage]:
+        rows = self._db.read(
+            f"""SELECT {_COLUMNS},
+                      COALESCE(
+                        (SELECT r.id FROM messages r WHERE r.id = m.reply_to_id
+                           AND r.channel_id = m.channel_id),
+                        (SELECT p.id FROM messages p WHERE p.channel_id = m.channel_id
+                           AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
+               FROM messages m JOIN authors a ON a.id = m.author_id
+               JOIN channels c ON c.id = m.channel_id
+               WHERE {where}""", params)
+        antecedents = self._antecedents([row[10] for row in rows if row[10] is not None])
+        return [
+            PendingMessage(**message_fields(row),
+                           antecedent_author=antecedents.get(row[10], (None, None))[0],
+                           antecedent_content=antecedents.get(row[10], (None, None))[1])
+            for row in rows
+        ]
+
+    def _antecedents(self, ids: list[int]) -> dict[int, tuple[str, str]]:
+        if not ids:
+            return {}
+        rows = self._db.read(f"SELECT m.id, {AUTHOR_NAME}, m.content FROM messages m "
+                             "JOIN authors a ON a.id = m.author_id WHERE m.id = ANY(%s)", (ids,))
+        return {row[0]: (row[1], row[2]) for row in rows}
+
+
+def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str) -> set[int]:
+    return {row[0] for row in conn.execute(
+        "SELECT message_id FROM embedding_claims WHERE owner <> %s AND expires_at > %s "
+        "AND message_id = ANY(%s)", (owner, now_ms(), [m.id for m in messages]))}
+
+
+def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
+    """Ids of ``messages`` still stored with the text and attachments they were read with."""
+    stored = {mid: (content, split_attachments(attachments)) for mid, content, attachments in
+              conn.execute("SELECT id, content, attachments FROM messages WHERE id = ANY(%s)",
+                           ([m.id for m in messages],))}
+    return {m.id for m in messages if stored.get(m.id) == (m.content, m.attachments)}

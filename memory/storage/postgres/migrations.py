@@ -1,0 +1,278 @@
+"""Numbered, append-only schema migrations for the PostgreSQL engine.
+
+Each entry runs once, in order, in its own transaction that first takes
+``pg_advisory_xact_lock`` on the migration key and then reads the version again, so
+several processes opening a new database at the same moment migrate it exactly once
+(the others wait on the lock, then find nothing left to do).  The version is the
+highest row of ``schema_migrations``.  A shipped migration is never edited: change
+the schema by appending a new one.
+
+The vector table is not created here because its dimension depends on the
+embedding model; :meth:`memory.storage.postgres.meta.PostgresMeta.bind_model`
+creates it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from memory.errors import DatabaseFileError
+from memory.storage.postgres.connection import one_line
+
+log = logging.getLogger(__name__)
+
+Migration = str | Callable[[Any], None]
+
+MIGRATE_LOCK = 0x6D656D6F7279  # "memory": the advisory lock every migration runs under
+
+_OUR_TABLES = {"schema_migrations", "meta", "messages"}
+
+
+def create_vector_extension(conn: Any) -> None:
+    """``CREATE EXTENSION vector`` unless it exists; say who may run it when we may not."""
+    if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
+        return
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except Exception as exc:  # InsufficientPrivilege, FeatureNotSupported (not installed)
+        raise DatabaseFileError(
+            f"the pgvector extension is missing in this database and this role cannot create "
+            f"it ({one_line(exc)}): as the database owner or a superuser run "
+            "`CREATE EXTENSION vector;` in it (pgvector 0.8 or newer must be installed on "
+            "the server), then start again"
+        ) from exc
+
+
+MIGRATIONS: list[Migration] = [
+    # 1: pgvector (created by the database owner beforehand where this role may not).
+    create_vector_extension,
+    # 2: the tables of SQLite's migrations 1-10 as they stand, in one step.
+    """
+    CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);
+    CREATE TABLE guilds (id bigint PRIMARY KEY, name text NOT NULL DEFAULT '');
+    CREATE TABLE channels (
+        id bigint PRIMARY KEY,
+        guild_id bigint NOT NULL REFERENCES guilds(id),
+        parent_id bigint,
+        name text NOT NULL DEFAULT '',
+        type text NOT NULL DEFAULT ''
+    );
+    CREATE INDEX channels_by_parent ON channels(parent_id) WHERE parent_id IS NOT NULL;
+    CREATE INDEX channels_by_guild ON channels(guild_id);
+    CREATE TABLE authors (
+        id bigint PRIMARY KEY,
+        name text NOT NULL DEFAULT '',
+        display_name text NOT NULL DEFAULT '',
+        is_bot boolean NOT NULL DEFAULT false
+    );
+    CREATE TABLE messages (
+        id bigint PRIMARY KEY,
+        guild_id bigint NOT NULL REFERENCES guilds(id),
+        channel_id bigint NOT NULL REFERENCES channels(id),
+        author_id bigint NOT NULL REFERENCES authors(id),
+        created_at bigint NOT NULL,
+        edited_at bigint,
+        content text NOT NULL DEFAULT '',
+        reply_to_id bigint,
+        attachments text NOT NULL DEFAULT '',
+        embedded boolean NOT NULL DEFAULT false
+    );
+    CREATE INDEX messages_by_channel ON messages(channel_id, id);
+    CREATE INDEX messages_by_guild ON messages(guild_id, id);
+    CREATE INDEX messages_pending ON messages(id) WHERE NOT embedded;
+    CREATE INDEX messages_by_author ON messages(guild_id, author_id);
+    CREATE INDEX messages_by_reply ON messages(reply_to_id) WHERE reply_to_id IS NOT NULL;
+    CREATE INDEX messages_by_age ON messages(guild_id, created_at);
+    CREATE TABLE tombstones (  -- forgotten messages: a late insert or re-import skips them
+        message_id bigint PRIMARY KEY,
+        deleted_at bigint NOT NULL
+    );
+    -- never holds a committed row: an upsert and a forget insert the ids they are about
+    -- to write here first (and delete them before committing), so the two wait for each
+    -- other on the same id instead of each missing the other's uncommitted rows
+    CREATE UNLOGGED TABLE message_locks (id bigint PRIMARY KEY);
+    CREATE TABLE guild_settings (
+        guild_id bigint PRIMARY KEY,
+        channel_mode text NOT NULL DEFAULT 'all'
+            CHECK (channel_mode IN ('all', 'include', 'exclude')),
+        retention_days integer CHECK (retention_days IS NULL OR retention_days > 0),
+        autoresponse text NOT NULL DEFAULT 'mention'
+            CHECK (autoresponse IN ('off', 'mention', 'channels')),
+        version bigint NOT NULL DEFAULT 0  -- bumped by every change: other processes notice
+    );
+    CREATE TABLE channel_rules (
+        guild_id bigint NOT NULL,
+        channel_id bigint NOT NULL,
+        PRIMARY KEY (guild_id, channel_id)
+    );
+    CREATE TABLE autoresponse_channels (
+        guild_id bigint NOT NULL,
+        channel_id bigint NOT NULL,
+        PRIMARY KEY (guild_id, channel_id)
+    );
+    CREATE TABLE member_optouts (
+        guild_id bigint NOT NULL,
+        author_id bigint NOT NULL,
+        PRIMARY KEY (guild_id, author_id)
+    );
+    CREATE TABLE backfill_cursors (
+        channel_id bigint PRIMARY KEY,
+        guild_id bigint NOT NULL,
+        before_id bigint,
+        complete boolean NOT NULL DEFAULT false
+    );
+    CREATE TABLE reconcile_runs (guild_id bigint PRIMARY KEY, run_id bigint NOT NULL);
+    CREATE TABLE reconcile_cursors (
+        channel_id bigint PRIMARY KEY,
+        guild_id bigint NOT NULL,
+        run_id bigint NOT NULL,
+        before_id bigint,
+        complete boolean NOT NULL DEFAULT false
+    );
+    CREATE TABLE embedding_claims (
+        message_id bigint PRIMARY KEY,
+        owner text NOT NULL,
+        lock_key bigint NOT NULL,  -- the owner's session advisory lock: held while it lives
+        expires_at bigint NOT NULL  -- unix ms
+    );
+    CREATE INDEX embedding_claims_by_owner ON embedding_claims(owner);
+    -- the conversational windows (memory.storage.postgres.windows), as SQLite keeps them
+    CREATE TABLE search_text (
+        id bigint PRIMARY KEY,
+        author text NOT NULL DEFAULT '',
+        content text NOT NULL DEFAULT '',
+        attachments text NOT NULL DEFAULT '',
+        context text NOT NULL DEFAULT '',
+        context_ids text NOT NULL DEFAULT '',
+        contentful boolean NOT NULL DEFAULT true
+    );
+    -- the keyword documents (memory.storage.postgres.keywords): FTS5's tokens with their
+    -- (column-weighted) frequency per document, and the document's length in tokens
+    CREATE TABLE keyword_messages (
+        id bigint PRIMARY KEY,
+        guild_id bigint NOT NULL,
+        channel_id bigint NOT NULL,
+        author_id bigint NOT NULL,
+        created_at bigint NOT NULL,
+        has_attachment boolean NOT NULL,
+        terms jsonb NOT NULL,
+        length integer NOT NULL
+    );
+    CREATE INDEX keyword_messages_terms ON keyword_messages USING gin (terms);
+    CREATE TABLE keyword_windows (
+        id bigint PRIMARY KEY,
+        guild_id bigint NOT NULL,
+        channel_id bigint NOT NULL,
+        author_id bigint NOT NULL,
+        created_at bigint NOT NULL,
+        has_attachment boolean NOT NULL,
+        contentful boolean NOT NULL,
+        terms jsonb NOT NULL,
+        length integer NOT NULL
+    );
+    CREATE INDEX keyword_windows_terms ON keyword_windows USING gin (terms);
+    -- per guild: documents and tokens of both keyword tables (BM25's N and avgdl), and
+    -- stored vectors; one row per guild keeps writers of different guilds apart
+    CREATE TABLE index_stats (
+        guild_id bigint PRIMARY KEY,
+        documents bigint NOT NULL DEFAULT 0,
+        message_tokens bigint NOT NULL DEFAULT 0,
+        window_tokens bigint NOT NULL DEFAULT 0,
+        vectors bigint NOT NULL DEFAULT 0
+    );
+    CREATE TABLE window_vectors (id bigint PRIMARY KEY, vector bytea NOT NULL);  -- float16
+    """,
+]
+
+
+def schema_version(conn: Any) -> int:
+    """How many migrations the database on ``conn`` has seen (0: none, or a new database)."""
+    if conn.execute("SELECT to_regclass('schema_migrations')").fetchone()[0] is None:
+        return 0
+    return int(conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0])
+
+
+def migrate(conn: Any, *, read_only: bool = False, location: str = "the database") -> int:
+    """Apply every migration the database has not seen yet.
+
+    Args:
+        conn: An autocommit connection.
+        read_only: Only check that nothing is missing.
+        location: Named in errors (the URL without its password).
+
+    Returns:
+        The schema version after migrating.
+
+    Raises:
+        DatabaseFileError: The database is newer than this code, holds another
+            application's tables, or a migration failed (nothing of it was applied).
+    """
+    while (version := _check(schema_version(conn), location)) < len(MIGRATIONS):
+        if read_only:
+            raise DatabaseFileError(
+                f"{location} is read-only here and at schema version {version} of "
+                f"{len(MIGRATIONS)}: open it once with a role that may write to upgrade it"
+            )
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+            _version_table(conn, location)
+            # read again under the lock: another process may have migrated meanwhile
+            version = _check(int(conn.execute(
+                "SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]), location)
+            if version < len(MIGRATIONS):
+                _apply(conn, version + 1, location)
+    return len(MIGRATIONS)
+
+
+def _check(version: int, location: str) -> int:
+    if version > len(MIGRATIONS):
+        raise DatabaseFileError(
+            f"{location} has schema version {version} but this code knows only "
+            f"{len(MIGRATIONS)}: it was written by a newer version of the bot; upgrade it"
+        )
+    return version
+
+
+def _refuse_foreign(conn: Any, location: str) -> None:
+    """A schema with tables but no ``schema_migrations`` is another application's."""
+    tables = [row[0] for row in conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+        "ORDER BY tablename LIMIT 5")]
+    if tables and not _OUR_TABLES & set(tables):
+        raise DatabaseFileError(
+            f"{location}: its schema holds another application's tables "
+            f"({', '.join(tables[:4])}) and is not the memory bot's; it was left unchanged. "
+            "Give the bot a database (or a schema, ?options=-csearch_path=NAME) of its own"
+        )
+
+
+def _version_table(conn: Any, location: str) -> None:
+    """Create ``schema_migrations`` in a new database (under the migration lock).
+
+    Creating it, rather than asking whether it exists, also makes this session see
+    a table another process created a moment ago (a catalog lookup alone may not).
+    """
+    if conn.execute("SELECT to_regclass('schema_migrations')").fetchone()[0] is None:
+        _refuse_foreign(conn, location)
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                 "(version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+
+
+def _apply(conn: Any, number: int, location: str) -> None:
+    log.info("applying schema migration %d to %s", number, location)
+    migration = MIGRATIONS[number - 1]
+    try:
+        if callable(migration):
+            migration(conn)
+        else:
+            conn.execute(migration)
+    except DatabaseFileError:
+        raise
+    except Exception as exc:
+        raise DatabaseFileError(
+            f"schema migration {number} failed on {location} ({one_line(exc)}); nothing of "
+            "it was applied"
+        ) from exc
+    conn.execute("INSERT INTO schema_migrations(version) VALUES (%s)", (number,))

@@ -1,0 +1,273 @@
+"""The vector side on PostgreSQL: pgvector's HNSW over the message vectors, window
+vectors, and the similarity floor.
+
+``message_vectors`` keeps each message's float32 vector (pgvector ``vector(d)``)
+beside its guild, channel, author, creation time and attachment flag.  The KNN walks
+an HNSW index with pgvector 0.8's *iterative index scan*: the filters are part of
+the query, and the scan keeps walking the graph until ``k`` rows have passed them
+(up to ``hnsw.max_scan_tuples``), so a filtered search still fills its page.  A
+scope so narrow that the walk gives up early (a small channel in a large guild) is
+searched exactly instead: the filtered rows by their B-tree indexes, every distance
+computed.
+
+What the HNSW graph is built over is :data:`INDEXES`' choice (``BENCHMARKS.md``
+measures them): the float vectors themselves, their ``halfvec`` copies, or their
+1-bit ``binary_quantize`` codes (Hamming distance); with a quantised index the
+``k × rescore`` nearest candidates are ranked again by exact cosine from the float
+vectors, as SQLite's 1-bit vec0 search does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memory.filters import Filters
+from memory.storage.postgres.database import PostgresDatabase
+from memory.storage.postgres.filters import filter_sql
+from memory.storage.postgres.windows import vector_table_exists, vectors_changed
+
+log = logging.getLogger(__name__)
+
+VectorRow = tuple[int, int, int, int, int, bool, np.ndarray]
+"""``(message_id, guild_id, channel_id, author_id, created_at, has_attachment, vector)``"""
+
+MAX_EF_SEARCH = 1000  # pgvector's ceiling for hnsw.ef_search
+
+
+@dataclass(frozen=True)
+class Index:
+    """One way to build the HNSW graph: its expression, operator class and distance.
+
+    ``expression`` and ``query`` use ``{d}`` for the dimension; ``query`` has one
+    ``%s`` for the query vector.  ``exact``: its distances are the float cosine
+    distances (no rescoring needed).
+    """
+
+    expression: str
+    opclass: str
+    query: str
+    operator: str
+    exact: bool
+
+
+INDEXES = {
+    "vector": Index("embedding", "vector_cosine_ops", "%s::vector", "<=>", True),
+    "halfvec": Index("(embedding::halfvec({d}))", "halfvec_cosine_ops",
+                     "%s::vector::halfvec({d})", "<=>", False),
+    "bit": Index("(binary_quantize(embedding)::bit({d}))", "bit_hamming_ops",
+                 "binary_quantize(%s::vector)::bit({d})", "<~>", False),
+}
+DEFAULT_INDEX = "halfvec"
+"""The index a newly bound database gets (``BENCHMARKS.md``: recall and latency)."""
+
+
+def create_table(conn: Any, dimension: int, index: str = DEFAULT_INDEX) -> None:
+    """Create ``message_vectors`` for ``dimension``-sized vectors with its HNSW index."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS message_vectors ("
+        "message_id bigint PRIMARY KEY, guild_id bigint NOT NULL, channel_id bigint NOT NULL, "
+        "author_id bigint NOT NULL, created_at bigint NOT NULL, has_attachment boolean NOT NULL, "
+        f"embedding vector({int(dimension)}) NOT NULL)")
+    conn.execute("CREATE INDEX IF NOT EXISTS message_vectors_by_guild "
+                 "ON message_vectors(guild_id, created_at)")
+    conn.execute("CREATE INDEX IF NOT EXISTS message_vectors_by_channel "
+                 "ON message_vectors(channel_id)")
+    create_index(conn, dimension, index)
+
+
+def create_index(conn: Any, dimension: int, index: str) -> None:
+    """Build the HNSW index of kind ``index`` (:data:`INDEXES`) if it is missing."""
+    spec = INDEXES[index]
+    conn.execute(
+        f"CREATE INDEX IF NOT EXISTS message_vectors_hnsw_{index} ON message_vectors "
+        f"USING hnsw ({spec.expression.format(d=int(dimension))} {spec.opclass})")
+
+
+def vector_array(value: Any) -> np.ndarray:
+    """A pgvector value (``Vector`` or an array) as float32."""
+    return np.asarray(value.to_numpy() if hasattr(value, "to_numpy") else value, dtype=np.float32)
+
+
+def write(conn: Any, rows: Sequence[VectorRow]) -> None:
+    """Store (or replace) one vector per message inside the caller's transaction."""
+    if not rows:
+        return
+    previous = dict(conn.execute(
+        "SELECT message_id, guild_id FROM message_vectors WHERE message_id = ANY(%s)",
+        ([row[0] for row in rows],)).fetchall())
+    conn.cursor().executemany(
+        "INSERT INTO message_vectors(message_id, guild_id, channel_id, author_id, created_at, "
+        "has_attachment, embedding) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (message_id) DO UPDATE SET embedding = excluded.embedding, "
+        "has_attachment = excluded.has_attachment",
+        [(mid, g, c, a, t, bool(att), np.ascontiguousarray(v, dtype=np.float32))
+         for mid, g, c, a, t, att, v in rows])
+    counts: dict[int, int] = {}
+    for row in rows:
+        if row[0] not in previous:
+            counts[row[1]] = counts.get(row[1], 0) + 1
+    _count(conn, counts)
+    vectors_changed(conn, [row[0] for row in rows])
+
+
+def delete(conn: Any, ids: Sequence[int]) -> None:
+    """Remove the vectors of ``ids`` (where present) inside the caller's transaction."""
+    if not ids or not vector_table_exists(conn):
+        return
+    found = conn.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s) "
+                         "RETURNING message_id, guild_id", (list(ids),)).fetchall()
+    if not found:
+        return
+    counts: dict[int, int] = {}
+    for _, guild_id in found:
+        counts[guild_id] = counts.get(guild_id, 0) - 1
+    _count(conn, counts)
+    vectors_changed(conn, [row[0] for row in found])
+
+
+def _count(conn: Any, counts: dict[int, int]) -> None:
+    rows = sorted((g, n) for g, n in counts.items() if n)
+    if rows:
+        conn.cursor().executemany(
+            "INSERT INTO index_stats AS s(guild_id, vectors) VALUES (%s, %s) ON CONFLICT "
+            "(guild_id) DO UPDATE SET vectors = s.vectors + excluded.vectors", rows)
+
+
+class PostgresVectorIndex:
+    """The contract's ``VectorIndex`` on PostgreSQL (see the module).
+
+    Args:
+        database: The database.
+        meta: Its meta (the bound model, the floor cache, :meth:`check_model_unchanged`).
+    """
+
+    def __init__(self, database: PostgresDatabase, meta: Any) -> None:
+        self._db = database
+        self._meta = meta
+        # each pooled connection's hnsw.ef_search, as this index last set it
+        self._effort: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+    @property
+    def index(self) -> str:
+        """Which of :data:`INDEXES` searches run on (what the database was bound with)."""
+        return self._meta.get("vector_index") or DEFAULT_INDEX
+
+    def knn(
+        self, vector: np.ndarray, k: int, filters: Filters, *, rescore: int = 4,
+        index: str | None = None,
+    ) -> list[tuple[int, float]]:
+        """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first.
+
+        A quantised index fetches ``k × rescore`` candidates and ranks them by exact
+        cosine; the float index ranks by exact cosine already.  Either way the HNSW
+        walk keeps ``k × rescore`` (at least 40, at most 1000) candidates in view
+        (``hnsw.ef_search``): ``rescore`` buys recall with time.  ``index`` (for
+        ``bench``) searches another of :data:`INDEXES` built beside the default.
+        """
+        model = self._meta.embedding_model()
+        if model is None:
+            return []
+        self._meta.check_model_unchanged()
+        clauses: list[str] = []
+        params: list[Any] = []
+        filter_sql(filters, "", clauses, params)
+        spec = INDEXES[index or self.index]
+        k = max(1, int(k))
+        fetch = k if spec.exact else k * max(1, int(rescore))
+        query = np.ascontiguousarray(vector, dtype=np.float32)
+        try:
+            effort = min(MAX_EF_SEARCH, max(40, k * max(1, int(rescore))))
+            rows = self._hnsw(query, fetch, effort, spec, model[1], clauses, params)
+            if len(rows) < fetch:  # the walk gave up before the filters let enough through
+                rows = self._exact(query, fetch, clauses, params)
+        except Exception:
+            self._meta.check_model_unchanged()  # re-embedded between the check and the query
+            raise
+        rows.sort(key=lambda row: (row[1], row[0]))
+        return [(mid, 1.0 - float(distance)) for mid, distance in rows[:k]]
+
+    def _hnsw(self, query: np.ndarray, fetch: int, effort: int, spec: Index, dimension: int,
+              clauses: list[str], params: list[Any]) -> list[tuple[int, float]]:
+        where = " AND ".join(clauses) or "TRUE"
+        order = f"{spec.expression.format(d=dimension)} {spec.operator} " \
+                f"{spec.query.format(d=dimension)}"
+        sql = (f"WITH near AS MATERIALIZED (SELECT message_id, embedding FROM message_vectors "
+               f"WHERE {where} ORDER BY {order} LIMIT %s) "
+               "SELECT message_id, embedding <=> %s::vector FROM near")
+        with self._db.session() as conn:
+            # a session setting, sent only when it changes: a search costs one round trip
+            if self._effort.get(conn) != effort:
+                conn.execute(f"SET hnsw.ef_search = {int(effort)}")
+                self._effort[conn] = effort
+            return [(row[0], float(row[1])) for row in
+                    conn.execute(sql, [*params, query, fetch, query]).fetchall()]
+
+    def _exact(self, query: np.ndarray, fetch: int, clauses: list[str],
+               params: list[Any]) -> list[tuple[int, float]]:
+        where = " AND ".join(clauses) or "TRUE"
+        rows = self._db.read_beside(
+            f"WITH scope AS MATERIALIZED (SELECT message_id, embedding FROM message_vectors "
+            f"WHERE {where}) SELECT message_id, embedding <=> %s::vector AS d FROM scope "
+            "ORDER BY d LIMIT %s", [*params, query, fetch])
+        return [(row[0], float(row[1])) for row in rows]
+
+    def window_vectors(self, ids: Sequence[int], *, beside: bool = False) -> dict[int, np.ndarray]:
+        """The window vector of each of ``ids`` that has one: its window's mean, unit length."""
+        if not ids:
+            return {}
+        rows = self._db.read_beside("SELECT id, vector FROM window_vectors WHERE id = ANY(%s)",
+                                    (list(ids),))
+        if not rows:
+            return {}
+        matrix = np.frombuffer(b"".join(bytes(row[1]) for row in rows), dtype=np.float16)
+        return dict(zip((row[0] for row in rows),
+                        matrix.reshape(len(rows), -1).astype(np.float32)))
+
+    def floats(self, ids: Iterable[int]) -> dict[int, np.ndarray]:
+        """The stored vectors of those of ``ids`` that have one, as float32."""
+        ids = list(ids)
+        if not ids or self._meta.embedding_model() is None:
+            return {}
+        return {mid: vector_array(vector) for mid, vector in self._db.read_beside(
+            "SELECT message_id, embedding FROM message_vectors WHERE message_id = ANY(%s)", (ids,))}
+
+    def count(self, guild_id: int | None = None) -> int:
+        """How many messages have a vector (in one guild, or in all)."""
+        where, params = ("WHERE guild_id = %s", [guild_id]) if guild_id is not None else ("", [])
+        return int(self._db.read(f"SELECT coalesce(sum(vectors), 0) FROM index_stats {where}",
+                                 params)[0][0])
+
+    def similarity_floor(self, guild_id: int | None, quantile: float) -> float | None:
+        """The cosine similarity that random pairs of a guild's messages reach at ``quantile``.
+
+        Computed from up to 400 stored vectors spread evenly over the guild's
+        history, kept in ``meta`` and computed again when the guild's vectors have
+        grown by half; ``None`` while fewer than 20 are stored.
+        """
+        key = f"similarity_floor:{guild_id if guild_id is not None else 'all'}"
+        count = self.count(guild_id)
+        if count < 20:
+            return None
+        cached = json.loads(self._meta.get(key) or "{}")
+        if cached.get("quantile") == quantile and cached.get("vectors", 0) * 1.5 >= count:
+            return float(cached["floor"])
+        where, params = ("guild_id = %s AND ", [guild_id]) if guild_id is not None else ("", [])
+        sample = [row[0] for row in self._db.read(
+            f"SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM messages "
+            f"WHERE {where}embedded) s WHERE n %% %s = 0 LIMIT 400",
+            [*params, max(1, count // 400)])]
+        found = self.floats(sample)
+        vectors = np.array([found[i] for i in sample if i in found], dtype=np.float32)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        pairs = (vectors @ vectors.T)[np.triu_indices(len(vectors), k=1)]
+        floor = round(float(np.quantile(pairs, quantile)), 4)
+        if not self._db.read_only:
+            self._meta.set(key, json.dumps({"quantile": quantile, "vectors": count, "floor": floor}))
+        return floor

@@ -1,0 +1,195 @@
+"""The PostgreSQL engine against a real server: what only a server engine must show.
+
+The contract itself is tested for both engines by ``tests/storage/``; here: opening
+and migrating (several processes at once), URLs and errors, the locks that keep
+concurrent writers in order, claims that die with a killed process, and the keyword
+index agreeing with FTS5's tokenizer.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from memory.errors import DatabaseFileError
+from memory.filters import Filters
+from memory.records import MessageRecord
+from memory.storage.postgres import PostgresStorage
+from memory.storage.postgres.connection import is_postgres_url, redact
+from memory.storage.postgres.keywords import documents, query_words
+from tests.support.builders import BASE_MS, CHANNEL, GUILD, snowflake
+from tests.support.postgres import PostgresServer, database_name
+
+pytestmark = pytest.mark.postgres
+
+
+def _record(i: int, content: str, **fields: object) -> MessageRecord:
+    created = BASE_MS + i * 60_000
+    base: dict[str, object] = dict(
+        id=snowflake(created, i), guild_id=GUILD, channel_id=CHANNEL, author_id=7,
+        created_at=created, content=content, author_name="zoe", author_display_name="Zoë",
+        guild_name="Guild", channel_name="general")
+    base.update(fields)
+    return MessageRecord(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("postgresql://bot:s3cret@db.example:5432/memory", "postgresql://bot:***@db.example:5432/memory"),
+    ("postgres://bot@db/memory", "postgres://bot@db/memory"),
+    ("postgresql:///memory?host=/run/postgresql", "postgresql:///memory?host=/run/postgresql"),
+])
+def test_a_url_is_shown_without_its_password(url: str, expected: str) -> None:
+    assert is_postgres_url(url)
+    assert redact(url) == expected
+
+
+@pytest.mark.parametrize("location", ["data/memory.sqlite3", "C:/memory.db", "mysql://x/y", ":memory:"])
+def test_only_postgresql_urls_pick_the_server_engine(location: str) -> None:
+    assert not is_postgres_url(location)
+
+
+def test_opening_migrates_once_and_reopening_keeps_the_rows(postgres_url: Callable[..., str]) -> None:
+    url = postgres_url(migrated=False)
+    storage = PostgresStorage(url)
+    version = storage.database.schema_version()
+    storage.messages.upsert([_record(1, "hello pizza world")])
+    storage.close()
+    again = PostgresStorage(url)
+    assert again.database.schema_version() == version
+    assert again.messages.count() == 1
+    again.close()
+
+
+def _open_and_count(url: str, start: float) -> int:
+    time.sleep(max(0.0, start - time.time()))
+    storage = PostgresStorage(url)
+    try:
+        return storage.database.schema_version()
+    finally:
+        storage.close()
+
+
+def test_processes_opening_a_new_database_at_once_migrate_it_once(
+    postgres_url: Callable[..., str], postgres_server: PostgresServer
+) -> None:
+    url = postgres_url(migrated=False)
+    start = time.time() + 1.0
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        versions = pool.starmap(_open_and_count, [(url, start)] * 4)
+    assert len(set(versions)) == 1
+    with postgres_server.connect(database_name(url)) as conn:
+        applied = [row[0] for row in conn.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+    assert applied == list(range(1, versions[0] + 1))
+
+
+def test_another_applications_database_is_left_alone(postgres_url: Callable[..., str],
+                                                      postgres_server: PostgresServer) -> None:
+    url = postgres_url(migrated=False)
+    name = database_name(url)
+    with postgres_server.connect(name) as conn:
+        conn.execute("CREATE TABLE invoices (id int)")
+    with pytest.raises(DatabaseFileError, match="another application's tables"):
+        PostgresStorage(url)
+    with postgres_server.connect(name) as conn:
+        assert conn.execute("SELECT to_regclass('messages')").fetchone()[0] is None
+
+
+def test_an_unreachable_server_is_one_clear_line(postgres_server: PostgresServer) -> None:
+    with pytest.raises(DatabaseFileError, match="cannot connect to postgresql://bot:\\*\\*\\*@"):
+        PostgresStorage("postgresql://bot:pw@127.0.0.1:1/memory?connect_timeout=2")
+
+
+def test_a_read_only_storage_refuses_writes_and_still_searches(postgres_url: Callable[..., str]) -> None:
+    url = postgres_url()
+    writer = PostgresStorage(url)
+    writer.messages.upsert([_record(1, "pizza oven repair")])
+    writer.close()
+    reader = PostgresStorage(url, read_only=True)
+    try:
+        assert [mid for mid, _ in reader.keywords.ranked(["pizza"], 5, Filters())] == [
+            snowflake(BASE_MS + 60_000, 1)]
+        with pytest.raises(DatabaseFileError, match="read-only"):
+            reader.messages.upsert([_record(2, "more")])
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("Café RUNNING", ["cafe", "run"]),
+    ("state-of-the-art", ["state", "of", "the", "art"]),
+    ("東京タワー 東京", ["東京タワー", "東京"]),
+    ("https://foo.com/bar", ["http", "foo", "com", "bar"]),
+    ('"AND" OR NEAR(*)', ["and", "or", "near"]),
+    ("", []),
+])
+def test_query_words_are_fts5s_tokens(text: str, words: list[str]) -> None:
+    assert query_words([text]) == words
+
+
+def test_message_documents_weigh_attachments_half_and_count_every_token() -> None:
+    [(terms, length, window, window_length)] = documents([("Zoë zoe", "pizza pizza party", "pizza.png", "a b")])
+    assert terms == {"zoe": 2.0, "pizza": 2.5, "parti": 1.0, "png": 0.5}
+    assert length == 7
+    assert (window, window_length) == ({"a": 1, "b": 1}, 2)
+
+
+def _kill_after_claim(url: str, ready: multiprocessing.Event) -> None:  # type: ignore[valid-type]
+    storage = PostgresStorage(url)
+    storage.backlog.claim(3, owner="doomed", ttl_s=3600)
+    ready.set()
+    time.sleep(600)
+
+
+def test_a_killed_embedders_claims_come_back_at_once(postgres_url: Callable[..., str]) -> None:
+    url = postgres_url()
+    storage = PostgresStorage(url)
+    storage.messages.upsert([_record(i, f"message number {i}") for i in range(5)])
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    child = ctx.Process(target=_kill_after_claim, args=(url, ready))
+    child.start()
+    try:
+        assert ready.wait(60)
+        assert len(storage.backlog.claim(10, owner="alive")) == 2  # three are the child's
+        storage.backlog.release("alive")
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    deadline = time.time() + 10
+    while (got := len(storage.backlog.claim(10, owner="after"))) < 5 and time.time() < deadline:
+        storage.backlog.release("after")  # the server may take a moment to end the session
+        time.sleep(0.2)
+    assert got == 5  # the killed process's three, long before their hour is up
+    storage.close()
+
+
+def test_two_claimers_never_share_a_message(postgres_url: Callable[..., str]) -> None:
+    storage = PostgresStorage(postgres_url())
+    storage.messages.upsert([_record(i, f"message number {i}") for i in range(50)])
+    first = {m.id for m in storage.backlog.claim(30, owner="a")}
+    second = {m.id for m in storage.backlog.claim(30, owner="b")}
+    assert len(first) == 30 and len(second) == 20 and not first & second
+    storage.close()
+
+
+def test_vectors_found_through_filters_inside_the_knn(postgres_url: Callable[..., str]) -> None:
+    storage = PostgresStorage(postgres_url())
+    records = [_record(i, f"message {i}", channel_id=CHANNEL + i % 50) for i in range(500)]
+    storage.messages.upsert(records)
+    storage.meta.bind_model("test/random", 16)
+    storage.meta.model = "test/random"
+    rng = np.random.default_rng(0)
+    batch = storage.backlog.pending(1000)
+    storage.backlog.write_vectors(batch, rng.normal(size=(len(batch), 16)))
+    query = rng.normal(size=16)
+    # one channel of fifty: the walk must go on past the unfiltered neighbours
+    found = storage.vectors.knn(query, 10, Filters(guild_id=GUILD, channel_ids=(CHANNEL + 3,)))
+    assert len(found) == 10
+    assert {r.channel_id for r in records if r.id in dict(found)} == {CHANNEL + 3}
+    storage.close()
