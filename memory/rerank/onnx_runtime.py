@@ -17,14 +17,18 @@ Session options, measured on a 2-core Xeon (BENCHMARKS.md, issue 23):
 * ``SkipLayerNormFusion`` is turned off.  onnxruntime fuses each residual ``Add`` +
   ``LayerNormalization`` into one ``SkipLayerNormalization`` kernel, which took
   54 ms of an int8 MiniLM-L6's 233 ms for 30 pairs, against 16 ms for the two
-  unfused kernels: the fusion made the model a quarter slower.
+  unfused kernels: the fusion made the model about a fifth slower (15-20 % of CPU
+  time in later runs, whether the session or onnxruntime's offline transformer
+  optimizer fuses it).
 * ``intra_op.allow_spinning`` off: a worker thread waiting for work sleeps instead of
   spinning.  With other processes busy on the two cores (load average 5), spinning
   made an int8 call 1.6-1.8x slower (0.50-0.57 s against 0.31-0.33 s, and half as much
   CPU again); on an idle machine it was about 9 % faster.  A bot's cores are shared
   with its event loop, the embedder and SQLite, so the reranker does not spin.
-* Full graph optimisation (the default, said explicitly) and onnxruntime's default
-  thread count (one per physical core).
+* Full graph optimisation (the default, said explicitly), onnxruntime's default
+  thread count (one per physical core) and sequential execution.  Setting these
+  explicitly, one thread, ``ORT_ENABLE_EXTENDED`` or ``session.dynamic_block_base``
+  measured the same within the noise of a shared machine.
 """
 
 from __future__ import annotations
