@@ -26,13 +26,15 @@ channels it can read (admins choose which channels with `/memory-admin channels`
 **How it goes away**
 • Deleting a message on Discord deletes it here (text, search index and vectors).
 • Editing a stored message updates it here, even in a channel no longer remembered; \
-after `/memory opt-out` an edit deletes the stored copy instead.
+after `/memory opt-out` an edit deletes the stored copy instead (storing the new text \
+would store you again, keeping the old one would keep what you took back).
 • `/memory forget-me` deletes all your messages and your name from this server's memory, \
 including ones still being saved, and stops storing you (a backfill or import too) until \
 `/memory opt-in`.
 • `/memory opt-out` stops storing your new messages; `/memory opt-in` resumes.
 • Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten.
-• Admins may set a retention period (`/memory-admin retention`) and purge channels."""
+• Admins may set a retention period (`/memory-admin retention`): older messages are never \
+stored or shown, and are deleted within the hour. Admins may also purge channels."""
 
 
 @app_commands.guild_only()

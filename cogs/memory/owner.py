@@ -59,7 +59,7 @@ class OwnerCommands(
         """Load a profile's reranker in the background and swap it in.
 
         The choice is stored; every other bot process on the database loads the same
-        profile within seconds (:meth:`MemoryRuntime.follow_profile`).
+        profile within seconds (:meth:`~cogs.memory.follow.Follower.follow_profile`).
         """
         await interaction.response.defer(ephemeral=True, thinking=True)
         try:

@@ -12,10 +12,8 @@ it and hands it to every memory cog; ``teardown`` stops it after the cogs are go
 * **Loops.**  The embedding backlog every few seconds and retention every hour; a
   failure is logged and retried, never the end of a loop.
 * **Other processes.**  Several bot processes may share the database (shards spread
-  over processes, or a command-line tool beside the bot).  Every couple of seconds
-  :meth:`MemoryRuntime.follow_changes` reads two small values: the settings version
-  (when it moved, every cached guild setting is dropped) and the stored profile (when
-  another process switched it, this one loads the same profile and swaps it in).
+  over processes, or a command-line tool beside the bot); :mod:`cogs.memory.follow`
+  picks up their settings and profile changes within seconds.
 * **Shards.**  A guild's events, its commands and its background work (retention,
   catch-up, reconcile, backfill) belong to the process running its shard
   (:meth:`MemoryRuntime.owns`); embedding the backlog may run anywhere, the
@@ -41,8 +39,9 @@ from discord.ext import commands, tasks
 
 from cogs.memory.answers import make_chat_client
 from cogs.memory.capture import WriteQueue
+from cogs.memory.follow import Follower
 from cogs.memory.shards import Shards
-from memory.config import Profile, load_profile
+from memory.config import Profile
 from memory.errors import EmbeddingModelChanged, MemoryBotError, SearchInputError
 from memory.records import MessageRecord, SearchResult
 from memory.search import SearchRequest
@@ -57,17 +56,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class _Unread:
-    """A value not read yet (``None`` is a value: no profile stored)."""
-
-
-UNREAD = _Unread()
-
 EMBED_INTERVAL_S = 5.0
 EMBED_BACKOFF_MAX_S = 300.0
 RETENTION_INTERVAL_H = 1.0
 SETTINGS_TTL_S = 60.0
-FOLLOW_INTERVAL_S = 2.0  # how often other processes' settings and profile changes are read
 SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the event loop
 SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
 SHUTDOWN_WRITES_S = 10.0
@@ -93,13 +85,10 @@ class MemoryRuntime:
         self.shards = Shards.of(bot)
         self._settings: dict[int, tuple[float, GuildSettings]] = {}
         self._settings_epoch = 0  # moves when the cache is dropped: reads begun before are not kept
-        self._settings_version: int | None = None  # the storage's, when last read
-        self._stored_profile: str | _Unread | None = UNREAD  # meta.active_profile, when last read
-        self._follow_failures = 0
-        self._following = asyncio.Lock()  # one followed switch at a time, the latest choice last
         self._embed_failures = 0
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()
+        self.follower = Follower(self)  # other processes' settings and profile changes
         self.chat: ChatClient | None = make_chat_client(engine.profile)  # None without [llm]
 
     # -- life cycle ------------------------------------------------------------------------
@@ -110,7 +99,7 @@ class MemoryRuntime:
         self.writes.start()
         self._stop_embedding.clear()
         self.embed_backlog.start()
-        self.follow_changes.start()
+        self.follower.follow_changes.start()
 
     def owns(self, guild_id: int) -> bool:
         """Whether ``guild_id`` is this process's: its shard runs here (always, unsharded)."""
@@ -137,7 +126,7 @@ class MemoryRuntime:
         self._stop_embedding.set()
         self.enforce_retention.cancel()
         self.embed_backlog.cancel()
-        self.follow_changes.cancel()
+        self.follower.follow_changes.cancel()
         for task in list(self._background):
             task.cancel()
         await self.writes.stop(SHUTDOWN_WRITES_S)
@@ -255,7 +244,7 @@ class MemoryRuntime:
         """This guild's settings, cached for a minute.
 
         Changes made here apply at once; changes another process made apply once
-        :meth:`follow_changes` sees the settings version move (within seconds).
+        :class:`~cogs.memory.follow.Follower` sees the settings version move (within seconds).
         """
         cached = self._settings.get(guild_id)
         if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
@@ -282,66 +271,10 @@ class MemoryRuntime:
         """Forget the cached settings of a guild (they changed elsewhere, or the guild is gone)."""
         self._settings.pop(guild_id, None)
 
-    # -- what other processes changed ------------------------------------------------------
-
-    @tasks.loop(seconds=FOLLOW_INTERVAL_S)
-    async def follow_changes(self) -> None:
-        """Pick up settings and profile changes other processes made; never ends on a failure."""
-        try:
-            await self.follow_settings()
-            await self.follow_profile()
-            self._follow_failures = 0
-        except Exception as exc:  # the database may be away for a moment: try next time
-            self._follow_failures += 1
-            if self._follow_failures == 1 or self._follow_failures % 30 == 0:
-                log.warning("reading other processes' changes failed (%s; %d times in a row); "
-                            "cached settings expire within %.0f s meanwhile", exc,
-                            self._follow_failures, SETTINGS_TTL_S)
-
-    async def follow_settings(self) -> None:
-        """Drop every cached guild setting when the storage's settings version moved.
-
-        Any process's change moves it (this one's too), so one read covers every
-        guild; the first read only learns it, and drops what was cached before it.
-        """
-        version = await self.read(self.engine.storage.guilds.settings_version)
-        if version == self._settings_version:
-            return
-        if self._settings_version is not None:
-            log.debug("guild settings changed (version %d -> %d); cached settings dropped",
-                      self._settings_version, version)
-        self._settings_version = version
+    def drop_all_settings(self) -> None:
+        """Forget every cached guild setting; reads already under way are not kept either."""
         self._settings_epoch += 1
         self._settings.clear()
-
-    async def follow_profile(self) -> None:
-        """Switch to the profile another process chose, once each time the choice changes.
-
-        Only a change of the stored choice counts: the first read learns it, so a
-        process started with ``--profile`` keeps that profile until an owner
-        switches again.  The choice is loaded by name from this process's profiles.
-        """
-        stored = await self.read(lambda: self.engine.storage.meta.active_profile)
-        seen, self._stored_profile = self._stored_profile, stored
-        if isinstance(seen, _Unread) or stored is None or stored == seen:
-            return
-        if stored != self.engine.rerankers.profile_name:
-            log.info("another process switched the hardware profile to %s; loading it", stored)
-            self.spawn(self._take_profile(stored), name="memory-follow-profile")
-
-    async def _take_profile(self, name: str) -> None:
-        async with self._following:
-            if self._stored_profile != name:
-                return  # chosen again since: that switch follows
-            try:
-                profile = await self.read(load_profile, name)
-                await self.switch_profile(profile, remember=False)
-            except Exception as exc:  # this process keeps its profile; the next switch tries again
-                log.error("another process switched the hardware profile to %s, but it cannot "
-                          "be used here (%s); this process keeps %s", name, exc,
-                          self.engine.rerankers.profile_name)
-                return
-        log.info("hardware profile is now %s, as another process chose", name)
 
     async def remembers(self, message: discord.Message) -> bool:
         """Whether this guild's settings let the bot store ``message``."""

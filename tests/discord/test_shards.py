@@ -228,9 +228,9 @@ async def harness(tmp_path):
     engine = MemoryEngine(tmp_path / "bot.sqlite3", PROFILE, HashEmbedder(), load_reranker=False)
     h = Harness(engine, [server(G0)], owner_ids=[OWNER])
     await h.start()
-    h.runtime.follow_changes.cancel()  # the tests run its passes by hand, when they choose
-    await h.runtime.follow_settings()  # what the loop's first pass does at start-up
-    await h.runtime.follow_profile()
+    h.runtime.follower.follow_changes.cancel()  # the tests run its passes by hand, when they choose
+    await h.runtime.follower.follow_settings()  # what the loop's first pass does at start-up
+    await h.runtime.follower.follow_profile()
     yield h
     await h.close()
     engine.close()
@@ -259,7 +259,7 @@ async def test_a_settings_change_made_elsewhere_applies_once_followed(harness):
     another_process(h, lambda s: s.guilds.update_settings(G0, channel_mode="exclude",
                                                           add_channel=rnd))
     assert await said(h, "still cached: kept", rnd), "the cache is what this test is about"
-    await h.runtime.follow_settings()
+    await h.runtime.follower.follow_settings()
     assert not await said(h, "excluded now", rnd)
     assert await said(h, "general is still remembered", general)
     await h.slash("memory-admin channels show", invoker=member(OWNER, "owner"), where=general,
@@ -271,15 +271,15 @@ async def test_the_cache_stays_while_the_version_does_not_move(harness):
     """Following is one read of one number; the cached settings stay until it moves."""
     h = harness
     another_process(h, lambda s: s.guilds.update_settings(G0, autoresponse="channels"))
-    await h.runtime.follow_settings()
+    await h.runtime.follower.follow_settings()
     assert (await h.runtime.settings(G0)).autoresponse == "channels"  # cached now
     # a write that does not move the version (a hand edit, or an older bot version)
     sql_write(h.engine.storage.database.location,
               f"UPDATE guild_settings SET autoresponse = 'off' WHERE guild_id = {G0}")
-    await h.runtime.follow_settings()
+    await h.runtime.follower.follow_settings()
     assert (await h.runtime.settings(G0)).autoresponse == "channels", "nothing said it moved"
     another_process(h, lambda s: s.forgetting.forget_member(G0, ALICE))  # forget-me elsewhere
-    await h.runtime.follow_settings()
+    await h.runtime.follower.follow_settings()
     settings = await h.runtime.settings(G0)
     assert ALICE in settings.opted_out and settings.autoresponse == "off"
 
@@ -296,13 +296,13 @@ async def test_a_profile_switch_made_elsewhere_is_followed_and_not_written_back(
     h = harness
     assert h.engine.rerankers.profile_name == "test"
     another_process(h, lambda s: setattr(s.meta, "active_profile", "cpu-fast"))
-    with caplog.at_level(logging.INFO, logger="cogs.memory.runtime"):
-        await h.runtime.follow_profile()
+    with caplog.at_level(logging.INFO, logger="cogs.memory.follow"):
+        await h.runtime.follower.follow_profile()
         await wait_for(lambda: h.engine.profile.name == "cpu-fast", "the profile to follow")
     assert h.engine.rerankers.profile_name == "cpu-fast"
     assert h.engine.storage.meta.active_profile == "cpu-fast"
     assert any("as another process chose" in r.getMessage() for r in caplog.records)
-    await h.runtime.follow_profile()  # the same choice again: nothing more to do
+    await h.runtime.follower.follow_profile()  # the same choice again: nothing more to do
     assert sum("loading it" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -311,11 +311,11 @@ async def test_a_profile_this_process_cannot_load_is_said_once_and_the_old_one_k
 ):
     h = harness
     another_process(h, lambda s: setattr(s.meta, "active_profile", "made-on-another-machine"))
-    with caplog.at_level(logging.ERROR, logger="cogs.memory.runtime"):
-        await h.runtime.follow_profile()
+    with caplog.at_level(logging.ERROR, logger="cogs.memory.follow"):
+        await h.runtime.follower.follow_profile()
         await wait_for(lambda: bool(caplog.records), "the failure to be logged")
         for _ in range(3):
-            await h.runtime.follow_profile()
+            await h.runtime.follower.follow_profile()
     assert h.engine.rerankers.profile_name == "test"
     [record] = caplog.records
     assert "made-on-another-machine" in record.getMessage()
@@ -333,7 +333,7 @@ async def test_the_profile_a_process_started_with_is_kept_until_the_next_switch(
     await h.start()
     try:
         for _ in range(3):
-            await h.runtime.follow_profile()
+            await h.runtime.follower.follow_profile()
         assert h.engine.rerankers.profile_name == "test"
     finally:
         await h.close()
@@ -342,10 +342,10 @@ async def test_the_profile_a_process_started_with_is_kept_until_the_next_switch(
 
 async def test_an_owner_switch_here_is_not_followed_again(harness, caplog):
     h = harness
-    with caplog.at_level(logging.INFO, logger="cogs.memory.runtime"):
+    with caplog.at_level(logging.INFO, logger="cogs.memory.follow"):
         await h.slash("memory-owner profile", invoker=member(OWNER, "owner"), where=G0 + 1,
                       permissions=discord.Permissions.all(), name="cpu-fast")
-        await h.runtime.follow_profile()
+        await h.runtime.follower.follow_profile()
     assert "now **cpu-fast**" in h.adapter.followups[-1]["content"]
     assert h.engine.storage.meta.active_profile == "cpu-fast"
     assert not [r for r in caplog.records if "another process" in r.getMessage()]
@@ -355,10 +355,10 @@ async def test_following_survives_a_database_error_that_is_not_ours(harness, cap
     h = harness
     location = h.engine.storage.database.location
     sql_write(location, "ALTER TABLE meta RENAME TO meta_away")
-    with caplog.at_level(logging.WARNING, logger="cogs.memory.runtime"):
-        await h.runtime.follow_changes()  # one pass of the loop, run by hand
+    with caplog.at_level(logging.WARNING, logger="cogs.memory.follow"):
+        await h.runtime.follower.follow_changes()  # one pass of the loop, run by hand
     assert "reading other processes' changes failed" in caplog.records[-1].getMessage()
     sql_write(location, "ALTER TABLE meta_away RENAME TO meta")
     another_process(h, lambda s: s.guilds.update_settings(G0, autoresponse="off"))
-    await h.runtime.follow_changes()
+    await h.runtime.follower.follow_changes()
     assert (await h.runtime.settings(G0)).autoresponse == "off"
