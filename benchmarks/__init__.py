@@ -208,12 +208,27 @@ def secure_delete_command(
 @click.option("--quick", is_flag=True,
               help="Only the reference, the prefix path and the static-shape (bucketed, "
                    "CUDA graph) variants.")
+@click.option("--backends", metavar="A,B,...",
+              help="Compare reranker backends instead: cross-encoder, cross-encoder-onnx, "
+                   "cross-encoder-onnx-int8 (MiniLM-L6 on torch, onnxruntime float32 and "
+                   "int8), cross-encoder-l12, qwen (real shapes, nothing downloaded), "
+                   "profile (the --profile's reranker) or any profile name.")
 @JSON_OUT
+@click.pass_obj
 def rerank_command(
-    candidates: int, repeats: int, device: str, model_size: str, dtype: str | None,
-    quick: bool, json_out: Path | None,
+    settings: Settings, candidates: int, repeats: int, device: str, model_size: str,
+    dtype: str | None, quick: bool, backends: str | None, json_out: Path | None,
 ) -> int:
     """Qwen3-Reranker-shaped model: per-pair vs batched vs shared prefix vs static shapes."""
+    if backends:
+        from benchmarks.rerank_backends import run_backends_bench
+
+        names = [n.strip() for n in backends.split(",") if n.strip()]
+        emit_json(run_backends_bench(names, resolve_profile(settings), candidates=candidates,
+                                     repeats=max(repeats, 3),
+                                     progress=lambda name: click.echo(f"… {name}", err=True)),
+                  json_out)
+        return 0
     from benchmarks.rerank import run_rerank_bench
 
     result = run_rerank_bench(candidates=candidates, repeats=repeats, device=device,

@@ -1,4 +1,4 @@
-"""The command line: import, search, stats, embed, reembed, demo, bench, and ``run`` (the bot).
+"""The command line: import, search, stats, embed, reembed, demo, bench, export-onnx and ``run`` (the bot).
 
 ``bot.py`` (the ``discord-memory-bot`` command) runs :func:`main`.  Every error a user
 can cause (a bad value, a missing file, an engine error) becomes one line, ``error: …``,
@@ -270,6 +270,23 @@ def demo_command(settings: Settings, keep: bool) -> int:
         return run_demo(settings, settings.db)
     with tempfile.TemporaryDirectory(prefix="memory-demo-") as tmp:
         return run_demo(settings, Path(tmp) / "demo.sqlite3")
+
+
+@cli_group.command("export-onnx")
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--int8", is_flag=True,
+              help="Also write the int8-quantised copy for this CPU "
+                   "(onnx/model_qint8_avx512_vnni.onnx on a CPU with VNNI).")
+def export_onnx_command(model_dir: Path, int8: bool) -> int:
+    """Export a cross-encoder folder to ONNX for `runtime = "onnx"` (needs the [onnx] extra)."""
+    from cli.export_onnx import export_cross_encoder
+
+    exported = export_cross_encoder(model_dir, int8=int8)
+    for name, diff in zip(exported.files, exported.max_diff):
+        click.echo(f"{model_dir / name}  (largest score difference from torch: {diff:.2g})")
+    click.echo(f'use it: [reranker] backend = "cross-encoder", model = "{model_dir}", '
+               f'runtime = "onnx", onnx_file = "{exported.files[-1]}"')
+    return 0
 
 
 cli_group.add_command(run_command)

@@ -121,9 +121,34 @@ class RerankerConfig:
     more forward pass costs, in token positions: the candidates are packed to
     minimise padded positions plus runs times this (high where launches dominate, a
     small model; low where compute does, the 8B).
+
+    ``cross-encoder`` runs any Hugging Face cross-encoder (``model``: a hub id or a
+    local folder): ``runtime = "torch"`` through sentence-transformers' ``CrossEncoder``
+    on ``device``; ``runtime = "onnx"`` runs the model's ONNX file with onnxruntime on
+    the CPU (``onnx_file``, a path inside the model's folder or repo: by default
+    ``onnx/model.onnx``, or an int8-quantised ``onnx/model_qint8_avx512_vnni.onnx``).
+
+    ``rerank-api`` asks a server that speaks a rerank API at ``url``, in the
+    ``dialect`` of Cohere (``/v2/rerank``), Jina / vLLM / llama.cpp (``/v1/rerank``),
+    Hugging Face TEI (``/rerank``), Infinity (``/rerank``) or Voyage
+    (``/v1/rerank``), sending ``model`` and at most ``max_documents`` documents per
+    request.  ``api_key_env`` names the environment variable holding the key (the
+    key itself never sits in a profile).  ``score_scale`` says what the server's
+    scores are: ``auto`` trusts the dialect's documentation (probabilities in
+    [0, 1]), ``logit`` applies a sigmoid (llama.cpp serving a BERT-style
+    cross-encoder GGUF returns raw logits).
+
+    ``llm`` asks the profile's ``[llm]`` chat model to judge the candidates and
+    return JSON scores (a schema-constrained answer where the server supports it).
+
+    ``blend`` mixes the normalised retrieval score with the reranker's:
+    ``blend_weight`` is the reranker's share (0.6 by default; retrieval gets the rest).
     """
 
-    backend: str = field(default="none", metadata=_choice("none", "transformers", "llama-server"))
+    backend: str = field(
+        default="none",
+        metadata=_choice("none", "transformers", "llama-server", "cross-encoder", "rerank-api", "llm"),
+    )
     model: str = "Qwen/Qwen3-Reranker-0.6B"
     device: str = field(default="cpu", metadata=_choice("cpu", "cuda", "mps", "auto"))
     dtype: str = field(
@@ -138,6 +163,7 @@ class RerankerConfig:
     max_candidates: int = field(default=30, metadata=_range(1, 1000))
     timeout: float = field(default=30.0, metadata=_range(0.01, 3600.0))
     blend: bool = False
+    blend_weight: float = field(default=0.6, metadata=_range(0.0, 1.0))
     min_score: float = field(default=0.0, metadata=_range(0.0, 1.0))
     url: str = ""
     endpoint: str = field(
@@ -147,6 +173,14 @@ class RerankerConfig:
     buckets: tuple[tuple[int, int], ...] = field(default=(), metadata={"shapes": True})
     bucket_run_cost: int = field(default=512, metadata=_range(0, 1_000_000))
     cuda_graphs: bool = False
+    runtime: str = field(default="torch", metadata=_choice("torch", "onnx"))
+    onnx_file: str = ""
+    dialect: str = field(
+        default="jina", metadata=_choice("cohere", "jina", "tei", "infinity", "voyage")
+    )
+    api_key_env: str = ""
+    max_documents: int = field(default=100, metadata=_range(1, 10_000))
+    score_scale: str = field(default="auto", metadata=_choice("auto", "probability", "logit"))
 
     @property
     def enabled(self) -> bool:
@@ -327,10 +361,11 @@ def _validate_profile(profile: Profile) -> Profile:
     s, r = profile.search, profile.reranker
     if s.threshold_floor > s.threshold_start:
         raise ConfigError(f"{profile.source}: search.threshold_floor must be <= threshold_start")
-    if r.backend == "llama-server" and not r.url.startswith(("http://", "https://")):
+    if r.backend in ("llama-server", "rerank-api") and not r.url.startswith(("http://", "https://")):
         raise ConfigError(
-            f"{profile.source}: reranker.url must be an http(s) URL for the llama-server backend"
+            f"{profile.source}: reranker.url must be an http(s) URL for the {r.backend} backend"
         )
+    _validate_new_backends(profile)
     if r.buckets and r.quantize == "int8":
         raise ConfigError(
             f"{profile.source}: reranker.buckets cannot be combined with quantize = 'int8' "
@@ -351,6 +386,33 @@ def _validate_profile(profile: Profile) -> Profile:
             f"given with --db), got {url.split('@')[-1][:60]!r}"
         )
     return profile
+
+
+def _validate_new_backends(profile: Profile) -> None:
+    """The keys the cross-encoder, rerank-api and llm backends need to make sense."""
+    source, r = profile.source, profile.reranker
+    if r.backend == "llm" and not profile.llm.enabled:
+        raise ConfigError(
+            f"{source}: reranker.backend = \"llm\" needs an [llm] table with base_url and model "
+            "(the chat model that judges the candidates)"
+        )
+    if r.onnx_file and r.runtime != "onnx":
+        raise ConfigError(f"{source}: reranker.onnx_file is only read with runtime = \"onnx\"")
+    if r.runtime == "onnx" and r.device in ("cuda", "mps"):
+        raise ConfigError(
+            f"{source}: reranker.runtime = \"onnx\" runs on the CPU (onnxruntime's CPU "
+            f"provider); use runtime = \"torch\" for device = \"{r.device}\""
+        )
+    if r.onnx_file and (r.onnx_file.startswith("/") or ".." in Path(r.onnx_file).parts):
+        raise ConfigError(
+            f"{source}: reranker.onnx_file must be a path inside the model's folder "
+            f"(e.g. onnx/model_qint8_avx512_vnni.onnx), got {r.onnx_file!r}"
+        )
+    if r.backend == "rerank-api" and r.dialect in ("cohere", "voyage") and not r.api_key_env:
+        raise ConfigError(
+            f"{source}: reranker.api_key_env must name the environment variable holding the "
+            f"{r.dialect} API key (e.g. api_key_env = \"{r.dialect.upper()}_API_KEY\")"
+        )
 
 
 def _validate_llm(source: str, llm: LLMConfig) -> None:
@@ -417,6 +479,49 @@ def detect_accelerator() -> str:
     return "cpu"
 
 
+# CPU flags under which the 0.6B Qwen reranker is fast in bfloat16: AMX on x86 (with
+# only AVX512-BF16 it is slower in bfloat16 than in float32: 14 s against 10 s of CPU
+# for 20 candidates on a 2-core Xeon, BENCHMARKS.md), bf16 on ARM.
+FAST_BF16_FLAGS = frozenset({"amx_bf16", "bf16"})
+
+
+def cpu_runs_bf16_fast(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU has bfloat16 matrix units, from the kernel's CPU flags.
+
+    x86 lists ``amx_bf16`` in ``flags`` (Sapphire Rapids and later); ARM lists ``bf16``
+    in ``Features``.  ``avx512_bf16`` alone does not count: measured, torch's bfloat16
+    path is slower there than float32.  Read from ``/proc/cpuinfo`` because torch has
+    no public check.
+
+    Returns:
+        ``None`` when the flags cannot be read (not Linux).
+    """
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return bool(FAST_BF16_FLAGS & set(value.split()))
+    return None
+
+
+def auto_profile_name() -> str:
+    """The profile ``auto`` stands for on this machine.
+
+    ``cuda``, then ``mps``; on a CPU-only machine ``cpu`` (the 0.6B Qwen reranker in
+    bfloat16, 1.2-3.6 s a search with AMX) only when the CPU has bfloat16 matrix units
+    (:func:`cpu_runs_bf16_fast`), and ``cpu-small`` (a small cross-encoder, about half
+    a second for 30 candidates on 2 cores) otherwise: without them the 0.6B takes
+    10-20 s a search (BENCHMARKS.md).
+    """
+    accelerator = detect_accelerator()
+    if accelerator != "cpu":
+        return accelerator
+    return "cpu" if cpu_runs_bf16_fast() else "cpu-small"
+
+
 def missing_device(device: str) -> str | None:
     """Why torch cannot use ``device`` on this machine, or ``None`` when it can.
 
@@ -445,13 +550,14 @@ def missing_device(device: str) -> str | None:
 def load_profile(name_or_path: str, directory: Path = PROFILES_DIR) -> Profile:
     """Load a profile by name (``cpu``, ``cuda``, ..., or ``auto``) or by file path.
 
-    ``auto`` picks ``cuda``, then ``mps``, then ``cpu``, by what torch can see.
+    ``auto`` picks ``cuda``, then ``mps``, then ``cpu`` or ``cpu-small`` (see
+    :func:`auto_profile_name`).
 
     Raises:
         ConfigError: No such profile, or the file is invalid.
     """
     if name_or_path == "auto":
-        name_or_path = detect_accelerator()
+        name_or_path = auto_profile_name()
         log.info("auto profile picked %s", name_or_path)
     candidate = Path(name_or_path)
     if candidate.suffix == ".toml" or candidate.exists():

@@ -58,11 +58,11 @@ POSTGRES_ENGINE = ROOT / "memory" / "storage" / "postgres"
 
 @pytest.mark.parametrize("files, extras", [
     pytest.param([*(p for p in ROOT.glob("memory/**/*.py") if POSTGRES_ENGINE not in p.parents),
-                  *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/*.py"), ROOT / "bot.py"], (),
-                 id="runtime"),
+                  *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/*.py"), ROOT / "bot.py"], ("onnx",),
+                 id="runtime"),  # runtime = "onnx" and export-onnx import the [onnx] extra
     # the PostgreSQL engine imports its driver only when a postgresql:// URL is opened
     pytest.param(list(POSTGRES_ENGINE.glob("*.py")), ("postgres",), id="postgres"),
-    pytest.param(list(ROOT.glob("benchmarks/*.py")), ("bench", "test"), id="bench"),
+    pytest.param(list(ROOT.glob("benchmarks/*.py")), ("bench", "test", "onnx"), id="bench"),
 ])
 def test_every_imported_package_is_declared(files: list[Path], extras: tuple[str, ...]) -> None:
     declared = _declared(*extras)

@@ -104,7 +104,7 @@ class MemberCommands(
 
     @app_commands.command(name="privacy", description="What the bot stores and how to remove it")
     async def privacy(self, interaction: discord.Interaction) -> None:
-        """The privacy notice, naming the chat model's host when answers use one."""
+        """The privacy notice, naming the chat model's and a remote reranker's hosts."""
         notice = PRIVACY_NOTICE
         llm = self.engine.profile.llm
         if self.runtime.chat is not None:
@@ -112,4 +112,10 @@ class MemberCommands(
             notice += ("\n\n**Answers**\n• Mention answers are written by a chat model "
                        f"(`{inert(llm.model, 60)}` at `{inert(host, 80)}`): the messages quoted "
                        "to answer a question are sent to it.")
+        service = self.engine.rerankers.current()
+        reranker_host = service.remote_host if service is not None else None
+        if service is not None and reranker_host:  # a remote reranker: rerank-api, llm
+            notice += ("\n\n**Search**\n• Searches are reranked by a remote service "
+                       f"(`{inert(service.name, 40)}` at `{inert(reranker_host, 80)}`): each "
+                       "search's question and candidate messages are sent to it.")
         await interaction.response.send_message(notice, ephemeral=True)

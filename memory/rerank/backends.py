@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memory.config import RerankerConfig
+from memory.config import LLMConfig, RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.rerank.base import RerankerBackend
 
 
-def make_backend(config: RerankerConfig) -> RerankerBackend:
+def make_backend(config: RerankerConfig, llm: LLMConfig | None = None) -> RerankerBackend:
     """Create (but do not load) the backend a reranker config names.
 
-    Heavy imports happen here, only for the backend in use.
+    Heavy imports happen here, only for the backend in use.  ``llm`` is the
+    profile's ``[llm]`` section, which the ``llm`` backend judges with.
 
     Raises:
         RerankerError: The config names no backend (``none``).
@@ -32,6 +33,18 @@ def make_backend(config: RerankerConfig) -> RerankerBackend:
             from memory.rerank.llama_server import LlamaServerBackend
 
             return LlamaServerBackend(config)
+        if config.backend == "cross-encoder":
+            from memory.rerank.cross_encoder import CrossEncoderReranker
+
+            return CrossEncoderReranker(config)
+        if config.backend == "rerank-api":
+            from memory.rerank.rerank_api import RerankApiBackend
+
+            return RerankApiBackend(config)
+        if config.backend == "llm":
+            from memory.rerank.llm_judge import LLMJudge
+
+            return LLMJudge(config, llm or LLMConfig())
     except ImportError as exc:  # searches go on without reranking, saying why
         return MissingBackend(config.backend, (
             f"the {config.backend} reranker cannot run here ({exc}); install the missing "

@@ -32,7 +32,7 @@ class RerankerManager:
         self._service: RerankerService | None = None
         self.profile_name = profile.name
         if profile.reranker.enabled:
-            self._service = RerankerService(profile.reranker)
+            self._service = RerankerService(profile.reranker, llm=profile.llm)
             if load:
                 threading.Thread(
                     target=self._load_in_background, args=(self._service,), daemon=True,
@@ -76,7 +76,8 @@ class RerankerManager:
 
         def work() -> None:
             try:
-                new = RerankerService(profile.reranker) if profile.reranker.enabled else None
+                new = (RerankerService(profile.reranker, llm=profile.llm)
+                       if profile.reranker.enabled else None)
                 if new is not None:
                     new.load()
             except Exception as exc:

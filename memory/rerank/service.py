@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from memory import metrics
-from memory.config import RerankerConfig
+from memory.config import LLMConfig, RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.rerank import deadline
 from memory.rerank.backends import make_backend
@@ -61,11 +61,15 @@ class RerankerService:
     Args:
         config: The profile's ``[reranker]`` section.
         backend: A ready backend (tests, benchmarks); built from ``config`` if omitted.
+        llm: The profile's ``[llm]`` section, for the ``llm`` backend.
     """
 
-    def __init__(self, config: RerankerConfig, backend: RerankerBackend | None = None) -> None:
+    def __init__(
+        self, config: RerankerConfig, backend: RerankerBackend | None = None,
+        llm: LLMConfig | None = None,
+    ) -> None:
         self.config = config
-        self.backend = backend or make_backend(config)
+        self.backend = backend or make_backend(config, llm)
         workers = CONCURRENT_CALLS if getattr(self.backend, "concurrent", False) else 1
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reranker")
         self._inflight = 0
@@ -76,6 +80,16 @@ class RerankerService:
     def name(self) -> str:
         """The backend's name, for logs, metrics and traces."""
         return self.backend.name
+
+    @property
+    def remote_host(self) -> str | None:
+        """The host a remote backend sends each search to (``None``: scored on this machine).
+
+        Backends that send searches elsewhere (rerank-api, llm) name it in ``host``;
+        ``/memory privacy`` tells members.
+        """
+        host = getattr(self.backend, "host", None)
+        return host if isinstance(host, str) and host else None
 
     def load(self) -> None:
         """Load the backend's model or check its server.

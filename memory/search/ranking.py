@@ -43,6 +43,7 @@ from memory.rerank.base import Ranked
 from memory.text import content_words
 from memory.when import TimeSpan, asks_recent, parse_when
 
+# The default blend: retrieval's and the reranker's shares (``reranker.blend_weight``).
 BLEND_ORIGINAL, BLEND_RERANK = 0.4, 0.6
 TIE_BREAK = 1e-6  # recency's share when it only breaks ties, in bonus units
 RankedList = Sequence[tuple[int, float]]
@@ -391,11 +392,13 @@ class RerankScores:
         blend: Mix the normalised retrieval score into the final score.
         min_score: Reranked hits below this final score are dropped (0: none), and
             then the candidates after the head are dropped too.
+        blend_weight: The reranker's share of a blend (retrieval gets the rest).
     """
 
     ranked: Sequence[Ranked]
     blend: bool = False
     min_score: float = 0.0
+    blend_weight: float = BLEND_RERANK
 
 
 def final_hits(scored: Sequence[Scored], rerank: RerankScores | None = None) -> list[Hit]:
@@ -403,8 +406,9 @@ def final_hits(scored: Sequence[Scored], rerank: RerankScores | None = None) -> 
 
     Without ``rerank`` the score is the retrieval score (fused + bonus).  With it,
     the reranked head comes first, scored by the reranker (or by
-    ``0.4 × normalised retrieval + 0.6 × reranker`` with ``blend``), then the
-    rest in retrieval order with their retrieval scores.
+    ``(1 - w) × normalised retrieval + w × reranker`` with ``blend``, ``w`` the
+    ``blend_weight``, 0.6 by default), then the rest in retrieval order with their
+    retrieval scores.
 
     Args:
         scored: The candidates from :func:`order`, best first.
@@ -442,9 +446,10 @@ def _reranked(scored: Sequence[Scored], rerank: RerankScores) -> list[_Placed]:
     if rerank.blend and head:
         lo = min(item.retrieval for item, _ in head)
         hi = max(item.retrieval for item, _ in head)
+        weight = rerank.blend_weight
         finals = [
-            BLEND_ORIGINAL * ((item.retrieval - lo) / (hi - lo) if hi > lo else 1.0)
-            + BLEND_RERANK * value
+            (1.0 - weight) * ((item.retrieval - lo) / (hi - lo) if hi > lo else 1.0)
+            + weight * value
             for item, value in head
         ]
     else:

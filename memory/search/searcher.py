@@ -388,7 +388,7 @@ def _final_hits(
         return ranking.final_hits(scored)
     config = reranker.config
     hits = ranking.final_hits(
-        scored, RerankScores(outcome.ranked, config.blend, config.min_score)
+        scored, RerankScores(outcome.ranked, config.blend, config.min_score, config.blend_weight)
     )
     trace.reranked = True
     trace.post_rerank = [h.id for h in hits if h.rerank_score is not None]

@@ -31,7 +31,7 @@ PROFILE = ["--profile", "cpu-fast"]
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 COMMANDS = [
-    [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"],
+    [], ["import"], ["search"], ["stats"], ["embed"], ["reembed"], ["demo"], ["run"], ["export-onnx"],
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
     ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"], ["bench", "member-names"],
     ["bench", "secure-delete"], ["bench", "stalls"], ["bench", "reconcile"],

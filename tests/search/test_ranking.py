@@ -289,6 +289,20 @@ def test_a_blend_of_all_equal_retrieval_scores_counts_them_as_one() -> None:
         (0, pytest.approx(BLEND_ORIGINAL + BLEND_RERANK * 0.2))]
 
 
+@pytest.mark.parametrize("weight, ids, scores", [
+    (0.6, [1, 0], [0.4 * 0.5 + 0.6 * 0.8, 0.4 + 0.6 * 0.2]),  # the default
+    (1.0, [1, 0], [0.8, 0.2]),  # the reranker alone
+    (0.0, [0, 1], [1.0, 0.5]),  # retrieval alone (0.5: halfway between lo and hi)
+    (0.25, [0, 1], [0.75 + 0.25 * 0.2, 0.75 * 0.5 + 0.25 * 0.8]),  # retrieval leads
+])
+def test_the_blend_weight_is_the_rerankers_share(weight, ids, scores) -> None:
+    items = scored([0.9, 0.6, 0.3])
+    ranked = [Ranked(1, 0.8), Ranked(0, 0.2), Ranked(2, 0.1)]
+    hits = ranking.final_hits(items, RerankScores(ranked, blend=True, blend_weight=weight))
+    assert [h.id for h in hits[:2]] == ids
+    assert [h.score for h in hits[:2]] == pytest.approx(scores)
+
+
 @pytest.mark.parametrize("min_score, ids", [
     (0.0, [1, 0, 2, 3]),  # off: the head, then the rest
     (0.5, [1]),  # on: weak reranked hits go, and the rest with them
