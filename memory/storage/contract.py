@@ -468,7 +468,8 @@ class Meta(Protocol):
 
     def reset_embeddings(self, model_id: str, dimension: int) -> None:
         """Drop every vector and bind to a new model; all messages become pending, and
-        :attr:`model` becomes ``model_id``."""
+        :attr:`model` becomes ``model_id``.  The cached similarity floors
+        (:meth:`VectorIndex.similarity_floor`) go with the vectors they describe."""
         ...
 
     def model_changed(self) -> str | None:
