@@ -26,8 +26,9 @@ from memory.engine import MemoryEngine
 from memory.records import DISCORD_EPOCH_MS, MessageRecord
 from memory.storage.sqlite.connection import connect
 
-# the session's PostgreSQL server and fresh databases on it (tests marked `postgres`)
-pytest_plugins = ["tests.postgres_server"]
+# the session's PostgreSQL server and fresh databases on it (tests marked `postgres`), and
+# the fixtures of tests that run once per storage engine
+pytest_plugins = ["tests.postgres_server", "tests.engines"]
 
 GUILD = 111_111_111_111_111_111
 CHANNEL = 222_222_222_222_222_222

@@ -2,7 +2,7 @@
 
 The contract itself is tested for both engines by ``tests/storage/``; here: opening
 and migrating (several processes at once), URLs and errors, the locks that keep
-concurrent writers in order, claims that die with a killed process, and the keyword
+concurrent writers in order, which server errors a write may simply run again, claims that die with a killed process, and the keyword
 index agreeing with FTS5's tokenizer.
 """
 
@@ -11,17 +11,19 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-from memory.errors import DatabaseFileError
+from memory.errors import DatabaseFileError, StorageBusy
 from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.storage.postgres import PostgresStorage
 from memory.storage.postgres.connection import is_postgres_url, redact
+from memory.storage.postgres.database import GUILD_LOCKS
 from memory.storage.postgres.keywords import documents, query_words
 from tests.conftest import BASE_MS, CHANNEL, GUILD, snowflake
 from tests.postgres_server import PostgresServer, database_name
@@ -193,3 +195,96 @@ def test_vectors_found_through_filters_inside_the_knn(postgres_url: Callable[...
     assert len(found) == 10
     assert {r.channel_id for r in records if r.id in dict(found)} == {CHANNEL + 3}
     storage.close()
+
+
+def _errors() -> list[tuple[BaseException, bool]]:
+    import psycopg
+    import psycopg_pool
+    from psycopg import errors
+
+    return [
+        (errors.DeadlockDetected("deadlock detected"), True),
+        (errors.SerializationFailure("could not serialize access"), True),
+        (errors.LockNotAvailable("canceling statement due to lock timeout"), True),
+        (errors.AdminShutdown("terminating connection due to administrator command"), True),
+        (errors.ConnectionFailure("connection failure"), True),
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True),
+        (psycopg_pool.PoolTimeout("couldn't get a connection after 30.00 sec"), True),
+        (errors.UniqueViolation("duplicate key value"), False),
+        (errors.QueryCanceled("canceling statement due to statement timeout"), False),
+        (errors.InsufficientPrivilege("permission denied for table messages"), False),
+        (ValueError("not a database error"), False),
+    ]
+
+
+def test_the_retryable_server_errors_are_storage_busy() -> None:
+    from memory.storage.postgres.connection import as_busy
+
+    for exc, retryable in _errors():
+        busy = as_busy(exc, "postgresql://bot:pw@db/memory")
+        assert (busy is not None) == retryable, exc
+        if busy is not None:
+            assert isinstance(busy, StorageBusy) and "pw" not in str(busy)
+
+
+def _waiting_on_messages(server: PostgresServer, name: str) -> bool:
+    with server.connect(name) as conn:
+        return bool(conn.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND "
+                                 "relation = 'messages'::regclass").fetchone()[0])
+
+
+def test_a_deadlock_resolved_against_a_write_is_storage_busy(
+    postgres_url: Callable[..., str], postgres_server: PostgresServer
+) -> None:
+    """A real deadlock: the upsert holds its guild's lock and waits for ``messages``; the
+    other session holds ``messages`` and asks for the guild's lock.  The server aborts
+    the upsert (it waited first, so its deadlock check runs first)."""
+    url = postgres_url()
+    storage = PostgresStorage(url)
+    other = postgres_server.connect(database_name(url))
+    outcome: list[BaseException | None] = []
+    try:
+        other.execute("BEGIN")
+        other.execute("LOCK TABLE messages IN EXCLUSIVE MODE")
+
+        def write() -> None:
+            try:
+                storage.messages.upsert([_record(1, "caught in a deadlock")])
+                outcome.append(None)
+            except BaseException as exc:  # handed to the test thread
+                outcome.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        deadline = time.time() + 30
+        while not _waiting_on_messages(postgres_server, database_name(url)):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        other.execute("SELECT pg_advisory_xact_lock(%s, %s)", (GUILD_LOCKS, GUILD % 2_147_483_647))
+        other.execute("COMMIT")
+        writer.join(30)
+        assert isinstance(outcome[0], StorageBusy) and "deadlock" in str(outcome[0])
+        assert storage.messages.upsert([_record(1, "caught in a deadlock")]).inserted == 1
+    finally:
+        other.close()
+        storage.close()
+
+
+def test_a_write_on_a_lost_connection_is_storage_busy_and_the_next_one_works(
+    postgres_url: Callable[..., str], postgres_server: PostgresServer
+) -> None:
+    url = postgres_url()
+    storage = PostgresStorage(url)
+    try:
+        storage.messages.upsert([_record(1, "before the server restarts")])
+        with postgres_server.connect("postgres") as admin:  # what a restart or fail-over does
+            killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                   "WHERE datname = %s AND pid <> pg_backend_pid()",
+                                   (database_name(url),)).fetchone()[0]
+        assert killed >= 1
+        with pytest.raises(StorageBusy):
+            storage.messages.upsert([_record(2, "while the connection is gone")])
+        assert storage.messages.upsert([_record(2, "while the connection is gone")]).inserted == 1
+        assert storage.messages.count() == 2
+    finally:
+        storage.close()

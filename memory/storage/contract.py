@@ -26,7 +26,13 @@ Nothing here names SQL or a driver type.  The promises every engine keeps:
 
 Errors are the typed ones of :mod:`memory.errors`: a write to a read-only database
 raises :class:`~memory.errors.DatabaseFileError`, a full disk
-:class:`~memory.errors.DiskFullError`, a vector of another embedding model
+:class:`~memory.errors.DiskFullError`, a write the database could not take *now*
+:class:`~memory.errors.StorageBusy` (SQLite: another process held the lock past the
+busy timeout; PostgreSQL: a deadlock or serialization failure resolved against it, a
+lock wait past ``lock_timeout``, a lost connection) — nothing of it applied, and the
+same call can run again (every write method is idempotent for the same arguments,
+which is what makes a retry after a connection lost during ``COMMIT`` safe), a
+vector of another embedding model
 :class:`~memory.errors.EmbeddingModelChanged` /
 :class:`~memory.errors.EmbeddingModelMismatch`, an empty id filter
 :class:`~memory.errors.SearchInputError`.
@@ -138,6 +144,13 @@ class Database(Protocol):
 
     def schema_version(self) -> int:
         """How many schema migrations the database has seen."""
+        ...
+
+    def set_busy_timeout(self, seconds: float | None) -> None:
+        """How long a write waits for another writer's lock before it raises
+        :class:`~memory.errors.StorageBusy`.  ``None``: the engine's default (SQLite:
+        5 s; PostgreSQL: the server's ``lock_timeout``, which by default waits as long
+        as it takes)."""
         ...
 
     def close(self) -> None:
