@@ -51,10 +51,17 @@ from memory.records import MessageRecord, PendingMessage, StoredMessage
 from memory.settings import GuildSettings
 
 __all__ = [
-    "BackfillCursor", "Backlog", "Database", "Forgetting", "GuildStats", "Guilds",
+    "EXACT_KNN_MAX", "BackfillCursor", "Backlog", "Database", "Forgetting", "GuildStats", "Guilds",
     "KeywordIndex", "Messages", "Meta", "ReconcileCursor", "Storage", "StoreStats",
     "UpsertStats", "VectorIndex",
 ]
+
+
+EXACT_KNN_MAX = 4096
+"""A KNN whose guild holds at most this many vectors is exact (:meth:`VectorIndex.knn`):
+at this size every distance costs a few milliseconds, and the two engines' different
+approximations (SQLite's 1-bit codes, pgvector's HNSW graph) would otherwise rank a
+small guild's neighbours slightly differently.  4096 is also sqlite-vec's largest k."""
 
 
 # -- results -------------------------------------------------------------------------------
@@ -556,7 +563,10 @@ class VectorIndex(Protocol):
 
         Empty before anything is embedded.  ``rescore`` lets an engine that searches
         approximately first fetch ``k × rescore`` candidates and rank them by exact
-        cosine; one that searches exactly may ignore it.
+        cosine; one that searches exactly may ignore it.  Every engine searches
+        exactly when the searched guild (all guilds, without a guild filter) holds at
+        most :data:`EXACT_KNN_MAX` vectors: a small guild gets the true nearest
+        neighbours, the same list on every engine, at the cost of a few milliseconds.
 
         Raises:
             SearchInputError: An id filter is an empty list.
