@@ -74,10 +74,15 @@ def inspector(storage_kind: str) -> Callable[[Storage], Inspector]:
     return inspect
 
 
-def file_bytes(location: str | Path) -> bytes:
-    """An SQLite database file and its write-ahead log, as they are on disk."""
-    path = Path(location)
-    return b"".join(p.read_bytes() for p in (path, Path(f"{path}-wal")) if p.exists())
+def holds_text(storage: Storage, text: str) -> bool:
+    """Whether the database holds ``text``, or a word the keyword index makes of it (an
+    FTS5 stem), anywhere :meth:`Inspector.contents` looks: SQLite's file and WAL bytes,
+    PostgreSQL's rows."""
+    from memory.storage.postgres.keywords import tokenizer
+
+    contents = inspect(storage).contents()
+    needles = {text, *(word for word in tokenizer().words(text) if len(word) >= 6)}
+    return any(needle.encode() in contents for needle in needles)
 
 
 @contextlib.contextmanager

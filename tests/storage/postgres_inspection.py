@@ -119,3 +119,19 @@ class PostgresInspector:
     def author_rows(self, author_id: int) -> int:
         """Rows of ``authors`` for the author."""
         return self._one("SELECT count(*) FROM authors WHERE id = %s", (author_id,))
+
+    def message_rows(self, ids: list[int]) -> int:
+        """Rows of ``messages`` for ``ids``."""
+        return self._one("SELECT count(*) FROM messages WHERE id = ANY(%s)", (ids,))
+
+    def index_rows(self, ids: list[int]) -> int:
+        """Rows of ``search_text`` for ``ids``."""
+        return self._one("SELECT count(*) FROM search_text WHERE id = ANY(%s)", (ids,))
+
+    def contents(self) -> bytes:
+        """Every row of every table in the bot's schema, as text (see the protocol)."""
+        tables = [row[0] for row in self._rows(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1")]
+        return "\n".join(
+            self._rows(f"SELECT coalesce(string_agg(t::text, E'\\n'), '') FROM {table} t")[0][0]
+            for table in tables).encode()
