@@ -77,6 +77,8 @@ def test_bench_search_scale_runs_both_engines_with_a_bulk_index(
     assert code == 0
     result = json.loads(out_file.read_text(encoding="utf-8"))
     assert result["vectors"] == "word-average" and result["postgres_vs_sqlite_hybrid_p50"] > 0
+    assert result["searched"] == "side by side, query by query"
+    assert result["sqlite"]["queries"] == result["postgres"]["queries"] == 4
     for engine in ("sqlite", "postgres"):
         assert result[engine]["database_mb"] > 0
         assert result[engine]["knn"]["1"]["exact_top10_overlap"] == 1.0  # a small guild: exact

@@ -126,10 +126,13 @@ def _read_report(path: Path) -> dict:
               "timed (as migrate-db does), then VACUUM ANALYZE.")
 @click.option("--index-sweep/--no-index-sweep", default=True, show_default=True,
               help="With --postgres: also build and measure the other HNSW index kinds.")
+@click.option("--cache", type=click.Path(path_type=Path, dir_okay=False),
+              help="With --postgres and MiniLM: keep the corpus's vectors in this .npz "
+              "between runs.")
 @JSON_OUT
 @click.pass_obj
 def scale_command(settings: Settings, messages: int, queries: int, postgres: str | None,
-                  vectors: str, bulk_index: bool, index_sweep: bool,
+                  vectors: str, bulk_index: bool, index_sweep: bool, cache: Path | None,
                   json_out: Path | None) -> int:
     """Search latency and import throughput at scale (with --postgres: both engines, side by side)."""
     from cli.bench.scale import WordAverageEmbedder, run_search_scale, run_search_scale_engines
@@ -141,7 +144,8 @@ def scale_command(settings: Settings, messages: int, queries: int, postgres: str
         if postgres:
             result = run_search_scale_engines(profile, messages, postgres, queries=queries,
                                               progress=update, vectors=vectors,
-                                              bulk_index=bulk_index, index_sweep=index_sweep)
+                                              bulk_index=bulk_index, index_sweep=index_sweep,
+                                              cache=cache)
         else:
             embedder = (WordAverageEmbedder(SentenceTransformerEmbedder(profile.embedder))
                         if vectors == "word-average" else None)

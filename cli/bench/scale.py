@@ -6,6 +6,7 @@ timings on shared machines are noisy; ratios are what to read.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -157,56 +158,81 @@ def run_search_scale(
     same machine load.  Search latencies (query embedding included) for fixed,
     adaptive and hybrid are interleaved query by query so noise hits all alike.
     The database is a temporary SQLite file, or with ``postgres`` (a server URL) a
-    throw-away database there; ``bulk_index`` (PostgreSQL) stores everything, writes
-    every vector without the HNSW index and builds it once at the end, as
-    ``migrate-db`` does, then lets VACUUM mark the new pages visible (what autovacuum
-    does in a while), each timed.  ``index_sweep`` (PostgreSQL) also builds and
-    measures the other HNSW index kinds.
+    throw-away database there; ``bulk_index`` and ``index_sweep``: :func:`_build`
+    and :func:`_index_sweep`.
     """
     records = synthetic_records(messages)
+    name = "postgres" if postgres else "sqlite"
     with scratch_location(postgres, name="scale", db_dir=db_dir) as location:
         engine = MemoryEngine(location, profile, embedder, load_reranker=False)
         try:
-            result = _measure(engine, records, queries, progress,
-                              bulk_index=bool(postgres) and bulk_index)
+            result = _build(engine, records, progress, bulk_index=bool(postgres) and bulk_index)
+            _add_searches(result, _time_searches({name: engine}, queries)[name])
+            result["knn"] = _rescore_sweep(engine, queries)
             if postgres and index_sweep:
                 result["knn_by_index"] = _index_sweep(engine, queries)
         finally:
             engine.close()
-    return {"engine": "postgres" if postgres else "sqlite", **result}
+    return {"engine": name, **result}
 
 
 def run_search_scale_engines(
     profile: Profile, messages: int, postgres: str, *, queries: int = 100,
     progress: Progress | None = None, vectors: str = "minilm", bulk_index: bool = False,
-    index_sweep: bool = True,
+    index_sweep: bool = True, cache: Path | None = None,
 ) -> dict[str, Any]:
-    """:func:`run_search_scale` on SQLite, then on PostgreSQL, in one run on one machine.
+    """The same corpus on SQLite and on PostgreSQL, searched side by side in one run.
 
-    Both get the same corpus and the same vectors: with MiniLM the second run takes
-    them from the first's embedder cache, so its ``import_msgs_per_s`` has no encoder
-    time in it (compare ``store_msgs_per_s`` and ``vectors_per_s``, which are storage
-    only); with ``vectors="word-average"`` (:class:`WordAverageEmbedder`) both share
-    one instance, whose word vectors are computed once.
+    Both are built first (SQLite, then PostgreSQL), with the same vectors: with MiniLM
+    the second takes them from the first's embedder cache (``cache``, or a temporary
+    one), so its ``import_msgs_per_s`` has no encoder time in it (compare
+    ``store_msgs_per_s`` and ``vectors_per_s``, which are storage only); with
+    ``vectors="word-average"`` (:class:`WordAverageEmbedder`) both share one instance.
+    Then every search runs on one engine right after the other (which goes first
+    alternates), so a load that comes and goes on a shared machine hits both alike:
+    the ratio is what to read.
     """
     from cli.bench.retrieval import CachedEmbedder
 
-    with tempfile.TemporaryDirectory(prefix="memory-scale-cache-") as tmp:
+    records = synthetic_records(messages)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="memory-scale-cache-")))
         base = SentenceTransformerEmbedder(profile.embedder)
-        shared: Embedder = (WordAverageEmbedder(base) if vectors == "word-average"
-                            else CachedEmbedder(base, Path(tmp) / "vectors.npz"))
-        sqlite = run_search_scale(profile, messages, queries=queries, embedder=shared,
-                                  progress=progress)
-        server = run_search_scale(profile, messages, queries=queries, embedder=shared,
-                                  progress=progress, postgres=postgres, bulk_index=bulk_index,
-                                  index_sweep=index_sweep)
-    hybrid = server["search"]["hybrid"]["p50_ms"] / sqlite["search"]["hybrid"]["p50_ms"]
-    return {"vectors": vectors, "sqlite": sqlite, "postgres": server,
+        cached = None if vectors == "word-average" else CachedEmbedder(
+            base, cache or tmp / "vectors.npz")
+        shared: Embedder = cached or WordAverageEmbedder(base)
+        engines: dict[str, MemoryEngine] = {}
+        for name, server in (("sqlite", None), ("postgres", postgres)):
+            location = stack.enter_context(scratch_location(server, name="scale"))
+            engines[name] = MemoryEngine(location, profile, shared, load_reranker=False)
+            stack.callback(engines[name].close)
+        results = {name: _build(engine, records, progress,
+                                bulk_index=name == "postgres" and bulk_index)
+                   for name, engine in engines.items()}
+        if cached is not None and cache is not None:
+            cached.save()
+        for name, latencies in _time_searches(engines, queries).items():
+            _add_searches(results[name], latencies)
+        for name, engine in engines.items():
+            results[name]["knn"] = _rescore_sweep(engine, queries)
+        if index_sweep:
+            results["postgres"]["knn_by_index"] = _index_sweep(engines["postgres"], queries)
+    hybrid = (results["postgres"]["search"]["hybrid"]["p50_ms"]
+              / results["sqlite"]["search"]["hybrid"]["p50_ms"])
+    return {"vectors": vectors, "searched": "side by side, query by query",
+            "sqlite": {"engine": "sqlite", **results["sqlite"]},
+            "postgres": {"engine": "postgres", **results["postgres"]},
             "postgres_vs_sqlite_hybrid_p50": round(hybrid, 3)}
 
 
-def _measure(engine: MemoryEngine, records: list[MessageRecord], queries: int,
-             progress: Progress | None, *, bulk_index: bool = False) -> dict[str, Any]:
+def _build(engine: MemoryEngine, records: list[MessageRecord], progress: Progress | None, *,
+           bulk_index: bool = False) -> dict[str, Any]:
+    """Import ``records`` (store, then embed, per 5,000); the rates and the database size.
+
+    ``bulk_index`` (PostgreSQL): store everything, write every vector without the
+    HNSW index and build it once at the end, as ``migrate-db`` does, then let VACUUM
+    mark the new pages visible (what autovacuum does in a while), each timed.
+    """
     engine.embedder.embed(["warm up"] * 64)  # load the weights outside the timings
     store_s = embed_s = raw_s = 0.0
     raw_texts = 0
@@ -232,12 +258,9 @@ def _measure(engine: MemoryEngine, records: list[MessageRecord], queries: int,
         maintenance = _build_hnsw(engine)
     import_rate = len(records) / (store_s + embed_s)
     raw_rate = raw_texts / raw_s
-    latencies = _time_searches(engine, queries)
-    knn = _rescore_sweep(engine, queries)
     return {
         "machine": machine_description(),
         "messages": len(records),
-        "queries": queries,
         "import_msgs_per_s": round(import_rate, 1),
         "store_msgs_per_s": round(len(records) / store_s, 1),
         "vectors_per_s": round(len(records) / embed_s, 1),
@@ -245,19 +268,20 @@ def _measure(engine: MemoryEngine, records: list[MessageRecord], queries: int,
         "database_mb": round(_database_bytes(engine) / 2**20, 1),
         "raw_encoder_msgs_per_s": round(raw_rate, 1),
         "import_vs_encoder": round(import_rate / raw_rate, 3),
-        "search": {
-            mode: {"p50_ms": round(percentile(v, 50), 2), "p95_ms": round(percentile(v, 95), 2)}
-            for mode, v in latencies.items()
-        },
-        "adaptive_vs_fixed_p50": round(
-            percentile(latencies["adaptive"], 50) / percentile(latencies["fixed"], 50), 3
-        ),
-        "allow_list_vs_hybrid_p50": round(
-            percentile(latencies["hybrid_allow_list_500"], 50)
-            / percentile(latencies["hybrid"], 50), 3
-        ),
-        "knn": knn,
     }
+
+
+def _add_searches(result: dict[str, Any], latencies: dict[str, list[float]]) -> None:
+    """Each mode's p50 and p95 into ``result``, and the ratios between modes."""
+    result["queries"] = len(latencies["hybrid"])
+    result["search"] = {
+        mode: {"p50_ms": round(percentile(v, 50), 2), "p95_ms": round(percentile(v, 95), 2)}
+        for mode, v in latencies.items()
+    }
+    result["adaptive_vs_fixed_p50"] = round(
+        percentile(latencies["adaptive"], 50) / percentile(latencies["fixed"], 50), 3)
+    result["allow_list_vs_hybrid_p50"] = round(
+        percentile(latencies["hybrid_allow_list_500"], 50) / percentile(latencies["hybrid"], 50), 3)
 
 
 def _drop_hnsw(engine: MemoryEngine) -> None:
@@ -311,25 +335,34 @@ def _encoder_seconds(engine: MemoryEngine, texts: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def _time_searches(engine: MemoryEngine, count: int) -> dict[str, list[float]]:
+def _time_searches(engines: dict[str, MemoryEngine],
+                   count: int) -> dict[str, dict[str, list[float]]]:
+    """Per engine, per mode: the latencies of ``count`` random searches, interleaved.
+
+    Every text runs in every mode on every engine in a row; which mode, and which
+    engine, goes first takes turns (the first finds colder caches).
+    """
     rng = random.Random(1)
     modes = {"fixed": RETRIEVAL_MODES["fixed"], "adaptive": RETRIEVAL_MODES["adaptive"],
              "hybrid": RETRIEVAL_MODES["hybrid"],
              # a member of a 500-channel server who can read 7 of the 8 busy channels
              "hybrid_allow_list_500": {**RETRIEVAL_MODES["hybrid"],
                                        "allowed_channel_ids": ALLOW_LIST_500}}
-    latencies: dict[str, list[float]] = {m: [] for m in modes}
-    engine.search("warm up", guild_id=SCALE_GUILD)
+    latencies: dict[str, dict[str, list[float]]] = {name: {m: [] for m in modes} for name in engines}
+    for engine in engines.values():
+        engine.search("warm up", guild_id=SCALE_GUILD)
     order = list(modes.items())
+    names = list(engines)
     for i in range(count):
         text = " ".join(_words(rng, rng.randint(2, 6)))
-        # the first mode to run a text finds colder caches: take turns at going first
         turn = i % len(order)
         for mode, fields in order[turn:] + order[:turn]:
             request = replace(SearchRequest(queries=(text,), guild_id=SCALE_GUILD), **fields)
-            started = time.perf_counter()
-            engine.search(request)
-            latencies[mode].append((time.perf_counter() - started) * 1000)
+            first = (i // len(order)) % len(names)
+            for name in names[first:] + names[:first]:
+                started = time.perf_counter()
+                engines[name].search(request)
+                latencies[name][mode].append((time.perf_counter() - started) * 1000)
     return latencies
 
 
