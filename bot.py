@@ -7,11 +7,13 @@ The command line lives in ``cli/`` (its ``run`` command starts the Discord bot,
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cli.app import cli_group
 from cli.app import main as cli_main
 
 
@@ -20,6 +22,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     idle_threads_sleep()
     prog = "bot.py" if argv is not None or sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
     return cli_main(argv, prog_name=prog)
+
+
+def add_benchmarks() -> None:
+    """Add ``bench`` when the benchmarks are here.
+
+    They live in ``benchmarks/`` beside ``cli/``, in a source checkout only: a wheel
+    (``pip install .``) ships the bot, the engine and the CLI, not the tooling that
+    measures them.
+    """
+    if importlib.util.find_spec("benchmarks") is not None:
+        from benchmarks import bench
+
+        cli_group.add_command(bench)
 
 
 def idle_threads_sleep() -> None:
@@ -33,6 +48,8 @@ def idle_threads_sleep() -> None:
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+
+add_benchmarks()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,7 +18,6 @@ from typing import Any
 
 import click
 
-from cli.bench import bench
 from cli.context import Settings, default_db, open_engine, profile_storage_url, require_db
 from cli.migrate import migrate_db_command
 from cli.output import (
@@ -273,7 +272,6 @@ def demo_command(settings: Settings, keep: bool) -> int:
         return run_demo(settings, Path(tmp) / "demo.sqlite3")
 
 
-cli_group.add_command(bench)
 cli_group.add_command(run_command)
 cli_group.add_command(migrate_db_command)
 

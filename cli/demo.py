@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 
-from cli.bench.common import Query, load_queries, score_ranking
 from cli.context import Settings, data_dir, open_engine
 from cli.output import embed_with_progress, format_result, progress_bar
+from cli.scoring import Query, load_queries, score_ranking
 from memory.engine import MemoryEngine
 from memory.search import SearchRequest
 

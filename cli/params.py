@@ -169,12 +169,28 @@ class CountList(click.ParamType):
         return counts
 
 
+class ShardIds(click.ParamType):
+    """Comma-separated shard ids: ``"0,2"`` → ``(0, 2)`` (checked against the count later)."""
+
+    name = "ID,ID,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the ids as a tuple of ints, in the order given."""
+        if isinstance(value, tuple):
+            return value
+        parts = [part.strip() for part in str(value).split(",")]
+        if not all(part.isdigit() for part in parts):
+            self.fail(f"comma-separated shard ids (0, 1, ...), got {value!r}", param, ctx)
+        return tuple(int(part) for part in parts)
+
+
 def valid_unicode(text: str) -> str:
     """``text`` with lone surrogates (undecodable command-line bytes) replaced by U+FFFD."""
     return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 SNOWFLAKE = Snowflake()
+SHARD_IDS = ShardIds()
 ID_OR_NAME = IdOrName()
 ISO_DATE = IsoDate()
 PORT = click.IntRange(1, 65535)

@@ -3,7 +3,9 @@
 The bot itself is :class:`cogs.memory.MemoryBot`; this is the process around it:
 the models load first, passing start-up failures are tried again with back-off,
 Ctrl-C and SIGTERM shut it down cleanly, and whatever stops it for good is one
-``error:`` line and exit status 2.
+``error:`` line and exit status 2.  ``--shard-count N --shards a,b`` makes it one
+of several processes sharing one database, each running some of the bot's shards
+(:mod:`cogs.memory.shards`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import click
 import discord
 
 from cli.context import Settings, open_engine
-from cli.params import SNOWFLAKE
+from cli.params import SHARD_IDS, SNOWFLAKE
 from cogs.memory import MemoryBot
+from cogs.memory.bot import memory_bot
+from cogs.memory.shards import Shards
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError, MemoryBotError
 
@@ -41,6 +45,7 @@ def run_bot(
     sync: str | int | None = None,
     owner_ids: set[int] | None = None,
     retry_delays: Sequence[float] = STARTUP_RETRY_S,
+    shards: Shards | None = None,
 ) -> int:
     """Connect to Discord and serve until stopped (Ctrl-C or SIGTERM).
 
@@ -51,9 +56,19 @@ def run_bot(
     privileged intent, anything unexpected) ends in one ``error:`` line on stderr
     and exit code 2.  Shutdown finishes queued writes and closes the database.
 
+    Args:
+        engine: The memory engine (closed when this returns).
+        token: The bot token.
+        sync: Publish slash commands: ``"global"``, a guild id, or ``None``.
+        owner_ids: Users allowed the owner commands (``None``: the application's owner).
+        retry_delays: Pauses between start-up attempts that failed for a passing reason.
+        shards: The shards this process runs (``None``: the bot is not sharded).
+
     Returns:
         The process exit code.
     """
+    if shards is not None:
+        log.info("running %s: this process answers for their servers only", shards.describe())
     log.info("loading models before connecting")
     engine.preload()
 
@@ -74,7 +89,8 @@ def run_bot(
             except (NotImplementedError, RuntimeError):  # e.g. Windows, or not the main thread
                 pass
         for attempt, pause in enumerate([*retry_delays, None], start=1):
-            bot = MemoryBot(engine, sync=sync, owner_ids=owner_ids, owns_engine=False)
+            bot = memory_bot(engine, shards=shards, sync=sync, owner_ids=owner_ids,
+                             owns_engine=False)
             bots.append(bot)
             try:
                 async with bot:  # a fresh bot each time: a failed login leaves half-set-up state
@@ -149,11 +165,34 @@ def _startup_problem(exc: Exception) -> str:
               help="Publish slash commands to this guild only (instant; for development).")
 @click.option("--owner", type=SNOWFLAKE, multiple=True, metavar="USER_ID",
               help="A user allowed the owner commands (repeatable; default: the app's owner).")
+@click.option("--shard-count", type=int, metavar="N",
+              help="How many shards the bot has in all, the same in every process "
+              "(with --shards).")
+@click.option("--shards", "shard_ids", type=SHARD_IDS,
+              help="The shards this process runs, e.g. 0,1 (with --shard-count); the other "
+              "processes run the rest on the same database.")
 @click.pass_obj
-def run_command(settings: Settings, sync: bool, dev_guild: int | None, owner: tuple[int, ...]) -> int:
+def run_command(settings: Settings, sync: bool, dev_guild: int | None, owner: tuple[int, ...],
+                shard_count: int | None, shard_ids: tuple[int, ...] | None) -> int:
     """Connect to Discord and run the bot ($DISCORD_TOKEN)."""
+    shards = _shards(shard_count, shard_ids)
     token = os.environ.get("DISCORD_TOKEN")
     if not token:
         raise ConfigError("set DISCORD_TOKEN to the bot token from the Discord developer portal")
     target: str | int | None = "global" if sync else dev_guild
-    return run_bot(open_engine(settings), token, sync=target, owner_ids=set(owner) or None)
+    return run_bot(open_engine(settings), token, sync=target, owner_ids=set(owner) or None,
+                   shards=shards)
+
+
+def _shards(count: int | None, ids: tuple[int, ...] | None) -> Shards | None:
+    """The shards ``--shard-count`` and ``--shards`` name, or ``None`` when neither is given.
+
+    Raises:
+        ConfigError: Only one of them is given, or the ids do not fit the count.
+    """
+    if count is None and ids is None:
+        return None
+    if count is None or ids is None:
+        raise ConfigError("give --shard-count and --shards together (e.g. --shard-count 4 "
+                          "--shards 0,1), or neither to run the bot unsharded")
+    return Shards(count, ids)

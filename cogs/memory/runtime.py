@@ -11,6 +11,15 @@ it and hands it to every memory cog; ``teardown`` stops it after the cogs are go
   writes they must win against (:meth:`MemoryRuntime.forget`).
 * **Loops.**  The embedding backlog every few seconds and retention every hour; a
   failure is logged and retried, never the end of a loop.
+* **Other processes.**  Several bot processes may share the database (shards spread
+  over processes, or a command-line tool beside the bot).  Every couple of seconds
+  :meth:`MemoryRuntime.follow_changes` reads two small values: the settings version
+  (when it moved, every cached guild setting is dropped) and the stored profile (when
+  another process switched it, this one loads the same profile and swaps it in).
+* **Shards.**  A guild's events, its commands and its background work (retention,
+  catch-up, reconcile, backfill) belong to the process running its shard
+  (:meth:`MemoryRuntime.owns`); embedding the backlog may run anywhere, the
+  storage's claims keep embedders apart.
 * **Background work** (backfills, catch-up, reconciles) is started with
   :meth:`MemoryRuntime.spawn`, so stopping the runtime cancels it before the queue drains.
 """
@@ -32,6 +41,8 @@ from discord.ext import commands, tasks
 
 from cogs.memory.answers import make_chat_client
 from cogs.memory.capture import WriteQueue
+from cogs.memory.shards import Shards
+from memory.config import Profile, load_profile
 from memory.errors import EmbeddingModelChanged, MemoryBotError, SearchInputError
 from memory.records import MessageRecord, SearchResult
 from memory.search import SearchRequest
@@ -45,10 +56,18 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+
+class _Unread:
+    """A value not read yet (``None`` is a value: no profile stored)."""
+
+
+UNREAD = _Unread()
+
 EMBED_INTERVAL_S = 5.0
 EMBED_BACKOFF_MAX_S = 300.0
 RETENTION_INTERVAL_H = 1.0
 SETTINGS_TTL_S = 60.0
+FOLLOW_INTERVAL_S = 2.0  # how often other processes' settings and profile changes are read
 SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the event loop
 SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
 SHUTDOWN_WRITES_S = 10.0
@@ -71,7 +90,13 @@ class MemoryRuntime:
         self._embed_pool = ThreadPoolExecutor(1, thread_name_prefix="memory-embed")
         self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
         self.writes = WriteQueue(self._write)
+        self.shards = Shards.of(bot)
         self._settings: dict[int, tuple[float, GuildSettings]] = {}
+        self._settings_epoch = 0  # moves when the cache is dropped: reads begun before are not kept
+        self._settings_version: int | None = None  # the storage's, when last read
+        self._stored_profile: str | _Unread | None = UNREAD  # meta.active_profile, when last read
+        self._follow_failures = 0
+        self._following = asyncio.Lock()  # one followed switch at a time, the latest choice last
         self._embed_failures = 0
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()
@@ -80,10 +105,16 @@ class MemoryRuntime:
     # -- life cycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the write queue and the embedding loop (retention starts when the bot is ready)."""
+        """Start the write queue, the embedding loop and the loop that follows other
+        processes' changes (retention starts when the bot is ready)."""
         self.writes.start()
         self._stop_embedding.clear()
         self.embed_backlog.start()
+        self.follow_changes.start()
+
+    def owns(self, guild_id: int) -> bool:
+        """Whether ``guild_id`` is this process's: its shard runs here (always, unsharded)."""
+        return self.shards.owns(guild_id)
 
     def start_retention(self) -> None:
         """Start the hourly retention job, once."""
@@ -106,6 +137,7 @@ class MemoryRuntime:
         self._stop_embedding.set()
         self.enforce_retention.cancel()
         self.embed_backlog.cancel()
+        self.follow_changes.cancel()
         for task in list(self._background):
             task.cancel()
         await self.writes.stop(SHUTDOWN_WRITES_S)
@@ -119,6 +151,20 @@ class MemoryRuntime:
         old, self.chat = self.chat, make_chat_client(self.engine.profile)
         if old is not None:
             old.close()
+
+    async def switch_profile(self, profile: Profile, *, remember: bool = True) -> None:
+        """Load ``profile``'s reranker in the background, swap it in, then its chat model.
+
+        Args:
+            profile: The profile to switch to.
+            remember: Store the choice for every process (an owner's command); ``False``
+                follows a choice another process stored.
+
+        Raises:
+            Exception: Whatever stopped the new reranker loading; the old profile stays.
+        """
+        await asyncio.wrap_future(self.engine.switch_profile(profile, remember=remember))
+        self.reload_chat()
 
     # -- worker threads --------------------------------------------------------------------
 
@@ -206,17 +252,23 @@ class MemoryRuntime:
     # -- settings --------------------------------------------------------------------------
 
     async def settings(self, guild_id: int) -> GuildSettings:
-        """This guild's settings, cached for a minute (changes made here apply at once)."""
+        """This guild's settings, cached for a minute.
+
+        Changes made here apply at once; changes another process made apply once
+        :meth:`follow_changes` sees the settings version move (within seconds).
+        """
         cached = self._settings.get(guild_id)
         if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
             return cached[1]
+        epoch = self._settings_epoch
         try:
             settings = await self.read(self.engine.storage.guilds.settings, guild_id)
         except Exception as exc:  # never drop a message over a settings read
             log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
             # opt-outs are enforced again where messages are written
             return cached[1] if cached is not None else GuildSettings(guild_id)
-        self._settings[guild_id] = (time.monotonic(), settings)
+        if epoch == self._settings_epoch:  # else a change was seen meanwhile: read again next time
+            self._settings[guild_id] = (time.monotonic(), settings)
         return settings
 
     async def update_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
@@ -229,6 +281,67 @@ class MemoryRuntime:
     def drop_settings(self, guild_id: int) -> None:
         """Forget the cached settings of a guild (they changed elsewhere, or the guild is gone)."""
         self._settings.pop(guild_id, None)
+
+    # -- what other processes changed ------------------------------------------------------
+
+    @tasks.loop(seconds=FOLLOW_INTERVAL_S)
+    async def follow_changes(self) -> None:
+        """Pick up settings and profile changes other processes made; never ends on a failure."""
+        try:
+            await self.follow_settings()
+            await self.follow_profile()
+            self._follow_failures = 0
+        except Exception as exc:  # the database may be away for a moment: try next time
+            self._follow_failures += 1
+            if self._follow_failures == 1 or self._follow_failures % 30 == 0:
+                log.warning("reading other processes' changes failed (%s; %d times in a row); "
+                            "cached settings expire within %.0f s meanwhile", exc,
+                            self._follow_failures, SETTINGS_TTL_S)
+
+    async def follow_settings(self) -> None:
+        """Drop every cached guild setting when the storage's settings version moved.
+
+        Any process's change moves it (this one's too), so one read covers every
+        guild; the first read only learns it, and drops what was cached before it.
+        """
+        version = await self.read(self.engine.storage.guilds.settings_version)
+        if version == self._settings_version:
+            return
+        if self._settings_version is not None:
+            log.debug("guild settings changed (version %d -> %d); cached settings dropped",
+                      self._settings_version, version)
+        self._settings_version = version
+        self._settings_epoch += 1
+        self._settings.clear()
+
+    async def follow_profile(self) -> None:
+        """Switch to the profile another process chose, once each time the choice changes.
+
+        Only a change of the stored choice counts: the first read learns it, so a
+        process started with ``--profile`` keeps that profile until an owner
+        switches again.  The choice is loaded by name from this process's profiles.
+        """
+        stored = await self.read(lambda: self.engine.storage.meta.active_profile)
+        seen, self._stored_profile = self._stored_profile, stored
+        if isinstance(seen, _Unread) or stored is None or stored == seen:
+            return
+        if stored != self.engine.rerankers.profile_name:
+            log.info("another process switched the hardware profile to %s; loading it", stored)
+            self.spawn(self._take_profile(stored), name="memory-follow-profile")
+
+    async def _take_profile(self, name: str) -> None:
+        async with self._following:
+            if self._stored_profile != name:
+                return  # chosen again since: that switch follows
+            try:
+                profile = await self.read(load_profile, name)
+                await self.switch_profile(profile, remember=False)
+            except Exception as exc:  # this process keeps its profile; the next switch tries again
+                log.error("another process switched the hardware profile to %s, but it cannot "
+                          "be used here (%s); this process keeps %s", name, exc,
+                          self.engine.rerankers.profile_name)
+                return
+        log.info("hardware profile is now %s, as another process chose", name)
 
     async def remembers(self, message: discord.Message) -> bool:
         """Whether this guild's settings let the bot store ``message``."""
@@ -261,7 +374,10 @@ class MemoryRuntime:
 
     @tasks.loop(hours=RETENTION_INTERVAL_H)
     async def enforce_retention(self) -> None:
-        """Purge messages older than each guild's retention period."""
+        """Purge messages older than each guild's retention period.
+
+        The guilds are the bot's cached ones: with shards, those of this process's shards.
+        """
         for guild in list(self.bot.guilds):
             try:
                 settings = await self.settings(guild.id)

@@ -319,6 +319,20 @@ class Guilds(Protocol):
         """A guild's settings (defaults when it never changed any)."""
         ...
 
+    def settings_version(self) -> int:
+        """A number that moves whenever any guild's settings or opt-outs change, in any
+        process using this database; an equal number means no change committed since.
+
+        :meth:`update_settings`, :meth:`Forgetting.forget_member` (it opts the member
+        out) and :meth:`Forgetting.forget_guild` (the guild's settings go) move it in
+        the transaction that makes the change.  A process that caches settings reads
+        it before the settings it caches and drops its cache when it moves: one cheap
+        read tells it whether anything changed, however many guilds there are.  ``0``
+        before the first change; it may also move when a change left everything as
+        it was.
+        """
+        ...
+
     def update_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
         """Change a guild's settings in one transaction; returns them as they are now.
 

@@ -18,8 +18,6 @@ import pytest
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.storage.sqlite.connection import connect
-from tests.conftest import HashEmbedder
-from tests.discord.harness import BOT_ID, READ, Harness, channel, guild, member, next_id, role, user
 from tests.discord.test_permissions import (  # noqa: F401  (harness: the permission-matrix server)
     ARCHIVED_PRIVATE,
     ARCHIVED_STAFF_THREAD,
@@ -31,6 +29,8 @@ from tests.discord.test_permissions import (  # noqa: F401  (harness: the permis
     _quoted,
     harness,
 )
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import BOT_ID, READ, Harness, channel, guild, member, next_id, role, user
 
 G, HALL = 300, 301
 ALICE = 3001

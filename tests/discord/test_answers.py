@@ -30,8 +30,8 @@ from memory.engine import MemoryEngine
 from memory.errors import SearchInputError
 from memory.llm import ChatClient
 from memory.records import Hit, Trace
-from tests.conftest import HashEmbedder
-from tests.discord.harness import (
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import (
     APP_ID,
     BOT_ID,
     HIDE,
@@ -46,8 +46,8 @@ from tests.discord.harness import (
     thread,
     user,
 )
-from tests.llama_fixtures import CHAT_MODEL, chat_server
-from tests.openai_standin import OpenAIStandIn
+from tests.support.llama import CHAT_MODEL, chat_server
+from tests.support.openai_standin import OpenAIStandIn
 
 __all__ = ["chat_server"]  # a fixture, imported for pytest
 G, GENERAL, SECRET, THREAD = 900, 901, 903, 902

@@ -14,9 +14,9 @@ import pytest
 
 from memory.config import Profile, ReconcileConfig
 from memory.engine import MemoryEngine
-from tests.conftest import HashEmbedder
-from tests.discord.fake_discord import FakeDiscord
-from tests.discord.harness import READ, Harness, channel, guild, member, role, thread
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import READ, Harness, channel, guild, member, role, thread
+from tests.support.discord_standin import FakeDiscord
 
 G, GENERAL, ARCHIVED = 950, 951, 952
 VOICE, FORUM, POST = 953, 954, 955

@@ -21,10 +21,11 @@ import yarl
 import bot
 from cli.run import run_bot, run_command
 from cogs.memory import MemoryBot
+from cogs.memory.shards import Shards
 from memory.config import Profile
 from memory.engine import MemoryEngine
-from tests.conftest import HashEmbedder
-from tests.discord.fake_discord import FakeDiscord
+from tests.support.builders import HashEmbedder
+from tests.support.discord_standin import FakeDiscord
 
 
 @pytest.fixture
@@ -86,7 +87,50 @@ def test_the_bot_registers_no_prefix_commands_and_syncs_only_when_asked(engine):
     assert memory_bot.sync is None and memory_bot.help_command is None
     context = run_command.make_context(
         "run", ["--dev-guild", "123", "--owner", "5", "--owner", "6"])
-    assert context.params == {"sync": False, "dev_guild": 123, "owner": (5, 6)}
+    assert context.params == {"sync": False, "dev_guild": 123, "owner": (5, 6),
+                              "shard_count": None, "shard_ids": None}
+    context = run_command.make_context("run", ["--shard-count", "4", "--shards", "3, 1"])
+    assert context.params["shard_count"] == 4 and context.params["shard_ids"] == (3, 1)
+
+
+def test_an_unsharded_start_identifies_without_a_shard(fake_api, engine, capsys):
+    assert run_bot(engine, "good-token") == 2  # the stand-in refuses the intent after IDENTIFY
+    assert [identify.get("shard") for identify in fake_api.identified] == [None]
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    (4014, "error: Discord refused the Message Content intent"),
+    (4004, "error: Discord rejected the token"),
+])
+def test_a_process_of_a_sharded_bot_identifies_its_shards_only(fake_api, engine, capsys, code,
+                                                               says):
+    """``run --shard-count 4 --shards 2``: one connection, for shard 2 of 4; failures are
+    the same one line as unsharded."""
+    fake_api.gateway_close_code = code
+    assert run_bot(engine, "good-token", shards=Shards(4, (2,)), retry_delays=(0.01,)) == 2
+    assert [identify["shard"] for identify in fake_api.identified] == [[2, 4]]
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(says) and "\n" not in err
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    (["--shard-count", "4"], "give --shard-count and --shards together"),
+    (["--shards", "0,1"], "give --shard-count and --shards together"),
+    (["--shard-count", "2", "--shards", "0,2"], "--shards 2: with --shard-count 2 the ids are 0 to 1"),
+    (["--shard-count", "4", "--shards", "1,1"], "--shards names shard 1 twice"),
+    (["--shard-count", "0", "--shards", "0"], "--shard-count must be 1 or more"),
+    (["--shard-count", "4", "--shards", "one"], "comma-separated shard ids"),
+    (["--shard-count", "4", "--shards", "-1"], "comma-separated shard ids"),
+    (["--shard-count", "4", "--shards", "0,,1"], "comma-separated shard ids"),
+])
+def test_shard_options_that_do_not_fit_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch,
+                                                               options, says):
+    monkeypatch.delenv("DISCORD_TOKEN", raising=False)  # refused before the token is needed
+    code = bot.main(["--db", str(tmp_path / "bot.sqlite3"), "run", *options])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err
+    assert says in err
+    assert not (tmp_path / "bot.sqlite3").exists(), "refused before anything opened"
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])

@@ -23,8 +23,8 @@ from aiohttp import web
 from cli.run import run_bot
 from memory.config import Profile
 from memory.engine import MemoryEngine
-from tests.conftest import HashEmbedder
-from tests.discord.fake_discord import FakeDiscord, _json
+from tests.support.builders import HashEmbedder
+from tests.support.discord_standin import FakeDiscord, _json
 
 
 class FlakyDiscord(FakeDiscord):

@@ -23,8 +23,8 @@ from memory.config import LLMConfig, Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
 from memory.storage.sqlite.connection import connect
-from tests.conftest import HashEmbedder, sql_rows
-from tests.discord.harness import (
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import (
     BOT_ID,
     READ,
     Harness,
@@ -35,6 +35,7 @@ from tests.discord.harness import (
     thread,
     user,
 )
+from tests.support.sqlite import sql_rows
 
 G, GENERAL, RANDOM, THREAD = 900, 901, 903, 902
 ALICE, BOB, OWNER = 1001, 1002, 1003

@@ -19,8 +19,8 @@ import pytest
 
 from memory.config import Profile
 from memory.engine import MemoryEngine
-from tests.conftest import HashEmbedder
-from tests.discord.harness import READ, Harness, channel, guild, member, role
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import READ, Harness, channel, guild, member, role
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "fixtures" / "published-commands.json"
 G, GENERAL = 910, 911

@@ -28,10 +28,10 @@ from cogs.memory.capture import record_from_message
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
-from tests.conftest import HashEmbedder
-from tests.discord.fake_discord import FakeDiscord
-from tests.discord.harness import READ, Harness, channel, guild, member, role
-from tests.engines import another_writer, inspect
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import READ, Harness, channel, guild, member, role
+from tests.support.discord_standin import FakeDiscord
+from tests.support.engines import another_writer, inspect
 
 G, GENERAL, RANDOM = 960, 961, 962
 ALICE, BOB, ADMIN = 1301, 1302, 1303

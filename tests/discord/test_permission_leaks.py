@@ -37,9 +37,6 @@ from memory.records import MessageRecord, PendingMessage
 from memory.search import SearchRequest
 from memory.storage.sqlite.connection import connect
 from memory.storage.sqlite.migrations import MIGRATIONS, migrate, reembed_cross_channel_replies
-from tests.conftest import HashEmbedder
-from tests.discord.fake_discord import FakeDiscord
-from tests.discord.harness import BOT_ID, Harness, member, thread, user
 from tests.discord.test_permissions import (
     ALICE,
     BOB,
@@ -55,7 +52,10 @@ from tests.discord.test_permissions import (
     other_server,
     server,
 )
-from tests.openai_standin import OpenAIStandIn
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import BOT_ID, Harness, member, thread, user
+from tests.support.discord_standin import FakeDiscord
+from tests.support.openai_standin import OpenAIStandIn
 
 BOBS_THREAD = 705
 SECRET = "the vault code is mangosteen"

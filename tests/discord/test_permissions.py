@@ -24,8 +24,8 @@ from cogs.memory.permissions import (
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.search import SearchRequest
-from tests.conftest import HashEmbedder
-from tests.discord.harness import (
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import (
     BOT_ID,
     HIDE,
     NO_HISTORY,

@@ -22,10 +22,10 @@ import bot
 from memory.config import Profile, ReconcileConfig, parse_profile
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError
-from tests.conftest import HashEmbedder
-from tests.discord.fake_discord import FakeDiscord
-from tests.discord.harness import READ, Harness, channel, guild, member, role, thread
-from tests.engines import inspect
+from tests.support.builders import HashEmbedder
+from tests.support.discord_harness import READ, Harness, channel, guild, member, role, thread
+from tests.support.discord_standin import FakeDiscord
+from tests.support.engines import inspect
 
 G, GENERAL, OLD, THREAD, ARCHIVED, PRIVATE, OLD_THREAD = 960, 961, 962, 963, 964, 965, 966
 OTHER_G, OTHER_CHANNEL = 970, 971

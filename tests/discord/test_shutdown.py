@@ -16,9 +16,9 @@ import numpy as np
 from cogs.memory.capture import record_from_message
 from memory.config import Profile
 from memory.engine import EMBED_CHUNK, MemoryEngine
-from tests.conftest import HashEmbedder, record_factory
-from tests.discord.harness import READ, Harness, channel, guild, member, role
 from tests.discord.test_bot_run import fake_api  # noqa: F401  (the stand-in for Discord's API)
+from tests.support.builders import HashEmbedder, record_factory
+from tests.support.discord_harness import READ, Harness, channel, guild, member, role
 
 G, GENERAL, OWNER, ALICE = 100, 200, 10, 11
 BACKLOG = 6000
@@ -76,7 +76,7 @@ import sys, time
 import discord, yarl
 from memory.config import Profile
 from memory.engine import MemoryEngine
-from tests.conftest import record_factory
+from tests.support.builders import record_factory
 from tests.discord.test_shutdown import PacedEmbedder
 from cli.run import run_bot
 

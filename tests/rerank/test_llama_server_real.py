@@ -1,11 +1,11 @@
 """The llama-server backend against a real llama.cpp ``llama-server`` (marked ``llama``).
 
-A tiny random Qwen3 with the real Qwen vocabulary (cli/bench/qwen_gguf.py) is converted
+A tiny random Qwen3 with the real Qwen vocabulary (benchmarks/qwen_gguf.py) is converted
 with llama.cpp's own converter into a causal GGUF (``/completion`` and chat) and a
 rank GGUF (``/v1/rerank``); real servers on 127.0.0.1 serve them, and the remote
 scores are compared with the in-process backend on the same weights.  Skips with
 the reason when no llama-server binary or llama.cpp source tree is found
-(cli/bench/llama_cpp.py says where it looks).
+(benchmarks/llama_cpp.py says where it looks).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from cli.bench.llama_cpp import LlamaCpp, LlamaServer, locate
-from cli.bench.qwen_gguf import convert, save_checkpoint
-from cli.bench.remote import spearman
+from benchmarks.llama_cpp import LlamaCpp, LlamaServer, locate
+from benchmarks.qwen_gguf import convert, save_checkpoint
+from benchmarks.remote import spearman
 from memory.config import RerankerConfig
 from memory.rerank.base import Ranking
 from memory.rerank.llama_answers import clean_text

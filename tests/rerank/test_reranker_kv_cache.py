@@ -4,7 +4,7 @@ transformers 5.24 calls ``cache.update(keys, values, layer_idx, kwargs=kwargs)``
 renames the forward argument ``past_key_values`` to ``cache`` (the old name warns
 until its removal in 5.40).  These tests run against whichever transformers is
 installed (the locked 5.x, or 4.56 with ``PYTHONPATH`` pointing at it), with the
-real tiny Qwen3 model of :mod:`tests.qwen_tiny`: both scoring paths score without
+real tiny Qwen3 model of :mod:`tests.support.qwen_tiny`: both scoring paths score without
 any deprecation warning, the prefix cache answers both ``update`` calling
 conventions, and an unknown forward signature is a clear error at load.
 """
@@ -30,8 +30,8 @@ from memory.rerank.kv_cache import (
     repeated_cache,
 )
 from memory.rerank.qwen import QwenReranker, load_failure
-from tests.qwen_tiny import save_tiny_reranker
 from tests.rerank.test_reranker_qwen import DOCS, QUERY, assert_close
+from tests.support.qwen_tiny import save_tiny_reranker
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ A pair's score must not depend on how it is computed: alone or in a batch of any
 size and any mix of lengths, with or without the shared-prefix cache, and it must
 equal the straightforward reference (whole prompt, full forward, all logits, last
 position, softmax over [no, yes]).  The model is a tiny Qwen3 built and saved
-locally by :mod:`tests.qwen_tiny`, loaded through the real ``from_pretrained`` path.
+locally by :mod:`tests.support.qwen_tiny`, loaded through the real ``from_pretrained`` path.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from memory.errors import RerankerUnavailable
 from memory.rerank.base import RerankerBackend
 from memory.rerank.prompt import DEFAULT_INSTRUCTION, SUFFIX, full_prompt, head_text
 from memory.rerank.qwen import QwenReranker, load_failure
-from tests.qwen_tiny import save_tiny_reranker
+from tests.support.qwen_tiny import save_tiny_reranker
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -29,7 +29,7 @@ from memory.rerank.llama_answers import (
 from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
 from memory.rerank.prompt import SYSTEM_PROMPT, chat_messages, full_prompt
 from memory.rerank.service import RerankerService
-from tests.fake_llama_server import FakeLlamaServer, relevance
+from tests.support.llama_standin import FakeLlamaServer, relevance
 
 COMPLETION = "/completion"
 CHAT = "/v1/chat/completions"

@@ -3,7 +3,7 @@
 The bucketed path pads the head to a fixed capacity and the tails to fixed
 ``[batch, length]`` buckets, so every search runs through a few shapes that CUDA
 graphs can replay.  Padding must never change a score: on the tiny float32 Qwen3
-model of :mod:`tests.qwen_tiny`, bucketed scores equal the dynamic path's within
+model of :mod:`tests.support.qwen_tiny`, bucketed scores equal the dynamic path's within
 float32 round-off, whatever the buckets, the companions, the query or the document.
 On this CPU the graph capture itself is skipped (no CUDA); its failure path is
 exercised with the real error a CPU build of torch raises.
@@ -28,8 +28,8 @@ from memory.rerank import qwen
 from memory.rerank.manager import RerankerManager
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.qwen_static import HEAD_MIN, Run, head_capacities, plan_runs
-from tests.qwen_tiny import save_tiny_reranker
 from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close, reference_score
+from tests.support.qwen_tiny import save_tiny_reranker
 
 FP32_TOL = 1e-5  # measured: 3.6e-7 at most
 BF16_TOL = 1e-2

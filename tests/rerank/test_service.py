@@ -22,8 +22,8 @@ from memory.errors import RerankerError, RerankerUnavailable
 from memory.records import MessageRecord
 from memory.rerank.service import RerankerService
 from memory.search import SearchRequest
-from tests.conftest import HashEmbedder
-from tests.fake_llama_server import FakeLlamaServer, relevance
+from tests.support.builders import HashEmbedder
+from tests.support.llama_standin import FakeLlamaServer, relevance
 
 GUILD = 42
 CHANNEL = 7
@@ -361,12 +361,22 @@ def test_switch_to_a_profile_without_reranker(remote_engine):
     assert remote_engine.storage.meta.active_profile == "plain"
 
 
+def test_following_another_process_switches_without_storing_the_choice(remote_engine):
+    """A bot process that follows a switch stored by another never writes it back: that
+    write could overwrite a newer choice an owner made meanwhile in a third process."""
+    remote_engine.storage.meta.active_profile = "newer-choice"
+    future = remote_engine.switch_profile(Profile(name="plain"), remember=False)
+    assert future.result(timeout=10) == "plain"
+    assert remote_engine.profile.name == "plain" and remote_engine.rerankers.current() is None
+    assert remote_engine.storage.meta.active_profile == "newer-choice"
+
+
 # -- the in-process backend end to end ---------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from tests.qwen_tiny import save_tiny_reranker
+    from tests.support.qwen_tiny import save_tiny_reranker
 
     return save_tiny_reranker(tmp_path_factory.mktemp("tiny-qwen"))
 

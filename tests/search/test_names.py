@@ -1,6 +1,6 @@
 """Which members a query names: the indexed matcher against the plain definition.
 
-The plain definition (``cli.bench.names.PlainNames``, which ``bench member-names``
+The plain definition (``benchmarks.names.PlainNames``, which ``bench member-names``
 times the index against) is a case-blind regular expression per name and display
 name, a case-sensitive one per capitalised first name, and ``difflib`` over every
 name for misspellings: what the search used before the names were indexed.  The
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from cli.bench.names import PlainNames
+from benchmarks.names import PlainNames
 from memory.names import MAX_FUZZY_NAMES, MemberNames, _bounded_spans, fold
 
 MIXED_NAMES = [

@@ -26,7 +26,7 @@ from memory.names import MemberNames
 from memory.records import MessageRecord, SearchResult, StoredMessage, ms_to_datetime
 from memory.search import MAX_QUERIES, SearchRequest, ranking
 from memory.search.ranking import adaptive_threshold, recency
-from tests.conftest import (
+from tests.support.builders import (
     BASE_MS,
     CHANNEL,
     GUILD,

@@ -22,7 +22,7 @@ import pytest
 
 from memory.engine import MemoryEngine
 from memory.search import SearchRequest
-from tests.conftest import make_profile
+from tests.support.builders import make_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_torch_thread")]
 

@@ -11,7 +11,7 @@ from memory.config import SearchConfig
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord, datetime_to_ms
 from memory.when import asks_recent, parse_when
-from tests.conftest import GUILD
+from tests.support.builders import GUILD
 
 NOW = datetime(2026, 11, 23, 15, 30, tzinfo=timezone.utc)  # a Monday
 

@@ -1,6 +1,6 @@
 """The storage suite runs once per storage engine.
 
-Every fixture here is parametrised by ``storage_kind`` (:mod:`tests.engines`): a test
+Every fixture here is parametrised by ``storage_kind`` (:mod:`tests.support.engines`): a test
 that takes ``storage``, ``engine``, ``make_engine``, ``tmp_db`` or ``make_location``
 runs against each engine, through the contract (:mod:`memory.storage.contract`) only.
 Where a test must look under the contract (how many rows the keyword index holds,
@@ -20,7 +20,7 @@ import pytest
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.storage import Storage, open_storage
-from tests.conftest import CHANNEL
+from tests.support.builders import CHANNEL
 
 
 @pytest.fixture

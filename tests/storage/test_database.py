@@ -10,8 +10,8 @@ import pytest
 from memory.errors import DatabaseFileError, StorageBusy
 from memory.filters import Filters
 from memory.storage import open_storage
-from tests.conftest import HashEmbedder
-from tests.engines import another_writer
+from tests.support.builders import HashEmbedder
+from tests.support.engines import another_writer
 
 
 def test_a_read_only_storage_searches_and_refuses_writes(make_engine, make_record) -> None:

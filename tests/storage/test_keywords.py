@@ -10,7 +10,7 @@ import numpy as np
 from memory.engine import MemoryEngine
 from memory.filters import Filters
 from memory.records import MessageRecord
-from tests.conftest import GUILD
+from tests.support.builders import GUILD
 
 MakeRecord = Callable[..., MessageRecord]
 

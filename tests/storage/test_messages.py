@@ -12,9 +12,9 @@ from memory.engine import MemoryEngine
 from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.storage import Storage
-from tests.conftest import CHANNEL, GUILD
-from tests.storage.inspection import Inspector
-from tests.storage.support import keyword_ids, row_counts, stored_vector
+from tests.support.builders import CHANNEL, GUILD
+from tests.support.inspection import Inspector
+from tests.support.storage import keyword_ids, row_counts, stored_vector
 
 MakeRecord = Callable[..., MessageRecord]
 Inspect = Callable[[Storage], Inspector]

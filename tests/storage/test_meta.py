@@ -12,9 +12,9 @@ from memory.engine import MemoryEngine
 from memory.errors import EmbeddingModelMismatch
 from memory.records import MessageRecord
 from memory.storage import Storage
-from tests.conftest import GUILD, HashEmbedder
-from tests.storage.inspection import Inspector
-from tests.storage.support import row_counts, stored_vector
+from tests.support.builders import GUILD, HashEmbedder
+from tests.support.inspection import Inspector
+from tests.support.storage import row_counts, stored_vector
 
 MakeRecord = Callable[..., MessageRecord]
 Inspect = Callable[[Storage], Inspector]

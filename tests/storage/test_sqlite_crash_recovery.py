@@ -30,7 +30,7 @@ from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.storage import Storage, claims, open_storage
 from memory.storage.sqlite.connection import connect
-from tests.conftest import HashEmbedder, make_profile, snowflake
+from tests.support.builders import HashEmbedder, make_profile, snowflake
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 GUILD, CHANNEL, OTHER_CHANNEL = 900, 901, 902

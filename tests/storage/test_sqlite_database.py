@@ -17,7 +17,7 @@ from memory.errors import DatabaseFileError, ExtensionLoadError, MemoryBotError
 from memory.storage import open_storage
 from memory.storage.sqlite.connection import connect, sqlite_driver
 from memory.storage.sqlite.migrations import MIGRATIONS, migrate
-from tests.conftest import sql_rows
+from tests.support.sqlite import sql_rows
 
 
 @pytest.fixture

@@ -102,7 +102,7 @@ import asyncio, resource, signal, sys
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from cogs.memory.capture import WriteQueue
-from tests.conftest import HashEmbedder, record_factory
+from tests.support.builders import record_factory, HashEmbedder
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 engine = MemoryEngine(sys.argv[1], Profile(name="test"), HashEmbedder(), load_reranker=False)

@@ -17,7 +17,8 @@ import bot
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord, ms_to_datetime
 from memory.storage import open_storage
-from tests.conftest import CHANNEL, GUILD, sql_write
+from tests.support.builders import CHANNEL, GUILD
+from tests.support.sqlite import sql_write
 
 OTHER_CHANNEL = CHANNEL + 1
 DAY_MS = 86_400_000

@@ -22,8 +22,9 @@ from memory.records import MessageRecord
 from memory.storage import open_storage
 from memory.storage.sqlite import vectors
 from memory.storage.sqlite.connection import connect
-from tests.conftest import GUILD, HashEmbedder, sql_rows
-from tests.storage.support import stored_vector
+from tests.support.builders import GUILD, HashEmbedder
+from tests.support.sqlite import sql_rows
+from tests.support.storage import stored_vector
 
 MakeRecord = Callable[..., MessageRecord]
 

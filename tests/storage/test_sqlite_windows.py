@@ -14,9 +14,10 @@ from memory.storage import open_storage
 from memory.storage.sqlite.connection import connect
 from memory.storage.sqlite.migrations import MIGRATIONS, statements
 from memory.storage.sqlite.windows import GAP_MS
-from tests.conftest import CHANNEL, GUILD, sql_write
-from tests.storage.inspection import SQLiteInspector
 from tests.storage.test_windows import LINES, assert_window_vectors_fresh, conversation
+from tests.support.builders import CHANNEL, GUILD
+from tests.support.inspection import SQLiteInspector
+from tests.support.sqlite import sql_write
 
 MakeRecord = Callable[..., MessageRecord]
 

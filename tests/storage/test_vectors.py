@@ -13,8 +13,8 @@ from memory.errors import SearchInputError
 from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.storage import Storage
-from tests.conftest import CHANNEL, GUILD
-from tests.storage.inspection import Inspector
+from tests.support.builders import CHANNEL, GUILD
+from tests.support.inspection import Inspector
 
 MakeRecord = Callable[..., MessageRecord]
 Inspect = Callable[[Storage], Inspector]

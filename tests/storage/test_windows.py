@@ -14,8 +14,8 @@ from memory.engine import MemoryEngine
 from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.storage import Storage
-from tests.conftest import BASE_MS, CHANNEL, GUILD, NOW
-from tests.storage.inspection import Inspector
+from tests.support.builders import BASE_MS, CHANNEL, GUILD, NOW
+from tests.support.inspection import Inspector
 
 MakeRecord = Callable[..., MessageRecord]
 MakeEngine = Callable[..., MemoryEngine]

@@ -26,6 +26,7 @@ from memory.storage.postgres.database import (
     now_ms,
     unlock_ids,
 )
+from memory.storage.postgres.guilds import settings_changed
 
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
                  "reconcile_cursors", "reconcile_runs", "guild_settings", "index_stats")
@@ -84,6 +85,7 @@ class PostgresForgetting:
                 conn.execute(f"DELETE FROM {table} WHERE guild_id = %s", (guild_id,))
             conn.execute("DELETE FROM channels WHERE guild_id = %s", (guild_id,))
             conn.execute("DELETE FROM guilds WHERE id = %s", (guild_id,))
+            settings_changed(conn)
         return removed
 
     def forget_member(self, guild_id: int, author_id: int) -> int:
@@ -102,6 +104,7 @@ class PostgresForgetting:
                                          (guild_id, author_id))
             conn.execute("DELETE FROM authors WHERE id = %s AND NOT EXISTS "
                          "(SELECT 1 FROM messages WHERE author_id = %s)", (author_id, author_id))
+            settings_changed(conn)  # the member is opted out now
         return removed
 
     def forget_older_than(self, guild_id: int, cutoff_ms: int) -> int:

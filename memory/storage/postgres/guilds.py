@@ -1,10 +1,12 @@
 """What each guild chose, and how far the bot's walks through its channels got, on
 PostgreSQL: settings, opt-outs, retention, backfill and reconcile cursors.
 
-A settings change bumps ``guild_settings.version`` and holds the guild's write lock,
-so an upsert running beside it in another process either sees the new rules or
-committed before them (never stores a member's message after their opt-out has
-committed), and other processes can tell a guild's settings changed by one read.
+A settings change holds the guild's write lock, so an upsert running beside it in
+another process either sees the new rules or committed before them (never stores a
+member's message after their opt-out has committed).  Every change also moves the
+database's settings version (a ``meta`` row, :meth:`PostgresGuilds.settings_version`)
+as the last statement of its transaction, so other processes tell that something
+changed by one read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,19 @@ from memory.errors import SettingsError
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 from memory.storage.contract import BackfillCursor, ReconcileCursor
 from memory.storage.postgres.database import DAY_MS, PostgresDatabase, lock_guilds, now_ms
+
+SETTINGS_VERSION = "settings_version"  # meta: moved by every settings or opt-out change
+
+
+def settings_changed(conn: Any) -> None:
+    """Move the database's settings version inside the caller's transaction.
+
+    Run it last: the ``meta`` row stays locked until the commit, so a transaction
+    that then waited for a guild's lock could deadlock with one holding that lock.
+    """
+    conn.execute("INSERT INTO meta(key, value) VALUES (%s, '1') ON CONFLICT (key) "
+                 "DO UPDATE SET value = (meta.value::bigint + 1)::text", (SETTINGS_VERSION,))
+
 
 _LISTS = {
     "add_channel": ("channel_rules", "channel_id"),
@@ -51,9 +66,9 @@ class PostgresGuilds:
             autoresponse_channels=ids("autoresponse"), opted_out=ids("optouts"),
         )
 
-    def settings_version(self, guild_id: int) -> int:
-        """A number that grows with every change of the guild's settings (0: none yet)."""
-        rows = self._db.read("SELECT version FROM guild_settings WHERE guild_id = %s", (guild_id,))
+    def settings_version(self) -> int:
+        """A number that moves with every settings or opt-out change (0: none yet)."""
+        rows = self._db.read("SELECT value FROM meta WHERE key = %s", (SETTINGS_VERSION,))
         return int(rows[0][0]) if rows else 0
 
     def update_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
@@ -72,6 +87,7 @@ class PostgresGuilds:
                 _apply(conn, guild_id, key, value)
             conn.execute("UPDATE guild_settings SET version = version + 1 WHERE guild_id = %s",
                          (guild_id,))
+            settings_changed(conn)
         return self.settings(guild_id)
 
     def retention_cutoffs(self, guild_ids: Iterable[int] | None = None) -> dict[int, int]:

@@ -19,6 +19,7 @@ from typing import Any
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.connection import IN_IDS, id_list
 from memory.storage.sqlite.database import SQLiteDatabase, now_ms
+from memory.storage.sqlite.guilds import settings_changed
 from memory.storage.sqlite.vectors import Vec0Table
 
 # what forgetting a guild removes besides its messages, channels and name
@@ -88,6 +89,7 @@ class SQLiteForgetting:
                 conn.execute(f"DELETE FROM {table} WHERE guild_id = ?", (guild_id,))
             conn.execute("DELETE FROM channels WHERE guild_id = ?", (guild_id,))
             conn.execute("DELETE FROM guilds WHERE id = ?", (guild_id,))
+            settings_changed(conn)
         return removed
 
     def forget_member(self, guild_id: int, author_id: int) -> int:
@@ -109,6 +111,7 @@ class SQLiteForgetting:
             removed = self.forget_in(conn, ids)
             conn.execute("DELETE FROM authors WHERE id = ? AND NOT EXISTS "
                          "(SELECT 1 FROM messages WHERE author_id = ?)", (author_id, author_id))
+            settings_changed(conn)  # the member is opted out now
         return removed
 
     def forget_older_than(self, guild_id: int, cutoff_ms: int) -> int:

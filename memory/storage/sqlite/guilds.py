@@ -25,6 +25,13 @@ _LISTS = {
     "opt_in": ("member_optouts", "author_id"),
 }
 _COLUMNS = {"channel_mode": CHANNEL_MODES, "autoresponse": AUTORESPONSE_MODES}
+SETTINGS_VERSION = "settings_version"  # meta: moved by every settings or opt-out change
+
+
+def settings_changed(conn: Any) -> None:
+    """Move the database's settings version inside the caller's (write) transaction."""
+    conn.execute("INSERT INTO meta(key, value) VALUES (?, '1') ON CONFLICT(key) "
+                 "DO UPDATE SET value = CAST(value AS INTEGER) + 1", (SETTINGS_VERSION,))
 
 
 class SQLiteGuilds:
@@ -54,6 +61,11 @@ class SQLiteGuilds:
             opted_out=ids("member_optouts", "author_id"),
         )
 
+    def settings_version(self) -> int:
+        """A number that moves with every settings or opt-out change (0: none yet)."""
+        rows = self._db.read("SELECT value FROM meta WHERE key = ?", (SETTINGS_VERSION,))
+        return int(rows[0][0]) if rows else 0
+
     def update_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
         """Change a guild's settings; returns them as they are now.
 
@@ -70,6 +82,7 @@ class SQLiteGuilds:
                 if value is None and key != "retention_days":
                     continue
                 _apply_setting(conn, guild_id, key, value)
+            settings_changed(conn)
         return self.settings(guild_id)
 
     def retention_cutoffs(self, guild_ids: Iterable[int] | None = None) -> dict[int, int]:

