@@ -119,20 +119,39 @@ def _read_report(path: Path) -> dict:
               show_default=True, help="Synthetic corpus size.")
 @click.option("--queries", type=click.IntRange(1, 100_000), default=100, show_default=True,
               help="Searches timed per mode.")
+@click.option("--vectors", type=click.Choice(("minilm", "word-average")), default="minilm",
+              show_default=True,
+              help="Embed the corpus with MiniLM, or with MiniLM's word vectors averaged "
+              "(cheap enough for 1M messages; queries alike).")
+@click.option("--bulk-index", is_flag=True,
+              help="With --postgres: write every vector first and build the HNSW index once, "
+              "timed (as migrate-db does), then VACUUM ANALYZE.")
+@click.option("--index-sweep/--no-index-sweep", default=True, show_default=True,
+              help="With --postgres: also build and measure the other HNSW index kinds.")
+@click.option("--cache", type=click.Path(path_type=Path, dir_okay=False),
+              help="With --postgres and MiniLM: keep the corpus's vectors in this .npz "
+              "between runs.")
 @JSON_OUT
 @click.pass_obj
 def scale_command(settings: Settings, messages: int, queries: int, postgres: str | None,
+                  vectors: str, bulk_index: bool, index_sweep: bool, cache: Path | None,
                   json_out: Path | None) -> int:
     """Search latency and import throughput at scale (with --postgres: both engines, side by side)."""
-    from benchmarks.scale import run_search_scale, run_search_scale_engines
+    from benchmarks.scale import WordAverageEmbedder, run_search_scale, run_search_scale_engines
+    from memory.embedder import SentenceTransformerEmbedder
 
+    profile = resolve_profile(settings)
     update, bar = progress_bar(messages * (2 if postgres else 1), "importing")
     try:
         if postgres:
-            result = run_search_scale_engines(resolve_profile(settings), messages, postgres,
-                                              queries=queries, progress=update)
+            result = run_search_scale_engines(profile, messages, postgres, queries=queries,
+                                              progress=update, vectors=vectors,
+                                              bulk_index=bulk_index, index_sweep=index_sweep,
+                                              cache=cache)
         else:
-            result = run_search_scale(resolve_profile(settings), messages, queries=queries,
+            embedder = (WordAverageEmbedder(SentenceTransformerEmbedder(profile.embedder))
+                        if vectors == "word-average" else None)
+            result = run_search_scale(profile, messages, queries=queries, embedder=embedder,
                                       progress=update)
     finally:
         bar.close()

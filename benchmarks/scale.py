@@ -6,13 +6,15 @@ timings on shared machines are noisy; ratios are what to read.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import random
+import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,56 @@ def _words(rng: random.Random, count: int) -> list[str]:
     return rng.choices(words, cum_weights=cum_weights, k=count)
 
 
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+class WordAverageEmbedder:
+    """A cheap stand-in for MiniLM at corpus sizes MiniLM cannot encode here (1M
+    messages: ~2 h on two cores): a text's vector is the mean of MiniLM's vectors of
+    its words, each word encoded once on its own, at unit length.
+
+    The vectors are MiniLM's 384 dimensions with MiniLM's geometry between words
+    (related words lie close), texts sharing words lie close, and they are as hard
+    to index as sentence vectors (no cluster of exact duplicates, no axis-aligned
+    structure); queries are embedded the same way.  What it lacks is word order and
+    context, which no index cares about.
+
+    Args:
+        base: The model that encodes each word (the profile's MiniLM).
+    """
+
+    def __init__(self, base: Embedder) -> None:
+        self._base = base
+        self._words: dict[str, np.ndarray] = {}
+
+    @property
+    def model_id(self) -> str:
+        """The base model's id, marked as word-averaged."""
+        return f"{self._base.model_id}+word-average"
+
+    @property
+    def dimension(self) -> int:
+        """The base model's vector size."""
+        return self._base.dimension
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit vectors: each text's words' MiniLM vectors, averaged."""
+        tokens = [_WORD.findall(text.lower()) or [""] for text in texts]
+        missing = sorted({w for words in tokens for w in words} - self._words.keys())
+        for start in range(0, len(missing), 1024):
+            chunk = missing[start:start + 1024]
+            self._words.update(zip(chunk, self._base.embed(chunk)))
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for row, words in enumerate(tokens):
+            out[row] = np.sum([self._words[w] for w in words], axis=0)
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out
+
+
+VECTORS = ("minilm", "word-average")
+"""What ``bench search-scale --vectors`` embeds the corpus with."""
+
+
 def synthetic_records(n: int, seed: int = 0, guilds: int = 1) -> list[MessageRecord]:
     """Build ``n`` chat-like messages across a few channels and authors (deterministic)."""
     rng = random.Random(seed)
@@ -95,6 +147,8 @@ def run_search_scale(
     progress: Progress | None = None,
     db_dir: str | Path | None = None,
     postgres: str | None = None,
+    bulk_index: bool = False,
+    index_sweep: bool = True,
 ) -> dict[str, Any]:
     """Build a synthetic corpus, then time import against the raw encoder and searches.
 
@@ -104,48 +158,85 @@ def run_search_scale(
     same machine load.  Search latencies (query embedding included) for fixed,
     adaptive and hybrid are interleaved query by query so noise hits all alike.
     The database is a temporary SQLite file, or with ``postgres`` (a server URL) a
-    throw-away database there.
+    throw-away database there; ``bulk_index`` and ``index_sweep``: :func:`_build`
+    and :func:`_index_sweep`.
     """
     records = synthetic_records(messages)
+    name = "postgres" if postgres else "sqlite"
     with scratch_location(postgres, name="scale", db_dir=db_dir) as location:
         engine = MemoryEngine(location, profile, embedder, load_reranker=False)
         try:
-            result = _measure(engine, records, queries, progress)
-            if postgres:
+            result = _build(engine, records, progress, bulk_index=bool(postgres) and bulk_index)
+            _add_searches(result, _time_searches({name: engine}, queries)[name])
+            result["knn"] = _rescore_sweep(engine, queries)
+            if postgres and index_sweep:
                 result["knn_by_index"] = _index_sweep(engine, queries)
         finally:
             engine.close()
-    return {"engine": "postgres" if postgres else "sqlite", **result}
+    return {"engine": name, **result}
 
 
 def run_search_scale_engines(
     profile: Profile, messages: int, postgres: str, *, queries: int = 100,
-    progress: Progress | None = None,
+    progress: Progress | None = None, vectors: str = "minilm", bulk_index: bool = False,
+    index_sweep: bool = True, cache: Path | None = None,
 ) -> dict[str, Any]:
-    """:func:`run_search_scale` on SQLite, then on PostgreSQL, in one run on one machine.
+    """The same corpus on SQLite and on PostgreSQL, searched side by side in one run.
 
-    Both get the same corpus and the same vectors: the second run takes them from
-    the first's embedder cache, so its ``import_msgs_per_s`` has no encoder time in
-    it (compare ``store_msgs_per_s`` and ``vectors_per_s``, which are storage only).
+    Both are built first (SQLite, then PostgreSQL), with the same vectors: with MiniLM
+    the second takes them from the first's embedder cache (``cache``, or a temporary
+    one), so its ``import_msgs_per_s`` has no encoder time in it (compare
+    ``store_msgs_per_s`` and ``vectors_per_s``, which are storage only); with
+    ``vectors="word-average"`` (:class:`WordAverageEmbedder`) both share one instance.
+    Then every search runs on one engine right after the other (which goes first
+    alternates), so a load that comes and goes on a shared machine hits both alike:
+    the ratio is what to read.
     """
     from benchmarks.retrieval import CachedEmbedder
 
-    with tempfile.TemporaryDirectory(prefix="memory-scale-cache-") as tmp:
-        cached = CachedEmbedder(SentenceTransformerEmbedder(profile.embedder),
-                                Path(tmp) / "vectors.npz")
-        sqlite = run_search_scale(profile, messages, queries=queries, embedder=cached,
-                                  progress=progress)
-        server = run_search_scale(profile, messages, queries=queries, embedder=cached,
-                                  progress=progress, postgres=postgres)
-    hybrid = server["search"]["hybrid"]["p50_ms"] / sqlite["search"]["hybrid"]["p50_ms"]
-    return {"sqlite": sqlite, "postgres": server, "postgres_vs_sqlite_hybrid_p50": round(hybrid, 3)}
+    records = synthetic_records(messages)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="memory-scale-cache-")))
+        base = SentenceTransformerEmbedder(profile.embedder)
+        cached = None if vectors == "word-average" else CachedEmbedder(
+            base, cache or tmp / "vectors.npz")
+        shared: Embedder = cached or WordAverageEmbedder(base)
+        engines: dict[str, MemoryEngine] = {}
+        for name, server in (("sqlite", None), ("postgres", postgres)):
+            location = stack.enter_context(scratch_location(server, name="scale"))
+            engines[name] = MemoryEngine(location, profile, shared, load_reranker=False)
+            stack.callback(engines[name].close)
+        results = {name: _build(engine, records, progress,
+                                bulk_index=name == "postgres" and bulk_index)
+                   for name, engine in engines.items()}
+        if cached is not None and cache is not None:
+            cached.save()
+        for name, latencies in _time_searches(engines, queries).items():
+            _add_searches(results[name], latencies)
+        for name, engine in engines.items():
+            results[name]["knn"] = _rescore_sweep(engine, queries)
+        if index_sweep:
+            results["postgres"]["knn_by_index"] = _index_sweep(engines["postgres"], queries)
+    hybrid = (results["postgres"]["search"]["hybrid"]["p50_ms"]
+              / results["sqlite"]["search"]["hybrid"]["p50_ms"])
+    return {"vectors": vectors, "searched": "side by side, query by query",
+            "sqlite": {"engine": "sqlite", **results["sqlite"]},
+            "postgres": {"engine": "postgres", **results["postgres"]},
+            "postgres_vs_sqlite_hybrid_p50": round(hybrid, 3)}
 
 
-def _measure(engine: MemoryEngine, records: list[MessageRecord], queries: int,
-             progress: Progress | None) -> dict[str, Any]:
+def _build(engine: MemoryEngine, records: list[MessageRecord], progress: Progress | None, *,
+           bulk_index: bool = False) -> dict[str, Any]:
+    """Import ``records`` (store, then embed, per 5,000); the rates and the database size.
+
+    ``bulk_index`` (PostgreSQL): store everything, write every vector without the
+    HNSW index and build it once at the end, as ``migrate-db`` does, then let VACUUM
+    mark the new pages visible (what autovacuum does in a while), each timed.
+    """
     engine.embedder.embed(["warm up"] * 64)  # load the weights outside the timings
     store_s = embed_s = raw_s = 0.0
     raw_texts = 0
+    maintenance: dict[str, float] = {}
     for start in range(0, len(records), 5000):
         started = time.perf_counter()
         engine.storage.messages.upsert(records[start : start + 5000])
@@ -153,35 +244,87 @@ def _measure(engine: MemoryEngine, records: list[MessageRecord], queries: int,
         sample = [engine.embedding_text(m) for m in engine.storage.backlog.pending(500)]
         raw_s += _encoder_seconds(engine, sample)
         raw_texts += len(sample)
+        if bulk_index:
+            continue  # every vector after every message, without the HNSW index
         started = time.perf_counter()
         engine.embed_pending(progress=progress)
         embed_s += time.perf_counter() - started
+    if bulk_index:
+        engine.storage.meta.bind_model(engine.embedder.model_id, engine.embedder.dimension)
+        _drop_hnsw(engine)
+        started = time.perf_counter()
+        engine.embed_pending(progress=progress)
+        embed_s += time.perf_counter() - started
+        maintenance = _build_hnsw(engine)
     import_rate = len(records) / (store_s + embed_s)
     raw_rate = raw_texts / raw_s
-    latencies = _time_searches(engine, queries)
-    knn = _rescore_sweep(engine, queries)
     return {
         "machine": machine_description(),
         "messages": len(records),
-        "queries": queries,
         "import_msgs_per_s": round(import_rate, 1),
         "store_msgs_per_s": round(len(records) / store_s, 1),
         "vectors_per_s": round(len(records) / embed_s, 1),
+        **maintenance,
+        "database_mb": round(_database_bytes(engine) / 2**20, 1),
         "raw_encoder_msgs_per_s": round(raw_rate, 1),
         "import_vs_encoder": round(import_rate / raw_rate, 3),
-        "search": {
-            mode: {"p50_ms": round(percentile(v, 50), 2), "p95_ms": round(percentile(v, 95), 2)}
-            for mode, v in latencies.items()
-        },
-        "adaptive_vs_fixed_p50": round(
-            percentile(latencies["adaptive"], 50) / percentile(latencies["fixed"], 50), 3
-        ),
-        "allow_list_vs_hybrid_p50": round(
-            percentile(latencies["hybrid_allow_list_500"], 50)
-            / percentile(latencies["hybrid"], 50), 3
-        ),
-        "knn": knn,
     }
+
+
+def _add_searches(result: dict[str, Any], latencies: dict[str, list[float]]) -> None:
+    """Each mode's p50 and p95 into ``result``, and the ratios between modes."""
+    result["queries"] = len(latencies["hybrid"])
+    result["search"] = {
+        mode: {"p50_ms": round(percentile(v, 50), 2), "p95_ms": round(percentile(v, 95), 2)}
+        for mode, v in latencies.items()
+    }
+    result["adaptive_vs_fixed_p50"] = round(
+        percentile(latencies["adaptive"], 50) / percentile(latencies["fixed"], 50), 3)
+    result["allow_list_vs_hybrid_p50"] = round(
+        percentile(latencies["hybrid_allow_list_500"], 50) / percentile(latencies["hybrid"], 50), 3)
+
+
+def _drop_hnsw(engine: MemoryEngine) -> None:
+    """PostgreSQL: no HNSW index while the vectors go in (``migrate-db``'s way)."""
+    from memory.storage.postgres.transfer import PostgresEndpoint
+
+    PostgresEndpoint(engine.storage).prepare()  # type: ignore[arg-type]
+
+
+def _build_hnsw(engine: MemoryEngine) -> dict[str, float]:
+    """PostgreSQL: build the HNSW index over every vector, then VACUUM ANALYZE; each timed.
+
+    The build gets 2 GB of ``maintenance_work_mem`` (the graph of 1M ``halfvec``
+    vectors is ~1.1 GB; pgvector builds far slower when it does not fit).
+    """
+    from memory.storage.postgres.connection import connect as connect_postgres
+    from memory.storage.postgres.vectors import create_index
+
+    storage: Any = engine.storage
+    model = storage.meta.embedding_model()
+    started = time.perf_counter()
+    with storage.database.write() as conn:
+        conn.execute("SET LOCAL maintenance_work_mem = '2GB'")
+        create_index(conn, model[1], storage.vectors.index)
+    built_s = time.perf_counter() - started
+    server = connect_postgres(storage.database.url)
+    try:
+        started = time.perf_counter()
+        server.execute("VACUUM ANALYZE")
+        vacuum_s = time.perf_counter() - started
+    finally:
+        server.close()
+    return {"hnsw_build_s": round(built_s, 1), "vacuum_analyze_s": round(vacuum_s, 1)}
+
+
+def _database_bytes(engine: MemoryEngine) -> int:
+    """The database's size: the SQLite file and its WAL, or PostgreSQL's database."""
+    location = engine.storage.database.location
+    if is_postgres_url(location):
+        return int(engine.storage.database.read(  # type: ignore[attr-defined]
+            "SELECT pg_database_size(current_database())")[0][0])
+    return sum(Path(f"{location}{suffix}").stat().st_size for suffix in ("", "-wal")
+               if Path(f"{location}{suffix}").exists())
 
 
 def _encoder_seconds(engine: MemoryEngine, texts: list[str]) -> float:
@@ -192,25 +335,34 @@ def _encoder_seconds(engine: MemoryEngine, texts: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def _time_searches(engine: MemoryEngine, count: int) -> dict[str, list[float]]:
+def _time_searches(engines: dict[str, MemoryEngine],
+                   count: int) -> dict[str, dict[str, list[float]]]:
+    """Per engine, per mode: the latencies of ``count`` random searches, interleaved.
+
+    Every text runs in every mode on every engine in a row; which mode, and which
+    engine, goes first takes turns (the first finds colder caches).
+    """
     rng = random.Random(1)
     modes = {"fixed": RETRIEVAL_MODES["fixed"], "adaptive": RETRIEVAL_MODES["adaptive"],
              "hybrid": RETRIEVAL_MODES["hybrid"],
              # a member of a 500-channel server who can read 7 of the 8 busy channels
              "hybrid_allow_list_500": {**RETRIEVAL_MODES["hybrid"],
                                        "allowed_channel_ids": ALLOW_LIST_500}}
-    latencies: dict[str, list[float]] = {m: [] for m in modes}
-    engine.search("warm up", guild_id=SCALE_GUILD)
+    latencies: dict[str, dict[str, list[float]]] = {name: {m: [] for m in modes} for name in engines}
+    for engine in engines.values():
+        engine.search("warm up", guild_id=SCALE_GUILD)
     order = list(modes.items())
+    names = list(engines)
     for i in range(count):
         text = " ".join(_words(rng, rng.randint(2, 6)))
-        # the first mode to run a text finds colder caches: take turns at going first
         turn = i % len(order)
         for mode, fields in order[turn:] + order[:turn]:
             request = replace(SearchRequest(queries=(text,), guild_id=SCALE_GUILD), **fields)
-            started = time.perf_counter()
-            engine.search(request)
-            latencies[mode].append((time.perf_counter() - started) * 1000)
+            first = (i // len(order)) % len(names)
+            for name in names[first:] + names[:first]:
+                started = time.perf_counter()
+                engines[name].search(request)
+                latencies[name][mode].append((time.perf_counter() - started) * 1000)
     return latencies
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from benchmarks.common import machine_description, scratch_location
 from benchmarks.scale import synthetic_records
+from memory.errors import StorageBusy
 from memory.storage import open_storage
 from memory.storage.postgres.connection import connect, is_postgres_url
 
@@ -32,14 +33,13 @@ DIM = 384
 
 
 def _retrying(write: Callable[[], T]) -> T:
-    """Run a write again while SQLite says another process holds its lock (as the bot's
-    write queue does: ``cogs.capture``); PostgreSQL writers never get here."""
+    """Run a write again while the database says it cannot take it now
+    (:class:`~memory.errors.StorageBusy`), as the bot's write queue does
+    (``cogs.memory.capture``)."""
     while True:
         try:
             return write()
-        except Exception as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
+        except StorageBusy:
             time.sleep(0.05)
 
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         RerankerUnavailable,
         SearchInputError,
         SettingsError,
+        StorageBusy,
     )
     from memory.records import Hit, SearchResult, Trace
     from memory.rerank.service import RerankerStatus
@@ -48,7 +49,7 @@ _HOMES = {
             "MemoryBotError", "ConfigError", "DatabaseFileError", "DiskFullError",
             "EmbeddingModelMismatch", "EmbeddingModelChanged", "ImportFormatError",
             "SettingsError", "SearchInputError", "RerankerError", "RerankerUnavailable",
-            "ChatModelError",
+            "ChatModelError", "StorageBusy",
         )
     },
 }
@@ -57,7 +58,7 @@ __all__ = [
     "ChatModelError", "ConfigError", "DatabaseFileError", "DiskFullError",
     "EmbeddingModelChanged", "EmbeddingModelMismatch", "Hit", "ImportFormatError",
     "MemoryBotError", "MemoryEngine", "RerankerError", "RerankerStatus", "RerankerUnavailable",
-    "SearchInputError", "SearchRequest", "SearchResult", "SettingsError", "Trace",
+    "SearchInputError", "SearchRequest", "SearchResult", "SettingsError", "StorageBusy", "Trace",
 ]
 
 

@@ -26,6 +26,20 @@ class DiskFullError(DatabaseFileError):
     before it is intact."""
 
 
+class StorageBusy(MemoryBotError):
+    """The database could not take a write now, and the same write can simply be tried
+    again: SQLite's lock is held by another process past the busy timeout; on
+    PostgreSQL a deadlock or serialization failure was resolved against this
+    transaction, a lock wait ran past ``lock_timeout``, or the connection to the
+    server was lost (a restart, a fail-over).
+
+    Nothing of the interrupted transaction is visible — except that a connection lost
+    during ``COMMIT`` leaves it unknown whether the commit landed, which is why every
+    write the bot retries is idempotent (an upsert of the same records, a forget of
+    the same ids).
+    """
+
+
 class ConfigError(MemoryBotError):
     """A profile file or value is invalid; the message names the file and key."""
 

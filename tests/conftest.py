@@ -31,8 +31,9 @@ from tests.support.builders import (  # noqa: F401  (re-exported: the fixtures' 
     snowflake,
 )
 
-# the session's PostgreSQL server and fresh databases on it (tests marked `postgres`)
-pytest_plugins = ["tests.support.postgres"]
+# the session's PostgreSQL server and fresh databases on it (tests marked `postgres`), and
+# the fixtures of tests that run once per storage engine
+pytest_plugins = ["tests.support.postgres", "tests.support.engines"]
 
 @pytest.fixture
 def tmp_db(tmp_path: Path) -> Path:

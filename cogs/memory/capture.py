@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import discord
 
-from memory.errors import DiskFullError
+from memory.errors import DiskFullError, StorageBusy
 from memory.records import MessageRecord, datetime_to_ms
 
 log = logging.getLogger(__name__)
@@ -69,9 +69,10 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
 
 
 def is_busy(exc: BaseException) -> bool:
-    """Whether ``exc`` is SQLite saying another connection holds the lock (worth retrying)."""
-    text = str(exc).lower()
-    return type(exc).__name__ == "OperationalError" and ("locked" in text or "busy" in text)
+    """Whether ``exc`` says the database could not take the write now (worth retrying
+    at once, without counting towards giving up): :class:`~memory.errors.StorageBusy`,
+    which both storage engines raise for it."""
+    return isinstance(exc, StorageBusy)
 
 
 Apply = Callable[[list], object]

@@ -26,7 +26,13 @@ Nothing here names SQL or a driver type.  The promises every engine keeps:
 
 Errors are the typed ones of :mod:`memory.errors`: a write to a read-only database
 raises :class:`~memory.errors.DatabaseFileError`, a full disk
-:class:`~memory.errors.DiskFullError`, a vector of another embedding model
+:class:`~memory.errors.DiskFullError`, a write the database could not take *now*
+:class:`~memory.errors.StorageBusy` (SQLite: another process held the lock past the
+busy timeout; PostgreSQL: a deadlock or serialization failure resolved against it, a
+lock wait past ``lock_timeout``, a lost connection) — nothing of it applied, and the
+same call can run again (every write method is idempotent for the same arguments,
+which is what makes a retry after a connection lost during ``COMMIT`` safe), a
+vector of another embedding model
 :class:`~memory.errors.EmbeddingModelChanged` /
 :class:`~memory.errors.EmbeddingModelMismatch`, an empty id filter
 :class:`~memory.errors.SearchInputError`.
@@ -45,10 +51,17 @@ from memory.records import MessageRecord, PendingMessage, StoredMessage
 from memory.settings import GuildSettings
 
 __all__ = [
-    "BackfillCursor", "Backlog", "Database", "Forgetting", "GuildStats", "Guilds",
+    "EXACT_KNN_MAX", "BackfillCursor", "Backlog", "Database", "Forgetting", "GuildStats", "Guilds",
     "KeywordIndex", "Messages", "Meta", "ReconcileCursor", "Storage", "StoreStats",
     "UpsertStats", "VectorIndex",
 ]
+
+
+EXACT_KNN_MAX = 4096
+"""A KNN whose guild holds at most this many vectors is exact (:meth:`VectorIndex.knn`):
+at this size every distance costs a few milliseconds, and the two engines' different
+approximations (SQLite's 1-bit codes, pgvector's HNSW graph) would otherwise rank a
+small guild's neighbours slightly differently.  4096 is also sqlite-vec's largest k."""
 
 
 # -- results -------------------------------------------------------------------------------
@@ -138,6 +151,13 @@ class Database(Protocol):
 
     def schema_version(self) -> int:
         """How many schema migrations the database has seen."""
+        ...
+
+    def set_busy_timeout(self, seconds: float | None) -> None:
+        """How long a write waits for another writer's lock before it raises
+        :class:`~memory.errors.StorageBusy`.  ``None``: the engine's default (SQLite:
+        5 s; PostgreSQL: the server's ``lock_timeout``, which by default waits as long
+        as it takes)."""
         ...
 
     def close(self) -> None:
@@ -482,7 +502,8 @@ class Meta(Protocol):
 
     def reset_embeddings(self, model_id: str, dimension: int) -> None:
         """Drop every vector and bind to a new model; all messages become pending, and
-        :attr:`model` becomes ``model_id``."""
+        :attr:`model` becomes ``model_id``.  The cached similarity floors
+        (:meth:`VectorIndex.similarity_floor`) go with the vectors they describe."""
         ...
 
     def model_changed(self) -> str | None:
@@ -556,7 +577,10 @@ class VectorIndex(Protocol):
 
         Empty before anything is embedded.  ``rescore`` lets an engine that searches
         approximately first fetch ``k × rescore`` candidates and rank them by exact
-        cosine; one that searches exactly may ignore it.
+        cosine; one that searches exactly may ignore it.  Every engine searches
+        exactly when the searched guild (all guilds, without a guild filter) holds at
+        most :data:`EXACT_KNN_MAX` vectors: a small guild gets the true nearest
+        neighbours, the same list on every engine, at the cost of a few milliseconds.
 
         Raises:
             SearchInputError: An id filter is an empty list.

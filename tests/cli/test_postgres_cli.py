@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from cli.app import main
 from memory.config import load_profile_file
 from memory.errors import ConfigError
 from memory.storage import open_storage
+from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.postgres
 
@@ -59,3 +61,25 @@ def test_the_profile_names_the_database_when_db_is_not_given(
 def test_a_storage_url_must_be_postgresql(tmp_path: Path, url: str) -> None:
     with pytest.raises(ConfigError, match="storage.url must be a postgresql:// URL"):
         load_profile_file(_profile(tmp_path, url))
+
+
+@pytest.mark.slow
+def test_bench_search_scale_runs_both_engines_with_a_bulk_index(
+    postgres_server: PostgresServer, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """The 1M-message run's shape, small: word-averaged vectors shared by both engines, the
+    HNSW index built once at the end (timed), the database sizes."""
+    out_file = tmp_path / "scale.json"
+    code = main(["--profile", "cpu-fast", "bench", "search-scale", "--messages", "300",
+                 "--queries", "4", "--postgres", postgres_server.url, "--vectors", "word-average",
+                 "--bulk-index", "--no-index-sweep", "--json", str(out_file)])
+    capsys.readouterr()
+    assert code == 0
+    result = json.loads(out_file.read_text(encoding="utf-8"))
+    assert result["vectors"] == "word-average" and result["postgres_vs_sqlite_hybrid_p50"] > 0
+    assert result["searched"] == "side by side, query by query"
+    assert result["sqlite"]["queries"] == result["postgres"]["queries"] == 4
+    for engine in ("sqlite", "postgres"):
+        assert result[engine]["database_mb"] > 0
+        assert result[engine]["knn"]["1"]["exact_top10_overlap"] == 1.0  # a small guild: exact
+    assert result["postgres"]["hnsw_build_s"] >= 0 and "knn_by_index" not in result["postgres"]

@@ -34,14 +34,21 @@ def server() -> dict:
 
 
 @pytest.fixture
-async def setup(tmp_path, monkeypatch):
+def memory_location(tmp_path) -> str:
+    """The bot's database (a module may override it: tests/test_retention.py runs the
+    backfill on every storage engine)."""
+    return str(tmp_path / "bot.sqlite3")
+
+
+@pytest.fixture
+async def setup(memory_location, monkeypatch):
     fake = FakeDiscord()
     base = await fake.start()
     monkeypatch.setattr(discord.http.Route, "BASE", base)
     monkeypatch.setattr("cogs.memory.backfill.PAGE_PAUSE_S", 0)
     # start-up reconcile has its own tests (test_reconcile.py); these count backfill requests
     profile = Profile(name="test", reconcile=ReconcileConfig(on_start=False))
-    engine = MemoryEngine(tmp_path / "bot.sqlite3", profile, HashEmbedder(), load_reranker=False)
+    engine = MemoryEngine(memory_location, profile, HashEmbedder(), load_reranker=False)
     h = Harness(engine, [server()])
     await h.start()
     await h.bot.http.static_login("good-token")

@@ -4,7 +4,8 @@ opt-out or in excluded channels, and a forgotten member staying forgotten.
 Messages and edits arrive as gateway payloads through discord.py's own parsers,
 commands as interaction payloads through the command tree, backfill pages from a
 stand-in for Discord's REST API on 127.0.0.1, imports through the CLI; the
-database is a real SQLite file that another connection keeps busy where the race
+database is a real SQLite file or a real PostgreSQL database (every test runs on
+both engines, ``db_location``), which another session keeps busy where the race
 needs it.
 """
 
@@ -27,11 +28,10 @@ from cogs.memory.capture import record_from_message
 from memory.config import Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
-from memory.storage.sqlite.connection import connect
 from tests.support.builders import HashEmbedder
 from tests.support.discord_harness import READ, Harness, channel, guild, member, role
 from tests.support.discord_standin import FakeDiscord
-from tests.support.sqlite import sql_rows
+from tests.support.engines import another_writer, inspect
 
 G, GENERAL, RANDOM = 960, 961, 962
 ALICE, BOB, ADMIN = 1301, 1302, 1303
@@ -46,13 +46,12 @@ def server() -> dict:
 
 
 @pytest.fixture
-async def setup(tmp_path, monkeypatch):
+async def setup(db_location, monkeypatch):
     fake = FakeDiscord()
     base = await fake.start()
     monkeypatch.setattr(discord.http.Route, "BASE", base)
     monkeypatch.setattr("cogs.memory.backfill.PAGE_PAUSE_S", 0)
-    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
-                          load_reranker=False)
+    engine = MemoryEngine(db_location, Profile(name="test"), HashEmbedder(), load_reranker=False)
     h = Harness(engine, [server()])
     await h.start()
     await h.bot.http.static_login("good-token")
@@ -108,34 +107,23 @@ def found(h: Harness, words: str) -> bool:
 
 
 def tombstoned(h: Harness, *payloads: dict) -> int:
-    marks = ",".join("?" * len(payloads))
-    return sql_rows(h.engine.storage.database.location,
-                    f"SELECT count(*) FROM tombstones WHERE message_id IN ({marks})",
-                                 [int(p["id"]) for p in payloads])[0][0]
+    return inspect(h.engine.storage).tombstones([int(p["id"]) for p in payloads])
 
 
 @contextlib.asynccontextmanager
 async def busy_database(h: Harness) -> AsyncIterator[None]:
-    """Another connection holds the write lock for LOCK_S from now; the store waits less.
+    """Another session holds the write lock for LOCK_S from now; the store waits less.
 
-    The store gives up after STORE_WAITS_S, so the write queue backs off and retries:
-    the moment a deletion run beside the queue would slip in front of queued writes.
+    The store gives up after STORE_WAITS_S (StorageBusy), so the write queue backs off
+    and retries: the moment a deletion run beside the queue would slip in front of
+    queued writes.
     """
-    other = connect(h.engine.storage.database.location)
-    other.execute("BEGIN IMMEDIATE")
-    h.engine.storage.database.set_busy_timeout(STORE_WAITS_S)
-
-    def release() -> None:
-        other.execute("COMMIT")
-        other.close()
-
-    handle = asyncio.get_running_loop().call_later(LOCK_S, release)
-    try:
-        yield
-    finally:
-        if not handle.cancelled() and handle.when() > asyncio.get_running_loop().time():
+    with another_writer(h.engine.storage, wait_s=STORE_WAITS_S) as release:
+        handle = asyncio.get_running_loop().call_later(LOCK_S, release)
+        try:
+            yield
+        finally:
             handle.cancel()
-            release()
 
 
 def old(h: Harness, text: str, days: int) -> dict:
@@ -271,14 +259,14 @@ def export_file(path: Path, messages: list[tuple[int, str]]) -> Path:
     return path
 
 
-async def test_a_forgotten_member_is_not_stored_again_by_any_path(setup, tmp_path, capsys):
+async def test_a_forgotten_member_is_not_stored_again_by_any_path(setup, tmp_path, capsys,
+                                                                   db_location):
     h, fake = setup
     said = await send(h, "alice's stored line about kayaks")
     await settle(h)
     reply = await slash(h, "memory forget-me", member(ALICE, "alice"))
     assert "Deleted 1 of your messages" in reply and "opt-in" in reply
-    names = sql_rows(h.engine.storage.database.location,
-                     "SELECT count(*) FROM authors WHERE id = ?", (ALICE,))[0][0]
+    names = inspect(h.engine.storage).author_rows(ALICE)
     assert names == 0 and ALICE not in {m[0] for m in h.engine.storage.messages.members(None)}
 
     # live capture, and an edit of the forgotten message
@@ -294,7 +282,7 @@ async def test_a_forgotten_member_is_not_stored_again_by_any_path(setup, tmp_pat
     await settle(h)
     # an import of an export into this guild's database, through the CLI
     exported = export_file(tmp_path / "export.json", [(int(older[0]["id"]) - 5, "kayak export")])
-    code = await asyncio.to_thread(bot.main, ["--db", h.engine.storage.database.location,
+    code = await asyncio.to_thread(bot.main, ["--db", db_location,
                                               "--profile", "cpu-fast",
                                               "import", "--no-embed", str(exported)])
     capsys.readouterr()
@@ -302,10 +290,8 @@ async def test_a_forgotten_member_is_not_stored_again_by_any_path(setup, tmp_pat
 
     assert stored(h, bobs)
     assert not stored(h, said, live, *older) and not found(h, "kayaks") and not found(h, "kayak")
-    assert sql_rows(h.engine.storage.database.location,
-                    "SELECT count(*) FROM messages WHERE author_id = ?", (ALICE,))[0][0] == 0
-    assert sql_rows(h.engine.storage.database.location,
-                    "SELECT count(*) FROM authors WHERE id = ?", (ALICE,))[0][0] == 0
+    assert h.engine.storage.messages.guild_stats(G, author_id=ALICE).member_messages == 0
+    assert inspect(h.engine.storage).author_rows(ALICE) == 0
 
     await slash_plain(h, "memory opt-in", member(ALICE, "alice"))
     back = await send(h, "alice is back, talking about rafts")

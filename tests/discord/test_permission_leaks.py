@@ -98,9 +98,11 @@ def standin():
 
 
 @pytest.fixture
-async def harness(tmp_path, standin):
+async def harness(db_location, standin):
+    """The bot on a fresh database of each storage engine (``db_location``): the allow-lists
+    apply inside both engines' vector and keyword stages."""
     llm = LLMConfig(base_url=standin.base_url("ok"), model="m", timeout_s=5.0)
-    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test", llm=llm),
+    engine = MemoryEngine(db_location, Profile(name="test", llm=llm),
                           RecordingEmbedder(), load_reranker=False)
     h = Harness(engine, [server(), other_server()])
     await h.start()
@@ -424,7 +426,9 @@ async def test_an_import_keeps_reply_context_in_its_channel(harness, tmp_path, w
     await assert_reply_context_stays_in_its_channel(h)
 
 
-async def test_vectors_built_with_another_channels_text_are_embedded_again(harness, tmp_path):
+# SQLite's migration 9; PostgreSQL's first schema came after the fix
+@pytest.mark.parametrize("storage_kind", ["sqlite"])
+async def test_vectors_built_with_another_channels_text_are_embedded_again(harness):
     """The migration: a database whose replies were embedded with another channel's text
     (before this fix) sends them back to the backlog; they re-embed with their own."""
     h = harness
@@ -442,7 +446,7 @@ async def test_vectors_built_with_another_channels_text_are_embedded_again(harne
     storage.backlog.write_vectors([reply], np.asarray(h.engine.embedder.embed([leaky])))
     assert any(CROSS_TEXT in t for t in await found(h, BOB, "merger with globex friday"))
 
-    conn = connect(tmp_path / "bot.sqlite3")  # reopened by the version before the migration
+    conn = connect(storage.database.location)  # reopened by the version before the migration
     conn.execute(f"PRAGMA user_version = {MIGRATIONS.index(reembed_cross_channel_replies)}")
     migrate(conn)
     conn.close()

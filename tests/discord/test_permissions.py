@@ -6,7 +6,8 @@ read the history of, public, private and archived threads, and a second server.
 Every channel holds a message with the same word; each member then searches by
 every route (the engine allow-list, ``/search`` private and public, ``channel:``,
 the context menu, a mention reply), and every cell is checked against a table
-written by hand from Discord's rules, not computed by the code under test.
+written by hand from Discord's rules, not computed by the code under test.  The
+memory is a database of each storage engine (``db_location``).
 """
 
 from __future__ import annotations
@@ -100,9 +101,10 @@ def other_server() -> dict:
 
 
 @pytest.fixture
-async def harness(tmp_path):
-    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
-                          load_reranker=False)
+async def harness(db_location):
+    """The world on a database of each storage engine: the allow-list applies inside both
+    engines' vector and keyword stages."""
+    engine = MemoryEngine(db_location, Profile(name="test"), HashEmbedder(), load_reranker=False)
     h = Harness(engine, [server(), other_server()])
     await h.start()
     # alice takes part in the private thread (THREAD_MEMBERS_UPDATE from the gateway)

@@ -4,7 +4,8 @@ Each test lives twice: the bot first runs with the whole server (messages are
 captured from gateway payloads), stops, and starts again with the server as its
 gateway describes it after changes made while it was offline.  Discord's REST API
 (channel lookups, history pages, the bot's guild list) is tests/discord/fake_discord.py;
-discord.py's own HTTP client makes the requests.
+discord.py's own HTTP client makes the requests.  The bot's memory is a database of
+each storage engine (``db_location``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from memory.errors import ConfigError
 from tests.support.builders import HashEmbedder
 from tests.support.discord_harness import READ, Harness, channel, guild, member, role, thread
 from tests.support.discord_standin import FakeDiscord
-from tests.support.sqlite import sql_rows
+from tests.support.engines import inspect
 
 G, GENERAL, OLD, THREAD, ARCHIVED, PRIVATE, OLD_THREAD = 960, 961, 962, 963, 964, 965, 966
 OTHER_G, OTHER_CHANNEL = 970, 971
@@ -83,9 +84,9 @@ async def fake(monkeypatch):
 
 
 @pytest.fixture
-async def world(tmp_path, fake):
+async def world(db_location, fake):
     """Run one: the bot stores messages everywhere, then stops."""
-    engine = MemoryEngine(tmp_path / "bot.sqlite3", PROFILE, HashEmbedder(), load_reranker=False)
+    engine = MemoryEngine(db_location, PROFILE, HashEmbedder(), load_reranker=False)
     first = Harness(engine, [server(deleted_offline=False), other_server()])
     await first.start()
     w = World(engine, fake)
@@ -132,12 +133,8 @@ def delete_on_discord(w: World, place: int, ids: list[int]) -> None:
 
 def forgotten(w: World, ids: list[int]) -> bool:
     """Gone from the rows, the keyword index and the vectors, and tombstoned."""
-    db = w.engine.storage.database.location
-    marks = ",".join("?" * len(ids))
-    left = sql_rows(db, f"SELECT count(*) FROM messages WHERE id IN ({marks})", ids)[0][0]
-    indexed = sql_rows(db, f"SELECT count(*) FROM search_text WHERE id IN ({marks})", ids)[0][0]
-    tombs = sql_rows(db, f"SELECT count(*) FROM tombstones WHERE message_id IN ({marks})",
-                     ids)[0][0]
+    rows = inspect(w.engine.storage)
+    left, indexed, tombs = rows.message_rows(ids), rows.index_rows(ids), rows.tombstones(ids)
     return left == 0 and indexed == 0 and tombs == len(ids)
 
 

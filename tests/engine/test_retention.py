@@ -1,6 +1,10 @@
 """Retention holds between the hourly purges: nothing older than a guild's retention
 period is stored (live capture, backfill, import) or returned (search, the chat
-model's context), whether the purge has run yet or not (issue 19, item 6)."""
+model's context), whether the purge has run yet or not (issue 19, item 6).
+
+Every test runs on both storage engines (``db_location``, :mod:`tests.support.engines`); what
+was never stored is absent from the SQLite file's bytes, and from every row of the
+PostgreSQL database."""
 
 from __future__ import annotations
 
@@ -17,9 +21,10 @@ import bot
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.search import SearchRequest
-from memory.storage import open_storage
+from memory.storage import Storage, open_storage
 from tests.discord.test_backfill import ALICE, GENERAL, G, backfill, history, setup  # noqa: F401
 from tests.support.builders import GUILD, snowflake
+from tests.support.engines import holds_text
 
 DAY_MS = 86_400_000
 
@@ -29,9 +34,24 @@ def days_ago(days: float) -> int:
     return int(time.time() * 1000) - int(days * DAY_MS)
 
 
-def file_bytes(path: Path) -> bytes:
-    """The database file and its write-ahead log, as they are on disk."""
-    return b"".join(p.read_bytes() for p in (path, Path(f"{path}-wal")) if p.exists())
+@pytest.fixture
+def tmp_db(db_location: str) -> str:
+    """The root ``engine`` fixture's database: one per storage engine."""
+    return db_location
+
+
+@pytest.fixture
+def memory_location(db_location: str) -> str:
+    """The backfill harness's database (``tests.discord.test_backfill.setup``): one per engine."""
+    return db_location
+
+
+def holds(location: str, text: str) -> bool:
+    storage: Storage = open_storage(location, read_only=True)
+    try:
+        return holds_text(storage, text)
+    finally:
+        storage.close()
 
 
 @pytest.fixture
@@ -42,7 +62,7 @@ def aged(make_record: Callable[..., MessageRecord]) -> Callable[[str, float], Me
 
 
 def test_ingest_leaves_out_messages_older_than_retention(
-    engine: MemoryEngine, aged: Callable[..., MessageRecord], tmp_db: Path
+    engine: MemoryEngine, aged: Callable[..., MessageRecord]
 ) -> None:
     engine.storage.guilds.update_settings(GUILD, retention_days=30)
     records = [aged("fresh pelican notes", 1), aged("late pelican notes", 29),
@@ -53,9 +73,9 @@ def test_ingest_leaves_out_messages_older_than_retention(
     assert (stats.inserted, stats.expired) == (2, 2)
     assert engine.storage.messages.count() == 2
     assert engine.search("walrus", guild_id=GUILD).hits == []
-    data = file_bytes(tmp_db)
-    assert b"ninetydaymarker" not in data and b"hundredtwentymarker" not in data
-    assert b"pelican" in data  # the test reads the right bytes
+    assert not holds_text(engine.storage, "ninetydaymarker")
+    assert not holds_text(engine.storage, "hundredtwentymarker")
+    assert holds_text(engine.storage, "pelican")  # the test reads the right bytes
 
 
 def test_a_guild_without_retention_keeps_old_messages(
@@ -94,9 +114,9 @@ def test_search_and_context_hide_what_aged_past_retention_before_the_purge(
 
 
 def test_an_import_of_old_exports_stores_only_what_retention_keeps(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+    tmp_path: Path, capsys: pytest.CaptureFixture, db_location: str
 ) -> None:
-    db = tmp_path / "memory.sqlite3"
+    db = db_location
     storage = open_storage(db)
     storage.guilds.update_settings(900, retention_days=30)
     storage.close()
@@ -116,7 +136,7 @@ def test_an_import_of_old_exports_stores_only_what_retention_keeps(
     out = capsys.readouterr().out
     assert code == 0
     assert "1 new" in out and "2 older than the server's retention period (not stored)" in out
-    assert b"egretmarker" not in file_bytes(db) and b"heron" in file_bytes(db)
+    assert not holds(db, "egretmarker") and holds(db, "heron")
 
 
 async def test_a_backfill_of_old_history_stores_only_what_retention_keeps(setup):  # noqa: F811
@@ -135,5 +155,5 @@ async def test_a_backfill_of_old_history_stores_only_what_retention_keeps(setup)
 
     assert summary.startswith("Backfill finished")
     assert h.engine.storage.messages.count() == 3
-    assert b"backfillmarker" not in file_bytes(Path(h.engine.storage.database.location))
+    assert not holds_text(h.engine.storage, "backfillmarker")
     assert h.engine.search("backfillmarker", guild_id=G).hits == []

@@ -1,8 +1,8 @@
 """The storage suite runs once per storage engine.
 
-Every fixture here is parametrised by :func:`storage_kind` (``ENGINES``): a test that
-takes ``storage``, ``engine``, ``make_engine``, ``tmp_db`` or ``make_location`` runs
-against each engine, through the contract (:mod:`memory.storage.contract`) only.
+Every fixture here is parametrised by ``storage_kind`` (:mod:`tests.support.engines`): a test
+that takes ``storage``, ``engine``, ``make_engine``, ``tmp_db`` or ``make_location``
+runs against each engine, through the contract (:mod:`memory.storage.contract`) only.
 Where a test must look under the contract (how many rows the keyword index holds,
 what a window's stored text is), it asks the engine's :class:`Inspector`
 (``inspector``), which each engine implements in its own terms.
@@ -14,7 +14,6 @@ A module that tests one engine's own files and SQL (``test_sqlite_*.py``) overri
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -22,36 +21,6 @@ from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.storage import Storage, open_storage
 from tests.support.builders import CHANNEL
-from tests.support.inspection import Inspector, SQLiteInspector
-from tests.support.postgres_inspection import PostgresInspector
-
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-"""The engines the storage suite runs against; ``postgres`` runs on the session's
-server (:mod:`tests.support.postgres`) and skips with the reason where it cannot start."""
-
-
-@pytest.fixture(params=ENGINES)
-def storage_kind(request: pytest.FixtureRequest) -> str:
-    """Which storage engine this run of the test uses."""
-    return str(request.param)
-
-
-@pytest.fixture
-def make_location(storage_kind: str, tmp_path: Path,
-                  request: pytest.FixtureRequest) -> Callable[[str], str]:
-    """Factory: a fresh, empty database location of this engine, one per ``name``."""
-    made: dict[str, str] = {}
-
-    def make(name: str = "memory") -> str:
-        if storage_kind == "sqlite":
-            return str(tmp_path / f"{name}.sqlite3")
-        if storage_kind == "postgres":
-            if name not in made:
-                made[name] = request.getfixturevalue("postgres_url")()
-            return made[name]
-        raise AssertionError(f"no locations for storage engine {storage_kind!r}")
-
-    return make
 
 
 @pytest.fixture
@@ -66,16 +35,6 @@ def storage(tmp_db: str) -> Iterator[Storage]:
     opened = open_storage(tmp_db)
     yield opened
     opened.close()
-
-
-@pytest.fixture
-def inspector(storage_kind: str) -> Callable[[Storage], Inspector]:
-    """Factory: an :class:`Inspector` for a storage's database."""
-    if storage_kind == "sqlite":
-        return lambda storage: SQLiteInspector(storage.database.location)
-    if storage_kind == "postgres":
-        return lambda storage: PostgresInspector(storage.database.url)  # type: ignore[attr-defined]
-    raise AssertionError(f"no inspector for storage engine {storage_kind!r}")
 
 
 @pytest.fixture

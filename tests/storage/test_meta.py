@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from memory.engine import MemoryEngine
@@ -114,3 +115,36 @@ def test_a_model_replaced_by_another_process_is_noticed_before_anything_is_writt
     assert running.storage.meta.embedding_model() == ("test/other-64", 64)
     assert row_counts(running.storage, inspector) == {"messages": 6, "fts": 6, "vectors": 6}
     assert stored_vector(running.storage, late.id).shape == (64,)
+
+
+def test_reembed_forgets_the_old_models_similarity_floors(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str
+) -> None:
+    """A floor is a property of one model's vectors: after ``reembed`` it is computed again
+    from the new vectors, not served from the old model's cache."""
+    words = ["garden", "kayak", "pizza", "oven", "router", "violin", "tax", "chess", "moss",
+             "comet", "ferry", "quilt", "lemon", "badge"]
+    records = [make_record(f"{words[i % 14]} {words[(i * 5 + 3) % 14]} {i}") for i in range(60)]
+    first = make_engine(tmp_db, HashEmbedder(128), context="none")
+    first.ingest(records)
+    old = first.storage.vectors.similarity_floor(GUILD, 0.9)
+    first.close()
+
+    # a model whose vectors all point the same way: every pair is nearly identical
+    second = make_engine(tmp_db, _SameDirection(), check_model=False, context="none")
+    second.reembed()
+    floor = second.storage.vectors.similarity_floor(GUILD, 0.9)
+    assert old is not None and old < 0.9
+    assert floor is not None and floor > 0.99
+
+
+class _SameDirection(HashEmbedder):
+    """A model whose vectors are all close to one direction (pairs' cosine near 1)."""
+
+    def __init__(self) -> None:
+        super().__init__(32, model_id="test/same-direction")
+
+    def embed(self, texts):  # type: ignore[no-untyped-def]
+        noise = super().embed(texts) * 0.01
+        noise[:, 0] += 1.0
+        return noise / np.linalg.norm(noise, axis=1, keepdims=True)

@@ -121,7 +121,7 @@ def _check_indexes(storage: PostgresStorage, stored: set[int]) -> None:
     """The windows, keyword documents and totals equal a rebuild from the stored rows."""
     read = storage.database.read
     before = read("SELECT id, context, context_ids, contentful FROM search_text ORDER BY id")
-    documents = read("SELECT id, terms, length FROM keyword_windows ORDER BY id")
+    documents = read("SELECT id, term, tf, length FROM window_postings ORDER BY id, term")
     stats = read("SELECT sum(documents), sum(message_tokens), sum(window_tokens), sum(vectors) "
                  "FROM index_stats")
     recount = read("SELECT (SELECT count(*) FROM keyword_messages), "
@@ -134,4 +134,4 @@ def _check_indexes(storage: PostgresStorage, stored: set[int]) -> None:
         conn.execute("DELETE FROM search_text")  # rebuilt from the messages alone
         windows.reindex(conn, places)
     assert read("SELECT id, context, context_ids, contentful FROM search_text ORDER BY id") == before
-    assert read("SELECT id, terms, length FROM keyword_windows ORDER BY id") == documents
+    assert read("SELECT id, term, tf, length FROM window_postings ORDER BY id, term") == documents

@@ -2,7 +2,7 @@
 
 The contract itself is tested for both engines by ``tests/storage/``; here: opening
 and migrating (several processes at once), URLs and errors, the locks that keep
-concurrent writers in order, claims that die with a killed process, and the keyword
+concurrent writers in order, which server errors a write may simply run again, claims that die with a killed process, and the keyword
 index agreeing with FTS5's tokenizer.
 """
 
@@ -11,20 +11,25 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from memory.errors import DatabaseFileError
+from memory.errors import DatabaseFileError, StorageBusy
 from memory.filters import Filters
 from memory.records import MessageRecord
+from memory.storage import open_storage
 from memory.storage.postgres import PostgresStorage
 from memory.storage.postgres.connection import is_postgres_url, redact
-from memory.storage.postgres.keywords import documents, query_words
+from memory.storage.postgres.database import GUILD_LOCKS
+from memory.storage.postgres.keywords import query_words, term_frequencies
 from tests.support.builders import BASE_MS, CHANNEL, GUILD, snowflake
 from tests.support.postgres import PostgresServer, database_name
+from tests.support.postgres_inspection import PostgresInspector
 
 pytestmark = pytest.mark.postgres
 
@@ -133,7 +138,7 @@ def test_query_words_are_fts5s_tokens(text: str, words: list[str]) -> None:
 
 
 def test_message_documents_weigh_attachments_half_and_count_every_token() -> None:
-    [(terms, length, window, window_length)] = documents([("Zoë zoe", "pizza pizza party", "pizza.png", "a b")])
+    [(terms, length, window, window_length)] = term_frequencies([("Zoë zoe", "pizza pizza party", "pizza.png", "a b")])
     assert terms == {"zoe": 2.0, "pizza": 2.5, "parti": 1.0, "png": 0.5}
     assert length == 7
     assert (window, window_length) == ({"a": 1, "b": 1}, 2)
@@ -193,3 +198,187 @@ def test_vectors_found_through_filters_inside_the_knn(postgres_url: Callable[...
     assert len(found) == 10
     assert {r.channel_id for r in records if r.id in dict(found)} == {CHANNEL + 3}
     storage.close()
+
+
+def _errors() -> list[tuple[BaseException, bool]]:
+    import psycopg
+    import psycopg_pool
+    from psycopg import errors
+
+    return [
+        (errors.DeadlockDetected("deadlock detected"), True),
+        (errors.SerializationFailure("could not serialize access"), True),
+        (errors.LockNotAvailable("canceling statement due to lock timeout"), True),
+        (errors.AdminShutdown("terminating connection due to administrator command"), True),
+        (errors.ConnectionFailure("connection failure"), True),
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True),
+        (psycopg_pool.PoolTimeout("couldn't get a connection after 30.00 sec"), True),
+        (errors.UniqueViolation("duplicate key value"), False),
+        (errors.QueryCanceled("canceling statement due to statement timeout"), False),
+        (errors.InsufficientPrivilege("permission denied for table messages"), False),
+        (ValueError("not a database error"), False),
+    ]
+
+
+def test_the_retryable_server_errors_are_storage_busy() -> None:
+    from memory.storage.postgres.connection import as_busy
+
+    for exc, retryable in _errors():
+        busy = as_busy(exc, "postgresql://bot:pw@db/memory")
+        assert (busy is not None) == retryable, exc
+        if busy is not None:
+            assert isinstance(busy, StorageBusy) and "pw" not in str(busy)
+
+
+def _waiting_on_messages(server: PostgresServer, name: str) -> bool:
+    with server.connect(name) as conn:
+        return bool(conn.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND "
+                                 "relation = 'messages'::regclass").fetchone()[0])
+
+
+def test_a_deadlock_resolved_against_a_write_is_storage_busy(
+    postgres_url: Callable[..., str], postgres_server: PostgresServer
+) -> None:
+    """A real deadlock: the upsert holds its guild's lock and waits for ``messages``; the
+    other session holds ``messages`` and asks for the guild's lock.  The server aborts
+    the upsert (it waited first, so its deadlock check runs first)."""
+    url = postgres_url()
+    storage = PostgresStorage(url)
+    other = postgres_server.connect(database_name(url))
+    outcome: list[BaseException | None] = []
+    try:
+        other.execute("BEGIN")
+        other.execute("LOCK TABLE messages IN EXCLUSIVE MODE")
+
+        def write() -> None:
+            try:
+                storage.messages.upsert([_record(1, "caught in a deadlock")])
+                outcome.append(None)
+            except BaseException as exc:  # handed to the test thread
+                outcome.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        deadline = time.time() + 30
+        while not _waiting_on_messages(postgres_server, database_name(url)):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        other.execute("SELECT pg_advisory_xact_lock(%s, %s)", (GUILD_LOCKS, GUILD % 2_147_483_647))
+        other.execute("COMMIT")
+        writer.join(30)
+        assert isinstance(outcome[0], StorageBusy) and "deadlock" in str(outcome[0])
+        assert storage.messages.upsert([_record(1, "caught in a deadlock")]).inserted == 1
+    finally:
+        other.close()
+        storage.close()
+
+
+def test_a_write_on_a_lost_connection_is_storage_busy_and_the_next_one_works(
+    postgres_url: Callable[..., str], postgres_server: PostgresServer
+) -> None:
+    url = postgres_url()
+    storage = PostgresStorage(url)
+    try:
+        storage.messages.upsert([_record(1, "before the server restarts")])
+        with postgres_server.connect("postgres") as admin:  # what a restart or fail-over does
+            killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                   "WHERE datname = %s AND pid <> pg_backend_pid()",
+                                   (database_name(url),)).fetchone()[0]
+        assert killed >= 1
+        with pytest.raises(StorageBusy):
+            storage.messages.upsert([_record(2, "while the connection is gone")])
+        assert storage.messages.upsert([_record(2, "while the connection is gone")]).inserted == 1
+        assert storage.messages.count() == 2
+    finally:
+        storage.close()
+
+
+_VOCABULARY = ("kayak pizza oven router violin tax chess moss comet ferry quilt lemon badge "
+               "garden running runner café cafe naïve tomato compost server cluster deploy "
+               "weekend meeting tickets concert museum").split()
+
+
+def _chat(count: int, seed: int) -> list[MessageRecord]:
+    """Messages with Zipf-like word use, two guilds, replies, attachments, two authors'
+    names that are words too (the author column is searched)."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / (np.arange(len(_VOCABULARY)) + 2.0)
+    weights /= weights.sum()
+    records = []
+    for i in range(count):
+        words = rng.choice(_VOCABULARY, size=int(rng.integers(1, 12)), p=weights)
+        author = int(rng.integers(1, 6))
+        records.append(_record(
+            i, " ".join(words), guild_id=GUILD + i % 2, channel_id=CHANNEL + i % 3,
+            author_id=author, author_name=f"user{author}",
+            author_display_name=["Moss", "Comet", "Zoë", "Ann", "Bo"][author - 1],
+            attachments=("map.png",) if i % 11 == 0 else (),
+            reply_to_id=snowflake(BASE_MS + (i - 3) * 60_000, i - 3) if i % 7 == 0 and i > 3 else None))
+    return records
+
+
+def test_keyword_rankings_equal_sqlites_fts5(
+    postgres_url: Callable[..., str], tmp_path: Path
+) -> None:
+    """The same documents give the same BM25 scores, hence the same lists, on both engines:
+    both fields, filters, rare and common words, several words, words that match nothing."""
+    records = _chat(600, seed=3)
+    engines = [open_storage(str(tmp_path / "memory.sqlite3")), PostgresStorage(postgres_url())]
+    try:
+        for storage in engines:
+            storage.messages.upsert(records)
+            storage.forgetting.forget_messages([records[5].id, records[40].id])
+        queries = [["kayak"], ["moss", "comet"], ["running"], ["naive", "cafe"], ["map"],
+                   ["pizza", "oven", "router", "violin"], ["zoe"], ["absent"], ["tomato", "nothing"]]
+        filters = [Filters(), Filters(guild_id=GUILD), Filters(guild_id=GUILD + 1,
+                   channel_ids=(CHANNEL, CHANNEL + 2)), Filters(author_ids=(2, 3)),
+                   Filters(has_attachment=True), Filters(after_ms=BASE_MS + 200 * 60_000)]
+        for words in queries:
+            for where in filters:
+                for field in ("message", "window"):
+                    lists = [storage.keywords.ranked(words, 1000, where, field=field)
+                             for storage in engines]
+                    assert dict(lists[0]).keys() == dict(lists[1]).keys(), (words, where, field)
+                    for mid, score in lists[0]:
+                        assert dict(lists[1])[mid] == pytest.approx(score, rel=1e-9, abs=1e-12)
+                    top = [storage.keywords.ranked(words, 10, where, field=field)
+                           for storage in engines]
+                    np.testing.assert_allclose([s for _, s in top[0]], [s for _, s in top[1]],
+                                               rtol=1e-9)
+            assert engines[0].keywords.term_counts(words) == engines[1].keywords.term_counts(words)
+    finally:
+        for storage in engines:
+            storage.close()
+
+
+def test_migration_3_moves_jsonb_documents_to_postings(
+    postgres_url: Callable[..., str], postgres_server: PostgresServer
+) -> None:
+    """A database written before the postings (each document a JSONB object of its words)
+    gets them from those objects: the same rankings, every total recounted."""
+    url = postgres_url()
+    storage = PostgresStorage(url)
+    storage.messages.upsert(_chat(300, seed=5))
+    before = {(words, field): storage.keywords.ranked([words], 50, Filters(guild_id=GUILD),
+                                                      field=field)
+              for words in ("kayak", "moss", "pizza") for field in ("message", "window")}
+    storage.close()
+    with postgres_server.connect(database_name(url)) as conn:  # back to schema version 2
+        for table, postings in (("keyword_messages", "message_postings"),
+                                ("keyword_windows", "window_postings")):
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN terms jsonb NOT NULL DEFAULT '{{}}'")
+            conn.execute(f"UPDATE {table} d SET terms = p.terms FROM (SELECT id, "
+                         f"jsonb_object_agg(term, tf) AS terms FROM {postings} GROUP BY id) p "
+                         "WHERE p.id = d.id")
+            conn.execute(f"CREATE INDEX {table}_terms ON {table} USING gin (terms)")
+        conn.execute("DROP TABLE message_postings, window_postings, keyword_terms")
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 3")
+    again = PostgresStorage(url)
+    try:
+        assert again.database.schema_version() >= 3
+        PostgresInspector(url).check_keyword_index()
+        for (words, field), ranked in before.items():
+            found = again.keywords.ranked([words], 50, Filters(guild_id=GUILD), field=field)
+            assert ranked and [m for m, _ in found] == [m for m, _ in ranked]
+    finally:
+        again.close()

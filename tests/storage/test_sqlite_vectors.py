@@ -49,7 +49,8 @@ def test_binary_knn_candidates_are_the_nearest_by_hamming(crowded) -> None:
         m: int(np.unpackbits(np.frombuffer(b, np.uint8) ^ bits).sum()) for m, b in stored.items()
     }
     assert [d for _, d in pool] == sorted(hamming.values())[:40]
-    hits = storage.vectors.knn(vector, 10, Filters(guild_id=GUILD), rescore=4)
+    # the 1-bit path itself (what a guild of more than EXACT_KNN_MAX vectors takes)
+    hits = storage.vectors.table.knn(vector, 10, Filters(guild_id=GUILD), rescore=4)
     assert {m for m, _ in hits} <= {m for m, _ in pool}
     sims = [s for _, s in hits]
     assert sims == sorted(sims, reverse=True)
@@ -59,8 +60,7 @@ def test_learned_radius_never_changes_results(crowded, monkeypatch: pytest.Monke
     """After a few searches the 1-bit KNN runs with a distance limit; a query whose
     neighbours lie further out widens it, and every answer equals the unlimited one."""
     engine, far = crowded
-    storage = engine.storage
-    table = storage.vectors.table
+    table = engine.storage.vectors.table  # the 1-bit path of a guild above EXACT_KNN_MAX
     radii: list[int | None] = []
     original = table._code_knn
 
@@ -76,24 +76,24 @@ def test_learned_radius_never_changes_results(crowded, monkeypatch: pytest.Monke
     for text in queries:
         vector = engine.embedder.embed([text])[0]
         radii.clear()
-        learned = storage.vectors.knn(vector, 5, filters, rescore=4)
+        learned = table.knn(vector, 5, filters, rescore=4)
         tries = list(radii)
         table._radii, saved = type(table._radii)(), table._radii  # no memory: no limit
-        assert storage.vectors.knn(vector, 5, filters, rescore=4) == learned, text
+        assert table.knn(vector, 5, filters, rescore=4) == learned, text
         table._radii = saved
         if text != queries[0]:
             assert tries[0] is not None, "a learned radius limits the KNN"
         assert all(a < b for a, b in itertools.pairwise(tries) if b is not None), tries
     # an author who wrote only far-away messages: widens from the guild's radius
     radii.clear()
-    hits = storage.vectors.knn(engine.embedder.embed(["raspberry cluster"])[0], 5,
+    hits = table.knn(engine.embedder.embed(["raspberry cluster"])[0], 5,
                                Filters(guild_id=GUILD, author_ids=(99,)), rescore=4)
     assert len(hits) == 5 and {m for m, _ in hits} <= set(far)
     assert radii[0] is not None and radii[-1] is None and 2 <= len(radii) <= 4
     # 10 messages cannot fill 5 x 4 candidates: next time the small scope is searched
     # without a limit straight away, once
     radii.clear()
-    again = storage.vectors.knn(engine.embedder.embed(["raspberry cluster"])[0], 5,
+    again = table.knn(engine.embedder.embed(["raspberry cluster"])[0], 5,
                                 Filters(guild_id=GUILD, author_ids=[99]), rescore=4)  # a list works too
     assert again == hits and radii == [None]
 

@@ -1,5 +1,5 @@
-"""The vector index: filters apply inside the KNN (never after its top k), and a KNN
-that fetches the whole scope is exact."""
+"""The vector index: filters apply inside the KNN (never after its top k), a KNN that
+fetches the whole scope is exact, and so is every KNN in a small guild."""
 
 from __future__ import annotations
 
@@ -91,6 +91,22 @@ def test_knn_that_fetches_the_whole_scope_is_exact(crowded, inspector: Inspect) 
         [s for _, s in engine.storage.vectors.knn(vector, 10, Filters(), rescore=20)], top,
         atol=1e-5
     )
+
+
+@pytest.mark.parametrize("rescore", [1, 4])
+def test_a_small_guilds_knn_is_exact_whatever_rescore_says(
+    crowded, inspector: Inspect, rescore: int
+) -> None:
+    """A guild of at most EXACT_KNN_MAX vectors gets the true nearest neighbours: the same
+    list on every engine (their approximations would rank near-ties differently)."""
+    engine, _ = crowded
+    for text in ("kubernetes node", "tomato watering", "cluster compost rebuilt"):
+        vector = engine.embedder.embed([text])[0]
+        exact = exact_cosine(inspector(engine.storage).every_vector(), vector)
+        best = sorted(exact, key=lambda mid: (-exact[mid], mid))[:20]
+        hits = engine.storage.vectors.knn(vector, 20, Filters(guild_id=GUILD), rescore=rescore)
+        np.testing.assert_allclose([s for _, s in hits], [exact[m] for m in best], atol=1e-5)
+        assert {m for m, _ in hits} == set(best) or len({round(exact[m], 5) for m in best}) < 20
 
 
 def test_empty_id_filter_is_an_input_error(engine: MemoryEngine, make_record: MakeRecord) -> None:

@@ -8,6 +8,7 @@ answers these questions in its own terms; the tests stay the same.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -65,6 +66,25 @@ class Inspector(Protocol):
 
     def author_rows(self, author_id: int) -> int:
         """Name rows stored for an author (0 or 1)."""
+        ...
+
+    def message_rows(self, ids: list[int]) -> int:
+        """How many of ``ids`` are stored (expired by retention or not)."""
+        ...
+
+    def index_rows(self, ids: list[int]) -> int:
+        """How many of ``ids`` have a row in the index text the keyword index is built from."""
+        ...
+
+    def contents(self) -> bytes:
+        """Everything the database holds that text could hide in.
+
+        SQLite: the file and its write-ahead log as they are on disk, free pages and
+        old frames included.  PostgreSQL: every row of every table the bot owns, as
+        text — what any query, replica or dump could read; a deleted row's bytes stay
+        on the server's disk until VACUUM and later writes reclaim them (README,
+        Privacy), which no client can look at.
+        """
         ...
 
 
@@ -132,6 +152,21 @@ class SQLiteInspector:
     def orphan_window_vectors(self) -> int:
         """Rows of ``window_vectors`` without their message."""
         return self._one("SELECT count(*) FROM window_vectors WHERE id NOT IN (SELECT id FROM messages)")
+
+    def message_rows(self, ids: list[int]) -> int:
+        """Rows of ``messages`` for ``ids``."""
+        marks = ",".join("?" * len(ids))
+        return self._one(f"SELECT count(*) FROM messages WHERE id IN ({marks})", tuple(ids))
+
+    def index_rows(self, ids: list[int]) -> int:
+        """Rows of ``search_text`` for ``ids``."""
+        marks = ",".join("?" * len(ids))
+        return self._one(f"SELECT count(*) FROM search_text WHERE id IN ({marks})", tuple(ids))
+
+    def contents(self) -> bytes:
+        """The file and its write-ahead log, as they are on disk."""
+        path = Path(self.location)
+        return b"".join(p.read_bytes() for p in (path, Path(f"{path}-wal")) if p.exists())
 
     def tombstones(self, ids: list[int]) -> int:
         """Rows of ``tombstones`` for ``ids``."""

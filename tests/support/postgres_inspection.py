@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from memory.storage.postgres.keywords import documents
+from memory.storage.postgres.keywords import term_frequencies
 from memory.storage.postgres.vectors import vector_array
 
 
@@ -62,16 +62,32 @@ class PostgresInspector:
         assert stats == recount
 
     def check_keyword_index(self) -> None:
-        """Every keyword document is what its ``search_text`` row gives, and the totals add up."""
-        texts = self._rows("SELECT id, author, content, attachments, context FROM search_text "
-                           "ORDER BY id")
-        expected = dict(zip((row[0] for row in texts), documents([tuple(row[1:]) for row in texts])))
-        messages = {mid: (terms, length) for mid, terms, length in self._rows(
-            "SELECT id, terms, length FROM keyword_messages")}
-        windows = {mid: (terms, length) for mid, terms, length in self._rows(
-            "SELECT id, terms, length FROM keyword_windows")}
-        assert messages == {mid: (doc[0], doc[1]) for mid, doc in expected.items()}
-        assert windows == {mid: (doc[2], doc[3]) for mid, doc in expected.items()}
+        """Every keyword document and its postings are what its ``search_text`` row gives,
+        the per-word document frequencies recount the postings, and the totals add up."""
+        texts = self._rows("SELECT id, author, content, attachments, context, contentful "
+                           "FROM search_text ORDER BY id")
+        expected = dict(zip((row[0] for row in texts),
+                            term_frequencies([tuple(row[1:5]) for row in texts])))
+        contentful = {row[0]: row[5] for row in texts}
+        for table, postings, slot in (("keyword_messages", "message_postings", 0),
+                                      ("keyword_windows", "window_postings", 2)):
+            lengths = dict(self._rows(f"SELECT id, length FROM {table}"))
+            assert lengths == {mid: doc[slot + 1] for mid, doc in expected.items()}, table
+            found: dict[int, dict[str, float]] = {mid: {} for mid in expected}
+            for mid, term, tf, length in self._rows(f"SELECT id, term, tf, length FROM {postings}"):
+                assert length == lengths[mid]
+                found[mid][term] = tf
+            assert found == {mid: doc[slot] for mid, doc in expected.items()}, postings
+        flags = dict(self._rows("SELECT DISTINCT id, contentful FROM window_postings"))
+        assert flags == {mid: contentful[mid] for mid in flags}
+        recount = {(term, guild): [m, w] for term, guild, m, w in self._rows(
+            "SELECT term, guild_id, count(*) FILTER (WHERE field = 'm'), "
+            "count(*) FILTER (WHERE field = 'w') FROM (SELECT term, guild_id, 'm' AS field "
+            "FROM message_postings UNION ALL SELECT term, guild_id, 'w' FROM window_postings) p "
+            "GROUP BY 1, 2")}
+        terms = {(term, guild): [m, w] for term, guild, m, w in self._rows(
+            "SELECT term, guild_id, messages, windows FROM keyword_terms")}
+        assert terms == recount  # and no word without a document left behind
         totals = self._rows("SELECT coalesce(sum(documents), 0), coalesce(sum(message_tokens), 0), "
                             "coalesce(sum(window_tokens), 0) FROM index_stats")[0]
         assert [int(v) for v in totals] == [
@@ -103,3 +119,19 @@ class PostgresInspector:
     def author_rows(self, author_id: int) -> int:
         """Rows of ``authors`` for the author."""
         return self._one("SELECT count(*) FROM authors WHERE id = %s", (author_id,))
+
+    def message_rows(self, ids: list[int]) -> int:
+        """Rows of ``messages`` for ``ids``."""
+        return self._one("SELECT count(*) FROM messages WHERE id = ANY(%s)", (ids,))
+
+    def index_rows(self, ids: list[int]) -> int:
+        """Rows of ``search_text`` for ``ids``."""
+        return self._one("SELECT count(*) FROM search_text WHERE id = ANY(%s)", (ids,))
+
+    def contents(self) -> bytes:
+        """Every row of every table in the bot's schema, as text (see the protocol)."""
+        tables = [row[0] for row in self._rows(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1")]
+        return "\n".join(
+            self._rows(f"SELECT coalesce(string_agg(t::text, E'\\n'), '') FROM {table} t")[0][0]
+            for table in tables).encode()

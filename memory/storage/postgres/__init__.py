@@ -15,7 +15,7 @@ FTS5's own words for the keywords, any number of processes on one database.
 ``backlog``         pending messages, ``FOR UPDATE SKIP LOCKED`` claims that die
                     with their process, ``write_vectors``
 ``meta``            the embedding model binding, the vector table's life
-``keywords``        FTS5's tokenizer, keyword documents, BM25 in SQL
+``keywords``        FTS5's tokenizer, keyword postings, BM25 in SQL
 ``vectors``         pgvector HNSW with iterative scans, window vectors, the
                     similarity floor
 ``windows``         the conversational windows both keyword fields share

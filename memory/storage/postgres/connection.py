@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from memory.errors import DatabaseFileError, DiskFullError
+from memory.errors import DatabaseFileError, DiskFullError, StorageBusy
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,42 @@ def as_disk_full(exc: BaseException, url: str) -> DiskFullError | None:
         "interrupted write was rolled back and everything stored before it is intact; "
         "free some space on the server and run it again"
     )
+
+
+RETRYABLE_STATES = {
+    "40001": "a serialization failure",
+    "40P01": "a deadlock, resolved against this transaction",
+    "55P03": "a lock wait longer than lock_timeout",
+    "57P01": "the server ended the session (shutdown)",
+    "57P02": "the server ended the session (crash shutdown)",
+    "57P03": "the server is starting up",
+}
+"""SQLSTATEs after which the same transaction can simply run again (class ``08``,
+connection exceptions, too)."""
+
+
+def as_busy(exc: BaseException, url: str) -> StorageBusy | None:
+    """The retryable error for a write the server could not take now, else ``None``.
+
+    Retryable: the SQLSTATEs of :data:`RETRYABLE_STATES` and class ``08``, and a
+    driver ``OperationalError`` with no SQLSTATE at all, which is how psycopg reports
+    a connection lost mid-statement and how its pool reports that no connection came
+    in time.
+    """
+    psycopg = driver(url)
+    if not isinstance(exc, psycopg.Error):
+        return None
+    state = getattr(exc, "sqlstate", None)
+    if state in RETRYABLE_STATES:
+        why = RETRYABLE_STATES[state]
+    elif state is not None and state.startswith("08"):
+        why = "the connection failed"
+    elif state is None and isinstance(exc, psycopg.OperationalError):
+        why = "the connection was lost or none came in time"
+    else:
+        return None
+    return StorageBusy(f"{redact(url)} could not take the write now ({why}: {one_line(exc)}); "
+                       "nothing of it was applied, try again")
 
 
 @contextmanager

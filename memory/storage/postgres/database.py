@@ -79,11 +79,18 @@ class PostgresDatabase:
         self._local = threading.local()  # the connection of this thread's open write
         self.generation = 0  # bumped on every write; lets callers cache derived data
         self._generation_lock = threading.Lock()
+        self._lock_timeout: str | None = None  # set_busy_timeout(); None: the server's
 
     def schema_version(self) -> int:
         """How many schema migrations the database has seen."""
         with self._pool.connection() as conn:
             return schema_version(conn)
+
+    def set_busy_timeout(self, seconds: float | None) -> None:
+        """How long a write waits for another transaction's lock before it raises
+        :class:`~memory.errors.StorageBusy` (``lock_timeout``, set in each write
+        transaction); ``None``: the server's ``lock_timeout`` (by default, no limit)."""
+        self._lock_timeout = None if seconds is None else f"{max(1, int(seconds * 1000))}ms"
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -99,6 +106,9 @@ class PostgresDatabase:
 
         Raises:
             DatabaseFileError: The database is open read-only.
+            StorageBusy: A deadlock or serialization failure was resolved against this
+                transaction, a lock wait ran past ``lock_timeout``, the connection was
+                lost, or the pool had no connection in time: run it again.
         """
         if self.read_only:
             raise DatabaseFileError(
@@ -109,17 +119,23 @@ class PostgresDatabase:
         if outer is not None:
             yield outer
             return
-        with self._pool.connection() as conn:
-            self._local.conn = conn
-            try:
-                with conn.transaction():
-                    yield conn
-            except Exception as exc:
-                if full := connection.as_disk_full(exc, self.url):
-                    raise full from exc
-                raise
-            finally:
-                self._local.conn = None
+        try:
+            with self._pool.connection() as conn:
+                self._local.conn = conn
+                try:
+                    with conn.transaction():
+                        if self._lock_timeout is not None:
+                            conn.execute("SELECT set_config('lock_timeout', %s, true)",
+                                         (self._lock_timeout,))
+                        yield conn
+                finally:
+                    self._local.conn = None
+        except Exception as exc:
+            if full := connection.as_disk_full(exc, self.url):
+                raise full from exc
+            if busy := connection.as_busy(exc, self.url):
+                raise busy from exc
+            raise
         with self._generation_lock:
             self.generation += 1
 

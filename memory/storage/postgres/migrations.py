@@ -184,6 +184,69 @@ MIGRATIONS: list[Migration] = [
     );
     CREATE TABLE window_vectors (id bigint PRIMARY KEY, vector bytea NOT NULL);  -- float16
     """,
+    # 3: keyword postings (memory.storage.postgres.keywords): one row per word per
+    # document, read through a covering B-tree by the query's words alone, instead of
+    # each matching document's JSONB; per guild, how many documents hold each word
+    """
+    CREATE TABLE message_postings (
+        guild_id bigint NOT NULL,
+        id bigint NOT NULL,
+        channel_id bigint NOT NULL,
+        author_id bigint NOT NULL,
+        created_at bigint NOT NULL,
+        tf real NOT NULL,  -- the word's column-weighted frequency in the document
+        length integer NOT NULL,  -- the document's length in words
+        has_attachment boolean NOT NULL,
+        term text COLLATE "C" NOT NULL
+    );
+    CREATE INDEX message_postings_by_term ON message_postings (term, guild_id)
+        INCLUDE (id, channel_id, author_id, created_at, has_attachment, tf, length);
+    CREATE INDEX message_postings_by_id ON message_postings (id);
+    CREATE TABLE window_postings (
+        guild_id bigint NOT NULL,
+        id bigint NOT NULL,
+        channel_id bigint NOT NULL,
+        author_id bigint NOT NULL,
+        created_at bigint NOT NULL,
+        tf real NOT NULL,
+        length integer NOT NULL,
+        has_attachment boolean NOT NULL,
+        contentful boolean NOT NULL,
+        term text COLLATE "C" NOT NULL
+    );
+    CREATE INDEX window_postings_by_term ON window_postings (term, guild_id)
+        INCLUDE (id, channel_id, author_id, created_at, has_attachment, contentful, tf, length);
+    CREATE INDEX window_postings_by_id ON window_postings (id);
+    CREATE TABLE keyword_terms (
+        term text COLLATE "C" NOT NULL,
+        guild_id bigint NOT NULL,
+        messages integer NOT NULL DEFAULT 0,  -- documents holding the word, per field
+        windows integer NOT NULL DEFAULT 0,
+        PRIMARY KEY (term, guild_id)
+    );
+    -- a word no document holds any more leaves at once (it may be a forgotten one)
+    CREATE INDEX keyword_terms_unused ON keyword_terms (term)
+        WHERE messages <= 0 AND windows <= 0;
+    INSERT INTO message_postings
+        SELECT d.guild_id, d.id, d.channel_id, d.author_id, d.created_at, t.value::real,
+               d.length, d.has_attachment, t.key
+        FROM keyword_messages d, jsonb_each_text(d.terms) t;
+    INSERT INTO window_postings
+        SELECT d.guild_id, d.id, d.channel_id, d.author_id, d.created_at, t.value::real,
+               d.length, d.has_attachment, d.contentful, t.key
+        FROM keyword_windows d, jsonb_each_text(d.terms) t;
+    INSERT INTO keyword_terms (term, guild_id, messages, windows)
+        SELECT term, guild_id, count(*) FILTER (WHERE field = 'm'),
+               count(*) FILTER (WHERE field = 'w')
+        FROM (SELECT term, guild_id, 'm' AS field FROM message_postings
+              UNION ALL SELECT term, guild_id, 'w' FROM window_postings) p
+        GROUP BY term, guild_id;
+    DROP INDEX keyword_messages_terms;
+    DROP INDEX keyword_windows_terms;
+    ALTER TABLE keyword_messages DROP COLUMN terms;
+    ALTER TABLE keyword_windows DROP COLUMN terms;
+    ANALYZE message_postings, window_postings, keyword_terms;
+    """,
 ]
 
 

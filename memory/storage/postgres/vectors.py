@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from memory.filters import Filters
+from memory.storage.contract import EXACT_KNN_MAX
 from memory.storage.postgres.database import PostgresDatabase
 from memory.storage.postgres.filters import filter_sql
 from memory.storage.postgres.windows import vector_table_exists, vectors_changed
@@ -169,7 +170,9 @@ class PostgresVectorIndex:
         cosine; the float index ranks by exact cosine already.  Either way the HNSW
         walk keeps ``k × rescore`` (at least 40, at most 1000) candidates in view
         (``hnsw.ef_search``): ``rescore`` buys recall with time.  ``index`` (for
-        ``bench``) searches another of :data:`INDEXES` built beside the default.
+        ``bench``) searches another of :data:`INDEXES` built beside the default.  A
+        guild of at most :data:`~memory.storage.contract.EXACT_KNN_MAX` vectors is
+        searched exactly, by every distance.
         """
         model = self._meta.embedding_model()
         if model is None:
@@ -183,10 +186,13 @@ class PostgresVectorIndex:
         fetch = k if spec.exact else k * max(1, int(rescore))
         query = np.ascontiguousarray(vector, dtype=np.float32)
         try:
-            effort = min(MAX_EF_SEARCH, max(40, k * max(1, int(rescore))))
-            rows = self._hnsw(query, fetch, effort, spec, model[1], clauses, params)
-            if len(rows) < fetch:  # the walk gave up before the filters let enough through
-                rows = self._exact(query, fetch, clauses, params)
+            if self.count(filters.guild_id) <= EXACT_KNN_MAX:  # a small guild: every distance
+                rows = self._exact(query, k, clauses, params)
+            else:
+                effort = min(MAX_EF_SEARCH, max(40, k * max(1, int(rescore))))
+                rows = self._hnsw(query, fetch, effort, spec, model[1], clauses, params)
+                if len(rows) < fetch:  # the walk gave up before the filters let enough through
+                    rows = self._exact(query, fetch, clauses, params)
         except Exception:
             self._meta.check_model_unchanged()  # re-embedded between the check and the query
             raise

@@ -103,26 +103,7 @@ def drop_rows(conn: Any, ids: Sequence[int]) -> None:
         return
     conn.execute("DELETE FROM search_text WHERE id = ANY(%s)", (gone,))
     conn.execute("DELETE FROM window_vectors WHERE id = ANY(%s)", (gone,))
-    deltas: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for table, slot in (("keyword_messages", 1), ("keyword_windows", 2)):
-        for guild_id, length in conn.execute(
-                f"DELETE FROM {table} WHERE id = ANY(%s) RETURNING guild_id, length", (gone,)):
-            deltas[guild_id][slot] -= length
-            if slot == 1:
-                deltas[guild_id][0] -= 1
-    add_stats(conn, deltas)
-
-
-def add_stats(conn: Any, deltas: dict[int, list[int]]) -> None:
-    """Add ``{guild: [documents, message_tokens, window_tokens]}`` to ``index_stats``."""
-    rows = [(g, *d) for g, d in sorted(deltas.items()) if any(d)]
-    if rows:
-        conn.cursor().executemany(
-            "INSERT INTO index_stats AS s(guild_id, documents, message_tokens, window_tokens) "
-            "VALUES (%s, %s, %s, %s) ON CONFLICT (guild_id) DO UPDATE SET "
-            "documents = s.documents + excluded.documents, "
-            "message_tokens = s.message_tokens + excluded.message_tokens, "
-            "window_tokens = s.window_tokens + excluded.window_tokens", rows)
+    keywords.delete_documents(conn, gone)
 
 
 def vectors_changed(conn: Any, ids: Sequence[int]) -> None:
@@ -262,37 +243,8 @@ def _write(conn: Any, entries: list[tuple[tuple, _Row]]) -> None:
 
 
 def _write_documents(conn: Any, changed: list[tuple[tuple, _Row]]) -> None:
-    """Rewrite the keyword documents of ``changed`` rows and their share of ``index_stats``."""
-    from psycopg.types.json import Jsonb
-
-    ids = [entry[0] for entry, _ in changed]
-    deltas: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for table, slot in (("keyword_messages", 1), ("keyword_windows", 2)):
-        for guild_id, length in conn.execute(
-                f"SELECT guild_id, length FROM {table} WHERE id = ANY(%s)", (ids,)):
-            deltas[guild_id][slot] -= length
-            if slot == 1:
-                deltas[guild_id][0] -= 1
-    docs = keywords.documents([(e[1], e[2], e[3], e[4]) for e, _ in changed])
-    messages, windows = [], []
-    for (entry, row), (terms, length, window_terms, window_length) in zip(changed, docs):
-        place = (row.id, row.guild_id, row.channel_id, row.author_id, row.created_at,
-                 bool(row.attachments))
-        messages.append((*place, Jsonb(terms), length))
-        windows.append((*place, entry[6], Jsonb(window_terms), window_length))
-        deltas[row.guild_id][0] += 1
-        deltas[row.guild_id][1] += length
-        deltas[row.guild_id][2] += window_length
-    cursor = conn.cursor()
-    cursor.executemany(
-        "INSERT INTO keyword_messages(id, guild_id, channel_id, author_id, created_at, "
-        "has_attachment, terms, length) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-        "ON CONFLICT (id) DO UPDATE SET has_attachment = excluded.has_attachment, "
-        "terms = excluded.terms, length = excluded.length", messages)
-    cursor.executemany(
-        "INSERT INTO keyword_windows(id, guild_id, channel_id, author_id, created_at, "
-        "has_attachment, contentful, terms, length) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-        "ON CONFLICT (id) DO UPDATE SET has_attachment = excluded.has_attachment, "
-        "contentful = excluded.contentful, terms = excluded.terms, length = excluded.length",
-        windows)
-    add_stats(conn, deltas)
+    """Rewrite the keyword documents of ``changed`` rows."""
+    keywords.write_documents(conn, [
+        keywords.Document(row.id, row.guild_id, row.channel_id, row.author_id, row.created_at,
+                          bool(row.attachments), entry[6], (entry[1], entry[2], entry[3], entry[4]))
+        for entry, row in changed])

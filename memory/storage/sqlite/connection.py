@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from memory.errors import DatabaseFileError, DiskFullError, ExtensionLoadError
+from memory.errors import DatabaseFileError, DiskFullError, ExtensionLoadError, StorageBusy
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,23 @@ with 3.46.1 and 3.51.1)."""
 # Windows drive (C:/) is still a path
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
+BUSY_TIMEOUT_MS = 5000
+"""How long a statement waits for another connection's lock before SQLite says "database
+is locked" (raised as :class:`~memory.errors.StorageBusy` by writes)."""
+
 IN_IDS = "IN (SELECT value FROM json_each(?))"
 """``column IN_IDS`` with :func:`id_list` as its one parameter: any number of ids, one query."""
+
+
+def as_busy(exc: BaseException, path: str | Path) -> StorageBusy | None:
+    """The retryable error for a write SQLite refused because another connection holds
+    its lock past the busy timeout ("database is locked", "database is busy"), else
+    ``None``."""
+    text = str(exc).lower()
+    if type(exc).__name__ != "OperationalError" or not ("locked" in text or "busy" in text):
+        return None
+    return StorageBusy(f"{path} is busy: another process held its write lock ({exc}); "
+                       "nothing was written, try again")
 
 
 def as_disk_full(exc: BaseException, path: str | Path) -> DiskFullError | None:
@@ -189,7 +204,7 @@ def connect(
         raise DatabaseFileError(f"{path}: cannot open the database ({exc})") from exc
     _load_vec(conn)
     try:
-        conn.execute("PRAGMA busy_timeout=5000")  # first: WAL switching waits for locks too
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")  # first: WAL switching waits for locks too
         # The first statement that reads the file: a non-SQLite file fails here.
         if _new_or_ours(conn):
             _set_wal(conn, driver)
@@ -249,7 +264,7 @@ def _read_only_connection(
         raise DatabaseFileError(f"{path}: cannot open the database ({exc})") from exc
     try:
         _load_vec(conn)
-        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         # the first read: a file that is not SQLite, or a WAL index that cannot open, fails here
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         conn.execute("PRAGMA foreign_keys=ON")

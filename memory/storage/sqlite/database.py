@@ -26,6 +26,8 @@ from typing import Any
 from memory.errors import DatabaseFileError
 from memory.storage.sqlite import scrub
 from memory.storage.sqlite.connection import (
+    BUSY_TIMEOUT_MS,
+    as_busy,
     as_disk_full,
     check_ours,
     connect,
@@ -121,11 +123,12 @@ class SQLiteDatabase:
         with self._lock:
             return schema_version(self._conn)
 
-    def set_busy_timeout(self, seconds: float) -> None:
-        """How long a statement waits for another process's lock before it fails
-        ("database is locked"); 5 s from :func:`.connect`.  SQLite-only."""
+    def set_busy_timeout(self, seconds: float | None) -> None:
+        """How long a write waits for another process's lock before it raises
+        :class:`~memory.errors.StorageBusy`; ``None``: 5 s, as :func:`.connect` sets it."""
+        millis = BUSY_TIMEOUT_MS if seconds is None else int(seconds * 1000)
         with self._lock:
-            self._conn.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+            self._conn.execute(f"PRAGMA busy_timeout = {millis}")
 
     def close(self) -> None:
         """Close both connections."""
@@ -143,12 +146,15 @@ class SQLiteDatabase:
         """A write transaction on the main connection: yields the connection.
 
         It commits when the block ends and rolls back on any exception (a full disk
-        is raised as :class:`~memory.errors.DiskFullError`).  Nouns pass the
+        is raised as :class:`~memory.errors.DiskFullError`, another process's lock
+        held past the busy timeout as :class:`~memory.errors.StorageBusy`).  Nouns pass the
         connection to each other's in-transaction methods, so a message and its
         indexes change together.
 
         Raises:
             DatabaseFileError: The database is open read-only.
+            StorageBusy: Another process held the write lock past the busy timeout;
+                nothing was written.
         """
         if self.read_only:
             raise DatabaseFileError(
@@ -156,7 +162,12 @@ class SQLiteDatabase:
                 "works, changing it needs write access to the file and its folder"
             )
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except Exception as exc:
+                if busy := as_busy(exc, self.location):
+                    raise busy from exc
+                raise
             try:
                 yield self._conn
                 self._conn.execute("COMMIT")
@@ -166,6 +177,8 @@ class SQLiteDatabase:
                     self._conn.execute("ROLLBACK")
                 if full := as_disk_full(exc, self.location):
                     raise full from exc
+                if busy := as_busy(exc, self.location):
+                    raise busy from exc
                 raise
             self.generation += 1
             if self._erased:  # the WAL still holds the changed pages as they were

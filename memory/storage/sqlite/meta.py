@@ -136,7 +136,9 @@ class SQLiteMeta:
         """Drop every vector and bind to a new model; all messages become pending."""
         with self._db.write() as conn:
             self._table.drop(conn)
-            conn.execute("DELETE FROM meta WHERE key IN (?, ?)", (_MODEL, _DIM))
+            # the cached similarity floors describe the old model's vectors
+            conn.execute("DELETE FROM meta WHERE key IN (?, ?) OR key LIKE 'similarity_floor:%'",
+                         (_MODEL, _DIM))
             conn.execute("UPDATE messages SET embedded = 0")
             self._bind(conn, model_id, dimension)
         self.model = model_id  # from now on, a reembed by another process is noticed

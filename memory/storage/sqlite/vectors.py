@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from memory.filters import Filters
+from memory.storage.contract import EXACT_KNN_MAX
 from memory.storage.sqlite.connection import IN_IDS, id_list
 from memory.storage.sqlite.filters import filter_sql
 
@@ -396,7 +397,8 @@ class Vec0Table:
         return read_floats(self._query, ids, auxiliary=self._auxiliary)
 
     def knn(
-        self, vector: np.ndarray, k: int, filters: Filters, *, rescore: int = 4
+        self, vector: np.ndarray, k: int, filters: Filters, *, rescore: int = 4,
+        scope: int | None = None,
     ) -> list[tuple[int, float]]:
         """Return up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first.
 
@@ -405,19 +407,25 @@ class Vec0Table:
         cosine from their float vectors.  sqlite-vec scans every code either way,
         but a Hamming distance is far cheaper than a float cosine (BENCHMARKS.md).
         A ``rescore`` that fetches the whole scope makes the result exact; the
-        fetch is capped at sqlite-vec's k limit of 4096.
+        fetch is capped at sqlite-vec's k limit of 4096.  ``scope``: fetch this
+        many (at most 4096) whatever ``rescore`` says — every row of a scope that
+        holds no more makes the result exact.
         """
         k = max(1, min(int(k), MAX_KNN_K))
-        fetch = min(k * max(1, int(rescore)), MAX_KNN_K)
         query = np.asarray(vector, dtype=np.float32)
         code = binary_code(query)
-        candidates = self._radii.search(
-            lambda radius: self._code_knn(code, fetch, filters, radius),
-            key=(filters, fetch),
-            want=fetch,
-            bits=len(code) * 8,
-            expected=self.expected_distance(query > 0, filters.guild_id),
-        )
+        if scope is not None:
+            fetch = min(max(int(scope), k), MAX_KNN_K)
+            candidates = self._code_knn(code, fetch, filters)
+        else:
+            fetch = min(k * max(1, int(rescore)), MAX_KNN_K)
+            candidates = self._radii.search(
+                lambda radius: self._code_knn(code, fetch, filters, radius),
+                key=(filters, fetch),
+                want=fetch,
+                bits=len(code) * 8,
+                expected=self.expected_distance(query > 0, filters.guild_id),
+            )
         if not candidates:
             return []
         floats = np.frombuffer(b"".join(row[2] for row in candidates), dtype=np.float32)
@@ -465,13 +473,17 @@ class SQLiteVectorIndex:
     ) -> list[tuple[int, float]]:
         """Up to ``k`` ``(message_id, cosine_similarity)`` pairs, best first (:meth:`Vec0Table.knn`).
 
-        Empty before anything is embedded.
+        Empty before anything is embedded.  Exact in a guild of at most
+        :data:`~memory.storage.contract.EXACT_KNN_MAX` vectors (every code in scope is
+        fetched and ranked by cosine).
         """
         if self._meta.embedding_model() is None:
             return []
         self._meta.check_model_unchanged()
+        stored = self.count(filters.guild_id)
         try:
-            return self.table.knn(vector, k, filters, rescore=rescore)
+            return self.table.knn(vector, k, filters, rescore=rescore,
+                                  scope=stored if stored <= EXACT_KNN_MAX else None)
         except Exception as exc:  # re-embedded between the check and the query
             self._meta.check_model_unchanged()
             raise exc
