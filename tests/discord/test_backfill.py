@@ -1,7 +1,7 @@
 """Backfill and start-up catch-up against a stand-in for Discord's REST API on 127.0.0.1.
 
 discord.py's own HTTP client makes the requests (its paging, its 429 handling);
-only the server answering them is ours (tests/discord/fake_discord.py).
+only the server answering them is ours (tests/support/discord_standin.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Starting the bot: a bad token, a missing intent or no network end in one line and exit 2.
 
 discord.py really logs in and opens its gateway connection, against the stand-in
-for Discord's API (tests/discord/fake_discord.py) running on its own thread.
+for Discord's API (tests/support/discord_standin.py) running on its own thread.
 """
 
 from __future__ import annotations

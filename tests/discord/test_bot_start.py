@@ -1,7 +1,7 @@
 """Start-up failures: passing ones are tried again with back-off, every one ends in one line.
 
 discord.py really logs in against a stand-in for Discord's API on 127.0.0.1
-(tests/discord/fake_discord.py) whose login route answers a chosen list of statuses first.
+(tests/support/discord_standin.py) whose login route answers a chosen list of statuses first.
 Reaching the gateway is visible as the stand-in's close code 4014 (the Message
 Content intent refused), which comes only after a successful login.
 """

@@ -3,7 +3,7 @@
 Each test lives twice: the bot first runs with the whole server (messages are
 captured from gateway payloads), stops, and starts again with the server as its
 gateway describes it after changes made while it was offline.  Discord's REST API
-(channel lookups, history pages, the bot's guild list) is tests/discord/fake_discord.py;
+(channel lookups, history pages, the bot's guild list) is tests/support/discord_standin.py;
 discord.py's own HTTP client makes the requests.  The bot's memory is a database of
 each storage engine (``db_location``).
 """
