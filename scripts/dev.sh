@@ -19,8 +19,12 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3.11}
-"$PYTHON" -c '' >/dev/null 2>&1 || PYTHON=python3
+if [ -n "${PYTHON:-}" ]; then  # chosen: it must run (never a silent fall back to another Python)
+    "$PYTHON" -c '' >/dev/null 2>&1 || { echo "error: PYTHON=$PYTHON does not run here" >&2; exit 2; }
+else
+    PYTHON=python3.11
+    "$PYTHON" -c '' >/dev/null 2>&1 || PYTHON=python3
+fi
 VENV=.venv
 STAMP=$VENV/.installed
 TORCH=${TORCH_SPEC:-torch==2.13.0}
