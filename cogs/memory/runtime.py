@@ -42,7 +42,13 @@ from cogs.memory.capture import WriteQueue
 from cogs.memory.follow import Follower
 from cogs.memory.shards import Shards
 from memory.config import Profile
-from memory.errors import EmbeddingModelChanged, MemoryBotError, SearchInputError
+from memory.errors import (
+    DiskFullError,
+    EmbeddingModelChanged,
+    MemoryBotError,
+    SearchInputError,
+    StorageBusy,
+)
 from memory.records import MessageRecord, SearchResult
 from memory.search import SearchRequest
 from memory.settings import GuildSettings
@@ -209,7 +215,8 @@ class MemoryRuntime:
 
         Returns what each run returned: a batch retried while the database is busy
         runs it again (every engine write is one transaction, so a run either
-        committed or changed nothing).
+        committed or changed nothing).  ``fn`` itself meeting a busy or full
+        database is retried by the queue like any write, never answered as a refusal.
 
         Raises:
             MemoryBotError: The engine refused (at once: it is not worth retrying).
@@ -220,6 +227,8 @@ class MemoryRuntime:
         def run() -> None:
             try:
                 results.append(fn(*args))
+            except (StorageBusy, DiskFullError):
+                raise  # the queue retries these: the same call, once the database can take it
             except MemoryBotError as exc:
                 refused.append(exc)
 

@@ -157,6 +157,30 @@ async def test_forget_me_deletes_a_message_still_queued_while_the_database_is_bu
     assert tombstoned(h, first, queued) == 2
 
 
+async def test_forget_me_meeting_a_busy_database_itself_waits_and_deletes(setup):
+    """Nothing queued ahead: the deletion is the write that meets the held lock, and the
+    queue retries it like any write (it is never answered as a refusal)."""
+    h, _ = setup
+    first = await send(h, "alice's only secret")
+    await settle(h)
+    async with busy_database(h):
+        reply = await slash(h, "memory forget-me", member(ALICE, "alice"))
+    await settle(h)
+    assert "Deleted 1 of your messages" in reply, reply
+    assert not stored(h, first) and not found(h, "secret")
+
+
+async def test_opt_out_meeting_a_busy_database_waits_and_holds(setup):
+    h, _ = setup
+    async with busy_database(h):
+        await h.slash("memory opt-out", invoker=member(BOB, "bob"), where=GENERAL)
+    await settle(h)
+    assert BOB in h.engine.storage.guilds.settings(G).opted_out
+    later = await send(h, "bob after opting out", who=(BOB, "bob"))
+    await settle(h)
+    assert not stored(h, later)
+
+
 async def test_purge_channel_deletes_a_message_still_queued_while_the_database_is_busy(setup):
     h, _ = setup
     first = await send(h, "a plan for the party", where=RANDOM)
