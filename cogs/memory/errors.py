@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 import discord
 from discord import app_commands
 
-from memory.errors import MemoryBotError
+from memory.errors import DatabaseFileError, MemoryBotError, StorageBusy
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,18 @@ def apology(what: str, error: BaseException) -> str:
     return f"Something went wrong (trace id `{trace}`); the bot's owner can find it in the log."
 
 
+def engine_error(what: str, error: MemoryBotError) -> str:
+    """The line a member gets for an engine error: its own text, except for the
+    database's troubles, whose text names files, hosts and drivers (the operator's
+    business): those are logged, and the member gets a line without them."""
+    if isinstance(error, StorageBusy):
+        log.warning("%s: %s", what, error)
+        return "The memory database is busy right now; try again in a moment."
+    if isinstance(error, DatabaseFileError):
+        return apology(what, error)
+    return str(error)
+
+
 def explain(interaction: discord.Interaction, error: app_commands.AppCommandError) -> str:
     """The one line a member gets for a failed command."""
     original = getattr(error, "original", error)
@@ -44,9 +56,9 @@ def explain(interaction: discord.Interaction, error: app_commands.AppCommandErro
     if isinstance(error, (app_commands.CommandNotFound, app_commands.CommandSignatureMismatch)):
         return ("This command changed since Discord last heard of it: the bot's owner can "
                 "publish the current ones with `/memory-owner sync`.")
-    if isinstance(original, MemoryBotError):
-        return str(original)
     name = interaction.command.qualified_name if interaction.command else "?"
+    if isinstance(original, MemoryBotError):
+        return engine_error(f"command {name}", original)
     return apology(f"command {name}", original)
 
 
@@ -82,7 +94,7 @@ async def answering(message: discord.Message, what: str) -> AsyncIterator[None]:
     try:
         yield
     except MemoryBotError as exc:
-        text = f"Search failed: {exc}"
+        text = f"Search failed: {engine_error(what, exc)}"
     except Exception as exc:
         text = apology(what, exc)
     else:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import bot  # noqa: F401  (importing the entry script adds `bench`, as running it does)
 from cli.app import main
 from memory.config import load_profile_file
 from memory.errors import ConfigError

@@ -197,3 +197,20 @@ async def test_the_option_still_takes_channels_and_live_threads(small):
     assert len(types) == len(set(types))
     assert {discord.ChannelType.text, discord.ChannelType.public_thread,
             discord.ChannelType.private_thread, discord.ChannelType.forum} <= set(types)
+
+
+def test_a_busy_database_is_told_without_its_url_or_driver_text(caplog):
+    """StorageBusy's text is for the operator (the database's address, the driver's
+    words); a member gets a plain line, and the log keeps the detail."""
+    from cogs.memory.errors import engine_error
+    from memory.storage.postgres.connection import as_busy
+
+    url = "postgresql://bot@db.internal:5432/memory?password=hunter2"
+    import psycopg
+
+    busy = as_busy(psycopg.OperationalError("server closed the connection unexpectedly"), url)
+    assert busy is not None
+    with caplog.at_level(logging.WARNING, logger="cogs.memory.errors"):
+        text = engine_error("command memory stats", busy)
+    assert text == "The memory database is busy right now; try again in a moment."
+    assert "hunter2" not in caplog.text and "db.internal" in caplog.text

@@ -48,6 +48,9 @@ def _record(i: int, content: str, **fields: object) -> MessageRecord:
     ("postgresql://bot:s3cret@db.example:5432/memory", "postgresql://bot:***@db.example:5432/memory"),
     ("postgres://bot@db/memory", "postgres://bot@db/memory"),
     ("postgresql:///memory?host=/run/postgresql", "postgresql:///memory?host=/run/postgresql"),
+    ("postgresql://bot@db/memory?password=hunter2&sslmode=require",
+     "postgresql://bot@db/memory?password=***&sslmode=require"),
+    ("postgresql://bot@db/memory?host=/run/pg&SSLPassword=k3y", "postgresql://bot@db/memory?host=/run/pg&SSLPassword=***"),
 ])
 def test_a_url_is_shown_without_its_password(url: str, expected: str) -> None:
     assert is_postgres_url(url)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from memory.errors import DatabaseFileError, DiskFullError, StorageBusy
 
@@ -36,14 +36,26 @@ def is_postgres_url(location: object) -> bool:
     return match is not None and match.group(1).lower() in URL_SCHEMES
 
 
+_SECRET_PARAMETERS = {"password", "sslpassword"}  # libpq's connection parameters that hold one
+
+
 def redact(url: str) -> str:
-    """``url`` without its password (what logs, errors and ``stats`` show)."""
+    """``url`` without its password, in the user part or a query parameter (what logs,
+    errors and ``stats`` show)."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)
+        user = netloc[0].split(":", 1)[0]
+        parts = parts._replace(netloc=f"{user}:***@{netloc[1]}")
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        if any(key.lower() in _SECRET_PARAMETERS for key, _ in pairs):
+            parts = parts._replace(query=urlencode(
+                [(key, "***" if key.lower() in _SECRET_PARAMETERS else value) for key, value in pairs],
+                safe="/*"))
+    # assembled by hand: urlunsplit drops the "//" of a URL with an empty host part
+    return (f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{parts.query}" if parts.query else "")
+            + (f"#{parts.fragment}" if parts.fragment else ""))
 
 
 def driver(url: str = "") -> ModuleType:
