@@ -11,6 +11,7 @@ missed, which is an error naming what to do.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -38,7 +39,17 @@ def reader_prefix() -> list[str]:
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.skip("running as root without setpriv: no unprivileged user to read as")
-    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if not _runs_as(tuple(prefix)):  # e.g. a Python whose shared library is under /root
+        pytest.skip(f"user nobody cannot run {sys.executable}: no unprivileged user to read as")
+    return prefix
+
+
+@functools.cache
+def _runs_as(prefix: tuple[str, ...]) -> bool:
+    """Whether this Python starts at all under ``prefix`` (as the unprivileged user)."""
+    probe = subprocess.run([*prefix, sys.executable, "-c", ""], capture_output=True, timeout=60)
+    return probe.returncode == 0
 
 
 def run_as_reader(*argv: str | Path) -> subprocess.CompletedProcess[str]:
