@@ -117,3 +117,17 @@ def test_export_onnx_of_a_folder_without_a_model_is_one_line(tmp_path, capsys):
     assert code == 2
     assert err.startswith("error: ") and "not a cross-encoder folder" in err
     assert err.count("\n") == 1
+
+
+def test_export_onnx_with_a_file_in_the_way_is_one_line(tmp_path, capsys):
+    """A plain file named ``onnx`` where the folder goes: the cause and the path, no
+    traceback."""
+    model = save_random_cross_encoder(tmp_path / "ce", TINY)
+    (model / "onnx").write_text("not a folder", "utf-8")
+    capsys.readouterr()  # the model's save progress
+    code, _, err = run_cli(capsys, "export-onnx", model)
+    assert code == 2 and "Traceback" not in err
+    *progress, line = err.rstrip("\n").split("\n")  # after transformers' loading bar
+    assert all("Loading weights" in bar for bar in progress)
+    assert line.startswith("error: exporting ")
+    assert str(model / "onnx" / "model.onnx") in line and "FileExistsError" in line
