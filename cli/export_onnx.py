@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memory.errors import ConfigError
-from memory.rerank.cross_encoder import relevance
+from memory.errors import ConfigError, RerankerUnavailable
+from memory.rerank.cross_encoder import check_classifier, relevance
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def export_cross_encoder(folder: Path, *, int8: bool = False) -> Exported:
 
     Raises:
         ConfigError: ``folder`` is not a sequence-classification model with a
-            tokenizer, the ONNX packages are missing, a file cannot be written
+            trained head and a tokenizer, the ONNX packages are missing, a file cannot be written
             (``onnx`` is a file, the folder is read-only), the export or the
             quantisation fails, or an exported file disagrees with torch.
     """
@@ -168,19 +168,32 @@ def _load(folder: Path) -> tuple[Any, Any]:
         import onnxruntime  # noqa: F401
         import onnxscript  # noqa: F401  (torch.onnx.export(dynamo=True) builds with it)
         import torch  # noqa: F401
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
     except ImportError as exc:
         raise ConfigError(f"export-onnx needs torch and the [onnx] extra (onnxruntime, onnx, "
                           f"onnxscript; {exc}): pip install 'discord-memory-bot[onnx]'") from None
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            folder, attn_implementation="eager").eval()
+        # a plain encoder is refused before its weights load (and transformers
+        # reports the random head it would add)
+        _check_classifier(AutoConfig.from_pretrained(folder).architectures, folder)
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            folder, attn_implementation="eager", output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{folder} is not a cross-encoder folder with a tokenizer "
                           f"({first[:200]})") from None
-    return model, tokenizer
+    # else the check would compare a random head's scores with themselves
+    _check_classifier(model.config.architectures, folder, info["missing_keys"])
+    return model.eval(), tokenizer
+
+
+def _check_classifier(architectures: Any, folder: Path, missing: Any = ()) -> None:
+    """:func:`~memory.rerank.cross_encoder.check_classifier`'s refusal as a ConfigError."""
+    try:
+        check_classifier(architectures, str(folder), missing)
+    except RerankerUnavailable as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _encode(tokenizer: Any, names: list[str], tensors: str) -> dict[str, Any]:
