@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from memory.errors import ConfigError, RerankerUnavailable
-from memory.rerank.cross_encoder import check_classifier, relevance
+from memory.rerank.base import check_classifier
+from memory.rerank.cross_encoder import relevance
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def _load(folder: Path) -> tuple[Any, Any]:
 
 
 def _check_classifier(architectures: Any, folder: Path, missing: Any = ()) -> None:
-    """:func:`~memory.rerank.cross_encoder.check_classifier`'s refusal as a ConfigError."""
+    """:func:`~memory.rerank.base.check_classifier`'s refusal as a ConfigError."""
     try:
         check_classifier(architectures, str(folder), missing)
     except RerankerUnavailable as exc:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -39,6 +39,7 @@ import numpy as np
 from memory.config import RerankerConfig, detect_accelerator, missing_device
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.rerank import deadline
+from memory.rerank.base import check_classifier
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -110,39 +111,6 @@ def check_labels(labels: int, model: str) -> int:
             "(or two: irrelevant, relevant)"
         )
     return labels
-
-
-def check_classifier(architectures: Sequence[str] | None, model: str,
-                     missing: Iterable[str] = ()) -> None:
-    """Refuse a model whose relevance head would be random weights.
-
-    ``AutoModelForSequenceClassification`` (and sentence-transformers' ``CrossEncoder``
-    on top of it) loads an embedding model or a plain ``BertModel`` folder without a
-    word, adding a newly initialised classifier: its scores are noise.
-
-    Args:
-        architectures: ``config.architectures`` of the model's config.json.
-        model: The model id or folder, for the message.
-        missing: Weights the checkpoint lacked (``output_loading_info``'s
-            ``missing_keys``), when known.
-
-    Raises:
-        RerankerUnavailable: No ``*ForSequenceClassification`` architecture, or
-            classifier weights missing from the checkpoint.
-    """
-    names = list(architectures or ())
-    if not any(name.endswith("ForSequenceClassification") for name in names):
-        found = ", ".join(names) if names else "no architecture"
-        raise RerankerUnavailable(
-            f"{model!r} is not a cross-encoder: its config.json names {found}, not a "
-            "*ForSequenceClassification, so its relevance head would be random weights"
-        )
-    heads = sorted(key for key in missing if "classifier" in key or "score" in key)
-    if heads:
-        raise RerankerUnavailable(
-            f"{model!r} has no trained relevance head ({', '.join(heads)} missing from its "
-            "weights): its scores would be random"
-        )
 
 
 class CrossEncoderReranker:

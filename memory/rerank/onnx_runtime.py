@@ -42,7 +42,7 @@ import numpy as np
 
 from memory.config import RerankerConfig
 from memory.errors import RerankerUnavailable
-from memory.rerank.cross_encoder import check_classifier
+from memory.rerank.base import check_classifier
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
