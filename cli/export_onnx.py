@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memory.errors import ConfigError
+from memory.errors import ConfigError, RerankerUnavailable
+from memory.rerank.base import check_classifier
 from memory.rerank.cross_encoder import relevance
 
 log = logging.getLogger(__name__)
@@ -92,19 +93,22 @@ def export_cross_encoder(folder: Path, *, int8: bool = False) -> Exported:
 
     Raises:
         ConfigError: ``folder`` is not a sequence-classification model with a
-            tokenizer, the ONNX packages are missing, or an exported file disagrees
-            with torch.
+            trained head and a tokenizer, the ONNX packages are missing, a file cannot be written
+            (``onnx`` is a file, the folder is read-only), the export or the
+            quantisation fails, or an exported file disagrees with torch.
     """
     model, tokenizer = _load(folder)
     names = [n for n in tokenizer.model_input_names if n != "position_ids"]
     expected = _torch_scores(model, tokenizer, names)
     target = folder / F32_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _export(model, tokenizer, names, target)
+    with _failing_as_config_error(f"exporting {folder} to {target}"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _export(model, tokenizer, names, target)
     files, diffs = [F32_FILE], [_check(target, tokenizer, expected, F32_TOLERANCE)]
     if int8:
         name = int8_file()
-        quantize_int8(target, folder / name)
+        with _failing_as_config_error(f"quantising {target} to {folder / name}"):
+            quantize_int8(target, folder / name)
         files.append(name)
         diffs.append(_check(folder / name, tokenizer, expected, None))
     return Exported(folder, tuple(files), tuple(diffs))
@@ -123,6 +127,30 @@ def quantize_int8(source: Path, target: Path) -> None:
 
 
 @contextmanager
+def _failing_as_config_error(doing: str) -> Iterator[None]:
+    """Turn any failure inside the block into one line saying what was being done.
+
+    torch's exporter and onnxruntime's quantiser fail with many exception types
+    (OSError for a file in the way or a read-only folder, their own export errors);
+    the full traceback is kept at DEBUG.
+    """
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        log.debug("%s failed", doing, exc_info=True)
+        raise ConfigError(f"{doing} failed: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc``'s type and the first line of its message, at most 200 characters."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
+
+
+@contextmanager
 def _dropped(logger: logging.Logger, prefix: str) -> Iterator[None]:
     """Drop ``logger``'s records that start with ``prefix`` inside the block."""
     def keep(record: logging.LogRecord) -> bool:
@@ -137,21 +165,36 @@ def _dropped(logger: logging.Logger, prefix: str) -> Iterator[None]:
 
 def _load(folder: Path) -> tuple[Any, Any]:
     try:
+        import onnx  # noqa: F401  (onnxruntime's quantiser reads and writes with it)
         import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401  (torch.onnx.export(dynamo=True) builds with it)
         import torch  # noqa: F401
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
     except ImportError as exc:
-        raise ConfigError(f"export-onnx needs torch and the [onnx] extra ({exc}); "
-                          "pip install 'discord-memory-bot[onnx]'") from None
+        raise ConfigError(f"export-onnx needs torch and the [onnx] extra (onnxruntime, onnx, "
+                          f"onnxscript; {exc}): pip install 'discord-memory-bot[onnx]'") from None
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            folder, attn_implementation="eager").eval()
+        # a plain encoder is refused before its weights load (and transformers
+        # reports the random head it would add)
+        _check_classifier(AutoConfig.from_pretrained(folder).architectures, folder)
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            folder, attn_implementation="eager", output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{folder} is not a cross-encoder folder with a tokenizer "
                           f"({first[:200]})") from None
-    return model, tokenizer
+    # else the check would compare a random head's scores with themselves
+    _check_classifier(model.config.architectures, folder, info["missing_keys"])
+    return model.eval(), tokenizer
+
+
+def _check_classifier(architectures: Any, folder: Path, missing: Any = ()) -> None:
+    """:func:`~memory.rerank.base.check_classifier`'s refusal as a ConfigError."""
+    try:
+        check_classifier(architectures, str(folder), missing)
+    except RerankerUnavailable as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _encode(tokenizer: Any, names: list[str], tensors: str) -> dict[str, Any]:

@@ -298,14 +298,18 @@ class MemoryEngine:
                 it back could overwrite a newer choice made meanwhile.
 
         Returns:
-            A future resolving to the profile name once active (or raising why not).
+            A future resolving to the profile name once active, or raising why not
+            (the new reranker failed to load, or storing the choice failed, e.g.
+            :class:`~memory.errors.StorageBusy`); then the old profile stays active.
         """
         return self.rerankers.switch(
             profile, on_switched=functools.partial(self._use_profile, remember=remember))
 
     def _use_profile(self, profile: Profile, *, remember: bool) -> None:
+        # the choice is stored first: if that fails (StorageBusy) nothing has changed
+        # here, and the reranker manager undoes the swap
+        if remember:
+            self.storage.meta.active_profile = profile.name
         self.profile = replace(self.profile, reranker=profile.reranker, llm=profile.llm,
                                name=profile.name)
         self._token_counter = None  # the chat model may have changed
-        if remember:
-            self.storage.meta.active_profile = profile.name

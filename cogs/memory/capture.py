@@ -6,7 +6,8 @@ A single task drains it in order, batches what has piled up (consecutive writes 
 the same call become one call), and applies the batch in a worker thread.  When the
 database is locked (an import or another process is writing) the batch waits and is
 tried again with backoff, so a member's message is never dropped for being sent at a
-busy moment.
+busy moment.  A busy spell that lasts (PostgreSQL down for good reads as busy too) is
+said at WARNING, with how many writes wait, after a minute and then every five.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +29,11 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 200
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
 GIVE_UP_AFTER = 8  # tries of a batch that fails for a reason other than a busy database
+# A busy database is retried for ever (nothing a member sends is dropped), but a long
+# run of busy retries is no passing lock: PostgreSQL down for good reads as pool
+# timeouts, i.e. StorageBusy.  Said at WARNING after this long, then this often.
+BUSY_WARN_AFTER_S = 60.0
+BUSY_WARN_EVERY_S = 300.0
 
 
 def record_from_message(message: discord.Message) -> MessageRecord | None:
@@ -151,6 +158,7 @@ class WriteQueue:
 
     async def _apply_with_retry(self, batch: list[Write]) -> None:
         delay, failures = RETRY_MIN_S, 0
+        busy = _BusySpell()
         while True:
             try:
                 await self._run(lambda: apply_in_order(batch))
@@ -168,13 +176,47 @@ class WriteQueue:
                         _settle(batch, exc)
                         return
                     log.warning("writing %d changes failed (%s); retrying", len(batch), exc)
+                    busy = _BusySpell()  # another error: no longer one busy spell
                 else:
-                    log.info("database busy; retrying %d writes in %.2f s", len(batch), delay)
+                    busy.retrying(len(batch) + self.backlog, delay, exc)
             else:
+                busy.end()
                 _settle(batch, None)
                 return
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, RETRY_MAX_S)
+
+
+class _BusySpell:
+    """Says how long the database has been busy for a batch: INFO per retry, WARNING
+    once it has lasted :data:`BUSY_WARN_AFTER_S` (then every :data:`BUSY_WARN_EVERY_S`),
+    and WARNING again when a spell that was warned about ends."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.warned_at: float | None = None
+
+    def retrying(self, waiting: int, delay: float, exc: BaseException) -> None:
+        """One more busy retry; ``waiting`` writes (this batch and the queue) wait."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        lasted = now - self.since
+        due = lasted >= BUSY_WARN_AFTER_S and (
+            self.warned_at is None or now - self.warned_at >= BUSY_WARN_EVERY_S)
+        if not due:
+            log.info("database busy; retrying %d writes in %.2f s", waiting, delay)
+            return
+        self.warned_at = now
+        log.warning("database busy for %.0f s (%s): %d writes wait; still retrying, nothing "
+                    "is dropped", lasted, exc, waiting)
+
+    def end(self) -> None:
+        """The batch was written: the busy spell is over."""
+        if self.since is not None and self.warned_at is not None:
+            log.warning("database takes writes again after %.0f s busy",
+                        time.monotonic() - self.since)
+        self.since = self.warned_at = None
 
 
 def apply_in_order(batch: list[Write]) -> None:

@@ -7,13 +7,17 @@ through :class:`Reranker`: it returns ``(index, score)`` pairs (:class:`Ranked`)
 as sentence-transformers' ``CrossEncoder.rank`` does, and never touches the
 search's candidates.  How those scores become a hit's final score (the blend, the
 minimum score) is :mod:`memory.search.ranking`'s business.
+:func:`check_classifier` is what a sequence-classification model must be to score at
+all (the cross-encoder's torch and ONNX runtimes and ``export-onnx`` apply it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+
+from memory.errors import RerankerUnavailable
 
 if TYPE_CHECKING:
     from memory.config import RerankerConfig
@@ -97,3 +101,36 @@ RerankerProvider = Callable[[], "Reranker | None"]
 
 A callable rather than an object, so an admin's profile switch takes effect for
 the next search."""
+
+
+def check_classifier(architectures: Sequence[str] | None, model: str,
+                     missing: Iterable[str] = ()) -> None:
+    """Refuse a model whose relevance head would be random weights.
+
+    ``AutoModelForSequenceClassification`` (and sentence-transformers' ``CrossEncoder``
+    on top of it) loads an embedding model or a plain ``BertModel`` folder without a
+    word, adding a newly initialised classifier: its scores are noise.
+
+    Args:
+        architectures: ``config.architectures`` of the model's config.json.
+        model: The model id or folder, for the message.
+        missing: Weights the checkpoint lacked (``output_loading_info``'s
+            ``missing_keys``), when known.
+
+    Raises:
+        RerankerUnavailable: No ``*ForSequenceClassification`` architecture, or
+            classifier weights missing from the checkpoint.
+    """
+    names = list(architectures or ())
+    if not any(name.endswith("ForSequenceClassification") for name in names):
+        found = ", ".join(names) if names else "no architecture"
+        raise RerankerUnavailable(
+            f"{model!r} is not a cross-encoder: its config.json names {found}, not a "
+            "*ForSequenceClassification, so its relevance head would be random weights"
+        )
+    heads = sorted(key for key in missing if "classifier" in key or "score" in key)
+    if heads:
+        raise RerankerUnavailable(
+            f"{model!r} has no trained relevance head ({', '.join(heads)} missing from its "
+            "weights): its scores would be random"
+        )

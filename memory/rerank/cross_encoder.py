@@ -39,6 +39,7 @@ import numpy as np
 from memory.config import RerankerConfig, detect_accelerator, missing_device
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.rerank import deadline
+from memory.rerank.base import check_classifier
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -238,8 +239,9 @@ class TorchCrossEncoder:
         """Load ``config.model`` with ``CrossEncoder`` on ``config.device``.
 
         Raises:
-            RerankerUnavailable: The device is missing here, or the model cannot be
-                found or read.
+            RerankerUnavailable: The device is missing here, the model cannot be
+                found or read, or it is not a sequence classifier (a plain encoder
+                would get a random relevance head).
         """
         device = resolve_device(config.device)
         missing = missing_device(device)
@@ -257,7 +259,13 @@ class TorchCrossEncoder:
                 f"cross-encoder {config.model!r} could not be loaded ({type(exc).__name__}: "
                 f"{str(exc)[:300]}); give a Hugging Face cross-encoder id or a local folder"
             ) from exc
-        return cls(model, device)
+        runtime = cls(model, device)
+        try:
+            check_classifier(getattr(model.config, "architectures", None), config.model)
+        except RerankerUnavailable:
+            runtime.close()
+            raise
+        return runtime
 
     def logits(self, pairs: Sequence[Pair]) -> NDArray[np.float32]:
         """Raw logits through ``CrossEncoder.predict`` (one batch: the caller batches)."""

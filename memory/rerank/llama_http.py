@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from memory.config import RerankerConfig
+from memory.config import RerankerConfig, public_url, refuse_url_credentials
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.rerank.llama_answers import typed_field
 
@@ -64,10 +64,13 @@ def server_root(url: str) -> str:
     """Return the server root: no trailing slash and no trailing ``/v1``.
 
     Raises:
-        ConfigError: ``url`` is not an http(s) URL.
+        ConfigError: ``url`` is not an http(s) URL, or it carries credentials or a
+            query (logs and messages name the root as it is).
     """
     if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"reranker.url must be the http(s) URL of a llama-server, got {url!r}")
+        raise ConfigError("reranker.url must be the http(s) URL of a llama-server, "
+                          f"got {public_url(url)!r}")
+    refuse_url_credentials("reranker.url", url)
     base = url.rstrip("/")
     return base.removesuffix("/v1")
 

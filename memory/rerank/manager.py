@@ -67,7 +67,11 @@ class RerankerManager:
 
         Searches already running finish on the old service, which is unloaded
         afterwards.  If loading fails the old service stays and the future raises.
-        ``on_switched`` runs right after the swap, before the future resolves.
+        ``on_switched`` runs right after the swap, before the future resolves; if it
+        raises, the swap is undone (the old service stays active, the new one is
+        unloaded) and the future raises its error, so a caller never waits forever
+        and never keeps two models loaded.  ``on_switched`` must therefore have no
+        effect when it raises.
 
         Returns:
             A future that resolves to the new profile's name once it is active.
@@ -86,16 +90,39 @@ class RerankerManager:
                 return
             with self._lock:
                 old, self._service = self._service, new
-                self.profile_name = profile.name
+                old_name, self.profile_name = self.profile_name, profile.name
             log.info("reranker profile is now %s", profile.name)
-            if on_switched is not None:
-                on_switched(profile)
-            future.set_result(profile.name)
-            if old is not None:
-                old.close(wait_for_inflight=True)
+            unload = old
+            try:
+                if on_switched is not None:
+                    on_switched(profile)
+            except Exception as exc:
+                unload = self._undo_switch(new, old, old_name)
+                log.error("switching to profile %s failed after the swap, so it was undone "
+                          "(profile %s stays): %s", profile.name, old_name, exc)
+                future.set_exception(exc)
+            else:
+                future.set_result(profile.name)
+            finally:
+                if unload is not None:
+                    unload.close(wait_for_inflight=True)
 
         threading.Thread(target=work, daemon=True, name="reranker-switch").start()
         return future
+
+    def _undo_switch(
+        self, new: RerankerService | None, old: RerankerService | None, old_name: str
+    ) -> RerankerService | None:
+        """Put ``old`` back if ``new`` is still active; return the service to unload.
+
+        A later switch that already replaced ``new`` unloads it itself, so then the
+        one left to unload is ``old``.
+        """
+        with self._lock:
+            if self._service is not new:
+                return old
+            self._service, self.profile_name = old, old_name
+        return new
 
     def close(self) -> None:
         """Unload the active service."""

@@ -42,6 +42,7 @@ import numpy as np
 
 from memory.config import RerankerConfig
 from memory.errors import RerankerUnavailable
+from memory.rerank.base import check_classifier
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -82,7 +83,8 @@ class OnnxCrossEncoder:
 
         Raises:
             RerankerUnavailable: onnxruntime is missing, the file is missing or not
-                ONNX, or it does not take a tokenizer's inputs (each in one line).
+                ONNX, it does not take a tokenizer's inputs, or the model's config
+                is not a sequence classifier (each in one line).
         """
         try:
             import onnxruntime  # noqa: F401  (said here, before the model's files are read)
@@ -93,6 +95,7 @@ class OnnxCrossEncoder:
             ) from None
         path = model_file(config.model, config.onnx_file or DEFAULT_ONNX_FILE)
         tokenizer, model_config = _tokenizer_and_config(config.model)
+        check_classifier(getattr(model_config, "architectures", None), config.model)
         session = open_session(path)
         _check_inputs(session, tokenizer, path)
         positions = getattr(model_config, "max_position_embeddings", None) or config.max_length

@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from memory.config import RerankerConfig
+from memory.config import RerankerConfig, public_url, refuse_url_credentials
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.llm import error_message, retry_after
 from memory.metrics import RERANK_SERVER_ERRORS
@@ -103,10 +103,12 @@ def endpoint_url(base_url: str, dialect: Dialect) -> str:
     """The rerank URL for a server root given with or without its version prefix.
 
     Raises:
-        ConfigError: ``base_url`` is not an http(s) URL.
+        ConfigError: ``base_url`` is not an http(s) URL, or it carries credentials
+            or a query (see :func:`~memory.config.refuse_url_credentials`).
     """
     if not base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"reranker.url must be an http(s) URL, got {base_url!r}")
+        raise ConfigError(f"reranker.url must be an http(s) URL, got {public_url(base_url)!r}")
+    refuse_url_credentials("reranker.url", base_url)
     base = base_url.rstrip("/")
     if base.endswith(dialect.path):
         return base
@@ -194,7 +196,8 @@ class RerankApiBackend:
         requests_sent: Requests sent so far (for benchmarks and metrics).
 
     Raises:
-        ConfigError: ``config.url`` is not an http(s) URL.
+        ConfigError: ``config.url`` is not an http(s) URL, or it carries credentials
+            or a query: logs and messages name ``url`` as it is.
     """
 
     name = "rerank-api"

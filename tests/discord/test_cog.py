@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
@@ -440,6 +441,40 @@ async def test_live_writes_survive_another_process_holding_the_lock(harness, tmp
     other.close()
     await settle(h, embed=False)
     assert h.engine.storage.messages.count() == len(sent)  # ...and nothing was lost
+
+
+@pytest.mark.parametrize("warn_after_s", [0.0, 3600.0])
+async def test_a_long_busy_spell_is_a_warning_with_the_writes_waiting(
+        harness, monkeypatch, caplog, warn_after_s):
+    """The queue retries a busy database for ever; once that lasts (PostgreSQL down
+    for good reads as pool timeouts, i.e. StorageBusy) it says so at WARNING, with
+    how many writes wait, then only every BUSY_WARN_EVERY_S; a short spell stays INFO."""
+    h = harness
+    # the module the loaded extension runs (discord.py re-imports it per load)
+    capture = sys.modules["cogs.memory.capture"]
+    monkeypatch.setattr(capture, "BUSY_WARN_AFTER_S", warn_after_s)
+    monkeypatch.setattr(capture, "BUSY_WARN_EVERY_S", 3600.0)
+    other = connect(h.engine.storage.database.location)
+    other.execute("PRAGMA busy_timeout = 0")
+    h.engine.storage.database.set_busy_timeout(0.05)
+    with caplog.at_level(logging.INFO, logger="cogs.memory.capture"):
+        other.execute("BEGIN IMMEDIATE")
+        sent = [await say(h, f"message number {i}") for i in range(5)]
+        await until(lambda: sum("database busy" in r.getMessage() for r in caplog.records) >= 3)
+        other.execute("COMMIT")
+        other.close()
+        await settle(h, embed=False)
+    assert h.engine.storage.messages.count() == len(sent)  # nothing was lost
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "cogs.memory.capture" and r.levelno >= logging.WARNING]
+    if warn_after_s:
+        assert warnings == []
+        return
+    busy, recovered = warnings  # once, not per retry
+    assert busy.startswith("database busy for ") and "still retrying, nothing is dropped" in busy
+    waiting = int(busy.split("): ", 1)[1].split(" writes wait", 1)[0])
+    assert 1 <= waiting <= len(sent)
+    assert recovered.startswith("database takes writes again after ")
 
 
 async def test_the_embed_loop_survives_any_error(harness, monkeypatch):

@@ -24,7 +24,7 @@ from memory.rerank import deadline
 from memory.rerank.cross_encoder import CrossEncoderReranker, length_batches, relevance
 from memory.rerank.manager import RerankerManager
 from memory.rerank.service import RerankerService
-from tests.support.rerank import engine_search, falling, rerank_texts
+from tests.support.rerank import engine_search, falling, rerank_texts, save_plain_bert
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=512, initializer_range=0.5)
@@ -90,6 +90,23 @@ def test_a_classifier_with_more_labels_is_refused(tmp_path):
     folder = save_random_cross_encoder(tmp_path / "three", {**TINY, "num_labels": 3})
     with pytest.raises(RerankerUnavailable, match="has 3 outputs"):
         backend(folder).score(QUERY, DOCS)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnx"])
+def test_an_encoder_without_a_classifier_head_is_refused(tmp_path, runtime):
+    """A plain BertModel folder (an embedding model's) would get a random relevance
+    head from sentence-transformers: refused at load, in one line, on both runtimes."""
+    folder = save_plain_bert(tmp_path / "plain")
+    # embedding repos ship onnx/model.onnx too (all-MiniLM-L6-v2 does); refused before
+    # it is opened, so any bytes stand for it here
+    (folder / "onnx").mkdir()
+    (folder / "onnx" / "model.onnx").write_bytes(b"an embedding model's graph")
+    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder", model=str(folder),
+                                                   runtime=runtime))
+    with pytest.raises(RerankerUnavailable, match="is not a cross-encoder: its config.json "
+                                                   "names BertModel") as info:
+        reranker.load()
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("model, message", [

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from memory.config import RerankerConfig
-from memory.errors import RerankerError, RerankerUnavailable
+from memory.config import RerankerConfig, load_profile_file
+from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.records import Hit
 from memory.rerank.base import Ranking
 from memory.rerank.llama_answers import sigmoid
@@ -260,3 +260,33 @@ def test_errors_are_typed_and_never_raise_through_a_search():
         with pytest.raises(RerankerError, match="HTTP 400 \\(documents too long\\)") as info:
             backend.score(QUERY, DOCS)
     assert info.value.kind == "http_4xx"
+
+
+@pytest.mark.parametrize("backend", ["rerank-api", "llama-server"])
+@pytest.mark.parametrize("url", ["https://user:sk-secret@rerank.example/v1",
+                                 "https://rerank.example/v1?api_key=sk-secret",
+                                 "https://rerank.example/v1#sk-secret"])
+def test_a_url_with_credentials_is_refused_at_profile_validation(backend, url, tmp_path):
+    """A key in the URL would be written into log lines and fallback reasons; the
+    profile is refused in one line that shows the URL without it."""
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[reranker]\nbackend = "{backend}"\nurl = "{url}"\n'
+                       'dialect = "jina"\n', "utf-8")
+    with pytest.raises(ConfigError, match="reranker.api_key_env") as info:
+        load_profile_file(profile)
+    message = str(info.value)
+    assert "sk-secret" not in message and "\n" not in message
+    assert "https://rerank.example/v1" in message
+
+
+def test_a_backend_built_in_code_refuses_a_url_with_credentials(caplog):
+    """Without a profile file (benchmarks, code): refused before anything is sent or
+    logged, since httpx itself logs every request's URL."""
+    caplog.set_level(logging.DEBUG)
+    with StubServer(answering("jina")) as server:
+        secret_url = server.url.replace("http://", "http://user:sk-secret@")
+        with pytest.raises(ConfigError, match="api_key_env") as info:
+            RerankApiBackend(config(secret_url))
+    assert server.requests == []
+    assert "sk-secret" not in str(info.value) and "sk-secret" not in caplog.text
+    assert server.url in str(info.value)

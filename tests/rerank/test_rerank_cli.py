@@ -14,6 +14,7 @@ import pytest
 import bot
 from benchmarks.rerank_backends import save_random_cross_encoder
 from tests.support.http_stub import Request, StubServer
+from tests.support.rerank import save_plain_bert
 
 BENCH_MINI = Path(__file__).resolve().parent.parent / "fixtures" / "bench-mini"
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -117,3 +118,29 @@ def test_export_onnx_of_a_folder_without_a_model_is_one_line(tmp_path, capsys):
     assert code == 2
     assert err.startswith("error: ") and "not a cross-encoder folder" in err
     assert err.count("\n") == 1
+
+
+def test_export_onnx_with_a_file_in_the_way_is_one_line(tmp_path, capsys):
+    """A plain file named ``onnx`` where the folder goes: the cause and the path, no
+    traceback."""
+    model = save_random_cross_encoder(tmp_path / "ce", TINY)
+    (model / "onnx").write_text("not a folder", "utf-8")
+    capsys.readouterr()  # the model's save progress
+    code, _, err = run_cli(capsys, "export-onnx", model)
+    assert code == 2 and "Traceback" not in err
+    *progress, line = err.rstrip("\n").split("\n")  # after transformers' loading bar
+    assert all("Loading weights" in bar for bar in progress)
+    assert line.startswith("error: exporting ")
+    assert str(model / "onnx" / "model.onnx") in line and "FileExistsError" in line
+
+
+def test_export_onnx_refuses_an_encoder_without_a_classifier_head(tmp_path, capsys):
+    """transformers would add a random head to a plain BertModel folder, and the check
+    would then compare random scores with themselves and say "use it"."""
+    model = save_plain_bert(tmp_path / "plain")
+    capsys.readouterr()  # the model's save progress
+    code, out, err = run_cli(capsys, "export-onnx", model)
+    assert code == 2 and "use it" not in out and "Traceback" not in err
+    *_, line = err.rstrip("\n").split("\n")
+    assert line.startswith("error: ") and "is not a cross-encoder" in line
+    assert not (model / "onnx").exists()

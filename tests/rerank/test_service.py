@@ -18,11 +18,12 @@ import pytest
 from memory import metrics
 from memory.config import Profile, RerankerConfig
 from memory.engine import MemoryEngine
-from memory.errors import RerankerError, RerankerUnavailable
+from memory.errors import RerankerError, RerankerUnavailable, StorageBusy
 from memory.records import MessageRecord
 from memory.rerank.service import RerankerService
 from memory.search import SearchRequest
 from tests.support.builders import HashEmbedder
+from tests.support.engines import another_writer
 from tests.support.llama_standin import FakeLlamaServer, relevance
 
 GUILD = 42
@@ -350,6 +351,45 @@ def test_failed_switch_keeps_the_old_reranker(remote_engine, tmp_path):
     assert remote_engine.rerankers.current() is old
     assert remote_engine.storage.meta.active_profile != "broken"
     assert search(remote_engine).trace.reranked
+
+
+def test_a_switch_whose_choice_cannot_be_stored_is_undone(remote_engine):
+    """Storing ``meta.active_profile`` fails (another writer holds the lock): the
+    future raises instead of never resolving, the old reranker stays in use and the
+    new one is unloaded, so two models are never left loaded."""
+    old = remote_engine.rerankers.current()
+    with FakeLlamaServer() as second:
+        loaded: list = []
+        switched: list = []
+
+        def on_switched(profile: Profile) -> None:
+            loaded.append(remote_engine.rerankers.current())
+            with another_writer(remote_engine.storage, wait_s=0.05):
+                remote_engine._use_profile(profile, remember=True)
+            switched.append(profile.name)
+
+        future = remote_engine.rerankers.switch(
+            replace(remote_profile(second.url), name="second"), on_switched=on_switched)
+        with pytest.raises(StorageBusy):
+            future.result(timeout=30)
+        assert not switched
+        assert remote_engine.rerankers.current() is old
+        assert remote_engine.rerankers.profile_name == "remote-test"
+        assert remote_engine.profile.name == "remote-test"
+        assert remote_engine.storage.meta.active_profile != "second"
+        (new,) = loaded
+        assert new is not old and new.backend.closed, "the new reranker was unloaded"
+        assert not old.backend.closed
+        result = search(remote_engine)
+        assert result.trace.reranked and not second.requests
+        # the same through the engine's own switch: the owner's command gets the error
+        with another_writer(remote_engine.storage, wait_s=0.05):
+            future = remote_engine.switch_profile(replace(remote_profile(second.url), name="third"))
+            with pytest.raises(StorageBusy):
+                future.result(timeout=30)
+        assert remote_engine.rerankers.current() is old
+        assert remote_engine.profile.name == "remote-test"
+        assert search(remote_engine).trace.reranked and not second.requests
 
 
 def test_switch_to_a_profile_without_reranker(remote_engine):

