@@ -179,7 +179,7 @@ class ShardIds(click.ParamType):
         if isinstance(value, tuple):
             return value
         parts = [part.strip() for part in str(value).split(",")]
-        if not all(part.isdigit() for part in parts):
+        if not all(part.isascii() and part.isdigit() for part in parts):
             self.fail(f"comma-separated shard ids (0, 1, ...), got {value!r}", param, ctx)
         return tuple(int(part) for part in parts)
 

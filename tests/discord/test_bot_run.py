@@ -122,6 +122,7 @@ def test_a_process_of_a_sharded_bot_identifies_its_shards_only(fake_api, engine,
     (["--shard-count", "4", "--shards", "one"], "comma-separated shard ids"),
     (["--shard-count", "4", "--shards", "-1"], "comma-separated shard ids"),
     (["--shard-count", "4", "--shards", "0,,1"], "comma-separated shard ids"),
+    (["--shard-count", "4", "--shards", "\u00b2"], "comma-separated shard ids"),  # a digit to isdigit(), not to int()
 ])
 def test_shard_options_that_do_not_fit_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch,
                                                                options, says):
