@@ -29,8 +29,8 @@ from memory.llm import (
     retry_after,
     visible_text,
 )
-from tests.support.llama import free_port
 from tests.support.openai_standin import ANSWER, OpenAIStandIn
+from tests.support.servers import free_port
 
 MESSAGES = [{"role": "user", "content": "when is the raid?"}]
 

@@ -9,15 +9,11 @@ environment cannot hold); the tests marked ``infinity`` find it there or at
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
-from tests.support.llama import free_port
+from tests.support.servers import free_port, serving
 
 INFINITY_VERSION = os.environ.get("INFINITY_VERSION", "0.0.78")
 INFINITY_ROOT = (
@@ -59,38 +55,10 @@ def infinity_server(model: Path, startup_s: float = 180.0) -> Iterator[str]:
     port = free_port()
     log_path = model.parent / f"infinity.{port}.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [str(binary), "v2", "--model-id", str(model), "--served-model-name", SERVED_NAME,
-             "--host", "127.0.0.1", "--port", str(port), "--engine", "torch", "--device", "cpu",
-             "--no-bettertransformer", "--no-model-warmup", "--batch-size", "8"],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-            cwd=model.parent,  # its .infinity_cache folder goes there, not into the checkout
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(proc, url, startup_s, log_path)
+    args = [str(binary), "v2", "--model-id", str(model), "--served-model-name", SERVED_NAME,
+            "--host", "127.0.0.1", "--port", str(port), "--engine", "torch", "--device", "cpu",
+            "--no-bettertransformer", "--no-model-warmup", "--batch-size", "8"]
+    with serving("infinity_emb", args, f"http://127.0.0.1:{port}", log_path,
+                 startup_s=startup_s, poll_s=0.5, stop_s=15, env=env,
+                 cwd=model.parent) as url:  # its .infinity_cache folder goes there, not into the checkout
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, limit: float, log_path: Path) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"infinity_emb exited ({proc.returncode}):\n"
-                               f"{log_path.read_text(errors='replace')[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"infinity_emb not ready after {limit:.0f} s:\n"
-                       f"{log_path.read_text(errors='replace')[-3000:]}")

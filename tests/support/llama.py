@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.support.servers import free_port, serving
 
 LLAMA_VERSION = os.environ.get("LLAMA_CPP_VERSION", "11434.0.0")
 LLAMA_ROOT = (
@@ -142,13 +141,6 @@ def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def llama_server(
     gguf: Path, *, ctx: int = 4096, startup_s: float = 120.0, api_key: str | None = None
@@ -165,37 +157,11 @@ def llama_server(
     assert binary is not None, missing_reason()
     port = free_port()
     log_path = gguf.with_suffix(f".{port}.log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-             "-c", str(ctx), "-np", "1", "-t", "1", "--jinja", "--alias", CHAT_MODEL,
-             *(["--api-key", api_key] if api_key else [])],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(proc, url, startup_s, log_path)
+    args = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "-c", str(ctx), "-np", "1", "-t", "1", "--jinja", "--alias", CHAT_MODEL,
+            *(["--api-key", api_key] if api_key else [])]
+    with serving("llama-server", args, f"http://127.0.0.1:{port}", log_path,
+                 startup_s=startup_s, poll_s=0.25, stop_s=10) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
-def _wait_healthy(proc: subprocess.Popen, url: str, limit: float, log_path: Path) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited ({proc.returncode}):\n"
-                               f"{log_path.read_text(errors='replace')[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"llama-server not healthy after {limit:.0f} s:\n"
-                       f"{log_path.read_text(errors='replace')[-3000:]}")
