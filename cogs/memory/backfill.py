@@ -26,6 +26,7 @@ import discord
 from discord.ext import commands
 
 from cogs.memory.capture import record_from_message
+from cogs.memory.progress import report_progress
 
 if TYPE_CHECKING:
     from cogs.memory.runtime import MemoryRuntime
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 
 PAGE = 100
 PAGE_PAUSE_S = 0.25
-PROGRESS_EVERY_S = 3.0
 
 Walkable = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread
 # where messages are read from: a forum holds none itself, only its threads
@@ -99,20 +99,8 @@ class Backfiller:
         task = self.runtime.spawn(self.run(targets, progress), name="memory-backfill")
         self._running[guild.id] = task
         try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=PROGRESS_EVERY_S)
-                if not task.done():
-                    await _edit(status, f"Backfilling… {progress.line()}")
-            task.result()
-            await _edit(status, f"Backfill finished: {progress.line()}")
-        except discord.HTTPException as exc:
-            log.warning("backfill in guild %d stopped: %s", guild.id, exc)
-            await _edit(status, f"Backfill stopped: Discord answered {exc.status}. Run it again to "
-                                f"resume where it stopped. {progress.line()}")
-        except asyncio.CancelledError:
-            task.cancel()
-            await _edit(status, f"Backfill stopped (it resumes where it was): {progress.line()}")
-            raise
+            await report_progress(status, task, progress.line, doing="Backfilling…",
+                                  noun="Backfill", guild_id=guild.id)
         finally:
             self._running.pop(guild.id, None)
 
@@ -252,10 +240,3 @@ class Backfiller:
         if progress.fetched:
             log.info("caught up %d messages (%d stored) in %.0f s", progress.fetched,
                      progress.stored, time.monotonic() - started)
-
-
-async def _edit(message: discord.WebhookMessage, content: str) -> None:
-    try:
-        await message.edit(content=content[:2000])
-    except discord.HTTPException as exc:  # e.g. the interaction token expired after 15 min
-        log.debug("could not update backfill progress: %s", exc)

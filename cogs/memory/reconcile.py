@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import discord
 from discord.ext import commands
 
+from cogs.memory.progress import report_progress
 from memory.records import ms_to_datetime
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 
 PAGE = 100  # messages per history request (Discord's maximum)
 GUILDS_PAGE = 200  # guilds per GET /users/@me/guilds
-PROGRESS_EVERY_S = 3.0  # the command's progress message
 LOG_EVERY_S = 30.0  # a long run's progress in the log
 UNKNOWN_CHANNEL = 10003  # Discord's JSON error code for a channel that does not exist
 
@@ -202,21 +202,8 @@ class Reconciler:
         status = await interaction.followup.send(
             f"Reconciling with Discord… {progress.line()}", ephemeral=True, wait=True)
         task = self.runtime.spawn(self.reconcile_guild(guild, progress), name="memory-reconcile")
-        try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=PROGRESS_EVERY_S)
-                if not task.done():
-                    await _edit(status, f"Reconciling with Discord… {progress.line()}")
-            task.result()
-            await _edit(status, f"Reconcile finished: {progress.line()}")
-        except discord.HTTPException as exc:
-            log.warning("reconcile of guild %d stopped: %s", guild.id, exc)
-            await _edit(status, f"Reconcile stopped: Discord answered {exc.status}. Run it again "
-                                f"to resume where it stopped. {progress.line()}")
-        except asyncio.CancelledError:
-            task.cancel()
-            await _edit(status, f"Reconcile stopped (it resumes where it was): {progress.line()}")
-            raise
+        await report_progress(status, task, progress.line, doing="Reconciling with Discord…",
+                              noun="Reconcile", guild_id=guild.id)
 
     # -- one guild -----------------------------------------------------------------------
 
@@ -389,10 +376,3 @@ def _readable(place: History) -> bool:
         return True
     perms = place.permissions_for(me)
     return perms.view_channel and perms.read_message_history
-
-
-async def _edit(message: discord.WebhookMessage, content: str) -> None:
-    try:
-        await message.edit(content=content[:2000])
-    except discord.HTTPException as exc:  # e.g. the interaction token expired after 15 min
-        log.debug("could not update reconcile progress: %s", exc)
