@@ -11,16 +11,14 @@ conventions, and an unknown forward signature is a clear error at load.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import warnings
 
 import pytest
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicCache
+from transformers import Cache, DynamicCache
 
-from memory.config import RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.rerank.kv_cache import (
     cache_argument,
@@ -29,31 +27,9 @@ from memory.rerank.kv_cache import (
     prefix_cache,
     repeated_cache,
 )
-from memory.rerank.qwen import QwenReranker, load_failure
+from memory.rerank.qwen import load_failure
 from tests.rerank.test_reranker_qwen import DOCS, QUERY, assert_close
-from tests.support.qwen_tiny import save_tiny_reranker
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_reranker(tmp_path_factory.mktemp("qwen-tiny-kv"))
-
-
-@pytest.fixture(scope="module")
-def parts(tiny_dir):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    return model, tokenizer
-
-
-@pytest.fixture(scope="module")
-def config(tiny_dir):
-    return RerankerConfig(backend="transformers", model=str(tiny_dir), dtype="float32")
-
-
-def wrap(parts, config, **overrides) -> QwenReranker:
-    model, tokenizer = parts
-    return QwenReranker.from_model(model, tokenizer, dataclasses.replace(config, **overrides))
+from tests.support.qwen_tiny import wrap
 
 
 def head_states(layers: int = 2, length: int = 5) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -20,14 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memory.config import RerankerConfig
 from memory.errors import RerankerUnavailable
 from memory.rerank.base import RerankerBackend
 from memory.rerank.prompt import DEFAULT_INSTRUCTION, SUFFIX, full_prompt, head_text
 from memory.rerank.qwen import QwenReranker, load_failure
-from tests.support.qwen_tiny import save_tiny_reranker
+from tests.support.qwen_tiny import save_tiny_reranker, wrap
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,26 +64,6 @@ HOSTILE = {
 }
 
 
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_reranker(tmp_path_factory.mktemp("qwen-tiny"))
-
-
-@pytest.fixture(scope="module")
-def parts(tiny_dir):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    return model, tokenizer
-
-
-@pytest.fixture(scope="module")
-def config(tiny_dir):
-    return RerankerConfig(backend="transformers", model=str(tiny_dir), dtype="float32")
-
-
-def wrap(parts, config, **overrides) -> QwenReranker:
-    model, tokenizer = parts
-    return QwenReranker.from_model(model, tokenizer, dataclasses.replace(config, **overrides))
 
 
 @torch.inference_mode()

@@ -21,41 +21,21 @@ from pathlib import Path
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
-from memory.config import ConfigError, Profile, RerankerConfig, load_profile, load_profile_file
+from memory.config import ConfigError, Profile, load_profile, load_profile_file
 from memory.rerank import qwen
 from memory.rerank.manager import RerankerManager
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.qwen_static import HEAD_MIN, Run, head_capacities, plan_runs
 from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close, reference_score
-from tests.support.qwen_tiny import save_tiny_reranker
+from tests.support.qwen_tiny import wrap
 
 FP32_TOL = 1e-5  # measured: 3.6e-7 at most
 BF16_TOL = 1e-2
 BUCKETS = ((4, 16), (8, 32), (2, 64))  # tails of DOCS + HOSTILE run 12..433 tokens
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_reranker(tmp_path_factory.mktemp("qwen-tiny-static"))
-
-
-@pytest.fixture(scope="module")
-def parts(tiny_dir):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    return model, tokenizer
-
-
-@pytest.fixture(scope="module")
-def config(tiny_dir):
-    return RerankerConfig(backend="transformers", model=str(tiny_dir), dtype="float32")
-
-
-def wrap(parts, config, **overrides) -> QwenReranker:
-    model, tokenizer = parts
-    return QwenReranker.from_model(model, tokenizer, dataclasses.replace(config, **overrides))
 
 
 ALL_DOCS = DOCS + [HOSTILE[k] for k in sorted(HOSTILE)]

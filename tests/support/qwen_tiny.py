@@ -14,6 +14,7 @@ Everything is seeded, so a saved folder always yields the same scores.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from benchmarks.qwen_models import TINY_QWEN3, qwen3_config, qwen_fast_tokenizer
+from memory.config import RerankerConfig
 from memory.rerank.prompt import (
     DEFAULT_INSTRUCTION,
     PREFIX,
@@ -28,6 +30,7 @@ from memory.rerank.prompt import (
     SUFFIX,
     SYSTEM_PROMPT,
 )
+from memory.rerank.qwen import QwenReranker
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Added but not "special" in Qwen3's tokenizer: they still encode as one token.
@@ -122,3 +125,10 @@ def save_tiny_reranker(folder: str | Path, seed: int = 0, with_answers: bool = T
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def wrap(parts: tuple, config: RerankerConfig, **overrides: object) -> QwenReranker:
+    """A :class:`QwenReranker` over an already loaded ``(model, tokenizer)``, with
+    ``config``'s fields changed by ``overrides``."""
+    model, tokenizer = parts
+    return QwenReranker.from_model(model, tokenizer, dataclasses.replace(config, **overrides))
