@@ -348,9 +348,13 @@ def _time_searches(engines: dict[str, MemoryEngine],
              # a member of a 500-channel server who can read 7 of the 8 busy channels
              "hybrid_allow_list_500": {**RETRIEVAL_MODES["hybrid"],
                                        "allowed_channel_ids": ALLOW_LIST_500}}
+    # the default search again with a wider vector walk (``search.rescore``)
+    wider = {f"hybrid_rescore_{r}": r for r in HYBRID_RESCORES}
+    modes.update({mode: RETRIEVAL_MODES["hybrid"] for mode in wider})
     latencies: dict[str, dict[str, list[float]]] = {name: {m: [] for m in modes} for name in engines}
     for engine in engines.values():
         engine.search("warm up", guild_id=SCALE_GUILD)
+    configs = {name: engine.searcher.config for name, engine in engines.items()}
     order = list(modes.items())
     names = list(engines)
     for i in range(count):
@@ -360,8 +364,14 @@ def _time_searches(engines: dict[str, MemoryEngine],
             request = replace(SearchRequest(queries=(text,), guild_id=SCALE_GUILD), **fields)
             first = (i // len(order)) % len(names)
             for name in names[first:] + names[:first]:
+                searcher = engines[name].searcher
+                if mode in wider:
+                    searcher.config = replace(configs[name], rescore=wider[mode])
                 started = time.perf_counter()
-                engines[name].search(request)
+                try:
+                    engines[name].search(request)
+                finally:
+                    searcher.config = configs[name]
                 latencies[name][mode].append((time.perf_counter() - started) * 1000)
     return latencies
 
@@ -369,7 +379,9 @@ def _time_searches(engines: dict[str, MemoryEngine],
 # 7 of the synthetic corpus's 8 channels plus 493 channels with no messages
 ALLOW_LIST_500 = tuple(range(2000, 2007)) + tuple(range(50_000, 50_493))
 
-RESCORE_SWEEP = (1, 2, 4, 8, 16)
+RESCORE_SWEEP = (1, 2, 4, 8, 16, 20, 32, 64)
+HYBRID_RESCORES = (16, 64)
+"""``rescore`` values the hybrid search is timed with besides the profile's."""
 
 
 def _every_vector(engine: MemoryEngine) -> tuple[np.ndarray, np.ndarray]:
@@ -410,7 +422,18 @@ def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, d
     computed in numpy over every stored vector.
     """
     ids, matrix = _every_vector(engine)
-    return _sweep(engine, ids, matrix, count, k, engine.storage.vectors.knn)
+    return _sweep(engine, ids, matrix, count, k, engine.storage.vectors.knn,
+                  _rescores(engine, k))
+
+
+def _rescores(engine: MemoryEngine, k: int) -> tuple[int, ...]:
+    """The sweep's ``rescore`` values this engine can honour: PostgreSQL's walk keeps
+    at most ``MAX_EF_SEARCH`` (1,000) candidates, so a wider setting repeats the last."""
+    if not is_postgres_url(engine.storage.database.location):
+        return RESCORE_SWEEP
+    from memory.storage.postgres.vectors import MAX_EF_SEARCH
+
+    return tuple(r for r in RESCORE_SWEEP if k * r <= MAX_EF_SEARCH)
 
 
 def _index_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, Any]:
@@ -435,7 +458,8 @@ def _index_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, Any
             return storage.vectors.knn(vector, k, filters, rescore=rescore, index=index)
 
         report[index] = {"build_s": round(built_s, 1),
-                         "rescore": _sweep(engine, ids, matrix, count, k, knn)}
+                         "rescore": _sweep(engine, ids, matrix, count, k, knn,
+                                           _rescores(engine, k))}
     size = storage.database.read(
         "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
         "WHERE c.relname LIKE 'message_vectors_hnsw_%%'")
@@ -445,20 +469,21 @@ def _index_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, Any
 
 
 def _sweep(engine: MemoryEngine, ids: np.ndarray, matrix: np.ndarray, count: int, k: int,
-           knn: Callable[..., list[tuple[int, float]]]) -> dict[str, dict[str, float]]:
+           knn: Callable[..., list[tuple[int, float]]],
+           rescores: tuple[int, ...]) -> dict[str, dict[str, float]]:
     rng = random.Random(2)
     texts = [" ".join(_words(rng, rng.randint(2, 6))) for _ in range(count)]
     vectors = engine.embedder.embed(texts)
     filters = Filters(guild_id=SCALE_GUILD)
-    for rescore in RESCORE_SWEEP:  # warm-up: the radius memory learns on other queries
+    for rescore in rescores:  # warm-up: the radius memory learns on other queries
         for vector in engine.embedder.embed([f"warm up {i}" for i in range(8)]):
             knn(vector, k, filters, rescore=rescore)
     stats: dict[int, dict[str, list[float]]] = {
-        r: {"ms": [], "top10": [], "topk": []} for r in RESCORE_SWEEP
+        r: {"ms": [], "top10": [], "topk": []} for r in rescores
     }
     for vector in vectors:
         exact = ids[np.argsort(-(matrix @ vector), kind="stable")[:k]]
-        for rescore in RESCORE_SWEEP:
+        for rescore in rescores:
             started = time.perf_counter()
             found = [mid for mid, _ in knn(vector, k, filters, rescore=rescore)]
             stats[rescore]["ms"].append((time.perf_counter() - started) * 1000)

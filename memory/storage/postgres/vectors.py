@@ -183,7 +183,9 @@ class PostgresVectorIndex:
         filter_sql(filters, "", clauses, params)
         spec = INDEXES[index or self.index]
         k = max(1, int(k))
-        fetch = k if spec.exact else k * max(1, int(rescore))
+        # a walk keeps at most MAX_EF_SEARCH in view: asking for more would always
+        # look like a filtered-out walk below and turn every search exact
+        fetch = k if spec.exact else max(k, min(k * max(1, int(rescore)), MAX_EF_SEARCH))
         query = np.ascontiguousarray(vector, dtype=np.float32)
         try:
             if self.count(filters.guild_id) <= EXACT_KNN_MAX:  # a small guild: every distance
