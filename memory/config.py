@@ -398,7 +398,7 @@ def refuse_url_credentials(key: str, url: str, source: str = "") -> None:
         raise ConfigError(
             f"{where}{key} must not carry credentials or a query (user:password@, "
             f"?api_key=...): give {public_url(url)} and put the key in an environment "
-            "variable named by reranker.api_key_env"
+            f"variable named by {key.rsplit('.', 1)[0]}.api_key_env"
         )
 
 
@@ -466,7 +466,9 @@ def _validate_llm(source: str, llm: LLMConfig) -> None:
     if not llm.enabled:
         return
     if not llm.base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"{source}: llm.base_url must be an http(s) URL, got {llm.base_url!r}")
+        raise ConfigError(f"{source}: llm.base_url must be an http(s) URL, "
+                          f"got {llm.base_url.split('@')[-1][:60]!r}")
+    refuse_url_credentials("llm.base_url", llm.base_url, source)
     if not llm.model.strip():
         raise ConfigError(
             f"{source}: llm.model is required with llm.base_url (llama-server accepts any name)"

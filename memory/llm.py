@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from memory.config import LLMConfig
+from memory.config import LLMConfig, refuse_url_credentials
 from memory.context import CLOSE_TAG, OPEN_TAG, Context
 from memory.errors import (
     ChatModelAuthError,
@@ -134,6 +134,7 @@ class ChatClient:
     ) -> None:
         if not config.enabled:
             raise ConfigError("no chat model: add an [llm] table with base_url and model")
+        refuse_url_credentials("llm.base_url", config.base_url)  # httpx logs request URLs
         self.config = config
         self.url = chat_completions_url(config.base_url)
         self._headers = {"Content-Type": "application/json"}

@@ -225,6 +225,26 @@ def test_bad_llm_sections_are_rejected(table, message):
         parse_profile("p", {"llm": table}, "p.toml")
 
 
+@pytest.mark.parametrize("url", ["https://user:sk-secret@chat.example/v1",
+                                 "https://chat.example/v1?api_key=sk-secret",
+                                 "https://chat.example/v1#sk-secret"])
+def test_a_base_url_with_credentials_is_refused(url, caplog):
+    """httpx logs every request's URL and an unreachable server's error names it: a key
+    in ``base_url`` is refused in the profile and in code, before anything is sent."""
+    with pytest.raises(ConfigError, match="llm.api_key_env") as info:
+        parse_profile("p", {"llm": {"base_url": url, "model": "m"}}, "p.toml")
+    assert "sk-secret" not in str(info.value) and "https://chat.example/v1" in str(info.value)
+    with pytest.raises(ConfigError, match="llm.api_key_env") as info:
+        ChatClient(LLMConfig(base_url=url, model="m"))
+    assert "sk-secret" not in str(info.value) and "sk-secret" not in caplog.text
+
+
+def test_a_base_url_that_is_not_http_is_shown_without_its_user():
+    with pytest.raises(ConfigError, match="http") as info:
+        parse_profile("p", {"llm": {"base_url": "bot:sk-secret@chat.example", "model": "m"}}, "p")
+    assert "sk-secret" not in str(info.value)
+
+
 def test_no_llm_section_means_off():
     assert not parse_profile("p", {}, "p.toml").llm.enabled
     profile = parse_profile("p", {"llm": {"base_url": "http://127.0.0.1:8080", "model": "q"}}, "p")
