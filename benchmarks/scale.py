@@ -422,18 +422,7 @@ def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, d
     computed in numpy over every stored vector.
     """
     ids, matrix = _every_vector(engine)
-    return _sweep(engine, ids, matrix, count, k, engine.storage.vectors.knn,
-                  _rescores(engine, k))
-
-
-def _rescores(engine: MemoryEngine, k: int) -> tuple[int, ...]:
-    """The sweep's ``rescore`` values this engine can honour: PostgreSQL's walk keeps
-    at most ``MAX_EF_SEARCH`` (1,000) candidates, so a wider setting repeats the last."""
-    if not is_postgres_url(engine.storage.database.location):
-        return RESCORE_SWEEP
-    from memory.storage.postgres.vectors import MAX_EF_SEARCH
-
-    return tuple(r for r in RESCORE_SWEEP if k * r <= MAX_EF_SEARCH)
+    return _sweep(engine, ids, matrix, count, k, engine.storage.vectors.knn, RESCORE_SWEEP)
 
 
 def _index_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, Any]:
@@ -459,7 +448,7 @@ def _index_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, Any
 
         report[index] = {"build_s": round(built_s, 1),
                          "rescore": _sweep(engine, ids, matrix, count, k, knn,
-                                           _rescores(engine, k))}
+                                           RESCORE_SWEEP)}
     size = storage.database.read(
         "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
         "WHERE c.relname LIKE 'message_vectors_hnsw_%%'")

@@ -203,37 +203,6 @@ def test_vectors_found_through_filters_inside_the_knn(postgres_url: Callable[...
     storage.close()
 
 
-def test_a_rescore_wider_than_the_walk_keeps_the_index(
-    postgres_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The walk keeps at most MAX_EF_SEARCH candidates in view; a ``rescore`` asking for
-    more once looked like a walk the filters had starved and made every search in a
-    large guild exact (every distance, ~1M of them at 1M messages)."""
-    from memory.storage.postgres import vectors
-
-    monkeypatch.setattr(vectors, "EXACT_KNN_MAX", 100)  # 500 vectors: a "large" guild
-    monkeypatch.setattr(vectors, "MAX_EF_SEARCH", 200)
-    storage = PostgresStorage(postgres_url())
-    storage.messages.upsert([_record(i, f"message {i}") for i in range(500)])
-    storage.meta.bind_model("test/random", 16)
-    storage.meta.model = "test/random"
-    rng = np.random.default_rng(1)
-    batch = storage.backlog.pending(1000)
-    matrix = rng.normal(size=(len(batch), 16))
-    storage.backlog.write_vectors(batch, matrix)
-
-    def every_distance(*args: object) -> None:
-        raise AssertionError("searched exactly")
-
-    monkeypatch.setattr(storage.vectors, "_exact", every_distance)
-    query = rng.normal(size=16)
-    found = storage.vectors.knn(query, 10, Filters(guild_id=GUILD), rescore=64)
-    unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
-    exact = {batch[i].id for i in np.argsort(-(unit @ query))[:10]}
-    assert len(found) == 10 and len(exact & {mid for mid, _ in found}) >= 9
-    storage.close()
-
-
 def _errors() -> list[tuple[BaseException, bool]]:
     import psycopg
     import psycopg_pool

@@ -169,7 +169,8 @@ class PostgresVectorIndex:
         A quantised index fetches ``k × rescore`` candidates and ranks them by exact
         cosine; the float index ranks by exact cosine already.  Either way the HNSW
         walk keeps ``k × rescore`` (at least 40, at most 1000) candidates in view
-        (``hnsw.ef_search``): ``rescore`` buys recall with time.  ``index`` (for
+        (``hnsw.ef_search``), and a fetch of more goes on walking (the iterative scan):
+        ``rescore`` buys recall with time.  ``index`` (for
         ``bench``) searches another of :data:`INDEXES` built beside the default.  A
         guild of at most :data:`~memory.storage.contract.EXACT_KNN_MAX` vectors is
         searched exactly, by every distance.
@@ -183,9 +184,7 @@ class PostgresVectorIndex:
         filter_sql(filters, "", clauses, params)
         spec = INDEXES[index or self.index]
         k = max(1, int(k))
-        # a walk keeps at most MAX_EF_SEARCH in view: asking for more would always
-        # look like a filtered-out walk below and turn every search exact
-        fetch = k if spec.exact else max(k, min(k * max(1, int(rescore)), MAX_EF_SEARCH))
+        fetch = k if spec.exact else k * max(1, int(rescore))
         query = np.ascontiguousarray(vector, dtype=np.float32)
         try:
             if self.count(filters.guild_id) <= EXACT_KNN_MAX:  # a small guild: every distance
