@@ -80,10 +80,18 @@ class SearchConfig:
     left out of the window search (0: none are); it bounds that stage's time on
     big servers.  The defaults were tuned on three dev sets at once (BENCHMARKS.md,
     issue 9).
+
+    The vector list asks the index for ``rescore`` times its candidates and ranks
+    them by exact cosine (SQLite: the nearest 1-bit codes; PostgreSQL: how wide the
+    HNSW walk looks).  In a guild of more than ``rescore_step`` vectors ``rescore``
+    grows in proportion to the guild (twice the vectors, twice the candidates), so
+    a guild of 1M is searched as closely as one of ``rescore_step``; 0 keeps it
+    fixed.  A guild of at most 4,096 vectors is searched exactly whatever they say.
     """
 
     oversample: int = field(default=5, metadata=_range(1, 100))
     rescore: int = field(default=4, metadata=_range(1, 1000))
+    rescore_step: int = field(default=250_000, metadata=_range(0, None))
     fusion: str = field(default="rrf", metadata=_choice("rrf", "score_sum", "score_max"))
     rrf_k: int = field(default=20, metadata=_range(1, 10_000))
     keyword_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))

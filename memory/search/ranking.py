@@ -114,6 +114,14 @@ def window_dense_list(
     return [(ids[i], float(sims[i])) for i in order]
 
 
+def rescore_for(vectors: int, config: SearchConfig) -> int:
+    """The vector list's ``rescore`` in a guild of ``vectors``: ``config.rescore``,
+    grown in proportion to the guild past ``config.rescore_step`` vectors."""
+    if not config.rescore_step:
+        return config.rescore
+    return max(config.rescore, round(config.rescore * vectors / config.rescore_step))
+
+
 def fuse(pool: dict[int, Candidate], lists: Mapping[str, RankedList], config: SearchConfig) -> None:
     """Set each candidate's ``fused`` score from its lists (``config.fusion``)."""
     if config.fusion == "rrf":

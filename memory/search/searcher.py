@@ -277,10 +277,13 @@ class Searcher:
         return pool
 
     def _dense(self, vector: np.ndarray | None, k: int, filters: Filters) -> RankedList:
-        return (
-            self.storage.vectors.knn(vector, k, filters, rescore=self.config.rescore)
-            if vector is not None else []
-        )
+        if vector is None:
+            return []
+        rescore = self.config.rescore
+        if self.config.rescore_step:  # a large guild looks wider (SearchConfig)
+            rescore = ranking.rescore_for(self.storage.vectors.count(filters.guild_id),
+                                          self.config)
+        return self.storage.vectors.knn(vector, k, filters, rescore=rescore)
 
     def _keyword(self, terms: list[str], k: int, filters: Filters, field: str) -> RankedList:
         return self.storage.keywords.ranked(terms, k, filters, field=field) if terms else []

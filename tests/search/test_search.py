@@ -905,3 +905,26 @@ def test_lone_surrogate_query_with_the_real_embedder(
         assert result.hits
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize(("step", "expected"), [(0, 4), (100, 4), (50, 8), (25, 16)])
+def test_the_vector_list_looks_wider_in_a_larger_guild(
+    make_engine: MakeEngine, make_record: MakeRecord, monkeypatch: pytest.MonkeyPatch,
+    step: int, expected: int,
+) -> None:
+    """A search hands the index ``rescore`` grown with the guild's vectors (here 100 of
+    them against ``rescore_step``), and a search of every guild counts every vector."""
+    engine = make_engine(rescore=4, rescore_step=step)
+    engine.ingest([make_record(f"backup report number {i}") for i in range(100)])
+    asked: list[int] = []
+    knn = engine.storage.vectors.knn
+
+    def spy(*args, rescore: int, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append(rescore)
+        return knn(*args, rescore=rescore, **kwargs)
+
+    monkeypatch.setattr(engine.storage.vectors, "knn", spy)
+    for guild in (GUILD, None):
+        assert engine.search("backup report", guild_id=guild, mode="dense", adaptive=False,
+                             threshold=-1.0).hits
+    assert asked == [expected, expected]
