@@ -539,13 +539,14 @@ def test_bench_search_scale_runs(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert (result["messages"], result["queries"]) == (300, 5)
     assert {"machine", "import_msgs_per_s", "raw_encoder_msgs_per_s", "import_vs_encoder",
             "search", "adaptive_vs_fixed_p50"} <= set(result)
-    assert set(result["search"]) == {"fixed", "adaptive", "hybrid", "hybrid_allow_list_500"}
+    assert set(result["search"]) == {"fixed", "adaptive", "hybrid", "hybrid_allow_list_500",
+                                     "hybrid_rescore_16", "hybrid_rescore_64"}
     assert result["allow_list_vs_hybrid_p50"] > 0
     for timings in result["search"].values():
         assert set(timings) == {"p50_ms", "p95_ms"}
         assert timings["p95_ms"] >= timings["p50_ms"] > 0
     # the vector stage per rescore setting; 300 messages: 16 x 50 fetches them all
-    assert list(result["knn"]) == ["1", "2", "4", "8", "16"]
+    assert list(result["knn"]) == ["1", "2", "4", "8", "16", "20", "32", "64"]
     for measured in result["knn"].values():
         assert measured["p95_ms"] >= measured["p50_ms"] > 0
         assert 0 <= measured["exact_top10_overlap"] <= 1
