@@ -422,7 +422,7 @@ def _rescore_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, d
     computed in numpy over every stored vector.
     """
     ids, matrix = _every_vector(engine)
-    return _sweep(engine, ids, matrix, count, k, engine.storage.vectors.knn, RESCORE_SWEEP)
+    return _sweep(engine, ids, matrix, count, k, engine.storage.vectors.knn)
 
 
 def _index_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, Any]:
@@ -447,8 +447,7 @@ def _index_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, Any
             return storage.vectors.knn(vector, k, filters, rescore=rescore, index=index)
 
         report[index] = {"build_s": round(built_s, 1),
-                         "rescore": _sweep(engine, ids, matrix, count, k, knn,
-                                           RESCORE_SWEEP)}
+                         "rescore": _sweep(engine, ids, matrix, count, k, knn)}
     size = storage.database.read(
         "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
         "WHERE c.relname LIKE 'message_vectors_hnsw_%%'")
@@ -458,21 +457,20 @@ def _index_sweep(engine: MemoryEngine, count: int, k: int = 50) -> dict[str, Any
 
 
 def _sweep(engine: MemoryEngine, ids: np.ndarray, matrix: np.ndarray, count: int, k: int,
-           knn: Callable[..., list[tuple[int, float]]],
-           rescores: tuple[int, ...]) -> dict[str, dict[str, float]]:
+           knn: Callable[..., list[tuple[int, float]]]) -> dict[str, dict[str, float]]:
     rng = random.Random(2)
     texts = [" ".join(_words(rng, rng.randint(2, 6))) for _ in range(count)]
     vectors = engine.embedder.embed(texts)
     filters = Filters(guild_id=SCALE_GUILD)
-    for rescore in rescores:  # warm-up: the radius memory learns on other queries
+    for rescore in RESCORE_SWEEP:  # warm-up: the radius memory learns on other queries
         for vector in engine.embedder.embed([f"warm up {i}" for i in range(8)]):
             knn(vector, k, filters, rescore=rescore)
     stats: dict[int, dict[str, list[float]]] = {
-        r: {"ms": [], "top10": [], "topk": []} for r in rescores
+        r: {"ms": [], "top10": [], "topk": []} for r in RESCORE_SWEEP
     }
     for vector in vectors:
         exact = ids[np.argsort(-(matrix @ vector), kind="stable")[:k]]
-        for rescore in rescores:
+        for rescore in RESCORE_SWEEP:
             started = time.perf_counter()
             found = [mid for mid, _ in knn(vector, k, filters, rescore=rescore)]
             stats[rescore]["ms"].append((time.perf_counter() - started) * 1000)
