@@ -226,7 +226,8 @@ class Searcher:
         run on the worker thread (and the storage's second connection); otherwise they
         are read here, after the KNN.
         """
-        dense = [self._dense(vector, k, filters) for vector in vectors]
+        rescore = self._rescore(filters) if any(v is not None for v in vectors) else 0
+        dense = [self._dense(vector, k, filters, rescore) for vector in vectors]
         word_lists, windows = (
             words.result() if words is not None else self._word_lists(queries, k, filters, request)
         )
@@ -276,14 +277,17 @@ class Searcher:
         ranking.fuse(pool, lists, self.config)
         return pool
 
-    def _dense(self, vector: np.ndarray | None, k: int, filters: Filters) -> RankedList:
-        if vector is None:
-            return []
-        rescore = self.config.rescore
-        if self.config.rescore_step:  # a large guild looks wider (SearchConfig)
-            rescore = ranking.rescore_for(self.storage.vectors.count(filters.guild_id),
-                                          self.config)
-        return self.storage.vectors.knn(vector, k, filters, rescore=rescore)
+    def _rescore(self, filters: Filters) -> int:
+        """The vector lists' ``rescore``: a large guild looks wider (SearchConfig);
+        the guild's vectors are counted only when ``rescore_step`` asks for it."""
+        if not self.config.rescore_step:
+            return self.config.rescore
+        return ranking.rescore_for(self.storage.vectors.count(filters.guild_id), self.config)
+
+    def _dense(self, vector: np.ndarray | None, k: int, filters: Filters,
+               rescore: int) -> RankedList:
+        return (self.storage.vectors.knn(vector, k, filters, rescore=rescore)
+                if vector is not None else [])
 
     def _keyword(self, terms: list[str], k: int, filters: Filters, field: str) -> RankedList:
         return self.storage.keywords.ranked(terms, k, filters, field=field) if terms else []

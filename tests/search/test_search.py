@@ -928,3 +928,12 @@ def test_the_vector_list_looks_wider_in_a_larger_guild(
         assert engine.search("backup report", guild_id=guild, mode="dense", adaptive=False,
                              threshold=-1.0).hits
     assert asked == [expected, expected]
+    # several queries in one search: one vector list each, the guild counted once
+    counted: list[int] = []
+    rescore_for = ranking.rescore_for
+    monkeypatch.setattr(ranking, "rescore_for",
+                        lambda vectors, config: counted.append(vectors) or rescore_for(vectors, config))
+    engine.search(SearchRequest(queries=("backup report", "report number"), guild_id=GUILD,
+                                mode="dense", adaptive=False, threshold=-1.0))
+    assert asked[2:] == [expected, expected]
+    assert counted == ([100] if step else [])
