@@ -385,3 +385,57 @@ def test_migration_3_moves_jsonb_documents_to_postings(
             assert ranked and [m for m, _ in found] == [m for m, _ in ranked]
     finally:
         again.close()
+
+
+def _graphs(server: PostgresServer, url: str) -> dict[str, list[str] | None]:
+    """Each HNSW index on ``message_vectors`` and the build options it was made with."""
+    with server.connect(database_name(url)) as conn:
+        return dict(conn.execute(
+            "SELECT c.relname, c.reloptions FROM pg_index i JOIN pg_class c ON c.oid = "
+            "i.indexrelid JOIN pg_am a ON a.oid = c.relam WHERE i.indrelid = "
+            "'message_vectors'::regclass AND a.amname = 'hnsw' AND i.indisvalid").fetchall())
+
+
+def test_migration_4_rebuilds_a_default_graph_denser(
+    postgres_url: Callable[..., str], postgres_server: PostgresServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new database gets the denser graph; one an older version built with pgvector's
+    defaults is rebuilt once, and its HNSW search (a guild past exact KNN) still finds
+    the nearest vectors."""
+    url = postgres_url()
+    storage = PostgresStorage(url)
+    records = [_record(i, f"message {i}", channel_id=CHANNEL + i % 50) for i in range(4200)]
+    storage.messages.upsert(records)
+    storage.meta.bind_model("test/random", 16)
+    storage.meta.model = "test/random"
+    rng = np.random.default_rng(4)
+    batch = storage.backlog.pending(5000)
+    matrix = rng.normal(size=(len(batch), 16))
+    storage.backlog.write_vectors(batch, matrix)
+    storage.close()
+    assert _graphs(postgres_server, url) == {
+        "message_vectors_hnsw_halfvec": ["m=24", "ef_construction=128"]}
+    with postgres_server.connect(database_name(url)) as conn:  # as versions before 4 built it
+        conn.execute("ALTER INDEX message_vectors_hnsw_halfvec RESET (m, ef_construction)")
+        conn.execute("REINDEX INDEX message_vectors_hnsw_halfvec")
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 4")
+    assert _graphs(postgres_server, url) == {"message_vectors_hnsw_halfvec": None}
+    with caplog.at_level("WARNING", logger="memory.storage.postgres.migrations"):
+        again = PostgresStorage(url)
+    try:
+        assert again.database.schema_version() >= 4
+        assert _graphs(postgres_server, url) == {
+            "message_vectors_hnsw_halfvec": ["m=24", "ef_construction=128"]}
+        assert "message_vectors_hnsw_halfvec over 4200 vectors" in caplog.text
+        again.meta.model = "test/random"
+        ids = [message.id for message in batch]
+        unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+        for query in rng.normal(size=(5, 16)):
+            exact = {ids[i] for i in np.argsort(-(unit @ query))[:10]}
+            found = {message_id for message_id, _ in again.vectors.knn(query, 10, Filters(guild_id=GUILD))}
+            assert len(found & exact) >= 8
+    finally:
+        again.close()
+    PostgresStorage(url).close()  # opened again: nothing left to rebuild
+    assert caplog.text.count("rebuilding the vector index") == 1
