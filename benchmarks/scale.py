@@ -366,7 +366,8 @@ def _time_searches(engines: dict[str, MemoryEngine],
             for name in names[first:] + names[:first]:
                 searcher = engines[name].searcher
                 if mode in wider:
-                    searcher.config = replace(configs[name], rescore=wider[mode])
+                    # that rescore itself, not grown with the guild
+                    searcher.config = replace(configs[name], rescore=wider[mode], rescore_step=0)
                 started = time.perf_counter()
                 try:
                     engines[name].search(request)

@@ -91,7 +91,7 @@ class SearchConfig:
 
     oversample: int = field(default=5, metadata=_range(1, 100))
     rescore: int = field(default=4, metadata=_range(1, 1000))
-    rescore_step: int = field(default=250_000, metadata=_range(0, None))
+    rescore_step: int = field(default=200_000, metadata=_range(0, None))
     fusion: str = field(default="rrf", metadata=_choice("rrf", "score_sum", "score_max"))
     rrf_k: int = field(default=20, metadata=_range(1, 10_000))
     keyword_weight: float = field(default=1.0, metadata=_range(0.0, 10.0))

@@ -371,12 +371,12 @@ def test_a_time_span_counts_from_the_searchs_now() -> None:
 
 
 @pytest.mark.parametrize(("vectors", "rescore"), [
-    (0, 4), (4_096, 4), (100_000, 4), (250_000, 4), (500_000, 8), (1_000_000, 16),
-    (10_000_000, 160),
+    (0, 4), (4_096, 4), (100_000, 4), (200_000, 4), (250_000, 5), (500_000, 10),
+    (1_000_000, 20), (10_000_000, 200),
 ])
 def test_a_large_guild_looks_wider(vectors: int, rescore: int) -> None:
     """``rescore`` grows in proportion to the guild past ``rescore_step`` vectors, so the
-    candidates stay the same share of a guild of 1M as of one of 250k."""
+    candidates stay the same share of a guild of 1M as of one of 200k."""
     assert ranking.rescore_for(vectors, CONFIG) == rescore
     assert ranking.rescore_for(vectors, replace(CONFIG, rescore_step=0)) == CONFIG.rescore
     assert ranking.rescore_for(vectors, replace(CONFIG, rescore=32)) == max(32, rescore * 8)
