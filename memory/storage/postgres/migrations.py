@@ -50,7 +50,7 @@ def denser_vector_graph(conn: Any) -> None:
     ``ef_construction`` 128 (:data:`memory.storage.postgres.vectors.GRAPH` says why).
 
     Once per database; searches wait for it.  The build is fastest with the graph
-    inside ``maintenance_work_mem`` (about 1.3 GB per million 384-dimension vectors).
+    inside ``maintenance_work_mem`` (1.2 GB for a million 384-dimension vectors).
     """
     if conn.execute("SELECT to_regclass('message_vectors')").fetchone()[0] is None:
         return
@@ -61,7 +61,7 @@ def denser_vector_graph(conn: Any) -> None:
             "AND a.amname = 'hnsw' AND NOT coalesce(c.reloptions @> "
             "ARRAY['m=24', 'ef_construction=128'], false) ORDER BY c.relname").fetchall():
         log.warning("rebuilding the vector index %s over %d vectors as a denser graph (once; "
-                    "searches wait; about half an hour per million vectors on 2 cores)",
+                    "searches wait; about 20 minutes per million vectors on 2 cores)",
                     name, vectors)
         conn.execute(f'ALTER INDEX "{name}" SET (m = 24, ef_construction = 128)')
         conn.execute(f'REINDEX INDEX "{name}"')

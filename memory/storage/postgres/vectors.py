@@ -45,7 +45,7 @@ GRAPH = "m = 24, ef_construction = 128"
 """How densely every HNSW graph is built (pgvector's defaults: ``m`` 16,
 ``ef_construction`` 64).  ``BENCHMARKS.md`` (1M messages in one guild): the default
 graph's top-10 agreement with exact search stops near 0.89 however wide the walk; this
-one reaches 0.96 at ``ef_search`` 1,000, for a build about 4× as long.  Migration 4
+one reaches 0.96 at ``ef_search`` 1,000, for a build 3× as long.  Migration 4
 rebuilds a graph an older version built."""
 
 
