@@ -186,15 +186,25 @@ def test_two_claimers_never_share_a_message(postgres_url: Callable[..., str]) ->
     storage.close()
 
 
-def test_vectors_found_through_filters_inside_the_knn(postgres_url: Callable[..., str]) -> None:
-    storage = PostgresStorage(postgres_url())
-    records = [_record(i, f"message {i}", channel_id=CHANNEL + i % 50) for i in range(500)]
+def _with_vectors(url: str, count: int, rng: np.random.Generator,
+                  ) -> tuple[PostgresStorage, list[MessageRecord], np.ndarray]:
+    """A storage holding ``count`` messages over 50 channels, each with a random 16-d
+    vector (the matrix's rows, in the records' order)."""
+    storage = PostgresStorage(url)
+    records = [_record(i, f"message {i}", channel_id=CHANNEL + i % 50) for i in range(count)]
     storage.messages.upsert(records)
     storage.meta.bind_model("test/random", 16)
     storage.meta.model = "test/random"
+    batch = storage.backlog.pending(count)
+    assert [message.id for message in batch] == [record.id for record in records]
+    matrix = rng.normal(size=(count, 16))
+    storage.backlog.write_vectors(batch, matrix)
+    return storage, records, matrix
+
+
+def test_vectors_found_through_filters_inside_the_knn(postgres_url: Callable[..., str]) -> None:
     rng = np.random.default_rng(0)
-    batch = storage.backlog.pending(1000)
-    storage.backlog.write_vectors(batch, rng.normal(size=(len(batch), 16)))
+    storage, records, _ = _with_vectors(postgres_url(), 500, rng)
     query = rng.normal(size=16)
     # one channel of fifty: the walk must go on past the unfiltered neighbours
     found = storage.vectors.knn(query, 10, Filters(guild_id=GUILD, channel_ids=(CHANNEL + 3,)))
@@ -404,15 +414,8 @@ def test_migration_4_rebuilds_a_default_graph_denser(
     defaults is rebuilt once, and its HNSW search (a guild past exact KNN) still finds
     the nearest vectors."""
     url = postgres_url()
-    storage = PostgresStorage(url)
-    records = [_record(i, f"message {i}", channel_id=CHANNEL + i % 50) for i in range(4200)]
-    storage.messages.upsert(records)
-    storage.meta.bind_model("test/random", 16)
-    storage.meta.model = "test/random"
     rng = np.random.default_rng(4)
-    batch = storage.backlog.pending(5000)
-    matrix = rng.normal(size=(len(batch), 16))
-    storage.backlog.write_vectors(batch, matrix)
+    storage, records, matrix = _with_vectors(url, 4200, rng)
     storage.close()
     assert _graphs(postgres_server, url) == {
         "message_vectors_hnsw_halfvec": ["m=24", "ef_construction=128"]}
@@ -429,7 +432,7 @@ def test_migration_4_rebuilds_a_default_graph_denser(
             "message_vectors_hnsw_halfvec": ["m=24", "ef_construction=128"]}
         assert "message_vectors_hnsw_halfvec over 4200 vectors" in caplog.text
         again.meta.model = "test/random"
-        ids = [message.id for message in batch]
+        ids = [record.id for record in records]
         unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
         for query in rng.normal(size=(5, 16)):
             exact = {ids[i] for i in np.argsort(-(unit @ query))[:10]}
