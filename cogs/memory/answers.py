@@ -175,11 +175,11 @@ def trim(text: str, limit: int = MESSAGE_LIMIT) -> str:
     return text[: cut if cut > 0 else limit - 1].rstrip() + "…"
 
 
-def hits_embed(context: Context, guild: discord.Guild | None, *, note: str | None = None,
-               withheld: int = 0) -> discord.Embed:
+def hits_embed(context: Context, guild: discord.Guild | None, *,
+               note: str | None = None) -> discord.Embed:
     """The fallback reply: the hits as the plain mention reply lists them, plus ``note``."""
     result = SearchResult(context.hits[:FALLBACK_HITS], context.trace, context.empty_reason)
-    embed = render_hits(result, "Here is what I remember", guild, withheld=withheld)
+    embed = render_hits(result, "Here is what I remember", guild)
     if note:
         embed.set_footer(text=f"{note} · {embed.footer.text}"[:2048])
     return embed
@@ -278,7 +278,6 @@ async def answer_mention(
     allowed_channel_ids: Collection[int] | None,
     question: str | None = None,
     bot_name: str | None = None,
-    withheld: int = 0,
     throttle: EditThrottle | None = None,
     run: Runner = asyncio.to_thread,
 ) -> discord.Message | None:
@@ -289,9 +288,6 @@ async def answer_mention(
     and finally shows the answer with ``[n]`` as jump links, split over up to
     three messages.  Without a client, with nothing retrieved, or on any failure
     or timeout of the model, the reply is the list of hits (never silence).
-
-    ``withheld`` (hits left out of a public reply, from the cog's search) is shown
-    in the fallback's footer.
 
     Returns:
         The reply, or ``None`` when there was no question to answer.
@@ -306,7 +302,7 @@ async def answer_mention(
     except MemoryBotError as exc:
         return await _reply(message, content=f"Search failed: {exc}")
     if client is None or not context:
-        return await _reply(message, embed=hits_embed(context, message.guild, withheld=withheld))
+        return await _reply(message, embed=hits_embed(context, message.guild))
     name = bot_name or (me.display_name if me is not None else "MemoryBot")
     messages = build_messages(question, context, bot=name)
     reply = await _reply(message, content=PLACEHOLDER)
@@ -320,7 +316,7 @@ async def answer_mention(
         log.warning("chat answer failed (%s): %s; replying with the hits", kind, exc)
         note = f"The chat model could not answer ({kind}); these are the matches"
         await _edit(reply, content=None,
-                    embed=hits_embed(context, message.guild, note=note, withheld=withheld))
+                    embed=hits_embed(context, message.guild, note=note))
         return reply
     await _edit(reply, content=parts[0])
     for part in parts[1:]:

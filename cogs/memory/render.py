@@ -52,10 +52,13 @@ def render_hits(
     result: SearchResult,
     title: str,
     guild: discord.Guild | None,
-    *,
-    withheld: int = 0,
 ) -> discord.Embed:
-    """An embed listing hits; ``withheld`` counts hits left out of a public answer."""
+    """An embed listing hits.
+
+    It says nothing of hits a public answer left out: that channels the audience
+    cannot read hold matches is itself news to them (:func:`withheld_note` tells
+    only the asker).
+    """
     embed = discord.Embed(title=inert(title, TITLE - 4), colour=discord.Colour.blurple())
     if not result.hits:
         embed.description = f"Nothing found: {result.empty_reason or 'no match'}."
@@ -70,10 +73,17 @@ def render_hits(
     footer = f"{trace.timings_ms.get('total', 0):.0f} ms"
     if trace.reranked:
         footer += f" · reranked by {trace.rerank_backend}"
-    if withheld:
-        footer += (
-            f" · {withheld} more result{'s' if withheld != 1 else ''} withheld: not everyone "
-            "here can read where they were posted (search privately to see them)"
-        )
     embed.set_footer(text=footer[:FOOTER])
     return embed
+
+
+def withheld_note(withheld: int) -> str:
+    """What the asker alone is told (ephemerally) about hits a public answer left out.
+
+    Args:
+        withheld: How many of the asker's own top hits the public answer left out.
+    """
+    plural = "s" if withheld != 1 else ""
+    return (f"Only you can see this: {withheld} more result{plural} left out of the public "
+            "answer, from channels not everyone there can read. Search with `private:True` "
+            "to see them.")

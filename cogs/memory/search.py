@@ -25,7 +25,7 @@ import cogs.memory.answers as answers
 from cogs.memory.errors import answering
 from cogs.memory.guild_only import member_of
 from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
-from cogs.memory.render import render_hits
+from cogs.memory.render import render_hits, withheld_note
 from cogs.memory.runtime import MemoryRuntime
 from memory.context import Context
 from memory.errors import SearchInputError
@@ -137,22 +137,20 @@ class SearchCog(commands.Cog, name="MemoryCog"):
     async def answer_mention(self, message: discord.Message) -> None:
         """Reply publicly: the chat model's grounded answer, or the list of hits without one.
 
-        Only messages everyone in the reply's channel can read are searched.
+        Only messages everyone in the reply's channel can read are searched, and the
+        reply does not say whether others matched.
         """
         place = _place(message.channel)
         question = answers.question_text(message)
         if not question or not isinstance(message.author, discord.Member) or place is None:
             return
         async with answering(message, "mention reply"):
-            readable, public = await self._scopes(message.author, place)
-            safe = readable if public is None else public
-            probe = SearchRequest(queries=(question[:answers.MAX_QUERY_CHARS],),
-                                  limit=answers.CONTEXT_LIMIT)
-            withheld = await self._withheld(replace(probe, guild_id=message.author.guild.id),
-                                            readable, safe)
+            # a public reply cannot say anything to the asker alone, so it says nothing
+            # of what it left out (that channels the others cannot read hold matches)
+            safe = await self.allowed_channels(message.author, place)
             await answers.answer_mention(message, self.engine, self.runtime.chat,
                                          allowed_channel_ids=safe, question=question,
-                                         withheld=withheld, run=self.runtime.searching)
+                                         run=self.runtime.searching)
 
     # -- for other cogs ----------------------------------------------------------------------
 
@@ -219,7 +217,11 @@ class SearchCog(commands.Cog, name="MemoryCog"):
         limit: app_commands.Range[int, 1, 10] = 5,
         private: bool = True,
     ) -> None:
-        """Run a memory search and show the hits with jump links."""
+        """Run a memory search and show the hits with jump links.
+
+        A public answer (``private:False``) leaves out what not everyone in the
+        channel can read; how much it left out is told to the member alone.
+        """
         request = SearchRequest(
             queries=(query,), limit=limit,
             channel_ids=(channel.id,) if channel else None,
@@ -234,9 +236,11 @@ class SearchCog(commands.Cog, name="MemoryCog"):
             member_of(interaction), request, reply_channel=None if private else place
         )
         await interaction.followup.send(
-            embed=render_hits(result, f"🔎 {query}", interaction.guild, withheld=withheld),
+            embed=render_hits(result, f"🔎 {query}", interaction.guild),
             ephemeral=private, allowed_mentions=discord.AllowedMentions.none(),
         )
+        if withheld:  # after the public answer, which takes the deferred response's place
+            await interaction.followup.send(withheld_note(withheld), ephemeral=True)
 
     async def find_related(self, interaction: discord.Interaction, message: discord.Message) -> None:
         """Context menu: messages related to this one, shown only to the member."""

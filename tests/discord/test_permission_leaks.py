@@ -30,6 +30,7 @@ import discord
 import numpy as np
 import pytest
 
+from cogs.memory.answers import make_chat_client
 from cogs.memory.permissions import StoredThread, readable_channel_ids
 from memory.config import LLMConfig, Profile
 from memory.engine import MemoryEngine
@@ -170,8 +171,9 @@ async def found(h: Harness, uid: int, words: str) -> set[str]:
 
 
 async def every_route(h: Harness, uid: int, words: str) -> dict[str, str]:
-    """What each member route shows ``uid`` for ``words``: /search private and public,
-    the mention reply in #general and the chat model's prompt for it."""
+    """What each member route shows ``uid`` for ``words``: /search private and public
+    (the public answer and the asker's ephemeral note), the mention reply in #general
+    and the chat model's prompt for it."""
     invoker = member(uid, NAMES[uid], roles=ROLES[uid])
     routes = {}
     await h.slash("search", invoker=invoker, where=GENERAL, query=words, limit=10)
@@ -179,7 +181,9 @@ async def every_route(h: Harness, uid: int, words: str) -> dict[str, str]:
     h.adapter.followups.clear()
     h.adapter.callbacks.clear()
     await h.slash("search", invoker=invoker, where=GENERAL, query=words, limit=10, private=False)
-    routes["/search public"] = "\n".join(h.adapter.texts())
+    public, *to_the_asker = h.adapter.followups
+    routes["/search public"] = str(public)
+    routes["/search public, told the asker alone"] = "\n".join(str(p) for p in to_the_asker)
     asked_model = len(h.standin.requests)  # type: ignore[attr-defined]
     question = h.message(f"<@{BOT_ID}> {words}?", author=(uid, NAMES[uid]), channel=GENERAL,
                          roles=ROLES[uid], mentions=[user(BOT_ID, "memorybot", bot=True)])
@@ -276,6 +280,31 @@ async def test_an_archived_private_thread_stays_private_after_a_message_update(h
         assert "code is mangosteen" not in text, route  # the query itself may be echoed
     # who manages threads in #general still finds it, edited text included
     assert any("mangosteen" in t for t in await found(h, CAROL, "vault code mangosteen"))
+
+
+# -- what a public answer leaves out is no one else's business (issue 30.3) ----------------
+
+@pytest.mark.parametrize("chat", ["ok", "server", None],
+                         ids=["answered", "the-chat-model-fails", "no-chat-model"])
+async def test_a_public_answer_says_nothing_of_what_it_left_out(harness, chat):
+    """Alice finds her private thread's words; answered in #general (the mention reply,
+    /search private:False) nobody there learns that a channel they cannot read holds
+    matches.  Only alice is told, in an ephemeral note to her /search."""
+    h = harness
+    h.runtime.chat = chat and make_chat_client(Profile(name="test", llm=LLMConfig(
+        base_url=h.standin.base_url(chat), model="m", timeout_s=5.0)))  # type: ignore[attr-defined]
+    await say(h, SECRET, uid=ALICE, where=PRIVATE_THREAD)
+    await say(h, "the vault is in the basement", uid=BOB, where=GENERAL)
+    routes = await every_route(h, ALICE, "vault code mangosteen")
+    for route in ("/search public", "mention reply"):
+        assert "vault is in the basement" in routes[route] or chat == "ok", route
+        assert "withheld" not in routes[route] and "more result" not in routes[route], route
+        assert "code is mangosteen" not in routes[route], route
+    public, note = h.adapter.followups
+    assert not public.get("flags") and note["flags"] == 64  # the note is alice's alone
+    assert "1 more result left out" in note["content"]
+    assert "code is mangosteen" not in note["content"]  # and it names nothing
+    assert "mangosteen" in routes["/search private"]  # privately she sees it all
 
 
 async def test_an_unknown_thread_type_is_never_public(harness):

@@ -259,12 +259,16 @@ async def test_slash_search_private_and_public(harness, uid):
     h.adapter.followups.clear()
     await h.slash("search", invoker=_invoker(uid), where=GENERAL, query=WORD, limit=10,
                   private=False)
-    public = h.adapter.followups[-1]
+    public, *to_the_asker = h.adapter.followups
     assert "flags" not in public or not public["flags"] & 64  # really public
     assert _quoted([str(public["embeds"])]) == PUBLIC_IN_GENERAL & READABLE[uid]
+    # issue 30.3: the public answer says nothing of what it left out (that channels the
+    # audience cannot read hold matches is news to them); the asker alone is told
+    assert "more result" not in str(public) and "withheld" not in str(public)
     hidden = len(READABLE[uid] - PUBLIC_IN_GENERAL)
-    footer = public["embeds"][0]["footer"]["text"]
-    assert (f"{hidden} more result" in footer) == bool(hidden)
+    assert [(n["flags"], f"{hidden} more result" in n["content"]) for n in to_the_asker] == (
+        [(64, True)] if hidden else [])
+    assert _quoted([str(n) for n in to_the_asker]) == set()
 
 
 @pytest.mark.parametrize("uid", [BOB, CAROL])
@@ -285,6 +289,9 @@ async def test_mention_reply_quotes_only_public_sources(harness, uid):
     assert channel_id == GENERAL
     assert _quoted([str(payload["embeds"])]) == PUBLIC_IN_GENERAL & READABLE[uid]
     assert payload["allowed_mentions"] == {"parse": [], "replied_user": False}
+    # nor what it left out: a reply cannot tell the asker alone (issue 30.3)
+    assert "more result" not in str(payload) and "withheld" not in str(payload)
+    assert [cid for cid, _ in h.sent] == [GENERAL]
 
 
 async def test_the_context_menu_is_private_and_permission_safe(harness):
