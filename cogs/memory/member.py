@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import discord
@@ -12,6 +13,10 @@ from cogs.memory.guild_only import guild_id_of, member_of
 from cogs.memory.render import inert
 from cogs.memory.runtime import MemoryRuntime
 from cogs.memory.search import SearchCog
+from memory.config import LLMConfig
+
+if TYPE_CHECKING:
+    from memory.rerank.service import RerankerService
 
 PRIVACY_NOTICE = """\
 **What this bot remembers**
@@ -104,18 +109,42 @@ class MemberCommands(
 
     @app_commands.command(name="privacy", description="What the bot stores and how to remove it")
     async def privacy(self, interaction: discord.Interaction) -> None:
-        """The privacy notice, naming the chat model's and a remote reranker's hosts."""
+        """The privacy notice, naming every server the active profile sends text to."""
         notice = PRIVACY_NOTICE
-        llm = self.engine.profile.llm
-        if self.runtime.chat is not None:
-            host = urlsplit(llm.base_url).hostname or "?"
-            notice += ("\n\n**Answers**\n• Mention answers are written by a chat model "
-                       f"(`{inert(llm.model, 60)}` at `{inert(host, 80)}`): the messages quoted "
-                       "to answer a question are sent to it.")
-        service = self.engine.rerankers.current()
-        reranker_host = service.remote_host if service is not None else None
-        if service is not None and reranker_host:  # a remote reranker: rerank-api, llm
-            notice += ("\n\n**Search**\n• Searches are reranked by a remote service "
-                       f"(`{inert(service.name, 40)}` at `{inert(reranker_host, 80)}`): each "
-                       "search's question and candidate messages are sent to it.")
+        remote = remote_parts(self.engine.profile.llm, self.runtime.chat is not None,
+                              self.engine.rerankers.current())
+        if remote:
+            notice += "\n\n**Servers that receive message text**\n" + "\n".join(remote) + "\n" + HOSTED_COPIES
         await interaction.response.send_message(notice, ephemeral=True)
+
+
+HOSTED_COPIES = (
+    "• Deleting a message, `/memory forget-me` and retention delete the bot's own copies; "
+    "they cannot reach what such a service has already kept (its logs, caches or training "
+    "data: ask its operator).")
+
+
+def remote_parts(llm: LLMConfig, answers: bool, reranker: RerankerService | None) -> list[str]:
+    """One line per server the profile sends message text to, and what each receives.
+
+    A server is named even on this machine's own address (it may be a tunnel).
+
+    Args:
+        llm: The profile's ``[llm]`` section (the chat model, and the ``llm`` reranker's judge).
+        answers: Whether mention answers are written by that chat model.
+        reranker: The active reranker, if any.
+    """
+    lines = []
+    model = f"`{inert(llm.model, 60)}` at `{inert(urlsplit(llm.base_url).hostname or '?', 80)}`"
+    if answers:
+        lines.append(f"• Mention answers are written by a chat model ({model}): each question "
+                     "and the messages quoted to answer it, with their authors' names, channel "
+                     "names and times, are sent to it.")
+    host = reranker.remote_host if reranker is not None else None
+    if reranker is not None and host is not None:
+        judge = reranker.name == "llm"
+        by = (f"a chat model judging relevance ({model})" if judge else
+              f"a remote service (`{inert(reranker.name, 40)}` at `{inert(host, 80)}`)")
+        lines.append(f"• Searches are reranked by {by}: each search's question and its "
+                     "candidate messages are sent to it, with their authors' names.")
+    return lines

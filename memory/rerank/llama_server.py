@@ -50,6 +50,7 @@ import logging
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from memory.config import DEFAULT_INSTRUCTION, RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
@@ -96,6 +97,7 @@ class LlamaServerBackend:
         name: ``"llama-server"``.
         concurrent: True: any number of searches may score at once (they share
             the ``parallel`` request slots).
+        host: The server's host name (what ``/memory privacy`` names).
     """
 
     name = "llama-server"
@@ -112,6 +114,7 @@ class LlamaServerBackend:
             ConfigError: ``config.url`` is not an http(s) URL.
         """
         self._http = LlamaServerClient(config)
+        self.host = urlsplit(self._http.base_url).hostname or "?"
         self._slots = RequestSlots(config, self._http)
         self._config = config
         self._suffix_ids: list[int] | None = None

@@ -85,8 +85,8 @@ class RerankerService:
     def remote_host(self) -> str | None:
         """The host a remote backend sends each search to (``None``: scored on this machine).
 
-        Backends that send searches elsewhere (rerank-api, llm) name it in ``host``;
-        ``/memory privacy`` tells members.
+        Backends that send searches to a server (llama-server, rerank-api, llm) name
+        it in ``host``, even one on this machine; ``/memory privacy`` tells members.
         """
         host = getattr(self.backend, "host", None)
         return host if isinstance(host, str) and host else None

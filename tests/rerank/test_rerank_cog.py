@@ -15,7 +15,7 @@ import discord
 import pytest
 
 from cogs.memory.capture import record_from_message
-from memory.config import Profile
+from memory.config import LLMConfig, Profile, RerankerConfig
 from memory.engine import MemoryEngine
 from tests.support.builders import HashEmbedder
 from tests.support.discord_harness import BOT_ID, READ, Harness, channel, guild, member, role, user
@@ -108,3 +108,49 @@ async def test_the_llm_judge_profile_reranks_the_context_of_mention_answers(harn
     assert judged and all("Message (untrusted):" in j for j in judged)
     assert all(r.body["response_format"]["type"] == "json_schema" for r in llm.requests)
     assert "9pm" in context.text
+
+
+# -- /memory privacy names every server the profile sends text to (issue 30.6) --------------
+
+HOSTED_LLM = LLMConfig(base_url="https://api.llm.example/v1", model="judge-8b")
+
+
+@pytest.mark.parametrize(("reranker", "llm", "named"), [
+    pytest.param(RerankerConfig(backend="llama-server", url="http://gpu-box.example:8080"),
+                 LLMConfig(), "remote service (`llama-server` at `gpu-box.example`)",
+                 id="llama-server"),
+    pytest.param(RerankerConfig(backend="llama-server", url="http://127.0.0.1:8080"),
+                 LLMConfig(), "remote service (`llama-server` at `127.0.0.1`)",
+                 id="llama-server-here"),
+    pytest.param(RerankerConfig(backend="rerank-api", url="https://rerank.example/v1/rerank",
+                                model="m"), LLMConfig(),
+                 "remote service (`rerank-api` at `rerank.example`)", id="rerank-api"),
+    pytest.param(RerankerConfig(backend="llm"), HOSTED_LLM,
+                 "chat model judging relevance (`judge-8b` at `api.llm.example`)", id="llm-judge"),
+])
+async def test_the_privacy_notice_names_every_server_that_receives_text(
+        tmp_path, reranker, llm, named):
+    """The reranker's server and what it receives; the chat model's too; and that
+    forgetting cannot reach a hosted copy.  Nothing is loaded or sent for it."""
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="p", reranker=reranker, llm=llm),
+                          HashEmbedder(), load_reranker=False)
+    h = Harness(engine, [server()])
+    await h.start()
+    try:
+        await h.slash("memory privacy", invoker=member(BOB, "bob"), where=GENERAL)
+        text = h.adapter.callbacks[-1]["data"]["content"]
+    finally:
+        await h.close()
+        engine.close()
+    assert f"Searches are reranked by a {named}" in text
+    assert "question and its candidate messages are sent to it, with their authors' names" in text
+    assert "cannot reach what such a service has already kept" in text
+    answers = "Mention answers are written by a chat model (`judge-8b` at `api.llm.example`)"
+    assert (answers in text) == bool(llm.base_url)
+    assert len(text) <= 2000  # one Discord message
+
+
+async def test_a_local_profile_sends_nothing_away(harness):
+    await harness.slash("memory privacy", invoker=member(BOB, "bob"), where=GENERAL)
+    text = harness.adapter.callbacks[-1]["data"]["content"]
+    assert "Servers that receive message text" not in text and "at `" not in text
