@@ -1,0 +1,101 @@
+"""Forgotten text leaves a PostgreSQL server's files when the operator runs the README's steps.
+
+The bot deletes rows; their bytes stay in the table files until ``VACUUM FULL``
+rewrites them, and in the write-ahead log until its segments go.  A checkpoint
+lets old segments go, but by default PostgreSQL *recycles* them (renames them for
+reuse, contents and all), so the text stays under ``pg_wal/`` until overwritten.
+With ``wal_recycle = off`` they are deleted instead.  The test runs the README's
+commands, as written there, on the test session's real server, then reads every
+file under its data directory (issue 30.6).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from memory.records import MessageRecord
+from memory.storage.postgres import PostgresStorage
+from memory.storage.postgres.keywords import tokenizer
+from tests.support.builders import BASE_MS, CHANNEL, GUILD, snowflake
+from tests.support.postgres import PostgresServer, database_name
+
+pytestmark = pytest.mark.postgres
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+SECRET = "the quokka smuggler hides under zanzibarwharf"
+NAME = "marmaladequeen"  # the forgotten member's name
+ONCE = "ALTER SYSTEM SET wal_recycle = off;\nSELECT pg_reload_conf();"
+AFTER_A_FORGET = ("VACUUM FULL messages, search_text, message_postings, window_postings, "
+                  "keyword_terms,\n  authors, channels, guilds;\nSELECT pg_switch_wal();\nCHECKPOINT;")
+
+
+def statements(block: str) -> list[str]:
+    """The SQL statements of a README block, as psql sends them (comments dropped)."""
+    text = " ".join(line.split("--")[0].strip() for line in block.splitlines())
+    return [sql.strip() for sql in text.split(";") if sql.strip()]
+
+
+def readme_blocks() -> str:
+    """Every ```sql block of the README, joined."""
+    return "\n".join(re.findall(r"```sql\n(.*?)```", README.read_text(encoding="utf-8"), re.S))
+
+
+def files_holding(folder: Path, database_oid: int, needles: set[bytes]) -> list[str]:
+    """The server's files holding any of ``needles``: the WAL, the shared catalogs and the
+    database's own files (the session's other databases, gigabytes of them, cannot)."""
+    found = []
+    places = [folder / "pg_wal", folder / "global", folder / "base" / str(database_oid)]
+    for path in (p for place in places for p in place.rglob("*")):
+        try:
+            data = path.read_bytes() if path.is_file() else b""
+        except OSError:  # a file removed while we walk (a temporary stats file)
+            continue
+        if any(needle in data for needle in needles):
+            found.append(str(path.relative_to(folder)))
+    return found
+
+
+@pytest.fixture
+def server(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
+    """The session's server; ``wal_recycle`` is back to its default afterwards."""
+    yield postgres_server
+    with postgres_server.connect("postgres") as admin:
+        admin.execute("ALTER SYSTEM RESET wal_recycle")
+        admin.execute("SELECT pg_reload_conf()")
+
+
+def test_the_readme_names_the_steps_this_test_runs() -> None:
+    blocks = readme_blocks()
+    assert ONCE in blocks and AFTER_A_FORGET in blocks
+
+
+def test_forgotten_text_leaves_the_table_files_and_the_wal(
+    server: PostgresServer, postgres_url: Callable[..., str]
+) -> None:
+    url = postgres_url()
+    storage = PostgresStorage(url)
+    records = [MessageRecord(
+        id=snowflake(BASE_MS + i, i), guild_id=GUILD, channel_id=CHANNEL, author_id=77,
+        created_at=BASE_MS + i, content=f"{SECRET} ({i})", author_name=NAME,
+        channel_name="general") for i in range(40)]
+    storage.messages.upsert(records)
+    with server.connect(database_name(url)) as conn:
+        conn.execute("CHECKPOINT")  # the rows reach the table files, as on any server later
+        oid = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()"
+                           ).fetchone()[0]
+        needles = {SECRET.encode(), NAME.encode(),
+                   *(word.encode() for word in tokenizer().words(SECRET) if len(word) >= 6)}
+        assert any(f.startswith("base") for f in files_holding(server.folder, oid, needles))
+
+        assert storage.forgetting.forget_member(GUILD, 77) == len(records)
+        storage.close()
+        left = files_holding(server.folder, oid, needles)
+        assert any(f.startswith("pg_wal") for f in left)  # the test reads the right bytes
+
+        for sql in statements(ONCE) + statements(AFTER_A_FORGET):  # as psql -c runs each
+            conn.execute(sql)
+    assert files_holding(server.folder, oid, needles) == []
