@@ -85,5 +85,5 @@ def withheld_note(withheld: int) -> str:
     """
     plural = "s" if withheld != 1 else ""
     return (f"Only you can see this: {withheld} more result{plural} left out of the public "
-            "answer, from channels not everyone there can read. Search with `private:True` "
-            "to see them.")
+            "answer, from channels not everyone there can read. Search again privately (the "
+            "default) to see them.")
