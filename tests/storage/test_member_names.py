@@ -26,7 +26,7 @@ from memory.storage.postgres import migrations as postgres_migrations
 from memory.storage.sqlite import migrations as sqlite_migrations
 from memory.storage.sqlite.connection import connect
 from tests.support.builders import CHANNEL, GUILD
-from tests.support.engines import inspect
+from tests.support.engines import holds_text, inspect
 from tests.support.inspection import Inspector
 
 MakeRecord = Callable[..., MessageRecord]
@@ -89,6 +89,53 @@ def test_a_nickname_change_in_one_guild_leaves_the_other_alone(
     assert engine.storage.messages.hydrate([away.id])[away.id].author_name == "Ally"
 
 
+def test_forget_me_removes_that_guilds_names_only(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    away, home = alice_in_both(make_record)
+    engine.storage.messages.upsert([away, home])
+    assert engine.forget_member(HOME, ALICE) == 1
+    assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally")}
+    assert inspector(engine.storage).author_rows(ALICE) == 1  # her AWAY message needs it
+    assert engine.storage.messages.hydrate([away.id])[away.id].author_name == "Ally"
+    assert not holds_text(engine.storage, SECRET)
+    assert engine.forget_member(AWAY, ALICE) == 1
+    assert inspector(engine.storage).member_names(ALICE) == {}
+    assert inspector(engine.storage).author_rows(ALICE) == 0
+
+
+def test_opting_out_removes_that_guilds_names_only(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    away, home = alice_in_both(make_record)
+    engine.storage.messages.upsert([away, home])
+    engine.storage.guilds.update_settings(HOME, opt_out=ALICE)
+    assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally")}
+    # what is stored stays until forget-me; it is no longer named
+    assert engine.storage.messages.hydrate([home.id])[home.id].author_name == ""
+    engine.storage.messages.upsert([make_record("withheld", guild_id=HOME, channel_id=HOME_CHANNEL,
+                                                author_id=ALICE, author_display_name=SECRET)])
+    assert HOME not in inspector(engine.storage).member_names(ALICE)
+
+
+def test_forgetting_a_guild_removes_its_members_names(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    away, home = alice_in_both(make_record)
+    bobs = make_record("only here", guild_id=HOME, channel_id=HOME_CHANNEL, author_id=BOB,
+                       author_name="bob", author_display_name="Bobby")
+    engine.storage.messages.upsert([away, home, bobs])
+    engine.forget_messages([bobs.id])  # a message's last trace going leaves the name ...
+    assert inspector(engine.storage).member_names(BOB) == {HOME: ("bob", "Bobby")}
+    engine.forget_guild(HOME)  # ... forgetting the guild does not
+    assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally")}
+    assert inspector(engine.storage).member_names(BOB) == {}
+    assert inspector(engine.storage).author_rows(BOB) == 0
+    assert inspector(engine.storage).author_rows(ALICE) == 1
+    assert engine.storage.messages.hydrate([away.id])[away.id].author_name == "Ally"
+    assert not holds_text(engine.storage, SECRET)
+
+
 # -- an older database: one global row per member -------------------------------------------
 
 _OLD_SCHEMA = {"sqlite": (sqlite_migrations, 10), "postgres": (postgres_migrations, 4)}
@@ -141,6 +188,8 @@ def test_an_older_database_moves_each_name_to_the_guilds_its_member_wrote_in(
         assert looked.member_names(BOB) == {THIRD: ("bob", "Bobby")}  # no row invented elsewhere
         assert storage.messages.hydrate([2])[2].author_name == SECRET  # what AWAY saw till now
         assert storage.messages.members(THIRD) == [(BOB, "bob", "Bobby")]
+        storage.forgetting.forget_member(HOME, ALICE)
+        assert looked.member_names(ALICE) == {AWAY: ("alice", SECRET)}
     finally:
         storage.close()
 
