@@ -68,6 +68,10 @@ class Inspector(Protocol):
         """Name rows stored for an author (0 or 1)."""
         ...
 
+    def member_names(self, author_id: int) -> dict[int, tuple[str, str]]:
+        """``{guild_id: (name, display_name)}``: the author's name rows, per guild."""
+        ...
+
     def message_rows(self, ids: list[int]) -> int:
         """How many of ``ids`` are stored (expired by retention or not)."""
         ...
@@ -176,3 +180,9 @@ class SQLiteInspector:
     def author_rows(self, author_id: int) -> int:
         """Rows of ``authors`` for the author."""
         return self._one("SELECT count(*) FROM authors WHERE id = ?", (author_id,))
+
+    def member_names(self, author_id: int) -> dict[int, tuple[str, str]]:
+        """Rows of ``member_names`` for the author, by guild."""
+        return {row[0]: (row[1], row[2]) for row in sql_rows(
+            self.location, "SELECT guild_id, name, display_name FROM member_names WHERE author_id = ?",
+            (author_id,))}

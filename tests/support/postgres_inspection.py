@@ -120,6 +120,12 @@ class PostgresInspector:
         """Rows of ``authors`` for the author."""
         return self._one("SELECT count(*) FROM authors WHERE id = %s", (author_id,))
 
+    def member_names(self, author_id: int) -> dict[int, tuple[str, str]]:
+        """Rows of ``member_names`` for the author, by guild."""
+        return {row[0]: (row[1], row[2]) for row in self._rows(
+            "SELECT guild_id, name, display_name FROM member_names WHERE author_id = %s",
+            (author_id,))}
+
     def message_rows(self, ids: list[int]) -> int:
         """Rows of ``messages`` for ``ids``."""
         return self._one("SELECT count(*) FROM messages WHERE id = ANY(%s)", (ids,))

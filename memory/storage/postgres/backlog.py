@@ -27,7 +27,12 @@ import numpy as np
 from memory.records import PendingMessage
 from memory.storage.postgres import connection, vectors
 from memory.storage.postgres.database import PostgresDatabase, lock_guilds, now_ms
-from memory.storage.postgres.messages import AUTHOR_NAME, message_fields, split_attachments
+from memory.storage.postgres.messages import (
+    AUTHOR_JOIN,
+    AUTHOR_NAME,
+    message_fields,
+    split_attachments,
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +153,7 @@ class PostgresBacklog:
                            AND r.channel_id = m.channel_id),
                         (SELECT p.id FROM messages p WHERE p.channel_id = m.channel_id
                            AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
-               FROM messages m JOIN authors a ON a.id = m.author_id
+               FROM messages m {AUTHOR_JOIN}
                JOIN channels c ON c.id = m.channel_id
                WHERE {where}""", params)
         antecedents = self._antecedents([row[10] for row in rows if row[10] is not None])
@@ -163,7 +168,7 @@ class PostgresBacklog:
         if not ids:
             return {}
         rows = self._db.read(f"SELECT m.id, {AUTHOR_NAME}, m.content FROM messages m "
-                             "JOIN authors a ON a.id = m.author_id WHERE m.id = ANY(%s)", (ids,))
+                             f"{AUTHOR_JOIN} WHERE m.id = ANY(%s)", (ids,))
         return {row[0]: (row[1], row[2]) for row in rows}
 
 

@@ -29,7 +29,8 @@ from memory.storage.postgres.database import (
 from memory.storage.postgres.guilds import settings_changed
 
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
-                 "reconcile_cursors", "reconcile_runs", "guild_settings", "index_stats")
+                 "reconcile_cursors", "reconcile_runs", "guild_settings", "index_stats",
+                 "member_names")
 
 
 def expand_channels(conn: Any, channel_ids: Sequence[int]) -> tuple[int, ...]:
@@ -77,19 +78,24 @@ class PostgresForgetting:
         return removed
 
     def forget_guild(self, guild_id: int) -> int:
-        """Forget a guild entirely: messages, channels, names, settings, opt-outs, cursors."""
+        """Forget a guild entirely: messages, channels, names (its members' too), settings,
+        opt-outs, cursors."""
         with self._db.write() as conn:
             lock_guilds(conn, [guild_id])
             removed = self._forget_where(conn, "guild_id = %s", (guild_id,))
+            named = [row[0] for row in conn.execute(
+                "SELECT author_id FROM member_names WHERE guild_id = %s", (guild_id,))]
             for table in _GUILD_TABLES:
                 conn.execute(f"DELETE FROM {table} WHERE guild_id = %s", (guild_id,))
             conn.execute("DELETE FROM channels WHERE guild_id = %s", (guild_id,))
             conn.execute("DELETE FROM guilds WHERE id = %s", (guild_id,))
+            _drop_unknown_authors(conn, named)
             settings_changed(conn)
         return removed
 
     def forget_member(self, guild_id: int, author_id: int) -> int:
-        """Forget a member in one guild: their messages, their name, their future messages.
+        """Forget a member in one guild: their messages, their names there (not those
+        they have in other guilds), their future messages.
 
         Returns:
             How many messages were removed.
@@ -102,8 +108,9 @@ class PostgresForgetting:
                          "DO UPDATE SET version = guild_settings.version + 1", (guild_id,))
             removed = self._forget_where(conn, "guild_id = %s AND author_id = %s",
                                          (guild_id, author_id))
-            conn.execute("DELETE FROM authors WHERE id = %s AND NOT EXISTS "
-                         "(SELECT 1 FROM messages WHERE author_id = %s)", (author_id, author_id))
+            conn.execute("DELETE FROM member_names WHERE guild_id = %s AND author_id = %s",
+                         (guild_id, author_id))
+            _drop_unknown_authors(conn, [author_id])
             settings_changed(conn)  # the member is opted out now
         return removed
 
@@ -163,3 +170,14 @@ class PostgresForgetting:
         """Forget every message matching a WHERE clause over ``messages``."""
         ids = [row[0] for row in conn.execute(f"SELECT id FROM messages WHERE {where}", params)]
         return self.forget_in(conn, ids)
+
+
+def _drop_unknown_authors(conn: Any, author_ids: Sequence[int]) -> None:
+    """Delete the ``authors`` rows of those of ``author_ids`` that no guild names any more
+    and no stored message refers to (one pass over the messages, only if any is left)."""
+    unnamed = [row[0] for row in conn.execute(
+        "SELECT id FROM authors WHERE id = ANY(%s) AND NOT EXISTS "
+        "(SELECT 1 FROM member_names n WHERE n.author_id = authors.id)", (list(author_ids),))]
+    if unnamed:
+        conn.execute("DELETE FROM authors WHERE id = ANY(%s) AND id NOT IN "
+                     "(SELECT author_id FROM messages)", (unnamed,))

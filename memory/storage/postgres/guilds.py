@@ -172,6 +172,9 @@ def _apply(conn: Any, guild_id: int, key: str, value: Any) -> None:
         table, column = _LISTS[key]
         conn.execute(f"INSERT INTO {table}(guild_id, {column}) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                      (guild_id, int(value)))
+        if key == "opt_out":  # the names they have here go with them (not other guilds')
+            conn.execute("DELETE FROM member_names WHERE guild_id = %s AND author_id = %s",
+                         (guild_id, int(value)))
     elif key in ("remove_channel", "opt_in"):
         table, column = _LISTS[key]
         conn.execute(f"DELETE FROM {table} WHERE guild_id = %s AND {column} = %s",

@@ -16,6 +16,7 @@ from typing import Any
 
 from memory.records import MessageRecord, StoredMessage
 from memory.storage.contract import GuildStats, UpsertStats
+from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAME
 from memory.storage.postgres import windows
 from memory.storage.postgres.database import (
     DAY_MS,
@@ -31,7 +32,6 @@ from memory.storage.postgres.guilds import PostgresGuilds
 
 log = logging.getLogger(__name__)
 
-AUTHOR_NAME = "COALESCE(NULLIF(a.display_name, ''), a.name)"
 _UNKNOWN_TYPES = frozenset({"", "None"})
 _MESSAGE_COLUMNS = ("id", "guild_id", "channel_id", "author_id", "author_name", "content",
                     "created_at", "channel_name", "reply_to_id")
@@ -163,7 +163,7 @@ class PostgresMessages:
         rows = self._db.read(
             f"SELECT m.id, m.guild_id, m.channel_id, m.author_id, {AUTHOR_NAME}, m.content, "
             "m.created_at, c.name, m.reply_to_id, m.attachments FROM messages m "
-            "JOIN authors a ON a.id = m.author_id JOIN channels c ON c.id = m.channel_id "
+            f"{AUTHOR_JOIN} JOIN channels c ON c.id = m.channel_id "
             "LEFT JOIN guild_settings s ON s.guild_id = m.guild_id "
             "WHERE m.id = ANY(%s) AND (s.retention_days IS NULL "
             f"OR m.created_at >= %s - s.retention_days::bigint * {DAY_MS})",
@@ -196,12 +196,16 @@ class PostgresMessages:
         return bool(self._db.read(f"SELECT EXISTS (SELECT 1 FROM messages {where})", params)[0][0])
 
     def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:
-        """``(author_id, name, display_name)`` of everyone with stored messages in the guild."""
+        """``(author_id, name, display_name)`` of everyone with stored messages in the guild,
+        named as in that guild (``None``: every guild's names, a row per guild)."""
         if guild_id is None:
-            return [tuple(row) for row in self._db.read("SELECT id, name, display_name FROM authors")]
+            return [tuple(row) for row in self._db.read(
+                "SELECT author_id, name, display_name FROM member_names ORDER BY author_id, guild_id")]
         return [tuple(row) for row in self._db.read(
-            "SELECT a.id, a.name, a.display_name FROM authors a WHERE EXISTS "
-            "(SELECT 1 FROM messages m WHERE m.author_id = a.id AND m.guild_id = %s)", (guild_id,))]
+            "SELECT n.author_id, n.name, n.display_name FROM member_names n "
+            "WHERE n.guild_id = %s AND EXISTS (SELECT 1 FROM messages m "
+            "WHERE m.guild_id = n.guild_id AND m.author_id = n.author_id) ORDER BY n.author_id",
+            (guild_id,))]
 
     def threads(self, guild_id: int) -> list[tuple[int, int, str]]:
         """``(thread_id, parent_id, type)`` of every stored thread in a guild."""
@@ -302,14 +306,18 @@ def _write_names(conn: Any, records: list[MessageRecord]) -> None:
     guilds is named by writers of each, and an unchanged row must not be locked
     until their transactions end (nor rows locked in two orders: a deadlock).
     """
-    guilds = _merged(conn, "guilds", ("name",), [
-        (r.guild_id, {"name": r.guild_name}) for r in records])
-    channels = _merged(conn, "channels", ("guild_id", "parent_id", "name", "type"), [
-        (r.channel_id, {"guild_id": r.guild_id, "parent_id": r.parent_id, "name": r.channel_name,
-                        "type": _known_type(r.channel_type)}) for r in records])
-    authors = _merged(conn, "authors", ("name", "display_name", "is_bot"), [
-        (r.author_id, {"name": r.author_name, "display_name": r.author_display_name,
-                       "is_bot": bool(r.author_is_bot)}) for r in records])
+    guilds = _merged(conn, "guilds", ("id",), ("name",), [
+        ((r.guild_id,), {"name": r.guild_name}) for r in records])
+    channels = _merged(conn, "channels", ("id",), ("guild_id", "parent_id", "name", "type"), [
+        ((r.channel_id,), {"guild_id": r.guild_id, "parent_id": r.parent_id,
+                           "name": r.channel_name, "type": _known_type(r.channel_type)})
+        for r in records])
+    authors = _merged(conn, "authors", ("id",), ("is_bot",), [
+        ((r.author_id,), {"is_bot": bool(r.author_is_bot)}) for r in records])
+    # the names an author has in each guild: another guild's row is never touched
+    names = _merged(conn, "member_names", ("guild_id", "author_id"), ("name", "display_name"), [
+        ((r.guild_id, r.author_id), {"name": r.author_name, "display_name": r.author_display_name})
+        for r in records])
     cursor = conn.cursor()
     cursor.executemany(
         "INSERT INTO guilds AS g(id, name) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET "
@@ -320,23 +328,31 @@ def _write_names(conn: Any, records: list[MessageRecord]) -> None:
         "name = CASE WHEN excluded.name <> '' THEN excluded.name ELSE c.name END, "
         "type = CASE WHEN excluded.type <> '' THEN excluded.type ELSE c.type END", channels)
     cursor.executemany(
-        "INSERT INTO authors AS a(id, name, display_name, is_bot) VALUES (%s, %s, %s, %s) "
-        "ON CONFLICT (id) DO UPDATE SET "
-        "name = CASE WHEN excluded.name <> '' THEN excluded.name ELSE a.name END, "
+        "INSERT INTO authors AS a(id, is_bot) VALUES (%s, %s) "
+        "ON CONFLICT (id) DO UPDATE SET is_bot = excluded.is_bot", authors)
+    cursor.executemany(
+        "INSERT INTO member_names AS n(guild_id, author_id, name, display_name) "
+        "VALUES (%s, %s, %s, %s) ON CONFLICT (guild_id, author_id) DO UPDATE SET "
+        "name = CASE WHEN excluded.name <> '' THEN excluded.name ELSE n.name END, "
         "display_name = CASE WHEN excluded.display_name <> '' THEN excluded.display_name "
-        "ELSE a.display_name END, is_bot = excluded.is_bot", authors)
+        "ELSE n.display_name END", names)
 
 
-def _merged(conn: Any, table: str, columns: tuple[str, ...],
-            updates: list[tuple[int, dict[str, Any]]]) -> list[tuple]:
+def _merged(conn: Any, table: str, key: tuple[str, ...], columns: tuple[str, ...],
+            updates: list[tuple[tuple[int, ...], dict[str, Any]]]) -> list[tuple]:
     """The rows of ``table`` that ``updates`` change (in order: later ones win, an empty
-    name or type and a missing parent keep what is there), ascending by id."""
-    ids = sorted({i for i, _ in updates})
-    stored = {row[0]: dict(zip(columns, row[1:])) for row in conn.execute(
-        f"SELECT id, {', '.join(columns)} FROM {table} WHERE id = ANY(%s)", (ids,))}
-    merged = {i: dict(values) for i, values in stored.items()}
-    for i, values in updates:
-        row = merged.setdefault(i, dict(values))
+    name or type and a missing parent keep what is there), ascending by ``key``."""
+    keys = sorted({k for k, _ in updates})
+    if not keys:
+        return []
+    arrays = ", ".join(["%s::bigint[]"] * len(key))
+    stored = {tuple(row[:len(key)]): dict(zip(columns, row[len(key):])) for row in conn.execute(
+        f"SELECT {', '.join(key)}, {', '.join(columns)} FROM {table} "
+        f"WHERE ({', '.join(key)}) IN (SELECT * FROM unnest({arrays}))",
+        [list(part) for part in zip(*keys)])}
+    merged = {k: dict(values) for k, values in stored.items()}
+    for k, values in updates:
+        row = merged.setdefault(k, dict(values))
         for column, value in values.items():
             if column == "parent_id":
                 row[column] = value if value is not None else row[column]
@@ -344,7 +360,7 @@ def _merged(conn: Any, table: str, columns: tuple[str, ...],
                 row[column] = value if value != "" else row[column]
             elif column != "guild_id":  # a channel keeps its guild
                 row[column] = value
-    return [(i, *merged[i].values()) for i in ids if merged[i] != stored.get(i)]
+    return [(*k, *merged[k].values()) for k in keys if merged[k] != stored.get(k)]
 
 
 def _write_messages(conn: Any, inserts: list[MessageRecord],

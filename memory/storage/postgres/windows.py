@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAMES
 from memory.storage.postgres import keywords
 from memory.storage.sqlite.windows import AFTER, BEFORE, GAP_MS  # one window shape for both engines
 from memory.text import content_words
@@ -33,8 +34,8 @@ log = logging.getLogger(__name__)
 _SEGMENT = 5000
 
 _COLUMNS = (
-    "m.id, m.channel_id, m.created_at, a.name, a.display_name, m.content, m.attachments, "
-    "m.reply_to_id, m.guild_id, m.author_id FROM messages m JOIN authors a ON a.id = m.author_id"
+    f"m.id, m.channel_id, m.created_at, {AUTHOR_NAMES}, m.content, m.attachments, "
+    f"m.reply_to_id, m.guild_id, m.author_id FROM messages m {AUTHOR_JOIN}"
 )
 
 

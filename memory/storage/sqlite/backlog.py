@@ -21,6 +21,7 @@ from memory.storage import claims
 from memory.storage.sqlite.connection import IN_IDS, id_list
 from memory.storage.sqlite.database import SQLiteDatabase, now_ms
 from memory.storage.sqlite.messages import (
+    AUTHOR_JOIN,
     AUTHOR_NAME,
     MESSAGE_COLUMNS,
     message_fields,
@@ -140,7 +141,7 @@ class SQLiteBacklog:
                            AND r.channel_id = m.channel_id),
                         (SELECT p.id FROM messages p WHERE p.channel_id = m.channel_id
                            AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
-               FROM messages m JOIN authors a ON a.id = m.author_id
+               FROM messages m {AUTHOR_JOIN}
                JOIN channels c ON c.id = m.channel_id
                WHERE {where}""",
             params,
@@ -157,7 +158,7 @@ class SQLiteBacklog:
         """The author (as shown) and text of each of ``ids``."""
         rows = self._db.read(
             f"SELECT m.id, {AUTHOR_NAME}, m.content FROM messages m "
-            f"JOIN authors a ON a.id = m.author_id WHERE m.id {IN_IDS}",
+            f"{AUTHOR_JOIN} WHERE m.id {IN_IDS}",
             (id_list(ids),),
         )
         return {row[0]: (row[1], row[2]) for row in rows}

@@ -24,7 +24,7 @@ from memory.storage.sqlite.vectors import Vec0Table
 
 # what forgetting a guild removes besides its messages, channels and name
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
-                 "guild_settings", "code_stats")
+                 "guild_settings", "code_stats", "member_names")
 
 
 def expand_channels(read: Any, channel_ids: Sequence[int]) -> tuple[int, ...]:
@@ -81,14 +81,18 @@ class SQLiteForgetting:
         return removed
 
     def forget_guild(self, guild_id: int) -> int:
-        """Forget a guild entirely: messages, channels, settings, opt-outs, cursors."""
+        """Forget a guild entirely: messages, channels, members' names there, settings,
+        opt-outs, cursors."""
         removed = self._forget_where("guild_id = ?", (guild_id,))
         with self._db.write() as conn:
-            self._db.erased()  # the guild's and its channels' names go too
+            self._db.erased()  # the guild's, its channels' and its members' names go too
+            named = [row[0] for row in conn.execute(
+                "SELECT author_id FROM member_names WHERE guild_id = ?", (guild_id,))]
             for table in _GUILD_TABLES:
                 conn.execute(f"DELETE FROM {table} WHERE guild_id = ?", (guild_id,))
             conn.execute("DELETE FROM channels WHERE guild_id = ?", (guild_id,))
             conn.execute("DELETE FROM guilds WHERE id = ?", (guild_id,))
+            _drop_unknown_authors(conn, named)
             settings_changed(conn)
         return removed
 
@@ -97,8 +101,9 @@ class SQLiteForgetting:
 
         In one transaction the member is opted out of the guild (so no later
         write, whichever path brings it, stores them there again until they opt
-        in), their messages there are deleted and tombstoned, and their name row
-        goes once no guild in this database holds a message of theirs.
+        in), their messages there are deleted and tombstoned, and the names they
+        have in that guild go (those they have in other guilds stay); their
+        ``authors`` row goes once no guild holds a message or a name of theirs.
 
         Returns:
             How many messages were removed.
@@ -109,8 +114,10 @@ class SQLiteForgetting:
             ids = [row[0] for row in conn.execute(
                 "SELECT id FROM messages WHERE guild_id = ? AND author_id = ?", (guild_id, author_id))]
             removed = self.forget_in(conn, ids)
-            conn.execute("DELETE FROM authors WHERE id = ? AND NOT EXISTS "
-                         "(SELECT 1 FROM messages WHERE author_id = ?)", (author_id, author_id))
+            self._db.erased()  # their name leaves the file too
+            conn.execute("DELETE FROM member_names WHERE guild_id = ? AND author_id = ?",
+                         (guild_id, author_id))
+            _drop_unknown_authors(conn, [author_id])
             settings_changed(conn)  # the member is opted out now
         return removed
 
@@ -188,3 +195,14 @@ class SQLiteForgetting:
             ids = [row[0] for row in conn.execute(f"SELECT id FROM messages WHERE {where}", params)]
             with self._db.erasing(conn, len(ids)):
                 return self.forget_in(conn, ids)
+
+
+def _drop_unknown_authors(conn: Any, author_ids: Sequence[int]) -> None:
+    """Delete the ``authors`` rows of those of ``author_ids`` that no guild names any more
+    and no stored message refers to (one pass over the messages, only if any is left)."""
+    unnamed = [row[0] for row in conn.execute(
+        f"SELECT id FROM authors WHERE id {IN_IDS} AND NOT EXISTS "
+        "(SELECT 1 FROM member_names n WHERE n.author_id = authors.id)", (id_list(author_ids),))]
+    if unnamed:
+        conn.execute(f"DELETE FROM authors WHERE id {IN_IDS} AND id NOT IN "
+                     "(SELECT author_id FROM messages)", (id_list(unnamed),))

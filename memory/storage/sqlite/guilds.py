@@ -186,6 +186,9 @@ def _apply_setting(conn: Any, guild_id: int, key: str, value: Any) -> None:
         table, column = _LISTS[key]
         conn.execute(f"INSERT OR IGNORE INTO {table}(guild_id, {column}) VALUES (?, ?)",
                      (guild_id, int(value)))
+        if key == "opt_out":  # the names they have here go with them (not other guilds')
+            conn.execute("DELETE FROM member_names WHERE guild_id = ? AND author_id = ?",
+                         (guild_id, int(value)))
     elif key in ("remove_channel", "opt_in"):
         table, column = _LISTS[key]
         conn.execute(f"DELETE FROM {table} WHERE guild_id = ? AND {column} = ?",

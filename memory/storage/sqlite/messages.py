@@ -16,6 +16,7 @@ from typing import Any
 
 from memory.records import MessageRecord, StoredMessage
 from memory.storage.contract import GuildStats, UpsertStats
+from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAME
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.connection import IN_IDS, id_list
 from memory.storage.sqlite.database import DAY_MS, SQLiteDatabase, now_ms
@@ -24,13 +25,12 @@ from memory.storage.sqlite.guilds import SQLiteGuilds
 
 log = logging.getLogger(__name__)
 
-AUTHOR_NAME = "COALESCE(NULLIF(a.display_name, ''), a.name)"
-"""A message's author as a reader sees them (``a`` is the ``authors`` row)."""
 MESSAGE_COLUMNS = (
     f"m.id, m.guild_id, m.channel_id, m.author_id, {AUTHOR_NAME}, m.content, m.created_at, "
     "c.name, m.reply_to_id, m.attachments"
 )
-"""The columns :func:`message_fields` reads (``m``: messages, ``a``: authors, ``c``: channels)."""
+"""The columns :func:`message_fields` reads (``m``: messages, ``a``: the author's names in
+the message's guild (:data:`AUTHOR_JOIN`), ``c``: channels)."""
 
 # what an event that does not know a channel's type says: "" (and "None", str(None),
 # which live capture wrote before it said "")
@@ -197,7 +197,7 @@ class SQLiteMessages:
         """
         rows = self._db.read(
             f"SELECT {MESSAGE_COLUMNS} FROM messages m "
-            "JOIN authors a ON a.id = m.author_id JOIN channels c ON c.id = m.channel_id "
+            f"{AUTHOR_JOIN} JOIN channels c ON c.id = m.channel_id "
             "LEFT JOIN guild_settings s ON s.guild_id = m.guild_id "
             f"WHERE m.id {IN_IDS} AND (s.retention_days IS NULL "
             f"OR m.created_at >= ? - s.retention_days * {DAY_MS})",
@@ -237,13 +237,19 @@ class SQLiteMessages:
         return bool(self._db.read(f"SELECT EXISTS (SELECT 1 FROM messages {where})", params)[0][0])
 
     def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:
-        """Return ``(author_id, name, display_name)`` of everyone with stored messages."""
+        """Return ``(author_id, name, display_name)`` of everyone with stored messages.
+
+        The names are those given in ``guild_id`` (``None``: every guild's, one row
+        per guild a member is named in).
+        """
         if guild_id is None:
-            sql, params = "SELECT id, name, display_name FROM authors", []
+            sql = "SELECT author_id, name, display_name FROM member_names ORDER BY author_id, guild_id"
+            params: list[int] = []
         else:
             sql = (
-                "SELECT a.id, a.name, a.display_name FROM authors a WHERE EXISTS "
-                "(SELECT 1 FROM messages m WHERE m.author_id = a.id AND m.guild_id = ?)"
+                "SELECT n.author_id, n.name, n.display_name FROM member_names n "
+                "WHERE n.guild_id = ? AND EXISTS (SELECT 1 FROM messages m "
+                "WHERE m.guild_id = n.guild_id AND m.author_id = n.author_id) ORDER BY n.author_id"
             )
             params = [guild_id]
         return [(row[0], row[1], row[2]) for row in self._db.read(sql, params)]
@@ -353,7 +359,8 @@ def _newer_version(r: MessageRecord, stored: tuple | None) -> bool:
 
 
 def _write_names(conn: Any, r: MessageRecord) -> None:
-    """The guild's, channel's and author's rows; a name the record does not know is kept."""
+    """The guild's, channel's and author's rows (the author's names in this guild); a
+    name the record does not know is kept."""
     conn.execute(
         "INSERT INTO guilds(id, name) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET "
         "name = CASE WHEN excluded.name != '' THEN excluded.name ELSE name END",
@@ -368,12 +375,18 @@ def _write_names(conn: Any, r: MessageRecord) -> None:
         (r.channel_id, r.guild_id, r.parent_id, r.channel_name, _known_type(r.channel_type)),
     )
     conn.execute(
-        "INSERT INTO authors(id, name, display_name, is_bot) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT(id) DO UPDATE SET "
+        "INSERT INTO authors(id, is_bot) VALUES (?, ?) "
+        "ON CONFLICT(id) DO UPDATE SET is_bot = excluded.is_bot",
+        (r.author_id, int(r.author_is_bot)),
+    )
+    # the names the author has in this guild: another guild's row is never touched
+    conn.execute(
+        "INSERT INTO member_names(guild_id, author_id, name, display_name) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(guild_id, author_id) DO UPDATE SET "
         "name = CASE WHEN excluded.name != '' THEN excluded.name ELSE name END, "
         "display_name = CASE WHEN excluded.display_name != '' "
-        "THEN excluded.display_name ELSE display_name END, is_bot = excluded.is_bot",
-        (r.author_id, r.author_name, r.author_display_name, int(r.author_is_bot)),
+        "THEN excluded.display_name ELSE display_name END",
+        (r.guild_id, r.author_id, r.author_name, r.author_display_name),
     )
 
 

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAMES
 from memory.storage.sqlite.connection import IN_IDS, id_list
 from memory.storage.sqlite.vectors import write_window_vectors
 from memory.text import content_words
@@ -47,8 +49,8 @@ GAP_MS = 2 * 3_600_000  # a conversation pause longer than this ends the window
 _SEGMENT = 5000  # messages rebuilt per pass when a whole channel is indexed
 
 _COLUMNS = (
-    "m.id, m.channel_id, m.created_at, a.name, a.display_name, m.content, m.attachments, "
-    "m.reply_to_id FROM messages m JOIN authors a ON a.id = m.author_id"
+    f"m.id, m.channel_id, m.created_at, {AUTHOR_NAMES}, m.content, m.attachments, "
+    f"m.reply_to_id FROM messages m {AUTHOR_JOIN}"
 )
 
 
@@ -156,6 +158,35 @@ def index_all_window_vectors(conn: Any) -> None:
 
 def index_all_windows(conn: Any) -> None:
     """Index every stored message (a migration: messages stored before windows existed)."""
+    with _names_per_guild(conn):
+        _index_all_windows(conn)
+
+
+@contextmanager
+def _names_per_guild(conn: Any) -> Iterator[None]:
+    """Per-guild names for a database older than migration 11, while the block runs.
+
+    This module reads a message's author from ``member_names`` (migration 11); when
+    migration 7 runs on an older database, names are still one ``authors`` row per
+    member, so a temporary table holds that row for each guild the member wrote in
+    (what migration 11 itself will store), and is dropped afterwards.
+    """
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'member_names'").fetchone():
+        yield
+        return
+    conn.execute("CREATE TEMP TABLE member_names (guild_id INTEGER NOT NULL, "
+                 "author_id INTEGER NOT NULL, name TEXT NOT NULL, display_name TEXT NOT NULL, "
+                 "PRIMARY KEY (guild_id, author_id))")
+    try:
+        conn.execute("INSERT INTO temp.member_names SELECT p.guild_id, a.id, a.name, a.display_name "
+                     "FROM (SELECT DISTINCT guild_id, author_id FROM messages) p "
+                     "JOIN authors a ON a.id = p.author_id")
+        yield
+    finally:
+        conn.execute("DROP TABLE temp.member_names")
+
+
+def _index_all_windows(conn: Any) -> None:
     channels = [row[0] for row in conn.execute("SELECT DISTINCT channel_id FROM messages")]
     for channel_id in channels:
         ids = [row[0] for row in conn.execute(

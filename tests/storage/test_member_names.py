@@ -1,0 +1,234 @@
+"""A member's names belong to the guild they were given in (issue 30, item 1).
+
+One member, two guilds, a different nickname in each: every read of a message's
+author (hydrate, the embedder's text, the keyword index and the windows, member-name
+resolution) uses the name of the message's own guild; forget-me, opt-out and
+forgetting a guild remove that guild's names and no other's; an older database's one
+global name row becomes a row per guild the member has messages in.  Every test runs
+on both engines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.app import main
+from memory.engine import MemoryEngine
+from memory.filters import Filters
+from memory.records import MessageRecord
+from memory.storage import Storage, open_storage
+from memory.storage.postgres import migrations as postgres_migrations
+from memory.storage.sqlite import migrations as sqlite_migrations
+from memory.storage.sqlite.connection import connect
+from tests.support.builders import CHANNEL, GUILD
+from tests.support.engines import holds_text, inspect
+from tests.support.inspection import Inspector
+
+MakeRecord = Callable[..., MessageRecord]
+Inspect = Callable[[Storage], Inspector]
+
+HOME, AWAY, THIRD = GUILD, GUILD + 1, GUILD + 2
+HOME_CHANNEL, AWAY_CHANNEL, THIRD_CHANNEL = CHANNEL, CHANNEL + 1, CHANNEL + 2
+ALICE, BOB = 4101, 4102
+SECRET = "Zephyrine"  # Alice's nickname in HOME only
+
+
+def alice_in_both(make_record: MakeRecord) -> tuple[MessageRecord, MessageRecord]:
+    """Alice's message in AWAY (as "Ally"), then one in HOME (as SECRET): the last
+    write of a single global row would be HOME's nickname."""
+    away = make_record("the ferry leaves at noon from pier four", guild_id=AWAY,
+                       channel_id=AWAY_CHANNEL, author_id=ALICE, author_name="alice",
+                       author_display_name="Ally", age_days=2)
+    home = make_record("bring the spare oars for the ferry", guild_id=HOME,
+                       channel_id=HOME_CHANNEL, author_id=ALICE, author_name="alice",
+                       author_display_name=SECRET, age_days=1)
+    return away, home
+
+
+def test_a_nickname_names_messages_only_in_its_own_guild(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    away, home = alice_in_both(make_record)
+    engine.storage.messages.upsert([away])
+    engine.storage.messages.upsert([home])
+    messages = engine.storage.messages
+    assert messages.hydrate([away.id])[away.id].author_name == "Ally"
+    assert messages.hydrate([home.id])[home.id].author_name == SECRET
+    # the embedder's text: the pending message is named as in its own guild
+    pending = {p.id: p for p in engine.storage.backlog.pending(10)}
+    assert pending[away.id].author_name == "Ally" and pending[home.id].author_name == SECRET
+    # member-name resolution and the keyword index see only the guild's own name
+    assert messages.members(AWAY) == [(ALICE, "alice", "Ally")]
+    assert messages.members(HOME) == [(ALICE, "alice", SECRET)]
+    assert sorted(messages.members(None)) == [(ALICE, "alice", "Ally"), (ALICE, "alice", SECRET)]
+    assert SECRET not in inspector(engine.storage).window_text(away.id)
+    assert "Ally" in inspector(engine.storage).window_text(away.id)
+    assert not engine.storage.keywords.ranked([SECRET.lower()], 10, Filters(guild_id=AWAY))
+    assert engine.storage.keywords.ranked([SECRET.lower()], 10, Filters(guild_id=HOME))
+    assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally"),
+                                                             HOME: ("alice", SECRET)}
+
+
+def test_a_nickname_change_in_one_guild_leaves_the_other_alone(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    away, home = alice_in_both(make_record)
+    engine.storage.messages.upsert([away, home])
+    renamed = make_record("a later line", guild_id=HOME, channel_id=HOME_CHANNEL, author_id=ALICE,
+                          author_name="alice", author_display_name="Zee")
+    unknown = make_record("an event that knows no names", guild_id=AWAY, channel_id=AWAY_CHANNEL,
+                          author_id=ALICE, author_name="", author_display_name="")
+    engine.storage.messages.upsert([renamed, unknown])
+    assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally"),
+                                                             HOME: ("alice", "Zee")}
+    assert engine.storage.messages.hydrate([away.id])[away.id].author_name == "Ally"
+
+
+def test_forget_me_removes_that_guilds_names_only(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    away, home = alice_in_both(make_record)
+    engine.storage.messages.upsert([away, home])
+    assert engine.forget_member(HOME, ALICE) == 1
+    assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally")}
+    assert inspector(engine.storage).author_rows(ALICE) == 1  # her AWAY message needs it
+    assert engine.storage.messages.hydrate([away.id])[away.id].author_name == "Ally"
+    assert not holds_text(engine.storage, SECRET)
+    assert engine.forget_member(AWAY, ALICE) == 1
+    assert inspector(engine.storage).member_names(ALICE) == {}
+    assert inspector(engine.storage).author_rows(ALICE) == 0
+
+
+def test_opting_out_removes_that_guilds_names_only(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    away, home = alice_in_both(make_record)
+    engine.storage.messages.upsert([away, home])
+    engine.storage.guilds.update_settings(HOME, opt_out=ALICE)
+    assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally")}
+    # what is stored stays until forget-me; it is no longer named
+    assert engine.storage.messages.hydrate([home.id])[home.id].author_name == ""
+    engine.storage.messages.upsert([make_record("withheld", guild_id=HOME, channel_id=HOME_CHANNEL,
+                                                author_id=ALICE, author_display_name=SECRET)])
+    assert HOME not in inspector(engine.storage).member_names(ALICE)
+
+
+def test_forgetting_a_guild_removes_its_members_names(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    away, home = alice_in_both(make_record)
+    bobs = make_record("only here", guild_id=HOME, channel_id=HOME_CHANNEL, author_id=BOB,
+                       author_name="bob", author_display_name="Bobby")
+    engine.storage.messages.upsert([away, home, bobs])
+    engine.forget_messages([bobs.id])  # a message's last trace going leaves the name ...
+    assert inspector(engine.storage).member_names(BOB) == {HOME: ("bob", "Bobby")}
+    engine.forget_guild(HOME)  # ... forgetting the guild does not
+    assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally")}
+    assert inspector(engine.storage).member_names(BOB) == {}
+    assert inspector(engine.storage).author_rows(BOB) == 0
+    assert inspector(engine.storage).author_rows(ALICE) == 1
+    assert engine.storage.messages.hydrate([away.id])[away.id].author_name == "Ally"
+    assert not holds_text(engine.storage, SECRET)
+
+
+# -- an older database: one global row per member -------------------------------------------
+
+_OLD_SCHEMA = {"sqlite": (sqlite_migrations, 10), "postgres": (postgres_migrations, 4)}
+
+
+def _execute(location: str, kind: str, statements: list[tuple[str, tuple]]) -> None:
+    if kind == "sqlite":
+        conn = connect(location)
+        try:
+            for sql, params in statements:
+                conn.execute(sql.replace("%s", "?"), params)
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(location, autocommit=True) as conn:
+        for sql, params in statements:
+            conn.execute(sql, params)
+
+
+def test_an_older_database_moves_each_name_to_the_guilds_its_member_wrote_in(
+    storage_kind: str, make_location: Callable[[str], str], monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    module, version = _OLD_SCHEMA[storage_kind]
+    location = (make_location("old") if storage_kind == "sqlite"
+                else request.getfixturevalue("postgres_url")(migrated=False))
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "MIGRATIONS", module.MIGRATIONS[:version])
+        open_storage(location).close()
+    rows: list[tuple[str, tuple[Any, ...]]] = [
+        ("INSERT INTO guilds(id, name) VALUES (%s, %s)", (g, f"guild {g}"))
+        for g in (HOME, AWAY, THIRD)
+    ]
+    rows += [("INSERT INTO channels(id, guild_id, name) VALUES (%s, %s, %s)", (c, g, "general"))
+             for c, g in ((HOME_CHANNEL, HOME), (AWAY_CHANNEL, AWAY), (THIRD_CHANNEL, THIRD))]
+    rows += [("INSERT INTO authors(id, name, display_name) VALUES (%s, %s, %s)", (ALICE, "alice", SECRET)),
+             ("INSERT INTO authors(id, name, display_name) VALUES (%s, %s, %s)", (BOB, "bob", "Bobby"))]
+    rows += [("INSERT INTO messages(id, guild_id, channel_id, author_id, created_at, content) "
+              "VALUES (%s, %s, %s, %s, %s, %s)", (mid, g, c, a, 1_700_000_000_000 + mid, "hello there"))
+             for mid, g, c, a in ((1, HOME, HOME_CHANNEL, ALICE), (2, AWAY, AWAY_CHANNEL, ALICE),
+                                  (3, HOME, HOME_CHANNEL, ALICE), (4, THIRD, THIRD_CHANNEL, BOB))]
+    _execute(location, storage_kind, rows)
+
+    storage = open_storage(location)
+    try:
+        looked = inspect(storage)
+        assert looked.member_names(ALICE) == {HOME: ("alice", SECRET), AWAY: ("alice", SECRET)}
+        assert looked.member_names(BOB) == {THIRD: ("bob", "Bobby")}  # no row invented elsewhere
+        assert storage.messages.hydrate([2])[2].author_name == SECRET  # what AWAY saw till now
+        assert storage.messages.members(THIRD) == [(BOB, "bob", "Bobby")]
+        storage.forgetting.forget_member(HOME, ALICE)
+        assert looked.member_names(ALICE) == {AWAY: ("alice", SECRET)}
+    finally:
+        storage.close()
+
+
+# -- what brings names in, and what carries them to another database ------------------------
+
+def test_an_import_names_each_guild_by_its_own_exports_nickname(
+    engine: MemoryEngine, tmp_path: Path
+) -> None:
+    """DiscordChatExporter writes the author's nickname in the exported guild."""
+    for guild_id, channel_id, nickname, mid in ((HOME, HOME_CHANNEL, SECRET, 1_100_000_000_000_000_001),
+                                                (AWAY, AWAY_CHANNEL, "Ally", 1_100_000_000_000_000_002)):
+        doc = {"guild": {"id": str(guild_id), "name": f"guild {guild_id}"},
+               "channel": {"id": str(channel_id), "name": "general", "type": "GuildTextChat"},
+               "messages": [{"id": str(mid), "content": "the ferry leaves at noon",
+                             "timestamp": "2026-01-05T10:00:00+00:00",
+                             "author": {"id": str(ALICE), "name": "alice", "nickname": nickname}}]}
+        (tmp_path / f"{guild_id}.json").write_text(json.dumps(doc), encoding="utf-8")
+    assert engine.import_exports([tmp_path], embed=False).errors == []
+    assert engine.storage.messages.members(AWAY) == [(ALICE, "alice", "Ally")]
+    assert engine.storage.messages.members(HOME) == [(ALICE, "alice", SECRET)]
+    shown = engine.storage.messages.hydrate([1_100_000_000_000_000_001, 1_100_000_000_000_000_002])
+    assert [m.author_name for m in shown.values()] == [SECRET, "Ally"]
+
+
+@pytest.mark.postgres
+def test_migrate_db_carries_each_guilds_names(
+    tmp_path: Path, make_record: MakeRecord, postgres_url: Callable[..., str],
+    capsys: pytest.CaptureFixture,
+) -> None:
+    source, target = str(tmp_path / "memory.sqlite3"), postgres_url()
+    away, home = alice_in_both(make_record)
+    storage = open_storage(source)
+    storage.messages.upsert([away, home])
+    storage.close()
+    assert main(["migrate-db", source, target]) == 0, capsys.readouterr().err
+    copy = open_storage(target)
+    try:
+        assert inspect(copy).member_names(ALICE) == {AWAY: ("alice", "Ally"), HOME: ("alice", SECRET)}
+        assert copy.messages.hydrate([away.id])[away.id].author_name == "Ally"
+    finally:
+        copy.close()
