@@ -20,12 +20,13 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from memory import retention
 from memory.config import Profile
 from memory.context import Context, TokenCounter, assemble_context, token_counter_for
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.errors import EmbeddingModelMismatch
 from memory.ingest import ImportSummary, IngestStats, Progress, store_exports
-from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
+from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms, ms_to_datetime
 from memory.rerank.manager import RerankerManager
 from memory.rerank.service import RerankerStatus
 from memory.search import Searcher, SearchRequest
@@ -174,6 +175,30 @@ class MemoryEngine:
     def forget_older_than(self, guild_id: int, cutoff: datetime) -> int:
         """Forget a guild's messages older than ``cutoff`` (its retention period)."""
         return self.storage.forgetting.forget_older_than(guild_id, datetime_to_ms(cutoff))
+
+    def forget_expired(self, guild_id: int, days: int, *, seen_ms: int | None = None) -> int:
+        """Forget a guild's messages older than ``days``, counted from the retention
+        clock (:mod:`memory.retention`): never from later than the newest time Discord
+        vouched for, so a host clock far ahead does not expire everything.
+
+        Args:
+            guild_id: The guild.
+            days: Its retention period.
+            seen_ms: The newest creation time of a message the bot saw arrive.
+
+        Returns:
+            How many messages were removed.
+        """
+        now = self.storage.guilds.retention_clock(seen_ms)
+        host = retention.host_ms()
+        if host - now >= retention.SKEW_LOGGED_MS:
+            log.warning(
+                "retention in guild %d counts from %s, the newest message stored or seen, not "
+                "from the host clock (%s, %.1f days later): a clock ahead of Discord's must "
+                "not expire messages; check the host's time if it is wrong", guild_id,
+                ms_to_datetime(now).isoformat(), ms_to_datetime(host).isoformat(),
+                (host - now) / retention.DAY_MS)
+        return self.storage.forgetting.forget_older_than(guild_id, now - days * retention.DAY_MS)
 
     # -- embedding ----------------------------------------------------------------------
 

@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import discord
@@ -92,6 +91,7 @@ class MemoryRuntime:
         self._settings: dict[int, tuple[float, GuildSettings]] = {}
         self._settings_epoch = 0  # moves when the cache is dropped: reads begun before are not kept
         self._embed_failures = 0
+        self.seen_ms: int | None = None  # the newest message seen from the gateway (unix ms)
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()
         self.follower = Follower(self)  # other processes' settings and profile changes
@@ -285,10 +285,17 @@ class MemoryRuntime:
         self._settings_epoch += 1
         self._settings.clear()
 
+    def seen(self, message: discord.Message) -> None:
+        """Note a message that arrived from the gateway: its snowflake is Discord's clock,
+        which retention trusts over the host's (:mod:`memory.retention`)."""
+        created = int(message.created_at.timestamp() * 1000)
+        self.seen_ms = created if self.seen_ms is None else max(self.seen_ms, created)
+
     async def remembers(self, message: discord.Message) -> bool:
         """Whether this guild's settings let the bot store ``message``."""
         if message.guild is None:
             return False
+        self.seen(message)
         settings = await self.settings(message.guild.id)
         channel = message.channel
         parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
@@ -331,6 +338,10 @@ class MemoryRuntime:
                 log.exception("retention pass failed for guild %d", guild.id)
 
     async def forget_older_than(self, guild_id: int, days: int) -> int:
-        """Forget a guild's messages older than ``days``, in order with the queued writes."""
-        cutoff = datetime.now(timezone.utc) - timedelta(days=days)
-        return await self.forget(self.engine.forget_older_than, guild_id, cutoff)
+        """Forget a guild's messages older than ``days``, in order with the queued writes.
+
+        Counted from the retention clock (:meth:`.MemoryEngine.forget_expired`), which
+        the newest message seen from the gateway (Discord's clock) may move on.
+        """
+        expire = functools.partial(self.engine.forget_expired, seen_ms=self.seen_ms)
+        return await self.forget(expire, guild_id, days)

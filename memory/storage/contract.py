@@ -346,15 +346,24 @@ class Guilds(Protocol):
         """
         ...
 
-    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None) -> dict[int, int]:
-        """The oldest creation time (unix ms) each guild with a retention period keeps.
+    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None, *,
+                          seen_ms: int | None = None) -> dict[int, int]:
+        """The oldest creation time (unix ms) each guild with a retention period keeps,
+        counted back from :meth:`retention_clock`.
 
         Args:
             guild_ids: Only these guilds; ``None``: every guild that set a period.
+            seen_ms: The newest creation time of a message seen now (Discord's clock).
 
         Returns:
             ``{guild_id: cutoff_ms}``; a guild that keeps everything is absent.
         """
+        ...
+
+    def retention_clock(self, seen_ms: int | None = None) -> int:
+        """The time retention counts from (unix ms): the host clock, never later than
+        the newest stored message's creation time or ``seen_ms`` — a host clock far
+        ahead must not expire everything (:mod:`memory.retention`)."""
         ...
 
     def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:

@@ -18,7 +18,7 @@ from memory.records import MessageRecord, StoredMessage
 from memory.storage.contract import GuildStats, UpsertStats
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.connection import IN_IDS, id_list
-from memory.storage.sqlite.database import DAY_MS, SQLiteDatabase, now_ms
+from memory.storage.sqlite.database import DAY_MS, SQLiteDatabase
 from memory.storage.sqlite.forgetting import SQLiteForgetting, expand_channels
 from memory.storage.sqlite.guilds import SQLiteGuilds
 
@@ -143,7 +143,8 @@ class SQLiteMessages:
 
     def _within_retention(self, records: list[MessageRecord]) -> tuple[list[MessageRecord], int]:
         """Leave out messages older than their guild's retention period; count them."""
-        cutoffs = self._guilds.retention_cutoffs({r.guild_id for r in records})
+        cutoffs = self._guilds.retention_cutoffs({r.guild_id for r in records},
+                                                 seen_ms=max(r.created_at for r in records))
         if not cutoffs:
             return records, 0
         kept = [r for r in records if r.created_at >= cutoffs.get(r.guild_id, r.created_at)]
@@ -201,7 +202,7 @@ class SQLiteMessages:
             "LEFT JOIN guild_settings s ON s.guild_id = m.guild_id "
             f"WHERE m.id {IN_IDS} AND (s.retention_days IS NULL "
             f"OR m.created_at >= ? - s.retention_days * {DAY_MS})",
-            (id_list(ids), now_ms()),
+            (id_list(ids), self._guilds.retention_clock()),
         )
         return {row[0]: StoredMessage(**message_fields(row)) for row in rows}
 
