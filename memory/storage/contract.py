@@ -77,6 +77,8 @@ class UpsertStats:
     forgotten: int = 0  # stored copies deleted because their author opted out, then edited
     expired: int = 0  # older than the guild's retention period: not stored
     misplaced: int = 0  # stored before in another channel: left out (the first channel wins)
+    tombstoned: int = 0  # deleted before (tombstoned): left out, they stay deleted
+    opted_out: int = 0  # by a member who opted out of the guild: not stored
 
 
 @dataclass(frozen=True)

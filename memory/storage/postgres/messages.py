@@ -75,7 +75,9 @@ class PostgresMessages:
 
     def _write(self, conn: Any, records: list[MessageRecord], *, insert: bool) -> UpsertStats:
         records, expired = self._within_retention(records)
+        current = len(records)
         records, withheld = self._admissible(conn, records)
+        tombstoned = current - len(records) - len(withheld)
         existing, stored_in = self._existing(conn, [r.id for r in [*records, *withheld]])
         if not insert:
             records = [r for r in records if r.id in existing]
@@ -117,7 +119,8 @@ class PostgresMessages:
             self._forgetting.edited(conn, edited)
         windows.reindex(conn, touched)
         forgotten = self._forgetting.forget_in(conn, withdrawn)
-        return UpsertStats(inserted, updated, unchanged, forgotten, expired, len(misplaced))
+        return UpsertStats(inserted, updated, unchanged, forgotten, expired, len(misplaced),
+                           tombstoned=tombstoned, opted_out=len(withheld))
 
     def _within_retention(self, records: list[MessageRecord]) -> tuple[list[MessageRecord], int]:
         cutoffs = self._guilds.retention_cutoffs({r.guild_id for r in records},

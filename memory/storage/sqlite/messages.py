@@ -84,7 +84,9 @@ class SQLiteMessages:
         # imports of the same export) cannot insert the same ids in between
         with self._db.write() as conn:
             records, expired = self._within_retention(records)
+            current = len(records)
             records, withheld = self._admissible(records)
+            tombstoned = current - len(records) - len(withheld)
             existing, stored_in = self._existing([r.id for r in [*records, *withheld]])
             if not insert:
                 records = [r for r in records if r.id in existing]
@@ -102,7 +104,8 @@ class SQLiteMessages:
             withdrawn = [r.id for r in withheld if _newer_version(r, existing.get(r.id))]
             inserted, updated, unchanged = self._write(conn, records, existing, stored_in)
             forgotten = self._forgetting.forget_in(conn, withdrawn)
-        return UpsertStats(inserted, updated, unchanged, forgotten, expired, len(misplaced))
+        return UpsertStats(inserted, updated, unchanged, forgotten, expired, len(misplaced),
+                           tombstoned=tombstoned, opted_out=len(withheld))
 
     def _write(
         self, conn: Any, records: list[MessageRecord], existing: dict[int, tuple],
