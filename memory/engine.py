@@ -176,28 +176,34 @@ class MemoryEngine:
         """Forget a guild's messages older than ``cutoff`` (its retention period)."""
         return self.storage.forgetting.forget_older_than(guild_id, datetime_to_ms(cutoff))
 
-    def forget_expired(self, guild_id: int, days: int, *, seen_ms: int | None = None) -> int:
+    def forget_expired(self, guild_id: int, days: int, *,
+                       discord_now_ms: int | None = None) -> int:
         """Forget a guild's messages older than ``days``, counted from the retention
-        clock (:mod:`memory.retention`): never from later than the newest time Discord
-        vouched for, so a host clock far ahead does not expire everything.
+        clock (:mod:`memory.retention`), so that a host clock far ahead does not
+        expire everything.
 
         Args:
             guild_id: The guild.
             days: Its retention period.
-            seen_ms: The newest creation time of a message the bot saw arrive.
+            discord_now_ms: Discord's clock now, as the bot measured it from the
+                gateway (``None``: not known; the newest stored message vouches).
 
         Returns:
             How many messages were removed.
         """
-        now = self.storage.guilds.retention_clock(seen_ms)
+        if discord_now_ms is not None:
+            now = retention.retention_now(discord_now_ms=discord_now_ms)
+        else:
+            now = self.storage.guilds.retention_clock()
         host = retention.host_ms()
         if host - now >= retention.SKEW_LOGGED_MS:
             log.warning(
-                "retention in guild %d counts from %s, the newest message stored or seen, not "
-                "from the host clock (%s, %.1f days later): a clock ahead of Discord's must "
-                "not expire messages; check the host's time if it is wrong", guild_id,
-                ms_to_datetime(now).isoformat(), ms_to_datetime(host).isoformat(),
-                (host - now) / retention.DAY_MS)
+                "retention in guild %d counts from %s, not from the host clock (%s, %.1f days "
+                "later): %s; a clock ahead of Discord's must not expire messages, check the "
+                "host's time", guild_id, ms_to_datetime(now).isoformat(),
+                ms_to_datetime(host).isoformat(), (host - now) / retention.DAY_MS,
+                "Discord's clock, measured from the gateway" if discord_now_ms is not None
+                else "the newest message stored")
         return self.storage.forgetting.forget_older_than(guild_id, now - days * retention.DAY_MS)
 
     # -- embedding ----------------------------------------------------------------------

@@ -91,7 +91,7 @@ class MemoryRuntime:
         self._settings: dict[int, tuple[float, GuildSettings]] = {}
         self._settings_epoch = 0  # moves when the cache is dropped: reads begun before are not kept
         self._embed_failures = 0
-        self.seen_ms: int | None = None  # the newest message seen from the gateway (unix ms)
+        self._discord_clock: tuple[int, float] | None = None  # newest message seen, monotonic then
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()
         self.follower = Follower(self)  # other processes' settings and profile changes
@@ -289,7 +289,17 @@ class MemoryRuntime:
         """Note a message that arrived from the gateway: its snowflake is Discord's clock,
         which retention trusts over the host's (:mod:`memory.retention`)."""
         created = int(message.created_at.timestamp() * 1000)
-        self.seen_ms = created if self.seen_ms is None else max(self.seen_ms, created)
+        now = self.discord_now_ms()
+        if now is None or created > now:  # an edit of an old message says nothing new
+            self._discord_clock = (created, time.monotonic())
+
+    def discord_now_ms(self) -> int | None:
+        """Discord's clock now: the newest message seen, moved on by the monotonic time
+        since (no wall clock involved); ``None`` before the first message."""
+        if self._discord_clock is None:
+            return None
+        created, at = self._discord_clock
+        return created + int((time.monotonic() - at) * 1000)
 
     async def remembers(self, message: discord.Message) -> bool:
         """Whether this guild's settings let the bot store ``message``."""
@@ -340,8 +350,9 @@ class MemoryRuntime:
     async def forget_older_than(self, guild_id: int, days: int) -> int:
         """Forget a guild's messages older than ``days``, in order with the queued writes.
 
-        Counted from the retention clock (:meth:`.MemoryEngine.forget_expired`), which
-        the newest message seen from the gateway (Discord's clock) may move on.
+        Counted from Discord's clock as measured from the gateway where a message was
+        seen (:meth:`discord_now_ms`), never from a host clock ahead of it.
         """
-        expire = functools.partial(self.engine.forget_expired, seen_ms=self.seen_ms)
+        expire = functools.partial(self.engine.forget_expired,
+                                   discord_now_ms=self.discord_now_ms())
         return await self.forget(expire, guild_id, days)

@@ -355,7 +355,7 @@ class Guilds(Protocol):
 
         Args:
             guild_ids: Only these guilds; ``None``: every guild that set a period.
-            seen_ms: The newest creation time of a message seen now (Discord's clock).
+            seen_ms: The newest creation time of the messages being stored.
 
         Returns:
             ``{guild_id: cutoff_ms}``; a guild that keeps everything is absent.
@@ -363,9 +363,9 @@ class Guilds(Protocol):
         ...
 
     def retention_clock(self, seen_ms: int | None = None) -> int:
-        """The time retention counts from (unix ms): the host clock, never later than
-        the newest stored message's creation time or ``seen_ms`` — a host clock far
-        ahead must not expire everything (:mod:`memory.retention`)."""
+        """The time retention counts from (unix ms): the host clock, unless it runs
+        far past the newest stored message's creation time and ``seen_ms`` — a host
+        clock years ahead must not expire everything (:mod:`memory.retention`)."""
         ...
 
     def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:

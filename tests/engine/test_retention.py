@@ -192,15 +192,23 @@ def test_a_host_clock_far_ahead_expires_nothing_the_period_keeps(
     assert "not from the host clock" in caplog.text and "7300" in caplog.text
 
 
-def test_a_clock_seen_from_discord_moves_retention_on(
+def test_discords_clock_from_the_gateway_moves_retention_on(
     engine: MemoryEngine, aged: Callable[..., MessageRecord], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nothing stored for 40 days: the newest stored message alone would keep everything;
-    the time of a message just seen from the gateway (``seen_ms``) lets retention count
-    from Discord's now."""
-    engine.ingest([aged("heron note", 40), aged("older heron note", 45)])
+    """Nothing stored for over a year and the host clock 20 years ahead: the newest
+    stored message alone keeps everything; Discord's clock measured from the gateway
+    lets retention count from Discord's now."""
+    engine.ingest([aged("heron note", 400), aged("older heron note", 410)])
+    discord_now = days_ago(0)
     set_host_clock_ahead(monkeypatch, TWENTY_YEARS_S)
-    assert engine.forget_expired(GUILD, 30) == 0  # counted from 40 days ago
-    seen = int((time.time() - TWENTY_YEARS_S) * 1000)
-    assert engine.forget_expired(GUILD, 30, seen_ms=seen) == 2
+    assert engine.forget_expired(GUILD, 30) == 0  # counted from 400 days ago
+    assert engine.forget_expired(GUILD, 30, discord_now_ms=discord_now) == 2
     assert engine.storage.messages.count() == 0
+
+
+def test_a_quiet_guild_still_expires_by_the_host_clock(
+    engine: MemoryEngine, aged: Callable[..., MessageRecord]
+) -> None:
+    """A host clock a few weeks past the newest message is believed: the guild was quiet."""
+    engine.ingest([aged("heron note", 40), aged("older heron note", 50)])
+    assert engine.forget_expired(GUILD, 30) == 2

@@ -108,7 +108,7 @@ class PostgresGuilds:
 
     def retention_clock(self, seen_ms: int | None = None) -> int:
         """The time retention counts from (:func:`memory.retention.retention_now`): the
-        host clock, never later than the newest stored message or ``seen_ms``."""
+        host clock, unless it runs far past the newest stored message and ``seen_ms``."""
         newest = self._db.read("SELECT max((SELECT max(created_at) FROM messages "
                                "WHERE guild_id = g.id)) FROM guilds g")[0][0]
         return retention_now(None if newest is None else int(newest), seen_ms)

@@ -92,8 +92,8 @@ class SQLiteGuilds:
 
         Args:
             guild_ids: Only these guilds; ``None``: every guild that set a period.
-            seen_ms: The newest creation time of a message seen now (it vouches
-                for Discord's clock: :func:`memory.retention.retention_now`).
+            seen_ms: The newest creation time of the messages being stored (it
+                vouches for Discord's clock: :func:`memory.retention.retention_now`).
 
         Returns:
             ``{guild_id: cutoff_ms}``; a guild that keeps everything is absent.
@@ -111,7 +111,7 @@ class SQLiteGuilds:
 
     def retention_clock(self, seen_ms: int | None = None) -> int:
         """The time retention counts from (:func:`memory.retention.retention_now`): the
-        host clock, never later than the newest stored message or ``seen_ms``."""
+        host clock, unless it runs far past the newest stored message and ``seen_ms``."""
         newest = self._db.read("SELECT max((SELECT max(created_at) FROM messages "
                                "WHERE guild_id = g.id)) FROM guilds g")[0][0]
         return retention_now(newest, seen_ms)
