@@ -32,6 +32,7 @@ from cli.run import run_command
 from memory.config import available_profiles
 from memory.engine import MemoryEngine
 from memory.errors import ImportFormatError, MemoryBotError, SearchInputError
+from memory.ingest import ImportSummary
 
 log = logging.getLogger(__name__)
 
@@ -93,24 +94,32 @@ def import_command(settings: Settings, paths: tuple[Path, ...], no_embed: bool) 
         on_file, files_bar = progress_bar(len(files), "reading")
         summary = engine.import_exports(files, embed=False, on_file=on_file)
         files_bar.close()
-        if summary.errors and len(summary.errors) == summary.files:
+        if summary.errors and len(summary.errors) == summary.files and not summary.read:
             raise MemoryBotError(_unreadable(summary.errors))
-        if not no_embed:
+        if not no_embed:  # what a damaged file gave before its damage is stored: embed it too
             summary.embedded = embed_with_progress(engine)
     finally:
         engine.close()
-    click.echo(
-        f"{summary.files} files ({len(summary.errors)} unreadable), {summary.inserted} new, "
-        f"{summary.updated} updated, {summary.unchanged} unchanged, "
-        f"{summary.skipped} skipped, {summary.embedded} embedded"
-        + (f", {summary.expired} older than the server's retention period (not stored)"
-           if summary.expired else "")
-        + (f", {summary.misplaced} with an id already stored in another channel (not stored)"
-           if summary.misplaced else "")
-    )
+    click.echo(_import_line(summary))
     for error in summary.errors:
         click.echo(f"  skipped file: {error}", err=True)
     return 0
+
+
+def _import_line(summary: ImportSummary) -> str:
+    """The one line an import ends with: every message read is counted somewhere."""
+    damaged = (f"; {summary.damaged} of them damaged part-way, what came before the damage is "
+               "stored" if summary.damaged else "")
+    left_out = [
+        (summary.expired, "older than the server's retention period (not stored)"),
+        (summary.misplaced, "with an id already stored in another channel (not stored)"),
+        (summary.tombstoned, "deleted before (not stored again)"),
+        (summary.opted_out, "by members who opted out (not stored)"),
+    ]
+    return (f"{summary.files} files ({len(summary.errors)} unreadable{damaged}), "
+            f"{summary.inserted} new, {summary.updated} updated, {summary.unchanged} unchanged, "
+            f"{summary.skipped} skipped, {summary.embedded} embedded"
+            + "".join(f", {count} {what}" for count, what in left_out if count))
 
 
 def _unreadable(errors: list[str]) -> str:

@@ -29,6 +29,15 @@ def endpoint(storage: Storage) -> Endpoint:
     return SQLiteEndpoint(storage)
 
 
+def database_name(location: Path | str) -> str:
+    """How ``migrate-db`` names a database, shown and kept in the copy's ``meta``: a
+    PostgreSQL URL without its password, an SQLite file by its resolved absolute path
+    (so that a re-run finds its copy however the path is spelled)."""
+    if is_postgres_url(str(location)):
+        return redact(str(location))
+    return str(Path(location).expanduser().resolve())
+
+
 @click.command("migrate-db")
 @click.argument("source", type=DATABASE_PATH)
 @click.argument("target", type=DATABASE_PATH)
@@ -37,12 +46,13 @@ def migrate_db_command(source: Path | str, target: Path | str) -> int:
 
     Messages, vectors (not embedded again), windows and window vectors, tombstones,
     settings, opt-outs and cursors.  Killed half-way, run it again: it goes on where it
-    stopped.  At the end every row count and every vector are compared; exit 2 if
-    anything differs.
+    stopped.  Run it again after SOURCE changed: TARGET gets every change since (edits,
+    new and older messages, forgotten messages and members, settings, opt-outs).  At
+    the end every row and every vector are compared; exit 2 if anything differs.
     """
     if not is_postgres_url(source) and not Path(source).exists():
         raise DatabaseFileError(f"{source} does not exist")
-    names = [redact(str(x)) for x in (source, target)]
+    names = [database_name(x) for x in (source, target)]
     if names[0] == names[1]:
         raise DatabaseFileError("SOURCE and TARGET are the same database")
     src = open_storage(source, read_only=True)
@@ -53,6 +63,7 @@ def migrate_db_command(source: Path | str, target: Path | str) -> int:
             update, bar = progress_bar(total_rows(origin), "copying", "row")
             try:
                 report = transfer(origin, goal, source_name=names[0],
+                                  former_names=[redact(str(source))],
                                   progress=lambda _table, n: update(n))
             finally:
                 bar.close()
@@ -61,7 +72,10 @@ def migrate_db_command(source: Path | str, target: Path | str) -> int:
     finally:
         src.close()
     for name, (theirs, ours) in report.counts.items():
-        click.echo(f"{name:22} {theirs:>10,} {ours:>10,}", err=True)
+        changes = (report.copied.get(name, 0), report.updated.get(name, 0),
+                   report.removed.get(name, 0))
+        click.echo(f"{name:22} {theirs:>10,} {ours:>10,}   +{changes[0]:,} ~{changes[1]:,} "
+                   f"-{changes[2]:,}", err=True)
     if report.differences:
         for line in report.differences:
             click.echo(f"differs: {line}", err=True)

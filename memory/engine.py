@@ -20,12 +20,13 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from memory import retention
 from memory.config import Profile
 from memory.context import Context, TokenCounter, assemble_context, token_counter_for
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.errors import EmbeddingModelMismatch
 from memory.ingest import ImportSummary, IngestStats, Progress, store_exports
-from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms
+from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms, ms_to_datetime
 from memory.rerank.manager import RerankerManager
 from memory.rerank.service import RerankerStatus
 from memory.search import Searcher, SearchRequest
@@ -174,6 +175,36 @@ class MemoryEngine:
     def forget_older_than(self, guild_id: int, cutoff: datetime) -> int:
         """Forget a guild's messages older than ``cutoff`` (its retention period)."""
         return self.storage.forgetting.forget_older_than(guild_id, datetime_to_ms(cutoff))
+
+    def forget_expired(self, guild_id: int, days: int, *,
+                       discord_now_ms: int | None = None) -> int:
+        """Forget a guild's messages older than ``days``, counted from the retention
+        clock (:mod:`memory.retention`), so that a host clock far ahead does not
+        expire everything.
+
+        Args:
+            guild_id: The guild.
+            days: Its retention period.
+            discord_now_ms: Discord's clock now, as the bot measured it from the
+                gateway (``None``: not known; the newest stored message vouches).
+
+        Returns:
+            How many messages were removed.
+        """
+        if discord_now_ms is not None:
+            now = retention.retention_now(discord_now_ms=discord_now_ms)
+        else:
+            now = self.storage.guilds.retention_clock()
+        host = retention.host_ms()
+        if host - now >= retention.SKEW_LOGGED_MS:
+            log.warning(
+                "retention in guild %d counts from %s, not from the host clock (%s, %.1f days "
+                "later): %s; a clock ahead of Discord's must not expire messages, check the "
+                "host's time", guild_id, ms_to_datetime(now).isoformat(),
+                ms_to_datetime(host).isoformat(), (host - now) / retention.DAY_MS,
+                "Discord's clock, measured from the gateway" if discord_now_ms is not None
+                else "the newest message stored")
+        return self.storage.forgetting.forget_older_than(guild_id, now - days * retention.DAY_MS)
 
     # -- embedding ----------------------------------------------------------------------
 

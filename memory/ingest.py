@@ -44,7 +44,10 @@ class ImportSummary:
 
     ``skipped``: entries that are not messages; ``expired``: messages older than
     their server's retention period, not stored; ``misplaced``: messages whose id is
-    stored in another channel (the first channel keeps it), not stored.
+    stored in another channel (the first channel keeps it), not stored;
+    ``tombstoned``: messages deleted before (they stay deleted); ``opted_out``:
+    messages of members who opted out, not stored; ``damaged``: files that failed
+    part-way, whose messages before the damage are stored (and counted).
     """
 
     files: int = 0
@@ -55,6 +58,9 @@ class ImportSummary:
     embedded: int = 0
     expired: int = 0
     misplaced: int = 0
+    tombstoned: int = 0
+    opted_out: int = 0
+    damaged: int = 0
     errors: list[str] = field(default_factory=list)
 
     def add(self, stats: UpsertStats, skipped: int) -> None:
@@ -65,6 +71,14 @@ class ImportSummary:
         self.unchanged += stats.unchanged
         self.expired += stats.expired
         self.misplaced += stats.misplaced
+        self.tombstoned += stats.tombstoned
+        self.opted_out += stats.opted_out
+
+    @property
+    def read(self) -> int:
+        """Messages read from the files, stored or not."""
+        return (self.inserted + self.updated + self.unchanged + self.expired + self.misplaced
+                + self.tombstoned + self.opted_out)
 
 
 class PartialImport(ImportFormatError):
@@ -103,6 +117,7 @@ def store_exports(
         except ImportFormatError as exc:
             summary.errors.append(str(exc))
             stats = exc.partial if isinstance(exc, PartialImport) else UpsertStats()
+            summary.damaged += any(astuple(stats))  # some of it was read before the damage
         summary.add(stats, export.skipped)
     return summary
 

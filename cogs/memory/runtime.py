@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import discord
@@ -92,6 +91,7 @@ class MemoryRuntime:
         self._settings: dict[int, tuple[float, GuildSettings]] = {}
         self._settings_epoch = 0  # moves when the cache is dropped: reads begun before are not kept
         self._embed_failures = 0
+        self._discord_clock: tuple[int, float] | None = None  # newest message seen, monotonic then
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()
         self.follower = Follower(self)  # other processes' settings and profile changes
@@ -285,10 +285,27 @@ class MemoryRuntime:
         self._settings_epoch += 1
         self._settings.clear()
 
+    def seen(self, message: discord.Message) -> None:
+        """Note a message that arrived from the gateway: its snowflake is Discord's clock,
+        which retention trusts over the host's (:mod:`memory.retention`)."""
+        created = int(message.created_at.timestamp() * 1000)
+        now = self.discord_now_ms()
+        if now is None or created > now:  # an edit of an old message says nothing new
+            self._discord_clock = (created, time.monotonic())
+
+    def discord_now_ms(self) -> int | None:
+        """Discord's clock now: the newest message seen, moved on by the monotonic time
+        since (no wall clock involved); ``None`` before the first message."""
+        if self._discord_clock is None:
+            return None
+        created, at = self._discord_clock
+        return created + int((time.monotonic() - at) * 1000)
+
     async def remembers(self, message: discord.Message) -> bool:
         """Whether this guild's settings let the bot store ``message``."""
         if message.guild is None:
             return False
+        self.seen(message)
         settings = await self.settings(message.guild.id)
         channel = message.channel
         parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
@@ -331,6 +348,11 @@ class MemoryRuntime:
                 log.exception("retention pass failed for guild %d", guild.id)
 
     async def forget_older_than(self, guild_id: int, days: int) -> int:
-        """Forget a guild's messages older than ``days``, in order with the queued writes."""
-        cutoff = datetime.now(timezone.utc) - timedelta(days=days)
-        return await self.forget(self.engine.forget_older_than, guild_id, cutoff)
+        """Forget a guild's messages older than ``days``, in order with the queued writes.
+
+        Counted from Discord's clock as measured from the gateway where a message was
+        seen (:meth:`discord_now_ms`), never from a host clock ahead of it.
+        """
+        expire = functools.partial(self.engine.forget_expired,
+                                   discord_now_ms=self.discord_now_ms())
+        return await self.forget(expire, guild_id, days)

@@ -15,7 +15,8 @@ voyage        ``/v1/rerank``    model, query, documents, top_k      data[].relev
 
 The ``jina`` dialect is also what vLLM and llama.cpp's ``llama-server --reranking``
 speak.  ``url`` is the server root; a path the profile already ends with (``/v1``,
-``/v2``) is not repeated.
+``/v2``) is not repeated.  Cohere also serves ``/v1/rerank`` (same request, same
+answer): a root ending in ``/v1`` is sent there, not to ``/v1/v2/rerank``.
 
 Scores: Cohere, Jina and Voyage document ``relevance_score`` in [0, 1]; TEI and
 Infinity apply the model's sigmoid unless asked for raw scores (we never ask);
@@ -78,6 +79,8 @@ class Dialect:
         score_key: The score field of one result.
         sends_model: Whether the request names ``model``.
         extra: Further fields sent with every request.
+        other_paths: Older versions of ``path`` the API still serves with the same
+            request and answer: a root that ends with their version is kept.
     """
 
     path: str
@@ -87,9 +90,12 @@ class Dialect:
     score_key: str = "relevance_score"
     sends_model: bool = True
     extra: tuple[tuple[str, Any], ...] = ()
+    other_paths: tuple[str, ...] = ()
 
 DIALECTS: dict[str, Dialect] = {
-    "cohere": Dialect("/v2/rerank"),
+    # Cohere serves POST /v1/rerank beside /v2/rerank (its v1 and v2 clients): the same
+    # model, query, documents and top_n, the same results[].relevance_score
+    "cohere": Dialect("/v2/rerank", other_paths=("/v1/rerank",)),
     "jina": Dialect("/v1/rerank", extra=(("return_documents", False),)),
     "tei": Dialect("/rerank", documents_key="texts", top_key=None, results_key=None,
                    score_key="score", sends_model=False,
@@ -110,11 +116,14 @@ def endpoint_url(base_url: str, dialect: Dialect) -> str:
         raise ConfigError(f"reranker.url must be an http(s) URL, got {public_url(base_url)!r}")
     refuse_url_credentials("reranker.url", base_url)
     base = base_url.rstrip("/")
-    if base.endswith(dialect.path):
-        return base
-    prefix = dialect.path.rsplit("/", 1)[0]  # "/v1", "/v2" or ""
-    if prefix and base.endswith(prefix):
-        base = base[: -len(prefix)]
+    paths = (dialect.path, *dialect.other_paths)
+    for path in paths:
+        if base.endswith(path):
+            return base
+    for path in paths:  # a root given with its version keeps it: ".../v1" -> ".../v1/rerank"
+        prefix = path.rsplit("/", 1)[0]  # "/v1", "/v2" or ""
+        if prefix and base.endswith(prefix):
+            return base[: -len(prefix)] + path
     return base + dialect.path
 
 def read_api_key(env_name: str) -> str | None:

@@ -77,6 +77,8 @@ class UpsertStats:
     forgotten: int = 0  # stored copies deleted because their author opted out, then edited
     expired: int = 0  # older than the guild's retention period: not stored
     misplaced: int = 0  # stored before in another channel: left out (the first channel wins)
+    tombstoned: int = 0  # deleted before (tombstoned): left out, they stay deleted
+    opted_out: int = 0  # by a member who opted out of the guild: not stored
 
 
 @dataclass(frozen=True)
@@ -346,15 +348,24 @@ class Guilds(Protocol):
         """
         ...
 
-    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None) -> dict[int, int]:
-        """The oldest creation time (unix ms) each guild with a retention period keeps.
+    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None, *,
+                          seen_ms: int | None = None) -> dict[int, int]:
+        """The oldest creation time (unix ms) each guild with a retention period keeps,
+        counted back from :meth:`retention_clock`.
 
         Args:
             guild_ids: Only these guilds; ``None``: every guild that set a period.
+            seen_ms: The newest creation time of the messages being stored.
 
         Returns:
             ``{guild_id: cutoff_ms}``; a guild that keeps everything is absent.
         """
+        ...
+
+    def retention_clock(self, seen_ms: int | None = None) -> int:
+        """The time retention counts from (unix ms): the host clock, unless it runs
+        far past the newest stored message's creation time and ``seen_ms`` — a host
+        clock years ahead must not expire everything (:mod:`memory.retention`)."""
         ...
 
     def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:

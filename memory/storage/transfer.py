@@ -7,11 +7,15 @@ windows, the message vectors (float32, never re-embedded) and the window vectors
 What an engine derives from them (SQLite's FTS5 tables and code statistics,
 PostgreSQL's keyword documents, totals and HNSW index) it rebuilds as rows arrive.
 
-The copy goes table by table in key order, one page per transaction, so it is
-**resumable**: run again after a kill, each table continues after the last key the
-target holds, and a row is never written twice.  At the end every table's row count
-and every vector (and window vector) are compared; :class:`TransferReport` says what
-differs, if anything.
+The copy goes table by table in key order, one page per transaction, comparing each
+page of the source with the same key range of the target: what the target lacks is
+written, what differs is overwritten, what the source no longer holds is deleted.  So
+it is **resumable** (run again after a kill: the rows already there are equal and
+left alone) and it **updates** an older copy (run again after the source changed:
+edits, older messages backfilled, forgotten messages and members, settings and
+opt-outs all reach the target; a forgotten message leaves the copy with everything
+derived from it).  At the end every table's row count and rows, vectors bit for bit,
+are compared; :class:`TransferReport` says what differs, if anything.
 """
 
 from __future__ import annotations
@@ -87,20 +91,33 @@ class Endpoint(Protocol):
         """Rows in ``table``."""
         ...
 
-    def last_key(self, table: Table) -> tuple | None:
-        """The greatest key in ``table`` (``None`` when empty)."""
-        ...
-
     def rows(self, table: Table, after: tuple | None, limit: int) -> list[tuple]:
         """Up to ``limit`` rows with a key greater than ``after``, in key order."""
         ...
 
-    def write(self, table: Table, rows: Sequence[tuple]) -> None:
-        """Insert rows (a key already there is left as it is) in one transaction."""
+    def write(self, table: Table, rows: Sequence[tuple], *, replace: bool = False) -> None:
+        """Store rows and what derives from them, in one transaction.
+
+        Args:
+            table: The table.
+            rows: Its rows, every column in order.
+            replace: The keys are there already with other values: overwrite them
+                (their old text leaves the file).  Otherwise a key already there is
+                left as it is.
+        """
         ...
 
-    def prepare(self) -> None:
-        """Get ready for a bulk load (e.g. put off building an index)."""
+    def remove(self, table: Table, keys: Sequence[tuple]) -> None:
+        """Delete rows by key, and what derives from them, for good, in one transaction.
+
+        Removing a message removes everything kept under its id (its index text,
+        vector and window vector) with it.
+        """
+        ...
+
+    def prepare(self, vectors: int) -> None:
+        """Get ready for a load that brings ``vectors`` message vectors (e.g. put off
+        building an index when the target holds few of them yet)."""
         ...
 
     def finish(self) -> None:
@@ -110,9 +127,11 @@ class Endpoint(Protocol):
 
 @dataclass
 class TransferReport:
-    """What a transfer copied, and whether the copy equals the source."""
+    """What a transfer wrote, and whether the copy equals the source."""
 
-    copied: dict[str, int] = field(default_factory=dict)
+    copied: dict[str, int] = field(default_factory=dict)  # rows the target did not hold
+    updated: dict[str, int] = field(default_factory=dict)  # rows it held with other values
+    removed: dict[str, int] = field(default_factory=dict)  # rows the source no longer holds
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # source, target
     differences: list[str] = field(default_factory=list)
 
@@ -122,22 +141,45 @@ class TransferReport:
         return not self.differences
 
 
+REFERENCED = ("guilds", "channels", "authors")
+"""Tables other rows point at: their rows the source no longer holds go last."""
+
+
 def transfer(source: Endpoint, target: Endpoint, *, source_name: str,
+             former_names: Sequence[str] = (),
              progress: Callable[[str, int], None] | None = None) -> TransferReport:
-    """Copy every table from ``source`` to ``target`` (resuming), then verify the copy.
+    """Bring ``target`` to what ``source`` holds now, then verify the copy.
+
+    Every table is compared in key order, page by page: rows the target lacks are
+    copied, rows that differ (an edit, a changed setting, a window that gained a
+    neighbour) are overwritten, and rows the source no longer holds (a forgotten
+    message, an opt-in, a removed channel rule) are deleted with what derives from
+    them.  So the same call fills an empty target, resumes a killed copy, and brings
+    an older copy up to date.
+
+    Args:
+        source: What to copy.
+        target: Where to; empty, or a copy this function made of ``source``.
+        source_name: How the source is named in the target's ``meta``.
+        former_names: Names an older version gave the same source (accepted, and
+            replaced by ``source_name``).
+        progress: Called with a table's name and the source rows just compared.
 
     Raises:
         DatabaseFileError: The target holds messages that are not a copy of this
             source (it is left unchanged).
     """
-    _claim_target(source, target, source_name)
+    _claim_target(source, target, source_name, former_names)
     model = source.storage.meta.embedding_model()
     if model is not None:
         target.storage.meta.bind_model(*model)
-    target.prepare()
+    target.prepare(source.count(BY_NAME["message_vectors"]))
     report = TransferReport()
+    late: dict[str, list[tuple]] = {}
     for table in TABLES:
-        report.copied[table.name] = _copy(source, target, table, progress)
+        late[table.name] = _sync(source, target, table, report, progress)
+    for name in reversed(REFERENCED):
+        _remove(target, BY_NAME[name], late[name], report)
     target.finish()
     verify(source, target, report)
     return report
@@ -148,46 +190,106 @@ def total_rows(source: Endpoint) -> int:
     return sum(source.count(table) for table in TABLES)
 
 
-def _claim_target(source: Endpoint, target: Endpoint, source_name: str) -> None:
+def _claim_target(source: Endpoint, target: Endpoint, source_name: str,
+                  former_names: Sequence[str]) -> None:
     marker = target.storage.meta.get(SOURCE_KEY)
     if marker is None and target.storage.messages.has_any():
         raise DatabaseFileError(
             "the target already holds messages that were not copied from this source; "
-            "migrate-db only fills an empty database (or resumes its own copy): give a new one")
-    if marker is not None and marker != source_name:
+            "migrate-db only fills an empty database (or updates its own copy): give a new one")
+    if marker is not None and marker != source_name and marker not in former_names:
         raise DatabaseFileError(
             f"the target is a copy of {marker}, not of {source_name}; give a new database")
-    if marker is None:
+    if marker != source_name:
         target.storage.meta.set(SOURCE_KEY, source_name)
 
 
-def _copy(source: Endpoint, target: Endpoint, table: Table,
-          progress: Callable[[str, int], None] | None) -> int:
-    # meta is small and the target has keys of its own there: always from the start
-    after = None if table.name == "meta" else target.last_key(table)
-    copied = 0
-    while rows := source.rows(table, after, PAGE):
-        after = tuple(rows[-1][:len(table.key)])
-        wanted = [row for row in rows if table.name != "meta" or row[0] not in ENGINE_META]
-        target.write(table, wanted)
-        copied += len(wanted)
+def _key(table: Table, row: tuple) -> tuple:
+    return tuple(row[:len(table.key)])
+
+
+def _sync(source: Endpoint, target: Endpoint, table: Table, report: TransferReport,
+          progress: Callable[[str, int], None] | None) -> list[tuple]:
+    """Make ``table`` in the target equal the source's, page by page.
+
+    Returns:
+        The keys to remove that other rows may still point at (:data:`REFERENCED`);
+        every other table's surplus is removed here, page by page.
+    """
+    for name in ("copied", "updated", "removed"):
+        getattr(report, name)[table.name] = 0
+    after: tuple | None = None
+    late: list[tuple] = []
+    while page := source.rows(table, after, PAGE):
+        upper = _key(table, page[-1])
+        theirs = _wanted(table, page)
+        ours = {_key(table, row): row for row in _rows_upto(target, table, after, upper)}
+        fresh = [row for row in theirs if _key(table, row) not in ours]
+        changed = [row for row in theirs
+                   if _key(table, row) in ours and not _same(row, ours[_key(table, row)])]
+        target.write(table, fresh)
+        target.write(table, changed, replace=True)
+        report.copied[table.name] += len(fresh)
+        report.updated[table.name] += len(changed)
+        wanted = {_key(table, row) for row in theirs}
+        late += _surplus(target, table, [k for k in ours if k not in wanted], report)
+        after = upper
         if progress:
-            progress(table.name, len(rows))
-    return copied
+            progress(table.name, len(page))
+    while rest := target.rows(table, after, PAGE):  # past the source's last key
+        after = _key(table, rest[-1])
+        late += _surplus(target, table, [_key(table, row) for row in rest], report)
+    return late
+
+
+def _wanted(table: Table, rows: list[tuple]) -> list[tuple]:
+    """The rows a copy takes: ``meta`` keeps each engine's facts about its own files."""
+    if table.name != "meta":
+        return rows
+    return [row for row in rows if row[0] not in ENGINE_META]
+
+
+def _surplus(target: Endpoint, table: Table, keys: list[tuple],
+             report: TransferReport) -> list[tuple]:
+    """Remove the target's rows the source does not hold, or return them to remove later."""
+    if table.name == "meta" or not keys:
+        return []  # the target's meta is its own (schema, engine facts)
+    if table.name in REFERENCED:
+        return keys
+    _remove(target, table, keys, report)
+    return []
+
+
+def _remove(target: Endpoint, table: Table, keys: list[tuple], report: TransferReport) -> None:
+    if keys:
+        target.remove(table, keys)
+        report.removed[table.name] = report.removed.get(table.name, 0) + len(keys)
+        log.info("migrate-db: removed %d rows of %s the source no longer holds", len(keys),
+                 table.name)
+
+
+def _rows_upto(target: Endpoint, table: Table, after: tuple | None, upper: tuple) -> list[tuple]:
+    """The target's rows with a key after ``after`` and up to ``upper``."""
+    found: list[tuple] = []
+    while page := target.rows(table, after, PAGE):
+        found += [row for row in page if _key(table, row) <= upper]
+        after = _key(table, page[-1])
+        if after >= upper:
+            break
+    return found
 
 
 def verify(source: Endpoint, target: Endpoint, report: TransferReport) -> None:
-    """Compare row counts, and every vector and window vector, bit for bit."""
+    """Compare every table's row count and rows (vectors bit for bit); ``meta`` aside."""
     for table in TABLES:
-        counts = (source.count(table), target.count(table))
         if table.name == "meta":
             continue  # each engine keeps facts of its own there
+        counts = (source.count(table), target.count(table))
         report.counts[table.name] = counts
         if counts[0] != counts[1]:
             report.differences.append(f"{table.name}: {counts[0]} rows in the source, "
                                       f"{counts[1]} in the target")
-    for name in ("message_vectors", "window_vectors", "messages", "search_text"):
-        _compare_rows(source, target, BY_NAME[name], report)
+        _compare_rows(source, target, table, report)
 
 
 def _compare_rows(source: Endpoint, target: Endpoint, table: Table, report: TransferReport) -> None:
@@ -195,13 +297,13 @@ def _compare_rows(source: Endpoint, target: Endpoint, table: Table, report: Tran
     differing = 0
     first: Any = None
     while theirs := source.rows(table, after, PAGE):
-        ours = {row[:len(table.key)]: row for row in target.rows(table, after, PAGE * 2)
-                if row[:len(table.key)] <= theirs[-1][:len(table.key)]}
+        upper = _key(table, theirs[-1])
+        ours = {_key(table, row): row for row in _rows_upto(target, table, after, upper)}
         for row in theirs:
-            if not _same(row, ours.get(row[:len(table.key)])):
+            if not _same(row, ours.get(_key(table, row))):
                 differing += 1
                 first = first or row[0]
-        after = tuple(theirs[-1][:len(table.key)])
+        after = upper
     if differing:
         report.differences.append(f"{table.name}: {differing} rows differ (first: {first})")
 

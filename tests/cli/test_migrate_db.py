@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,11 @@ import pytest
 from cli.app import main
 from memory.errors import DatabaseFileError
 from memory.filters import Filters
+from memory.records import MessageRecord
 from memory.storage import open_storage
 from memory.storage import transfer as transfer_module
 from tests.support.builders import BASE_MS, CHANNEL, GUILD, HashEmbedder, snowflake
+from tests.support.engines import inspect
 from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.postgres
@@ -101,6 +104,76 @@ def test_a_memory_moves_to_postgresql_and_back_unchanged(
     assert code == 0, err
 
 
+SECRET = "zanzibarquokka"  # one word, in one message of the member who asks to be forgotten
+
+
+def _record(i: int, content: str, author: int = 1) -> MessageRecord:
+    return MessageRecord(
+        id=snowflake(BASE_MS + i * 60_000, i), guild_id=GUILD, channel_id=CHANNEL + i % 2,
+        author_id=author, created_at=BASE_MS + i * 60_000, content=content,
+        author_name=f"user{author - 1}", author_display_name=f"User {author - 1}",
+        guild_name="G", channel_name=f"chan{i % 2}")
+
+
+def _use(location: str) -> list[int]:
+    """What a running bot does to a memory after it was copied: an edit, an older message
+    backfilled, a member's forget-me, a single forgotten message, settings, an opt-out,
+    more vectors.  Returns the ids forgotten."""
+    storage = open_storage(location)
+    try:
+        edited = _record(10, "message 10 edited: the kayak trip moved to june")
+        storage.messages.upsert([replace(edited, edited_at=BASE_MS + 10**8)])
+        storage.messages.upsert([_record(-40, "an older message about the pizza oven, backfilled")])
+        gone = [snowflake(BASE_MS + i * 60_000, i) for i in (*range(3, 300, 5), 301)]  # author 4
+        assert storage.forgetting.forget_member(GUILD, 4) == len(gone) - 1  # 3 went before
+        single = snowflake(BASE_MS + 20 * 60_000, 20)
+        storage.forgetting.forget_messages([single])
+        storage.guilds.update_settings(GUILD, channel_mode="include", retention_days=36_500,
+                                       remove_channel=CHANNEL + 5, opt_out=3, opt_in=77)
+        embedder = HashEmbedder(32)
+        pending = storage.backlog.pending(50)
+        storage.backlog.write_vectors(pending, embedder.embed([m.content for m in pending]))
+        return sorted({*gone, single})
+    finally:
+        storage.close()
+
+
+@pytest.mark.parametrize("direction", ["sqlite-to-postgresql", "postgresql-to-sqlite"])
+def test_a_rerun_brings_a_used_copy_up_to_date(
+    tmp_path: Path, postgres_url: Callable[..., str], capsys: pytest.CaptureFixture, direction: str
+) -> None:
+    sqlite, url = str(tmp_path / "memory.sqlite3"), postgres_url()
+    source, target = (sqlite, url) if direction == "sqlite-to-postgresql" else (url, sqlite)
+    _fill(source)
+    storage = open_storage(source)
+    storage.messages.upsert([_record(301, f"the {SECRET} is under the third stone", author=4)])
+    storage.close()
+    code, err = _migrate(capsys, source, target)
+    assert code == 0, err
+    forgotten = _use(source)
+    assert len(forgotten) > 10
+    code, err = _migrate(capsys, source, target)
+    assert code == 0, err
+    assert "every row count and every vector checked equal" in err
+    _same_memory(source, target)
+    for location in (source, target):
+        storage = open_storage(location, read_only=True)
+        try:
+            look = inspect(storage)
+            assert look.message_rows(forgotten) == 0 and look.index_rows(forgotten) == 0
+            assert look.tombstones(forgotten) == len(forgotten)
+            assert look.author_rows(4) == 0
+            assert storage.guilds.settings(GUILD).retention_days == 36_500
+            look.check_keyword_index()
+            look.check_vector_statistics()
+            assert look.orphan_window_vectors() == 0
+            assert SECRET.encode() not in look.contents()
+        finally:
+            storage.close()
+    code, err = _migrate(capsys, source, target)  # nothing changed since: still equal
+    assert code == 0, err
+
+
 def test_a_target_with_other_messages_is_refused(
     tmp_path: Path, postgres_url: Callable[..., str], capsys: pytest.CaptureFixture
 ) -> None:
@@ -113,13 +186,13 @@ def test_a_target_with_other_messages_is_refused(
 
 def _slow_migrate(source: str, target: str) -> None:
     transfer_module.PAGE = 20  # many small pages: the kill lands in the middle
-    original = transfer_module._copy
+    original = transfer_module._sync
 
     def slowly(*args, **kwargs):  # type: ignore[no-untyped-def]
         time.sleep(0.05)
         return original(*args, **kwargs)
 
-    transfer_module._copy = slowly
+    transfer_module._sync = slowly
     main(["migrate-db", source, target])
 
 
@@ -156,3 +229,29 @@ def test_a_killed_migration_resumes_and_ends_equal(
     code, err = _migrate(capsys, sqlite, url)
     assert code == 0, err
     _same_memory(sqlite, url)
+
+
+def test_a_sqlite_path_is_named_resolved_however_it_is_spelled(
+    tmp_path: Path, postgres_url: Callable[..., str], capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory.storage.postgres.connection import redact
+
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    absolute, url = str(tmp_path / "memory.sqlite3"), postgres_url()
+    _fill(absolute, 30)
+    code, err = _migrate(capsys, "../memory.sqlite3", url)
+    assert code == 0, err
+    assert f"everything {absolute} holds" in err and ":///" not in err
+    code, err = _migrate(capsys, absolute, url)  # the same file, spelled otherwise
+    assert code == 0, err
+    copy = open_storage(url)
+    assert copy.meta.get(transfer_module.SOURCE_KEY) == absolute
+    copy.meta.set(transfer_module.SOURCE_KEY, redact(absolute))  # as an older version kept it
+    copy.close()
+    code, err = _migrate(capsys, absolute, url)
+    assert code == 0, err
+    copy = open_storage(url, read_only=True)
+    assert copy.meta.get(transfer_module.SOURCE_KEY) == absolute
+    copy.close()

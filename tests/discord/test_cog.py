@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
@@ -255,6 +256,40 @@ async def test_retention_purges_old_messages(harness):
     assert "1 older messages forgotten" in h.adapter.followups[-1]["content"]
     assert h.engine.storage.messages.count() == 1
     assert h.engine.storage.guilds.settings(G).retention_days == 30
+
+
+class _HostClockAhead(datetime):
+    """``datetime.now`` of a host clock 20 years ahead."""
+
+    @classmethod
+    def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
+        return datetime.now(tz) + timedelta(days=7300)
+
+
+async def test_the_hourly_retention_pass_with_a_host_clock_far_ahead(harness, monkeypatch, caplog):
+    """Issue 31, item 5: with the host clock 20 years ahead the hourly pass forgot every
+    message; it counts from the newest message seen from Discord (its snowflake) now."""
+    h = harness
+    old = h.message_payload("an old message", author=(ALICE, "alice"), channel=GENERAL)
+    old_record = record_from_message(discord.Message(state=h.state, channel=h.guild.get_channel(
+        GENERAL), data=old))
+    h.engine.storage.messages.upsert([replace(old_record, created_at=datetime_to_ms(
+        datetime.now(timezone.utc) - timedelta(days=40)))])
+    await say(h, "a new message")
+    await settle(h)
+    h.engine.storage.guilds.update_settings(G, retention_days=30)
+    h.runtime.drop_all_settings()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 7300 * 86_400)
+    # every reader of the host clock sees it ahead (the starting commit's pass read this one)
+    monkeypatch.setattr("cogs.memory.runtime.datetime", _HostClockAhead, raising=False)
+
+    with caplog.at_level(logging.WARNING):
+        await h.runtime.enforce_retention()
+
+    assert h.engine.storage.messages.count() == 1  # the 40-day-old one went, the new one stays
+    assert h.runtime.discord_now_ms() is not None  # measured from the gateway message
+    assert "not from the host clock" in caplog.text
 
 
 async def test_deleted_channels_threads_and_guilds_are_forgotten(harness):

@@ -157,3 +157,58 @@ async def test_a_backfill_of_old_history_stores_only_what_retention_keeps(setup)
     assert h.engine.storage.messages.count() == 3
     assert not holds_text(h.engine.storage, "backfillmarker")
     assert h.engine.search("backfillmarker", guild_id=G).hits == []
+
+
+TWENTY_YEARS_S = 20 * 365 * 86_400
+
+
+def set_host_clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The host clock runs ``seconds`` ahead (Discord's clock, in the snowflakes, does not)."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + seconds)
+
+
+def test_a_host_clock_far_ahead_expires_nothing_the_period_keeps(
+    engine: MemoryEngine, aged: Callable[..., MessageRecord], make_record: Callable[..., MessageRecord],
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31, item 5: a clock 20 years ahead expired every message (the hourly pass
+    forgot them all, an upsert left every new one out, a search hid everything)."""
+    kept = [aged(f"heron note {age}", age) for age in (1, 10, 29)]
+    engine.ingest([*kept, aged("walrus fortyfivemarker", 45)])
+    engine.storage.guilds.update_settings(GUILD, retention_days=30)
+    fresh = make_record("a new heron sighting", created_at=days_ago(0))
+    set_host_clock_ahead(monkeypatch, TWENTY_YEARS_S)
+
+    stats = engine.ingest([fresh])
+    assert (stats.inserted, stats.expired) == (1, 0)
+    assert len(engine.search("heron", guild_id=GUILD, mode="keyword").hits) == 4
+    with caplog.at_level("WARNING", logger="memory.engine"):
+        removed = engine.forget_expired(GUILD, 30)
+
+    assert removed == 1  # the 45-day-old one, by Discord's clock
+    assert engine.storage.messages.count() == 4
+    assert not holds_text(engine.storage, "fortyfivemarker")
+    assert "not from the host clock" in caplog.text and "7300" in caplog.text
+
+
+def test_discords_clock_from_the_gateway_moves_retention_on(
+    engine: MemoryEngine, aged: Callable[..., MessageRecord], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing stored for over a year and the host clock 20 years ahead: the newest
+    stored message alone keeps everything; Discord's clock measured from the gateway
+    lets retention count from Discord's now."""
+    engine.ingest([aged("heron note", 400), aged("older heron note", 410)])
+    discord_now = days_ago(0)
+    set_host_clock_ahead(monkeypatch, TWENTY_YEARS_S)
+    assert engine.forget_expired(GUILD, 30) == 0  # counted from 400 days ago
+    assert engine.forget_expired(GUILD, 30, discord_now_ms=discord_now) == 2
+    assert engine.storage.messages.count() == 0
+
+
+def test_a_quiet_guild_still_expires_by_the_host_clock(
+    engine: MemoryEngine, aged: Callable[..., MessageRecord]
+) -> None:
+    """A host clock a few weeks past the newest message is believed: the guild was quiet."""
+    engine.ingest([aged("heron note", 40), aged("older heron note", 50)])
+    assert engine.forget_expired(GUILD, 30) == 2

@@ -96,9 +96,26 @@ def test_every_dialect_scores_in_input_order(dialect, monkeypatch):
         assert request.body["top_n"] == len(DOCS)
 
 
+@pytest.mark.parametrize("suffix, path", [("", "/v2/rerank"), ("/v2", "/v2/rerank"),
+                                          ("/v1", "/v1/rerank"), ("/v1/", "/v1/rerank")])
+def test_a_cohere_root_with_its_version_is_asked_at_that_versions_path(suffix, path, monkeypatch):
+    """Issue 31, item 8: the README says a trailing /v1 is fine, but a Cohere root ending
+    in /v1 was sent to /v1/v2/rerank.  Cohere serves /v1/rerank and /v2/rerank alike."""
+    monkeypatch.setenv("RERANK_TEST_KEY", KEY)
+    with StubServer(answering("cohere")) as server:
+        backend = RerankApiBackend(config(server.url + suffix, "cohere",
+                                          api_key_env="RERANK_TEST_KEY"))
+        backend.load()
+        assert backend.score(QUERY, DOCS) == [relevance(QUERY, d) for d in DOCS]
+    assert [r.path for r in server.requests] == [path]
+    assert server.requests[0].body["model"] == "rerank-test"
+
+
 @pytest.mark.parametrize("base, dialect, expected", [
     ("https://api.cohere.com", "cohere", "https://api.cohere.com/v2/rerank"),
     ("https://api.cohere.com/v2/", "cohere", "https://api.cohere.com/v2/rerank"),
+    ("https://api.cohere.com/v1", "cohere", "https://api.cohere.com/v1/rerank"),
+    ("https://api.cohere.com/v1/rerank", "cohere", "https://api.cohere.com/v1/rerank"),
     ("https://api.jina.ai/v1", "jina", "https://api.jina.ai/v1/rerank"),
     ("http://127.0.0.1:8080/v1/rerank", "jina", "http://127.0.0.1:8080/v1/rerank"),
     ("http://tei:80", "tei", "http://tei:80/rerank"),

@@ -15,9 +15,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from memory.errors import SettingsError
+from memory.retention import retention_now
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 from memory.storage.contract import BackfillCursor, ReconcileCursor
-from memory.storage.postgres.database import DAY_MS, PostgresDatabase, lock_guilds, now_ms
+from memory.storage.postgres.database import DAY_MS, PostgresDatabase, lock_guilds
 
 SETTINGS_VERSION = "settings_version"  # meta: moved by every settings or opt-out change
 
@@ -90,15 +91,27 @@ class PostgresGuilds:
             settings_changed(conn)
         return self.settings(guild_id)
 
-    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None) -> dict[int, int]:
-        """The oldest creation time (unix ms) each guild with a retention period keeps."""
-        sql = (f"SELECT guild_id, %s - retention_days::bigint * {DAY_MS} FROM guild_settings "
-               "WHERE retention_days IS NOT NULL")
-        params: list[Any] = [now_ms()]
+    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None, *,
+                          seen_ms: int | None = None) -> dict[int, int]:
+        """The oldest creation time (unix ms) each guild with a retention period keeps,
+        counted from :meth:`retention_clock`."""
+        sql = "SELECT guild_id, retention_days FROM guild_settings WHERE retention_days IS NOT NULL"
+        params: list[Any] = []
         if guild_ids is not None:
             sql += " AND guild_id = ANY(%s::bigint[])"
             params.append(sorted({int(g) for g in guild_ids}))
-        return {row[0]: int(row[1]) for row in self._db.read(sql, params)}
+        rows = self._db.read(sql, params)
+        if not rows:
+            return {}
+        now = self.retention_clock(seen_ms)
+        return {guild: now - int(days) * DAY_MS for guild, days in rows}
+
+    def retention_clock(self, seen_ms: int | None = None) -> int:
+        """The time retention counts from (:func:`memory.retention.retention_now`): the
+        host clock, unless it runs far past the newest stored message and ``seen_ms``."""
+        newest = self._db.read("SELECT max((SELECT max(created_at) FROM messages "
+                               "WHERE guild_id = g.id)) FROM guilds g")[0][0]
+        return retention_now(None if newest is None else int(newest), seen_ms)
 
     def backfill_cursor(self, channel_id: int) -> BackfillCursor | None:
         """How far a backfill of this channel got, or ``None`` if none started."""

@@ -23,7 +23,6 @@ from memory.storage.postgres.database import (
     PostgresDatabase,
     lock_guilds,
     lock_ids,
-    now_ms,
     unlock_ids,
 )
 from memory.storage.postgres.forgetting import PostgresForgetting
@@ -76,7 +75,9 @@ class PostgresMessages:
 
     def _write(self, conn: Any, records: list[MessageRecord], *, insert: bool) -> UpsertStats:
         records, expired = self._within_retention(records)
+        current = len(records)
         records, withheld = self._admissible(conn, records)
+        tombstoned = current - len(records) - len(withheld)
         existing, stored_in = self._existing(conn, [r.id for r in [*records, *withheld]])
         if not insert:
             records = [r for r in records if r.id in existing]
@@ -118,10 +119,12 @@ class PostgresMessages:
             self._forgetting.edited(conn, edited)
         windows.reindex(conn, touched)
         forgotten = self._forgetting.forget_in(conn, withdrawn)
-        return UpsertStats(inserted, updated, unchanged, forgotten, expired, len(misplaced))
+        return UpsertStats(inserted, updated, unchanged, forgotten, expired, len(misplaced),
+                           tombstoned=tombstoned, opted_out=len(withheld))
 
     def _within_retention(self, records: list[MessageRecord]) -> tuple[list[MessageRecord], int]:
-        cutoffs = self._guilds.retention_cutoffs({r.guild_id for r in records})
+        cutoffs = self._guilds.retention_cutoffs({r.guild_id for r in records},
+                                                 seen_ms=max(r.created_at for r in records))
         if not cutoffs:
             return records, 0
         kept = [r for r in records if r.created_at >= cutoffs.get(r.guild_id, r.created_at)]
@@ -167,7 +170,7 @@ class PostgresMessages:
             "LEFT JOIN guild_settings s ON s.guild_id = m.guild_id "
             "WHERE m.id = ANY(%s) AND (s.retention_days IS NULL "
             f"OR m.created_at >= %s - s.retention_days::bigint * {DAY_MS})",
-            (list(ids), now_ms()))
+            (list(ids), self._guilds.retention_clock()))
         return {row[0]: StoredMessage(**message_fields(row)) for row in rows}
 
     def neighbours(self, channel_id: int, message_id: int, before: int, after: int) -> list[int]:

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from memory.storage.postgres import PostgresStorage, vectors, windows
-from memory.storage.transfer import BOOLEANS, Table
+from memory.storage.postgres import PostgresStorage, keywords, vectors, windows
+from memory.storage.transfer import BOOLEANS, BY_NAME, Table
 
 
 class PostgresEndpoint:
@@ -38,14 +38,6 @@ class PostgresEndpoint:
             return 0
         return int(self._db.read(f"SELECT count(*) FROM {table.name}")[0][0])
 
-    def last_key(self, table: Table) -> tuple | None:
-        """The greatest key in ``table``."""
-        if table.name == "message_vectors" and not self._vectors():
-            return None
-        order = ", ".join(f"{k} DESC" for k in table.key)
-        rows = self._db.read(f"SELECT {', '.join(table.key)} FROM {table.name} ORDER BY {order} LIMIT 1")
-        return tuple(rows[0]) if rows else None
-
     def rows(self, table: Table, after: tuple | None, limit: int) -> list[tuple]:
         """Up to ``limit`` rows after ``after``, in key order (0/1 for booleans, vectors
         as float32 bytes)."""
@@ -64,11 +56,11 @@ class PostgresEndpoint:
             return [(row[0], bytes(row[1])) for row in rows]
         return [tuple(row) for row in rows]
 
-    def write(self, table: Table, rows: Sequence[tuple]) -> None:
-        """Insert ``rows`` (keys already there are kept) and what derives from them."""
+    def write(self, table: Table, rows: Sequence[tuple], *, replace: bool = False) -> None:
+        """Store ``rows`` and what derives from them: keys already there are kept, or
+        with ``replace`` overwritten (their keyword documents rewritten)."""
         if not rows:
             return
-        values = ", ".join("%s::int::boolean" if c in BOOLEANS else "%s" for c in table.columns)
         if table.name == "message_vectors":
             rows = [(*row[:6], np.frombuffer(bytes(row[6]), dtype=np.float32)) for row in rows]
         with self._db.write() as conn:
@@ -79,11 +71,9 @@ class PostgresEndpoint:
                     f"SELECT {table.key[0]} FROM {table.name} WHERE {table.key[0]} = ANY(%s)",
                     (keys,))}
                 new = set(keys) - known
-            conn.cursor().executemany(
-                f"INSERT INTO {table.name}({', '.join(table.columns)}) VALUES ({values}) "
-                "ON CONFLICT DO NOTHING", rows)
+            conn.cursor().executemany(_insert(table, replace), rows)
             if table.name == "search_text":
-                _index_documents(conn, [row for row in rows if row[0] in new])
+                _index_documents(conn, [row for row in rows if replace or row[0] in new])
             elif table.name == "message_vectors":
                 counts: dict[int, int] = {}
                 for row in rows:
@@ -91,9 +81,32 @@ class PostgresEndpoint:
                         counts[row[1]] = counts.get(row[1], 0) + 1
                 vectors._count(conn, counts)
 
-    def prepare(self) -> None:
-        """Drop the HNSW index while vectors arrive (nobody searches a copy in progress)."""
+    def remove(self, table: Table, keys: Sequence[tuple]) -> None:
+        """Delete rows by key for good; a message takes its index text, keyword
+        documents, vector and window vector with it."""
+        if not keys:
+            return
+        ids = [key[0] for key in keys]
+        with self._db.write() as conn:
+            if table.name in ("messages", "message_vectors"):
+                _delete_vectors(conn, ids)
+            if table.name in ("messages", "search_text"):
+                conn.execute("DELETE FROM search_text WHERE id = ANY(%s)", (ids,))
+                keywords.delete_documents(conn, ids)
+            if table.name == "messages":
+                conn.execute("DELETE FROM window_vectors WHERE id = ANY(%s)", (ids,))
+                conn.execute("DELETE FROM embedding_claims WHERE message_id = ANY(%s)", (ids,))
+            if table.name not in ("message_vectors", "search_text"):
+                where = " AND ".join(f"{k} = %s" for k in table.key)
+                conn.cursor().executemany(f"DELETE FROM {table.name} WHERE {where}", keys)
+
+    def prepare(self, vectors: int | None = None) -> None:
+        """Drop the HNSW index while most of ``vectors`` are still to arrive (nobody
+        searches a copy in progress); a copy being brought up to date keeps it.
+        ``None``: drop it whatever the table holds."""
         if not self._vectors():
+            return
+        if vectors is not None and self.count(BY_NAME["message_vectors"]) * 2 > vectors:
             return
         with self._db.write() as conn:
             for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = "
@@ -102,12 +115,35 @@ class PostgresEndpoint:
                 conn.execute(f"DROP INDEX {name}")
 
     def finish(self) -> None:
-        """Build the HNSW index over every vector."""
+        """Build the HNSW index over every vector (where :meth:`prepare` dropped it)."""
         model = self.storage.meta.embedding_model()
         if model is None:
             return
         with self._db.write() as conn:
             vectors.create_index(conn, model[1], self.storage.vectors.index)
+
+
+def _insert(table: Table, replace: bool) -> str:
+    """The INSERT of ``table``'s rows: keys already there kept, or overwritten."""
+    values = ", ".join("%s::int::boolean" if c in BOOLEANS else "%s" for c in table.columns)
+    head = f"INSERT INTO {table.name}({', '.join(table.columns)}) VALUES ({values})"
+    others = [c for c in table.columns if c not in table.key]
+    if not replace or not others:
+        return f"{head} ON CONFLICT DO NOTHING"
+    updates = ", ".join(f"{c} = excluded.{c}" for c in others)
+    return f"{head} ON CONFLICT ({', '.join(table.key)}) DO UPDATE SET {updates}"
+
+
+def _delete_vectors(conn: Any, ids: Sequence[int]) -> None:
+    """Delete these messages' vectors (where stored) and count them out of ``index_stats``
+    (the window vectors are copied, not recomputed)."""
+    if not vectors.vector_table_exists(conn):
+        return
+    counts: dict[int, int] = {}
+    for (guild_id,) in conn.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s) "
+                                    "RETURNING guild_id", (list(ids),)):
+        counts[guild_id] = counts.get(guild_id, 0) - 1
+    vectors._count(conn, counts)
 
 
 def _index_documents(conn: Any, rows: Sequence[tuple]) -> None:

@@ -13,10 +13,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from memory.errors import SettingsError
+from memory.retention import retention_now
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 from memory.storage.contract import BackfillCursor, ReconcileCursor
 from memory.storage.sqlite.connection import IN_IDS, id_list
-from memory.storage.sqlite.database import DAY_MS, SQLiteDatabase, now_ms
+from memory.storage.sqlite.database import DAY_MS, SQLiteDatabase
 
 _LISTS = {
     "add_channel": ("channel_rules", "channel_id"),
@@ -85,22 +86,35 @@ class SQLiteGuilds:
             settings_changed(conn)
         return self.settings(guild_id)
 
-    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None) -> dict[int, int]:
+    def retention_cutoffs(self, guild_ids: Iterable[int] | None = None, *,
+                          seen_ms: int | None = None) -> dict[int, int]:
         """The oldest creation time (unix ms) each guild with a retention period keeps.
 
         Args:
             guild_ids: Only these guilds; ``None``: every guild that set a period.
+            seen_ms: The newest creation time of the messages being stored (it
+                vouches for Discord's clock: :func:`memory.retention.retention_now`).
 
         Returns:
             ``{guild_id: cutoff_ms}``; a guild that keeps everything is absent.
         """
-        sql = (f"SELECT guild_id, ? - retention_days * {DAY_MS} FROM guild_settings "
-               "WHERE retention_days IS NOT NULL")
-        params: list[Any] = [now_ms()]
+        sql = "SELECT guild_id, retention_days FROM guild_settings WHERE retention_days IS NOT NULL"
+        params: list[Any] = []
         if guild_ids is not None:
             sql += f" AND guild_id {IN_IDS}"
             params.append(id_list(guild_ids))
-        return {row[0]: row[1] for row in self._db.read(sql, params)}
+        rows = self._db.read(sql, params)
+        if not rows:
+            return {}
+        now = self.retention_clock(seen_ms)
+        return {guild: now - days * DAY_MS for guild, days in rows}
+
+    def retention_clock(self, seen_ms: int | None = None) -> int:
+        """The time retention counts from (:func:`memory.retention.retention_now`): the
+        host clock, unless it runs far past the newest stored message and ``seen_ms``."""
+        newest = self._db.read("SELECT max((SELECT max(created_at) FROM messages "
+                               "WHERE guild_id = g.id)) FROM guilds g")[0][0]
+        return retention_now(newest, seen_ms)
 
     def opted_out(self) -> set[tuple[int, int]]:
         """``(guild_id, author_id)`` of every member who opted out of a guild.

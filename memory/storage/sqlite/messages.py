@@ -19,7 +19,7 @@ from memory.storage.contract import GuildStats, UpsertStats
 from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAME
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.connection import IN_IDS, id_list
-from memory.storage.sqlite.database import DAY_MS, SQLiteDatabase, now_ms
+from memory.storage.sqlite.database import DAY_MS, SQLiteDatabase
 from memory.storage.sqlite.forgetting import SQLiteForgetting, expand_channels
 from memory.storage.sqlite.guilds import SQLiteGuilds
 
@@ -84,7 +84,9 @@ class SQLiteMessages:
         # imports of the same export) cannot insert the same ids in between
         with self._db.write() as conn:
             records, expired = self._within_retention(records)
+            current = len(records)
             records, withheld = self._admissible(records)
+            tombstoned = current - len(records) - len(withheld)
             existing, stored_in = self._existing([r.id for r in [*records, *withheld]])
             if not insert:
                 records = [r for r in records if r.id in existing]
@@ -102,7 +104,8 @@ class SQLiteMessages:
             withdrawn = [r.id for r in withheld if _newer_version(r, existing.get(r.id))]
             inserted, updated, unchanged = self._write(conn, records, existing, stored_in)
             forgotten = self._forgetting.forget_in(conn, withdrawn)
-        return UpsertStats(inserted, updated, unchanged, forgotten, expired, len(misplaced))
+        return UpsertStats(inserted, updated, unchanged, forgotten, expired, len(misplaced),
+                           tombstoned=tombstoned, opted_out=len(withheld))
 
     def _write(
         self, conn: Any, records: list[MessageRecord], existing: dict[int, tuple],
@@ -143,7 +146,8 @@ class SQLiteMessages:
 
     def _within_retention(self, records: list[MessageRecord]) -> tuple[list[MessageRecord], int]:
         """Leave out messages older than their guild's retention period; count them."""
-        cutoffs = self._guilds.retention_cutoffs({r.guild_id for r in records})
+        cutoffs = self._guilds.retention_cutoffs({r.guild_id for r in records},
+                                                 seen_ms=max(r.created_at for r in records))
         if not cutoffs:
             return records, 0
         kept = [r for r in records if r.created_at >= cutoffs.get(r.guild_id, r.created_at)]
@@ -201,7 +205,7 @@ class SQLiteMessages:
             "LEFT JOIN guild_settings s ON s.guild_id = m.guild_id "
             f"WHERE m.id {IN_IDS} AND (s.retention_days IS NULL "
             f"OR m.created_at >= ? - s.retention_days * {DAY_MS})",
-            (id_list(ids), now_ms()),
+            (id_list(ids), self._guilds.retention_clock()),
         )
         return {row[0]: StoredMessage(**message_fields(row)) for row in rows}
 

@@ -34,17 +34,6 @@ class SQLiteEndpoint:
             return 0
         return int(self._db.read(f"SELECT count(*) FROM {table.name}")[0][0])
 
-    def last_key(self, table: Table) -> tuple | None:
-        """The greatest key in ``table``."""
-        if table.name == "message_vectors":
-            if not self._vectors():
-                return None
-            row = self._db.read("SELECT max(message_id) FROM message_vectors")[0]
-            return None if row[0] is None else tuple(row)
-        order = ", ".join(f"{k} DESC" for k in table.key)
-        rows = self._db.read(f"SELECT {', '.join(table.key)} FROM {table.name} ORDER BY {order} LIMIT 1")
-        return tuple(rows[0]) if rows else None
-
     def rows(self, table: Table, after: tuple | None, limit: int) -> list[tuple]:
         """Up to ``limit`` rows after ``after``, in key order (vectors as float32 bytes)."""
         if table.name == "message_vectors":
@@ -75,28 +64,77 @@ class SQLiteEndpoint:
             start = ids[-1]
         return found[:limit]
 
-    def write(self, table: Table, rows: Sequence[tuple]) -> None:
-        """Insert ``rows`` (keys already there are kept) in one transaction."""
+    def write(self, table: Table, rows: Sequence[tuple], *, replace: bool = False) -> None:
+        """Store ``rows`` in one transaction: keys already there are kept, or with
+        ``replace`` overwritten (their old text leaves the file)."""
         if not rows:
             return
         rows = [_ints(table, row) for row in rows]
-        with self._db.write() as conn:
+        with self._db.write() as conn, self._db.erasing(conn, _texts(table, rows, replace)):
+            if replace:
+                self._db.erased()
             if table.name == "message_vectors":
+                if replace:
+                    _delete_vectors(conn, [row[0] for row in rows])
                 _write_vectors(conn, rows)
                 return
-            conn.executemany(
-                f"INSERT OR IGNORE INTO {table.name}({', '.join(table.columns)}) "
-                f"VALUES ({', '.join('?' * len(table.columns))})", rows)
+            conn.executemany(_insert(table, replace), rows)
 
-    def prepare(self) -> None:
+    def remove(self, table: Table, keys: Sequence[tuple]) -> None:
+        """Delete rows by key for good; a message takes its index text, vector and
+        window vector with it (the keyword index lets go of their words at once)."""
+        if not keys:
+            return
+        with self._db.write() as conn, self._db.erasing(conn, _texts(table, keys, True)):
+            self._db.erased()
+            if table.name in ("messages", "message_vectors"):
+                _delete_vectors(conn, [key[0] for key in keys])
+            if table.name == "messages":
+                for other in ("search_text", "window_vectors", "embedding_claims"):
+                    conn.executemany(f"DELETE FROM {other} WHERE {_KEYS[other]} = ?", keys)
+            if table.name != "message_vectors":
+                where = " AND ".join(f"{k} = ?" for k in table.key)
+                conn.executemany(f"DELETE FROM {table.name} WHERE {where}", keys)
+
+    def prepare(self, vectors: int) -> None:
         """Nothing to put off: vec0 has no index to build."""
 
     def finish(self) -> None:
         """Nothing was put off."""
 
 
+def _texts(table: Table, rows: Sequence[tuple], erasing: bool) -> int:
+    """How many indexed texts a write erases (a large erase rebuilds the keyword index)."""
+    return len(rows) if erasing and table.name in ("messages", "search_text") else 0
+
+
+_KEYS = {"search_text": "id", "window_vectors": "id", "embedding_claims": "message_id"}
+
+
+def _insert(table: Table, replace: bool) -> str:
+    """The INSERT of ``table``'s rows: keys already there kept, or overwritten (an
+    UPDATE, so that ``search_text``'s trigger re-indexes the row)."""
+    values = ", ".join("?" * len(table.columns))
+    head = f"INSERT INTO {table.name}({', '.join(table.columns)}) VALUES ({values})"
+    others = [c for c in table.columns if c not in table.key]
+    if not replace or not others:
+        return f"{head} ON CONFLICT DO NOTHING"
+    updates = ", ".join(f"{c} = excluded.{c}" for c in others)
+    return f"{head} ON CONFLICT({', '.join(table.key)}) DO UPDATE SET {updates}"
+
+
 def _ints(table: Table, row: tuple) -> tuple:
     return tuple(int(v) if c in BOOLEANS and v is not None else v for c, v in zip(table.columns, row))
+
+
+def _delete_vectors(conn: Any, ids: Sequence[int]) -> None:
+    """Delete these messages' vectors (where stored) and subtract their code bits."""
+    if not table_columns(conn):
+        return
+    found = [row for mid in ids for row in conn.execute(
+        "SELECT message_id, guild_id, embedding FROM message_vectors WHERE message_id = ?", (mid,))]
+    count_codes(conn, ((g, np.frombuffer(blob, dtype=np.float32)) for _, g, blob in found), -1)
+    conn.executemany("DELETE FROM message_vectors WHERE message_id = ?", [(row[0],) for row in found])
 
 
 def _write_vectors(conn: Any, rows: Sequence[tuple]) -> None:
