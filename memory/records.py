@@ -111,9 +111,10 @@ class PendingMessage(StoredMessage):
 
     The antecedent is the message it replies to if that is stored in the same
     channel, else the previous message in the channel (``None`` for the first
-    message of a channel).
+    message of a channel); ``antecedent_id`` says which message that was.
     """
 
+    antecedent_id: int | None = None
     antecedent_author: str | None = None
     antecedent_content: str | None = None
 

@@ -441,9 +441,11 @@ class Backlog(Protocol):
         """Store one vector per pending message and mark them embedded, atomically.
 
         A message deleted or edited since it was read is skipped: its vector would
-        be an orphan or describe the old text.  An edited one stays pending and is
-        embedded again with its new text.  With ``owner``, a message another
-        embedder has claimed meanwhile (``owner``'s claim expired) is skipped too,
+        be an orphan or describe the old text.  So is one whose antecedent was
+        deleted, edited or forgotten meanwhile (a vector is a fact about every text
+        it was made from: :mod:`memory.storage.pending`).  Such a message stays
+        pending and is embedded again from its current texts.  With ``owner``, a
+        message another embedder has claimed meanwhile (``owner``'s claim expired) is skipped too,
         and ``owner``'s claims on these messages are released.  Each message's
         window vector (:class:`VectorIndex`) follows.
 

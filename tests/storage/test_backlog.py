@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import datetime, timezone
 
 import numpy as np
 import pytest
@@ -210,3 +211,81 @@ def test_two_embedders_never_embed_the_same_message(
     edited = replace(records[200], content="an edited message about bicycles")
     engines[0].ingest([edited])
     inspector(storage).check_vector_statistics()
+
+
+class BlockingEmbedder(HashEmbedder):
+    """Once armed, holds its next batch until the test releases it, so a change lands
+    mid-embed; records every text embedded while armed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.texts: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not self.armed:
+            return super().embed(texts)
+        self.texts.extend(texts)
+        if not self.started.is_set():
+            self.started.set()
+            assert self.release.wait(30), "the test never released the embedder"
+        return super().embed(texts)
+
+
+def _remove_antecedent(engine: MemoryEngine, antecedent: MessageRecord, how: str) -> None:
+    if how == "delete":
+        engine.forget_messages([antecedent.id])
+    elif how == "edit":
+        engine.storage.messages.upsert([replace(antecedent, content="nothing to see here")])
+    elif how == "forget-me":
+        engine.forget_member(GUILD, antecedent.author_id)
+    elif how == "retention":
+        engine.forget_older_than(GUILD, datetime.fromtimestamp(
+            (antecedent.created_at + 3_600_000) / 1000, tz=timezone.utc))
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["delete", "edit", "forget-me", "retention"])
+@pytest.mark.parametrize("embedding_handle", ["same", "second"])
+def test_a_vector_is_never_written_from_an_antecedent_removed_mid_embed(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str,
+    how: str, embedding_handle: str,
+) -> None:
+    """Issue 30.2: a short line is embedded with its antecedent's text; when that text is
+    deleted, edited or forgotten while the pass that read it runs, the neighbour's vector
+    must not keep it, whichever storage handle (process) embeds."""
+    blocking = BlockingEmbedder()
+    engine = make_engine(tmp_db, blocking)
+    embedding = make_engine(tmp_db, blocking) if embedding_handle == "second" else engine
+    secret = make_record("the vault code is pineapple", author_id=7, age_days=3)
+    engine.ingest([secret])
+    short = make_record("agreed", author_id=2, age_days=1)
+    engine.storage.messages.upsert([short])
+    blocking.armed = True
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            embedding.embed_pending()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert blocking.started.wait(30)
+    assert "pineapple" in blocking.texts[0]  # the pass read the antecedent
+    _remove_antecedent(engine, secret, how)
+    blocking.release.set()
+    thread.join(30)
+    assert errors == []
+    # the neighbour went back to the backlog and was embedded again from current text
+    assert engine.storage.backlog.pending_count() == 0
+    assert not any("pineapple" in text for text in blocking.texts[1:])
+    last = [text for text in blocking.texts if text.startswith("User2:")][-1]
+    assert "pineapple" not in last
+    stored = stored_vector(engine.storage, short.id)
+    assert stored is not None
+    np.testing.assert_allclose(stored, HashEmbedder().embed([last])[0], atol=1e-6)

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from memory.records import PendingMessage
+from memory.storage.pending import pending_message, still_current
 from memory.storage.postgres import connection, vectors
 from memory.storage.postgres.database import PostgresDatabase, lock_guilds, now_ms
-from memory.storage.postgres.messages import AUTHOR_NAME, message_fields, split_attachments
+from memory.storage.postgres.messages import AUTHOR_NAME, message_fields
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +122,15 @@ class PostgresBacklog:
         self, messages: Sequence[PendingMessage], vectors_: np.ndarray, *, owner: str | None = None
     ) -> None:
         """Store one vector per pending message and mark them embedded, atomically
-        (skipping those deleted, edited or claimed by another meanwhile)."""
+        (skipping those deleted, edited, whose antecedent changed, or claimed by another
+        meanwhile: :func:`memory.storage.pending.still_current`)."""
         if len(messages) != len(vectors_):
             raise ValueError("one vector per message is required")
         matrix = np.ascontiguousarray(vectors_, dtype=np.float32)
         with self._db.write() as conn:
             lock_guilds(conn, {m.guild_id for m in messages})
             self._meta.check_model_unchanged()  # inside: no reembed can slip in before the write
-            current = _unchanged_since_read(conn, messages)
+            current = still_current(messages, self._reread(messages))
             if owner is not None:
                 current -= _claimed_by_others(conn, messages, owner)
             rows = [(m.id, m.guild_id, m.channel_id, m.author_id, m.created_at,
@@ -139,6 +141,10 @@ class PostgresBacklog:
             if owner is not None:
                 conn.execute("DELETE FROM embedding_claims WHERE owner = %s AND message_id = ANY(%s)",
                              (owner, [m.id for m in messages]))
+
+    def _reread(self, messages: Sequence[PendingMessage]) -> list[PendingMessage]:
+        """``messages`` as stored now (inside a write: as that transaction sees them)."""
+        return self._pending_where("m.id = ANY(%s)", ([m.id for m in messages],))
 
     def _pending_where(self, where: str, params: Sequence[Any]) -> list[PendingMessage]:
         rows = self._db.read(
@@ -152,19 +158,14 @@ class PostgresBacklog:
                JOIN channels c ON c.id = m.channel_id
                WHERE {where}""", params)
         antecedents = self._antecedents([row[10] for row in rows if row[10] is not None])
-        return [
-            PendingMessage(**message_fields(row),
-                           antecedent_author=antecedents.get(row[10], (None, None))[0],
-                           antecedent_content=antecedents.get(row[10], (None, None))[1])
-            for row in rows
-        ]
+        return [pending_message(message_fields(row), antecedents.get(row[10])) for row in rows]
 
-    def _antecedents(self, ids: list[int]) -> dict[int, tuple[str, str]]:
+    def _antecedents(self, ids: list[int]) -> dict[int, tuple[int, str, str]]:
         if not ids:
             return {}
         rows = self._db.read(f"SELECT m.id, {AUTHOR_NAME}, m.content FROM messages m "
                              "JOIN authors a ON a.id = m.author_id WHERE m.id = ANY(%s)", (ids,))
-        return {row[0]: (row[1], row[2]) for row in rows}
+        return {row[0]: (row[0], row[1], row[2]) for row in rows}
 
 
 def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str) -> set[int]:
@@ -172,10 +173,3 @@ def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str
         "SELECT message_id FROM embedding_claims WHERE owner <> %s AND expires_at > %s "
         "AND message_id = ANY(%s)", (owner, now_ms(), [m.id for m in messages]))}
 
-
-def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
-    """Ids of ``messages`` still stored with the text and attachments they were read with."""
-    stored = {mid: (content, split_attachments(attachments)) for mid, content, attachments in
-              conn.execute("SELECT id, content, attachments FROM messages WHERE id = ANY(%s)",
-                           ([m.id for m in messages],))}
-    return {m.id for m in messages if stored.get(m.id) == (m.content, m.attachments)}

@@ -18,13 +18,13 @@ import numpy as np
 
 from memory.records import PendingMessage
 from memory.storage import claims
+from memory.storage.pending import pending_message, still_current
 from memory.storage.sqlite.connection import IN_IDS, id_list
 from memory.storage.sqlite.database import SQLiteDatabase, now_ms
 from memory.storage.sqlite.messages import (
     AUTHOR_NAME,
     MESSAGE_COLUMNS,
     message_fields,
-    split_attachments,
 )
 from memory.storage.sqlite.meta import SQLiteMeta
 from memory.storage.sqlite.vectors import Vec0Table
@@ -104,17 +104,18 @@ class SQLiteBacklog:
         """Store one vector per pending message and mark them embedded, atomically.
 
         A message deleted or edited since it was read is skipped: its vector would
-        be an orphan or describe the old text.  An edited one stays pending and is
-        embedded again with its new text.  With ``owner``, a message another
-        embedder has claimed meanwhile (``owner``'s claim expired) is skipped too,
-        and ``owner``'s claims on these messages are released.
+        be an orphan or describe the old text; so is one whose antecedent (or author
+        name) changed meanwhile (:func:`memory.storage.pending.still_current`).  An
+        edited one stays pending and is embedded again from its current texts.  With
+        ``owner``, a message another embedder has claimed meanwhile (``owner``'s claim
+        expired) is skipped too, and ``owner``'s claims on these messages are released.
         """
         if len(messages) != len(vectors):
             raise ValueError("one vector per message is required")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         with self._db.write() as conn:
             self._meta.check_model_unchanged()  # inside: no reembed can slip in before the write
-            current = _unchanged_since_read(conn, messages)
+            current = still_current(messages, self._reread(messages))
             if owner is not None:
                 current -= _claimed_by_others(conn, messages, owner)
             rows = [
@@ -132,6 +133,10 @@ class SQLiteBacklog:
                     (owner, id_list(m.id for m in messages)),
                 )
 
+    def _reread(self, messages: Sequence[PendingMessage]) -> list[PendingMessage]:
+        """``messages`` as stored now (inside a write: as that transaction sees them)."""
+        return self._pending_where(f"m.id {IN_IDS}", (id_list(m.id for m in messages),))
+
     def _pending_where(self, where: str, params: Sequence[Any]) -> list[PendingMessage]:
         rows = self._db.read(
             f"""SELECT {MESSAGE_COLUMNS},
@@ -146,21 +151,16 @@ class SQLiteBacklog:
             params,
         )
         antecedents = self._antecedents([row[10] for row in rows if row[10] is not None])
-        return [
-            PendingMessage(**message_fields(row),
-                           antecedent_author=antecedents.get(row[10], (None, None))[0],
-                           antecedent_content=antecedents.get(row[10], (None, None))[1])
-            for row in rows
-        ]
+        return [pending_message(message_fields(row), antecedents.get(row[10])) for row in rows]
 
-    def _antecedents(self, ids: list[int]) -> dict[int, tuple[str, str]]:
-        """The author (as shown) and text of each of ``ids``."""
+    def _antecedents(self, ids: list[int]) -> dict[int, tuple[int, str, str]]:
+        """The id, author (as shown) and text of each of ``ids``."""
         rows = self._db.read(
             f"SELECT m.id, {AUTHOR_NAME}, m.content FROM messages m "
             f"JOIN authors a ON a.id = m.author_id WHERE m.id {IN_IDS}",
             (id_list(ids),),
         )
-        return {row[0]: (row[1], row[2]) for row in rows}
+        return {row[0]: (row[0], row[1], row[2]) for row in rows}
 
 
 def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str) -> set[int]:
@@ -170,14 +170,3 @@ def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str
         (owner, now_ms(), id_list(m.id for m in messages)),
     )}
 
-
-def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
-    """Ids of ``messages`` still stored with the text and attachments they were read with."""
-    stored = {
-        mid: (content, split_attachments(attachments))
-        for mid, content, attachments in conn.execute(
-            f"SELECT id, content, attachments FROM messages WHERE id {IN_IDS}",
-            (id_list(m.id for m in messages),),
-        )
-    }
-    return {m.id for m in messages if stored.get(m.id) == (m.content, m.attachments)}
