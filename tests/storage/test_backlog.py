@@ -3,11 +3,15 @@ vector for text that changed or went while it was embedded; antecedents."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +25,7 @@ from tests.support.inspection import Inspector
 from tests.support.storage import row_counts, stored_vector
 
 MakeRecord = Callable[..., MessageRecord]
+ROOT = Path(__file__).resolve().parents[2]
 Inspect = Callable[[Storage], Inspector]
 
 
@@ -289,3 +294,37 @@ def test_a_vector_is_never_written_from_an_antecedent_removed_mid_embed(
     stored = stored_vector(engine.storage, short.id)
     assert stored is not None
     np.testing.assert_allclose(stored, HashEmbedder().embed([last])[0], atol=1e-6)
+
+
+CLAIMER_ON_ANOTHER_HOST = """
+import sys, time
+from memory.storage import claims, open_storage
+claims._HOST = "pod-before-the-reschedule"  # the container that was killed had another name
+storage = open_storage(sys.argv[1])
+batch = storage.backlog.claim(int(sys.argv[2]), owner=claims.process_owner())
+print(len(batch), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_embedder_from_another_host_name_is_finished_by_the_next_run(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str
+) -> None:
+    """Issue 31.6: after ``kill -9`` the container comes back with a new host name; the
+    very next embed finishes the dead one's claimed batch, not 600 s later."""
+    engine = make_engine(tmp_db, CountingEmbedder())
+    engine.storage.messages.upsert([make_record(f"message {i} of the import") for i in range(300)])
+    child = subprocess.Popen([sys.executable, "-c", CLAIMER_ON_ANOTHER_HOST, tmp_db, "256"],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "256"
+        assert engine.embed_pending() == 300 - 256  # a live claimer's batch is left alone
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert engine.embed_pending() == 256  # the very next run
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert engine.storage.backlog.pending_count() == 0
+    assert len(engine.embedder.texts) == len(set(engine.embedder.texts)) == 300  # each once

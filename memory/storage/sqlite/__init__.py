@@ -103,5 +103,6 @@ class SQLiteStorage:
         )
 
     def close(self) -> None:
-        """Close the database's connections."""
+        """Let go of the claim owners' locks and close the database's connections."""
+        self.backlog.close()
         self.database.close()

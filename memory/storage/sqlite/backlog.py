@@ -46,6 +46,7 @@ class SQLiteBacklog:
         self._db = database
         self._meta = meta
         self._table = table
+        self._locks = claims.OwnerLocks(database.location)
 
     def pending_count(self) -> int:
         """How many stored messages have no vector yet."""
@@ -67,18 +68,21 @@ class SQLiteBacklog:
 
         A message claimed by another embedder is left out until its claim is
         released (:meth:`write_vectors`, :meth:`release`), its process ends
-        (:mod:`memory.storage.claims`: a killed embedder's batch is back at once), or
-        the claim expires after ``ttl_s`` (an owner on another host), so concurrent
+        (:mod:`memory.storage.claims`: a killed embedder's batch is back at once, on
+        this host or from one gone, by its lock), or the claim expires after ``ttl_s``
+        (where no lock could be seen), so concurrent
         embedders share the backlog instead of repeating each other's work.
 
         Args:
             owner: A name from :func:`memory.storage.claims.process_owner`.
         """
+        self._locks.hold(owner)  # before any claim row names it: alive while it runs
         now = now_ms()
         with self._db.write() as conn:
             conn.execute("DELETE FROM embedding_claims WHERE expires_at <= ?", (now,))
-            dead = [row[0] for row in conn.execute("SELECT DISTINCT owner FROM embedding_claims")
-                    if claims.is_dead(row[0])]
+            owners = [row[0] for row in conn.execute("SELECT DISTINCT owner FROM embedding_claims")]
+            dead = [o for o in owners if claims.is_dead(o)]
+            dead += self._locks.ended([o for o in owners if o not in dead])
             if dead:
                 log.info("taking back the embedding claims of %d ended processes", len(dead))
                 conn.execute(f"DELETE FROM embedding_claims WHERE owner {IN_IDS}", (json.dumps(dead),))
@@ -97,6 +101,11 @@ class SQLiteBacklog:
         if not self._db.read_only:
             with self._db.write() as conn:
                 conn.execute("DELETE FROM embedding_claims WHERE owner = ?", (owner,))
+        self._locks.release(owner)
+
+    def close(self) -> None:
+        """Let go of every owner's lock (their claims are taken back by the next claim)."""
+        self._locks.close()
 
     def write_vectors(
         self, messages: Sequence[PendingMessage], vectors: np.ndarray, *, owner: str | None = None
