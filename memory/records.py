@@ -119,6 +119,20 @@ class PendingMessage(StoredMessage):
     antecedent_content: str | None = None
 
 
+@dataclass(frozen=True)
+class SetAside:
+    """A message the embedder failed on, kept out of the backlog so it blocks nothing.
+
+    It stays stored and keyword-searchable; an edit of it, another embedding model or
+    ``reembed`` tries it again.  ``set_at`` is unix ms.
+    """
+
+    message_id: int
+    model: str
+    reason: str
+    set_at: int
+
+
 @dataclass
 class Hit(StoredMessage):
     """One search result: the stored message and every stage's score.

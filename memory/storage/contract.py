@@ -40,14 +40,14 @@ vector of another embedding model
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from memory.filters import Filters
-from memory.records import MessageRecord, PendingMessage, StoredMessage
+from memory.records import MessageRecord, PendingMessage, SetAside, StoredMessage
 from memory.settings import GuildSettings
 
 __all__ = [
@@ -118,6 +118,7 @@ class StoreStats:
     authors: int
     messages: int
     pending_embeddings: int
+    set_aside_embeddings: int
     embedding_model: str | None
     embedding_dim: int | None
     active_profile: str | None
@@ -454,6 +455,32 @@ class Backlog(Protocol):
             EmbeddingModelChanged: Another process re-embedded the database with
                 another model (:meth:`Meta.model_changed`); nothing is written.
         """
+        ...
+
+
+    def set_aside(self, failures: Mapping[int, str], *, model: str) -> None:
+        """Take messages out of the backlog that ``model`` failed to embed.
+
+        A message that makes the embedder fail must not block the backlog for good:
+        it is set aside (message id -> the reason, logged by the caller), stays
+        stored and keyword-searchable, and is tried again when it is edited, by
+        another model, or by :meth:`retry_set_aside` (``reembed``).  Ids no longer
+        stored are ignored; claims on these messages are dropped.
+        """
+        ...
+
+    def set_aside_messages(self, limit: int = 100) -> list[SetAside]:
+        """Up to ``limit`` set-aside messages, oldest first, with model and reason."""
+        ...
+
+    def set_aside_count(self) -> int:
+        """How many messages are set aside (not counted in :meth:`pending_count`)."""
+        ...
+
+    def retry_set_aside(self, *, keep_model: str | None = None) -> int:
+        """Put the set-aside messages back in the backlog (with ``keep_model``, only
+        those another model failed on); returns how many.  Writes nothing when there
+        are none, so a read-only database is fine."""
         ...
 
 

@@ -3,6 +3,7 @@ vector for text that changed or went while it was embedded; antecedents."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import memory.engine
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.storage import Storage
+from memory.text import EMBED_CHARS
 from tests.support.builders import GUILD, HashEmbedder
 from tests.support.inspection import Inspector
 from tests.support.storage import row_counts, stored_vector
@@ -328,3 +330,87 @@ def test_a_killed_embedder_from_another_host_name_is_finished_by_the_next_run(
             child.wait()
     assert engine.storage.backlog.pending_count() == 0
     assert len(engine.embedder.texts) == len(set(engine.embedder.texts)) == 300  # each once
+
+
+def test_an_embedder_reads_a_few_thousand_characters_of_a_huge_message(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    """Issue 31.2: the backlog hands the embedder at most EMBED_CHARS of a message (and
+    of its antecedent), whatever it holds; the stored text stays whole."""
+    huge = make_record("start " + "x" * 3_000_000, attachments=tuple(f"f{i}.png" for i in range(9000)))
+    reply = make_record("ok", age_days=0.5)
+    engine.storage.messages.upsert([huge, reply])
+    pending = {m.id: m for m in engine.storage.backlog.pending(10)}
+    assert len(pending[huge.id].content) == EMBED_CHARS and pending[huge.id].content.startswith("start ")
+    assert len("\n".join(pending[huge.id].attachments)) <= EMBED_CHARS
+    assert len(pending[reply.id].antecedent_content or "") == EMBED_CHARS
+    assert engine.embed_pending() == 2
+    assert engine.storage.messages.hydrate([huge.id])[huge.id].content == huge.content
+
+
+class PoisonedEmbedder(HashEmbedder):
+    """Fails on any batch holding a text with ``poison`` in it, as a tokenizer running
+    out of memory on one message would; ``seen`` lists every text it was given."""
+
+    def __init__(self, poison: str = "poison", model_id: str | None = None) -> None:
+        super().__init__(model_id=model_id)
+        self.poison = poison
+        self.seen: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.seen.extend(texts)
+        if any(self.poison in text for text in texts):
+            raise MemoryError("the tokenizer ran out of memory")
+        return super().embed(texts)
+
+
+def test_a_message_the_embedder_fails_on_is_set_aside_not_retried_for_ever(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 31.2: one message that makes the embedder fail no longer blocks the backlog;
+    it is set aside with a logged reason, stays stored and keyword-searchable, and an
+    edit, another model or a reembed tries it again."""
+    embedder = PoisonedEmbedder()
+    engine = make_engine(tmp_db, embedder)
+    records = [make_record(f"note {i} about the garden", age_days=2 - i / 100) for i in range(20)]
+    bad = make_record("a poison pill about the garden shed", age_days=1.5)
+    engine.storage.messages.upsert([*records, bad])
+    with caplog.at_level(logging.WARNING, logger="memory.engine"):
+        assert engine.embed_pending() == 21  # the batch went through; one of it set aside
+    assert f"message {bad.id} set aside from embedding: MemoryError" in caplog.text
+    backlog = engine.storage.backlog
+    assert backlog.pending_count() == 0 and backlog.set_aside_count() == 1
+    (aside,) = backlog.set_aside_messages()
+    assert (aside.message_id, aside.model) == (bad.id, embedder.model_id)
+    assert "ran out of memory" in aside.reason
+    assert engine.storage.stats().set_aside_embeddings == 1
+    assert all(stored_vector(engine.storage, r.id) is not None for r in records)
+    hits = engine.search("shed", guild_id=GUILD, mode="keyword").hits
+    assert [h.id for h in hits] == [bad.id]  # not lost: stored and keyword-searchable
+    embedder.seen.clear()
+    assert engine.embed_pending() == 0 and embedder.seen == []  # not tried again and again
+    # an edit tries it again
+    engine.storage.messages.upsert([replace(bad, content="a poison pill, edited")])
+    assert backlog.set_aside_count() == 0 and backlog.pending_count() == 1
+    assert engine.embed_pending() == 1 and backlog.set_aside_count() == 1
+    # so do another model and a reembed
+    other = make_engine(tmp_db, PoisonedEmbedder(poison="nothing matches", model_id="test/other"),
+                        check_model=False)
+    assert other.reembed() == 21 and other.storage.backlog.set_aside_count() == 0
+    assert engine.reembed() == 21 and backlog.set_aside_count() == 1
+    engine.forget_messages([bad.id])  # a deleted message leaves the list too
+    assert backlog.set_aside_count() == 0
+
+
+def test_a_broken_embedder_sets_nothing_aside(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord
+) -> None:
+    """When every message fails alone and a plain sentence fails too, the embedder is
+    at fault, not the messages: the error is raised, nothing is set aside."""
+    engine = make_engine(embedder=PoisonedEmbedder(poison=""))  # "" is in every text
+    engine.storage.messages.upsert([make_record("one"), make_record("two")])
+    with pytest.raises(MemoryError):
+        engine.embed_pending()
+    assert engine.storage.backlog.set_aside_count() == 0
+    assert engine.storage.backlog.pending_count() == 2

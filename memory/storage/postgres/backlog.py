@@ -19,21 +19,27 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from memory.records import PendingMessage
+from memory.records import PendingMessage, SetAside
 from memory.storage.pending import pending_message, still_current
 from memory.storage.postgres import connection, vectors
 from memory.storage.postgres.database import PostgresDatabase, lock_guilds, now_ms
 from memory.storage.postgres.messages import AUTHOR_NAME, message_fields
+from memory.text import EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
-_COLUMNS = (f"m.id, m.guild_id, m.channel_id, m.author_id, {AUTHOR_NAME}, m.content, "
-            "m.created_at, c.name, m.reply_to_id, m.attachments")
+# what an embedder reads of a message: a few thousand characters at most, whatever it
+# holds (memory.text.EMBED_CHARS), so one huge message cannot fill the memory
+_COLUMNS = (f"m.id, m.guild_id, m.channel_id, m.author_id, {AUTHOR_NAME}, "
+            f"substr(m.content, 1, {EMBED_CHARS}), m.created_at, c.name, m.reply_to_id, "
+            f"substr(m.attachments, 1, {EMBED_CHARS})")
+# not set aside after the embedder failed on it (SetAside)
+_KEPT = "NOT EXISTS (SELECT 1 FROM embedding_set_aside s WHERE s.message_id = m.id)"
 
 
 def owner_key(owner: str) -> int:
@@ -53,12 +59,14 @@ class PostgresBacklog:
 
     def pending_count(self) -> int:
         """How many stored messages have no vector yet."""
-        return int(self._db.read("SELECT count(*) FROM messages WHERE NOT embedded")[0][0])
+        return int(self._db.read(
+            f"SELECT count(*) FROM messages m WHERE NOT m.embedded AND {_KEPT}")[0][0])
 
     def pending(self, limit: int) -> list[PendingMessage]:
         """Up to ``limit`` unembedded messages, oldest first, with their antecedent
         (same channel only); nothing is claimed."""
-        return self._pending_where("NOT m.embedded ORDER BY m.id LIMIT %s", (int(limit),))
+        return self._pending_where(f"NOT m.embedded AND {_KEPT} ORDER BY m.id LIMIT %s",
+                                   (int(limit),))
 
     def claim(self, limit: int, *, owner: str, ttl_s: float = 600.0) -> list[PendingMessage]:
         """Claim up to ``limit`` unembedded messages for ``owner`` and return them."""
@@ -67,7 +75,7 @@ class PostgresBacklog:
         with self._db.write() as conn:
             self._take_back(conn, now)
             candidates = [row[0] for row in conn.execute(
-                "SELECT m.id FROM messages m WHERE NOT m.embedded AND NOT EXISTS "
+                f"SELECT m.id FROM messages m WHERE NOT m.embedded AND {_KEPT} AND NOT EXISTS "
                 "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
                 "ORDER BY m.id LIMIT %s FOR UPDATE OF m SKIP LOCKED", (int(limit),))]
             ids = [row[0] for row in conn.execute(
@@ -110,6 +118,39 @@ class PostgresBacklog:
             session = self._owners.pop(owner, None)
         if session is not None:
             session.close()  # the advisory lock ends with the session
+
+    def set_aside(self, failures: Mapping[int, str], *, model: str) -> None:
+        """Take messages ``model`` failed to embed out of the backlog (see the contract)."""
+        ids = list(failures)
+        with self._db.write() as conn:
+            conn.execute(
+                "INSERT INTO embedding_set_aside(message_id, model, reason, set_at) "
+                "SELECT f.id, %s, f.reason, %s FROM unnest(%s::bigint[], %s::text[]) "
+                "AS f(id, reason) JOIN messages m ON m.id = f.id "
+                "ON CONFLICT (message_id) DO UPDATE SET model = excluded.model, "
+                "reason = excluded.reason, set_at = excluded.set_at",
+                (model, now_ms(), ids, [failures[i] for i in ids]))
+            conn.execute("DELETE FROM embedding_claims WHERE message_id = ANY(%s)", (ids,))
+
+    def set_aside_messages(self, limit: int = 100) -> list[SetAside]:
+        """The messages set aside, oldest first (see the contract)."""
+        return [SetAside(*row) for row in self._db.read(
+            "SELECT message_id, model, reason, set_at FROM embedding_set_aside "
+            "ORDER BY set_at, message_id LIMIT %s", (int(limit),))]
+
+    def set_aside_count(self) -> int:
+        """How many messages are set aside."""
+        return int(self._db.read("SELECT count(*) FROM embedding_set_aside")[0][0])
+
+    def retry_set_aside(self, *, keep_model: str | None = None) -> int:
+        """Put set-aside messages back in the backlog (see the contract)."""
+        where, params = ("model <> %s", (keep_model,)) if keep_model else ("true", ())
+        if self._db.read_only or not self._db.read(
+                f"SELECT 1 FROM embedding_set_aside WHERE {where} LIMIT 1", params):
+            return 0
+        with self._db.write() as conn:
+            return int(conn.execute(f"DELETE FROM embedding_set_aside WHERE {where}",
+                                    params).rowcount)
 
     def close(self) -> None:
         """End every owner's session (their claims are taken back by the next claim)."""
@@ -163,7 +204,8 @@ class PostgresBacklog:
     def _antecedents(self, ids: list[int]) -> dict[int, tuple[int, str, str]]:
         if not ids:
             return {}
-        rows = self._db.read(f"SELECT m.id, {AUTHOR_NAME}, m.content FROM messages m "
+        rows = self._db.read(f"SELECT m.id, {AUTHOR_NAME}, substr(m.content, 1, {EMBED_CHARS}) "
+                             "FROM messages m "
                              "JOIN authors a ON a.id = m.author_id WHERE m.id = ANY(%s)", (ids,))
         return {row[0]: (row[0], row[1], row[2]) for row in rows}
 

@@ -11,25 +11,30 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from memory.records import PendingMessage
+from memory.records import PendingMessage, SetAside
 from memory.storage import claims
 from memory.storage.pending import pending_message, still_current
 from memory.storage.sqlite.connection import IN_IDS, id_list
 from memory.storage.sqlite.database import SQLiteDatabase, now_ms
-from memory.storage.sqlite.messages import (
-    AUTHOR_NAME,
-    MESSAGE_COLUMNS,
-    message_fields,
-)
+from memory.storage.sqlite.messages import AUTHOR_NAME, message_fields
 from memory.storage.sqlite.meta import SQLiteMeta
 from memory.storage.sqlite.vectors import Vec0Table
+from memory.text import EMBED_CHARS
 
 log = logging.getLogger(__name__)
+
+# what an embedder reads of a message: a few thousand characters at most, whatever it
+# holds (memory.text.EMBED_CHARS), so one huge message cannot fill the memory
+_COLUMNS = (f"m.id, m.guild_id, m.channel_id, m.author_id, {AUTHOR_NAME}, "
+            f"substr(m.content, 1, {EMBED_CHARS}), m.created_at, c.name, m.reply_to_id, "
+            f"substr(m.attachments, 1, {EMBED_CHARS})")
+# not set aside after the embedder failed on it (SetAside)
+_KEPT = "NOT EXISTS (SELECT 1 FROM embedding_set_aside s WHERE s.message_id = m.id)"
 
 
 class SQLiteBacklog:
@@ -50,7 +55,7 @@ class SQLiteBacklog:
 
     def pending_count(self) -> int:
         """How many stored messages have no vector yet."""
-        return self._db.read("SELECT count(*) FROM messages WHERE embedded = 0")[0][0]
+        return self._db.read(f"SELECT count(*) FROM messages m WHERE m.embedded = 0 AND {_KEPT}")[0][0]
 
     def pending(self, limit: int) -> list[PendingMessage]:
         """Return up to ``limit`` unembedded messages, oldest first, with their antecedent.
@@ -61,7 +66,7 @@ class SQLiteBacklog:
         reply: a search by that text would tell readers of this channel what the
         other said.  Nothing is claimed: an embedder uses :meth:`claim`.
         """
-        return self._pending_where("m.embedded = 0 ORDER BY m.id LIMIT ?", (limit,))
+        return self._pending_where(f"m.embedded = 0 AND {_KEPT} ORDER BY m.id LIMIT ?", (limit,))
 
     def claim(self, limit: int, *, owner: str, ttl_s: float = 600.0) -> list[PendingMessage]:
         """Claim up to ``limit`` unembedded messages for ``owner`` and return them.
@@ -87,7 +92,7 @@ class SQLiteBacklog:
                 log.info("taking back the embedding claims of %d ended processes", len(dead))
                 conn.execute(f"DELETE FROM embedding_claims WHERE owner {IN_IDS}", (json.dumps(dead),))
             ids = [row[0] for row in conn.execute(
-                "SELECT m.id FROM messages m WHERE m.embedded = 0 AND NOT EXISTS "
+                f"SELECT m.id FROM messages m WHERE m.embedded = 0 AND {_KEPT} AND NOT EXISTS "
                 "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
                 "ORDER BY m.id LIMIT ?", (limit,))]
             conn.executemany(
@@ -102,6 +107,36 @@ class SQLiteBacklog:
             with self._db.write() as conn:
                 conn.execute("DELETE FROM embedding_claims WHERE owner = ?", (owner,))
         self._locks.release(owner)
+
+    def set_aside(self, failures: Mapping[int, str], *, model: str) -> None:
+        """Take messages ``model`` failed to embed out of the backlog (see the contract)."""
+        now = now_ms()
+        with self._db.write() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO embedding_set_aside(message_id, model, reason, set_at) "
+                "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)",
+                [(mid, model, reason, now, mid) for mid, reason in failures.items()])
+            conn.execute(f"DELETE FROM embedding_claims WHERE message_id {IN_IDS}",
+                         (id_list(failures),))
+
+    def set_aside_messages(self, limit: int = 100) -> list[SetAside]:
+        """The messages set aside, oldest first (see the contract)."""
+        return [SetAside(*row) for row in self._db.read(
+            "SELECT message_id, model, reason, set_at FROM embedding_set_aside "
+            "ORDER BY set_at, message_id LIMIT ?", (limit,))]
+
+    def set_aside_count(self) -> int:
+        """How many messages are set aside."""
+        return int(self._db.read("SELECT count(*) FROM embedding_set_aside")[0][0])
+
+    def retry_set_aside(self, *, keep_model: str | None = None) -> int:
+        """Put set-aside messages back in the backlog (see the contract)."""
+        where, params = ("model != ?", (keep_model,)) if keep_model else ("1", ())
+        if self._db.read_only or not self._db.read(
+                f"SELECT 1 FROM embedding_set_aside WHERE {where} LIMIT 1", params):
+            return 0
+        with self._db.write() as conn:
+            return conn.execute(f"DELETE FROM embedding_set_aside WHERE {where}", params).rowcount
 
     def close(self) -> None:
         """Let go of every owner's lock (their claims are taken back by the next claim)."""
@@ -148,7 +183,7 @@ class SQLiteBacklog:
 
     def _pending_where(self, where: str, params: Sequence[Any]) -> list[PendingMessage]:
         rows = self._db.read(
-            f"""SELECT {MESSAGE_COLUMNS},
+            f"""SELECT {_COLUMNS},
                       COALESCE(
                         (SELECT r.id FROM messages r WHERE r.id = m.reply_to_id
                            AND r.channel_id = m.channel_id),
@@ -165,7 +200,7 @@ class SQLiteBacklog:
     def _antecedents(self, ids: list[int]) -> dict[int, tuple[int, str, str]]:
         """The id, author (as shown) and text of each of ``ids``."""
         rows = self._db.read(
-            f"SELECT m.id, {AUTHOR_NAME}, m.content FROM messages m "
+            f"SELECT m.id, {AUTHOR_NAME}, substr(m.content, 1, {EMBED_CHARS}) FROM messages m "
             f"JOIN authors a ON a.id = m.author_id WHERE m.id {IN_IDS}",
             (id_list(ids),),
         )
