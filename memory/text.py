@@ -72,8 +72,10 @@ def query_terms(text: str, max_terms: int = 32) -> list[str]:
 
 def content_words(text: str) -> int:
     """How many words of ``text`` carry content (not stopwords, not chat filler)."""
+    # finditer, not findall: a 50 MB message would be a list of millions of words
     return sum(
-        1 for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS and t not in CHAT_FILLER
+        1 for match in _TOKEN.finditer(text.lower())
+        if match[0] not in STOPWORDS and match[0] not in CHAT_FILLER
     )
 
 
