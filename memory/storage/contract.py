@@ -422,9 +422,11 @@ class Backlog(Protocol):
 
         A message claimed by another embedder is left out until its claim is
         released (:meth:`write_vectors`, :meth:`release`), its process ends
-        (:mod:`memory.storage.claims`: a killed embedder's batch is back at once), or
-        the claim expires after ``ttl_s`` (an owner on another host), so concurrent
-        embedders share the backlog instead of repeating each other's work.
+        (:mod:`memory.storage.claims`: a killed embedder's batch is back at once, also
+        when it comes back under a new host name: a claimer holds a lock the system
+        drops when it dies), or the claim expires after ``ttl_s`` (where no lock can
+        be seen), so concurrent embedders share the backlog instead of repeating each
+        other's work.
 
         Args:
             owner: A name from :func:`memory.storage.claims.process_owner`.

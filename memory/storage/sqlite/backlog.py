@@ -73,10 +73,10 @@ class SQLiteBacklog:
 
         A message claimed by another embedder is left out until its claim is
         released (:meth:`write_vectors`, :meth:`release`), its process ends
-        (:mod:`memory.storage.claims`: a killed embedder's batch is back at once, on
-        this host or from one gone, by its lock), or the claim expires after ``ttl_s``
-        (where no lock could be seen), so concurrent
-        embedders share the backlog instead of repeating each other's work.
+        (:mod:`memory.storage.claims`: a killed embedder's batch is back at once, also
+        under a new host name, by its lock), or the claim expires after ``ttl_s``
+        (where no lock can be seen), so concurrent embedders share the backlog
+        instead of repeating each other's work.
 
         Args:
             owner: A name from :func:`memory.storage.claims.process_owner`.
