@@ -193,7 +193,8 @@ class MemoryEngine:
                 for one chunk, not the whole backlog); the rest stays pending.
 
         Returns:
-            How many messages were embedded.
+            How many messages were embedded (a message the embedder failed on is set
+            aside instead: :meth:`_embed_batch`).
         """
         backlog = self.storage.backlog
         backlog.retry_set_aside(keep_model=self.embedder.model_id)  # another model failed
@@ -208,7 +209,7 @@ class MemoryEngine:
             ):
                 embedded, vectors = self._embed_batch(batch)
                 backlog.write_vectors(embedded, vectors, owner=owner)
-                done += len(batch)
+                done += len(embedded)  # not those set aside
                 if progress:
                     progress(len(batch))
         finally:

@@ -377,7 +377,7 @@ def test_a_message_the_embedder_fails_on_is_set_aside_not_retried_for_ever(
     bad = make_record("a poison pill about the garden shed", age_days=1.5)
     engine.storage.messages.upsert([*records, bad])
     with caplog.at_level(logging.WARNING, logger="memory.engine"):
-        assert engine.embed_pending() == 21  # the batch went through; one of it set aside
+        assert engine.embed_pending() == 20  # the batch went through; one of it set aside
     assert f"message {bad.id} set aside from embedding: MemoryError" in caplog.text
     backlog = engine.storage.backlog
     assert backlog.pending_count() == 0 and backlog.set_aside_count() == 1
@@ -393,12 +393,12 @@ def test_a_message_the_embedder_fails_on_is_set_aside_not_retried_for_ever(
     # an edit tries it again
     engine.storage.messages.upsert([replace(bad, content="a poison pill, edited")])
     assert backlog.set_aside_count() == 0 and backlog.pending_count() == 1
-    assert engine.embed_pending() == 1 and backlog.set_aside_count() == 1
+    assert engine.embed_pending() == 0 and backlog.set_aside_count() == 1
     # so do another model and a reembed
     other = make_engine(tmp_db, PoisonedEmbedder(poison="nothing matches", model_id="test/other"),
                         check_model=False)
     assert other.reembed() == 21 and other.storage.backlog.set_aside_count() == 0
-    assert engine.reembed() == 21 and backlog.set_aside_count() == 1
+    assert engine.reembed() == 20 and backlog.set_aside_count() == 1
     engine.forget_messages([bad.id])  # a deleted message leaves the list too
     assert backlog.set_aside_count() == 0
 
