@@ -20,6 +20,8 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
+
 from memory import retention
 from memory.config import Profile
 from memory.context import Context, TokenCounter, assemble_context, token_counter_for
@@ -222,9 +224,11 @@ class MemoryEngine:
                 for one chunk, not the whole backlog); the rest stays pending.
 
         Returns:
-            How many messages were embedded.
+            How many messages were embedded (a message the embedder failed on is set
+            aside instead: :meth:`_embed_batch`).
         """
         backlog = self.storage.backlog
+        backlog.retry_set_aside(keep_model=self.embedder.model_id)  # another model failed
         if backlog.pending_count() == 0:
             return 0
         self.storage.meta.bind_model(self.embedder.model_id, self.embedder.dimension)
@@ -234,15 +238,66 @@ class MemoryEngine:
             while not (stop is not None and stop.is_set()) and (
                 batch := backlog.claim(EMBED_CHUNK, owner=owner)
             ):
-                vectors = self.embedder.embed([self.embedding_text(m) for m in batch])
-                backlog.write_vectors(batch, vectors, owner=owner)
-                done += len(batch)
+                embedded, vectors = self._embed_batch(batch)
+                backlog.write_vectors(embedded, vectors, owner=owner)
+                done += len(embedded)  # not those set aside
                 if progress:
                     progress(len(batch))
         finally:
             backlog.release(owner)
         log.info("embedded %d messages", done)
         return done
+
+    def _embed_batch(
+        self, batch: list[PendingMessage]
+    ) -> tuple[list[PendingMessage], np.ndarray]:
+        """Embed a claimed batch; the messages the embedder fails on are set aside.
+
+        When the batch fails, each message is tried alone, so one message the
+        embedder cannot take never blocks the backlog (issue 31, item 2).  When all
+        fail alone and a plain probe sentence fails too, the embedder itself is
+        broken: the batch's error is raised and nothing is set aside.
+
+        Returns:
+            The messages embedded and their vectors, in the same order.
+        """
+        texts = [self.embedding_text(m) for m in batch]
+        try:
+            return batch, self.embedder.embed(texts)
+        except Exception as error:  # a poison message or a broken embedder: see which
+            kept, vectors, failures = self._embed_one_by_one(batch, texts)
+            if not kept and not self._embedder_works():
+                raise error
+        if not failures:  # the batch failed as a whole (its size, say), its messages did not
+            return kept, vectors
+        for message_id, reason in failures.items():
+            log.warning("message %d set aside from embedding: %s (it stays stored and "
+                        "keyword-searchable; an edit, another model or `reembed` tries it "
+                        "again)", message_id, reason)
+        self.storage.backlog.set_aside(failures, model=self.embedder.model_id)
+        return kept, vectors
+
+    def _embed_one_by_one(
+        self, batch: list[PendingMessage], texts: list[str]
+    ) -> tuple[list[PendingMessage], np.ndarray, dict[int, str]]:
+        kept: list[PendingMessage] = []
+        rows: list[np.ndarray] = []
+        failures: dict[int, str] = {}
+        for message, text in zip(batch, texts):
+            try:
+                rows.append(self.embedder.embed([text])[0])
+                kept.append(message)
+            except Exception as exc:  # recorded as the reason it is set aside
+                failures[message.id] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        vectors = np.stack(rows) if rows else np.zeros((0, self.embedder.dimension), np.float32)
+        return kept, vectors, failures
+
+    def _embedder_works(self) -> bool:
+        try:
+            self.embedder.embed(["a plain sentence to check the embedder"])
+        except Exception:  # the caller raises the batch's own error
+            return False
+        return True
 
     def embedding_text(self, message: PendingMessage) -> str:
         """The text embedded for a message, per the profile's ``[embedder] context`` setting."""
@@ -259,6 +314,7 @@ class MemoryEngine:
     def reembed(self, *, progress: Progress | None = None) -> int:
         """Drop every vector, bind the storage to the current embedder, embed all again."""
         self.storage.meta.reset_embeddings(self.embedder.model_id, self.embedder.dimension)
+        self.storage.backlog.retry_set_aside()  # every message gets another chance
         return self.embed_pending(progress=progress)
 
     # -- reads ------------------------------------------------------------------------

@@ -111,11 +111,26 @@ class PendingMessage(StoredMessage):
 
     The antecedent is the message it replies to if that is stored in the same
     channel, else the previous message in the channel (``None`` for the first
-    message of a channel).
+    message of a channel); ``antecedent_id`` says which message that was.
     """
 
+    antecedent_id: int | None = None
     antecedent_author: str | None = None
     antecedent_content: str | None = None
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A message the embedder failed on, kept out of the backlog so it blocks nothing.
+
+    It stays stored and keyword-searchable; an edit of it, another embedding model or
+    ``reembed`` tries it again.  ``set_at`` is unix ms.
+    """
+
+    message_id: int
+    model: str
+    reason: str
+    set_at: int
 
 
 @dataclass

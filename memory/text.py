@@ -36,6 +36,13 @@ CHAT_FILLER = frozenset(
     hi hello hey bye cya gn gm morning night welcome awesome perfect fine""".split()
 )
 
+EMBED_CHARS = 4000
+"""The most of a message's text (and of its antecedent's, and of its attachment names)
+that is embedded.  A Discord message holds at most 4,000 characters; the default model
+reads 256 tokens (about 1,000 characters of English), so more never changes a vector,
+and a tokenizer reads all it is given before truncating: an imported 50 MB message
+took 8 GiB to embed (issue 31, item 2).  Stored text stays whole."""
+
 _TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
 
 
@@ -65,8 +72,10 @@ def query_terms(text: str, max_terms: int = 32) -> list[str]:
 
 def content_words(text: str) -> int:
     """How many words of ``text`` carry content (not stopwords, not chat filler)."""
+    # finditer, not findall: a 50 MB message would be a list of millions of words
     return sum(
-        1 for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS and t not in CHAT_FILLER
+        1 for match in _TOKEN.finditer(text.lower())
+        if match[0] not in STOPWORDS and match[0] not in CHAT_FILLER
     )
 
 
@@ -82,13 +91,15 @@ def embedding_text(
     The author's display name goes first (questions name people); attachments are
     named; for short chat lines the antecedent (the message it replies to, or the
     one before it) follows, after the message itself so truncation never cuts the
-    message.
+    message.  Each part is cut to :data:`EMBED_CHARS` first, so the text stays a few
+    thousand characters whatever a message holds.
     """
-    text = f"{display_name}: {clean(content)}" if display_name else clean(content)
+    content = clean(content[:EMBED_CHARS])
+    text = f"{display_name[:EMBED_CHARS]}: {content}" if display_name else content
     if attachments:
-        text += " [attachments: " + ", ".join(attachments) + "]"
+        text += " [attachments: " + ", ".join(attachments)[:EMBED_CHARS] + "]"
     if antecedent_content:
-        text += f" (replying to {antecedent_name}: {clean(antecedent_content)})"
+        text += f" (replying to {antecedent_name}: {clean(antecedent_content[:EMBED_CHARS])})"
     return text
 
 

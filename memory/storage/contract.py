@@ -40,14 +40,14 @@ vector of another embedding model
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from memory.filters import Filters
-from memory.records import MessageRecord, PendingMessage, StoredMessage
+from memory.records import MessageRecord, PendingMessage, SetAside, StoredMessage
 from memory.settings import GuildSettings
 
 __all__ = [
@@ -120,6 +120,7 @@ class StoreStats:
     authors: int
     messages: int
     pending_embeddings: int
+    set_aside_embeddings: int
     embedding_model: str | None
     embedding_dim: int | None
     active_profile: str | None
@@ -432,9 +433,11 @@ class Backlog(Protocol):
 
         A message claimed by another embedder is left out until its claim is
         released (:meth:`write_vectors`, :meth:`release`), its process ends
-        (:mod:`memory.storage.claims`: a killed embedder's batch is back at once), or
-        the claim expires after ``ttl_s`` (an owner on another host), so concurrent
-        embedders share the backlog instead of repeating each other's work.
+        (:mod:`memory.storage.claims`: a killed embedder's batch is back at once, also
+        when it comes back under a new host name: a claimer holds a lock the system
+        drops when it dies), or the claim expires after ``ttl_s`` (where no lock can
+        be seen), so concurrent embedders share the backlog instead of repeating each
+        other's work.
 
         Args:
             owner: A name from :func:`memory.storage.claims.process_owner`.
@@ -452,9 +455,11 @@ class Backlog(Protocol):
         """Store one vector per pending message and mark them embedded, atomically.
 
         A message deleted or edited since it was read is skipped: its vector would
-        be an orphan or describe the old text.  An edited one stays pending and is
-        embedded again with its new text.  With ``owner``, a message another
-        embedder has claimed meanwhile (``owner``'s claim expired) is skipped too,
+        be an orphan or describe the old text.  So is one whose antecedent was
+        deleted, edited or forgotten meanwhile (a vector is a fact about every text
+        it was made from: :mod:`memory.storage.pending`).  Such a message stays
+        pending and is embedded again from its current texts.  With ``owner``, a
+        message another embedder has claimed meanwhile (``owner``'s claim expired) is skipped too,
         and ``owner``'s claims on these messages are released.  Each message's
         window vector (:class:`VectorIndex`) follows.
 
@@ -463,6 +468,32 @@ class Backlog(Protocol):
             EmbeddingModelChanged: Another process re-embedded the database with
                 another model (:meth:`Meta.model_changed`); nothing is written.
         """
+        ...
+
+
+    def set_aside(self, failures: Mapping[int, str], *, model: str) -> None:
+        """Take messages out of the backlog that ``model`` failed to embed.
+
+        A message that makes the embedder fail must not block the backlog for good:
+        it is set aside (message id -> the reason, logged by the caller), stays
+        stored and keyword-searchable, and is tried again when it is edited, by
+        another model, or by :meth:`retry_set_aside` (``reembed``).  Ids no longer
+        stored are ignored; claims on these messages are dropped.
+        """
+        ...
+
+    def set_aside_messages(self, limit: int = 100) -> list[SetAside]:
+        """Up to ``limit`` set-aside messages, oldest first, with model and reason."""
+        ...
+
+    def set_aside_count(self) -> int:
+        """How many messages are set aside (not counted in :meth:`pending_count`)."""
+        ...
+
+    def retry_set_aside(self, *, keep_model: str | None = None) -> int:
+        """Put the set-aside messages back in the backlog (with ``keep_model``, only
+        those another model failed on); returns how many.  Writes nothing when there
+        are none, so a read-only database is fine."""
         ...
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.text import content_words, query_terms
+from memory.text import EMBED_CHARS, content_words, embedding_text, query_terms
 
 
 @pytest.mark.parametrize("query, terms", [
@@ -28,3 +28,25 @@ def test_question_words_and_chat_filler_leave_the_keyword_query(
 ])
 def test_content_words(text: str, words: int) -> None:
     assert content_words(text) == words
+
+
+@pytest.mark.parametrize("part", ["content", "attachments", "antecedent", "name"])
+def test_the_embedded_text_stays_a_few_thousand_characters_whatever_a_message_holds(
+    part: str,
+) -> None:
+    """Issue 31.2: a tokenizer reads all it is given before truncating; a 50 MB message
+    took 8 GiB to embed.  Each part is cut to EMBED_CHARS, the message's start kept."""
+    huge = "word " * 1_000_000  # 5 MB
+    parts = {"display_name": "ann", "content": "the start of it", "attachments": ("a.png",),
+             "antecedent_name": "bob", "antecedent_content": "before"}
+    if part == "content":
+        parts["content"] = "the start of it " + huge
+    elif part == "attachments":
+        parts["attachments"] = tuple(f"file{i}.png" for i in range(500_000))
+    elif part == "antecedent":
+        parts["antecedent_content"] = huge
+    else:
+        parts["display_name"] = huge
+    text = embedding_text(**parts)
+    assert len(text) <= 4 * EMBED_CHARS
+    assert "the start of it" in text

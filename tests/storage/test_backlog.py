@@ -3,10 +3,16 @@ vector for text that changed or went while it was embedded; antecedents."""
 
 from __future__ import annotations
 
+import logging
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,11 +21,13 @@ import memory.engine
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.storage import Storage
+from memory.text import EMBED_CHARS
 from tests.support.builders import GUILD, HashEmbedder
 from tests.support.inspection import Inspector
 from tests.support.storage import row_counts, stored_vector
 
 MakeRecord = Callable[..., MessageRecord]
+ROOT = Path(__file__).resolve().parents[2]
 Inspect = Callable[[Storage], Inspector]
 
 
@@ -210,3 +218,199 @@ def test_two_embedders_never_embed_the_same_message(
     edited = replace(records[200], content="an edited message about bicycles")
     engines[0].ingest([edited])
     inspector(storage).check_vector_statistics()
+
+
+class BlockingEmbedder(HashEmbedder):
+    """Once armed, holds its next batch until the test releases it, so a change lands
+    mid-embed; records every text embedded while armed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.texts: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not self.armed:
+            return super().embed(texts)
+        self.texts.extend(texts)
+        if not self.started.is_set():
+            self.started.set()
+            assert self.release.wait(30), "the test never released the embedder"
+        return super().embed(texts)
+
+
+def _remove_antecedent(engine: MemoryEngine, antecedent: MessageRecord, how: str) -> None:
+    if how == "delete":
+        engine.forget_messages([antecedent.id])
+    elif how == "edit":
+        engine.storage.messages.upsert([replace(antecedent, content="nothing to see here")])
+    elif how == "forget-me":
+        engine.forget_member(GUILD, antecedent.author_id)
+    elif how == "retention":
+        engine.forget_older_than(GUILD, datetime.fromtimestamp(
+            (antecedent.created_at + 3_600_000) / 1000, tz=timezone.utc))
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["delete", "edit", "forget-me", "retention"])
+@pytest.mark.parametrize("embedding_handle", ["same", "second"])
+def test_a_vector_is_never_written_from_an_antecedent_removed_mid_embed(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str,
+    how: str, embedding_handle: str,
+) -> None:
+    """Issue 30.2: a short line is embedded with its antecedent's text; when that text is
+    deleted, edited or forgotten while the pass that read it runs, the neighbour's vector
+    must not keep it, whichever storage handle (process) embeds."""
+    blocking = BlockingEmbedder()
+    engine = make_engine(tmp_db, blocking)
+    embedding = make_engine(tmp_db, blocking) if embedding_handle == "second" else engine
+    secret = make_record("the vault code is pineapple", author_id=7, age_days=3)
+    engine.ingest([secret])
+    short = make_record("agreed", author_id=2, age_days=1)
+    engine.storage.messages.upsert([short])
+    blocking.armed = True
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            embedding.embed_pending()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert blocking.started.wait(30)
+    assert "pineapple" in blocking.texts[0]  # the pass read the antecedent
+    _remove_antecedent(engine, secret, how)
+    blocking.release.set()
+    thread.join(30)
+    assert errors == []
+    # the neighbour went back to the backlog and was embedded again from current text
+    assert engine.storage.backlog.pending_count() == 0
+    assert not any("pineapple" in text for text in blocking.texts[1:])
+    last = [text for text in blocking.texts if text.startswith("User2:")][-1]
+    assert "pineapple" not in last
+    stored = stored_vector(engine.storage, short.id)
+    assert stored is not None
+    np.testing.assert_allclose(stored, HashEmbedder().embed([last])[0], atol=1e-6)
+
+
+CLAIMER_ON_ANOTHER_HOST = """
+import sys, time
+from memory.storage import claims, open_storage
+claims._HOST = "pod-before-the-reschedule"  # the container that was killed had another name
+storage = open_storage(sys.argv[1])
+batch = storage.backlog.claim(int(sys.argv[2]), owner=claims.process_owner())
+print(len(batch), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_embedder_from_another_host_name_is_finished_by_the_next_run(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str
+) -> None:
+    """Issue 31.6: after ``kill -9`` the container comes back with a new host name; the
+    very next embed finishes the dead one's claimed batch, not 600 s later."""
+    engine = make_engine(tmp_db, CountingEmbedder())
+    engine.storage.messages.upsert([make_record(f"message {i} of the import") for i in range(300)])
+    child = subprocess.Popen([sys.executable, "-c", CLAIMER_ON_ANOTHER_HOST, tmp_db, "256"],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "256"
+        assert engine.embed_pending() == 300 - 256  # a live claimer's batch is left alone
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert engine.embed_pending() == 256  # the very next run
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert engine.storage.backlog.pending_count() == 0
+    assert len(engine.embedder.texts) == len(set(engine.embedder.texts)) == 300  # each once
+
+
+def test_an_embedder_reads_a_few_thousand_characters_of_a_huge_message(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    """Issue 31.2: the backlog hands the embedder at most EMBED_CHARS of a message (and
+    of its antecedent), whatever it holds; the stored text stays whole."""
+    huge = make_record("start " + "x" * 3_000_000, attachments=tuple(f"f{i}.png" for i in range(9000)))
+    reply = make_record("ok", age_days=0.5)
+    engine.storage.messages.upsert([huge, reply])
+    pending = {m.id: m for m in engine.storage.backlog.pending(10)}
+    assert len(pending[huge.id].content) == EMBED_CHARS and pending[huge.id].content.startswith("start ")
+    assert len("\n".join(pending[huge.id].attachments)) <= EMBED_CHARS
+    assert len(pending[reply.id].antecedent_content or "") == EMBED_CHARS
+    assert engine.embed_pending() == 2
+    assert engine.storage.messages.hydrate([huge.id])[huge.id].content == huge.content
+
+
+class PoisonedEmbedder(HashEmbedder):
+    """Fails on any batch holding a text with ``poison`` in it, as a tokenizer running
+    out of memory on one message would; ``seen`` lists every text it was given."""
+
+    def __init__(self, poison: str = "poison", model_id: str | None = None) -> None:
+        super().__init__(model_id=model_id)
+        self.poison = poison
+        self.seen: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.seen.extend(texts)
+        if any(self.poison in text for text in texts):
+            raise MemoryError("the tokenizer ran out of memory")
+        return super().embed(texts)
+
+
+def test_a_message_the_embedder_fails_on_is_set_aside_not_retried_for_ever(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 31.2: one message that makes the embedder fail no longer blocks the backlog;
+    it is set aside with a logged reason, stays stored and keyword-searchable, and an
+    edit, another model or a reembed tries it again."""
+    embedder = PoisonedEmbedder()
+    engine = make_engine(tmp_db, embedder)
+    records = [make_record(f"note {i} about the garden", age_days=2 - i / 100) for i in range(20)]
+    bad = make_record("a poison pill about the garden shed", age_days=1.5)
+    engine.storage.messages.upsert([*records, bad])
+    with caplog.at_level(logging.WARNING, logger="memory.engine"):
+        assert engine.embed_pending() == 20  # the batch went through; one of it set aside
+    assert f"message {bad.id} set aside from embedding: MemoryError" in caplog.text
+    backlog = engine.storage.backlog
+    assert backlog.pending_count() == 0 and backlog.set_aside_count() == 1
+    (aside,) = backlog.set_aside_messages()
+    assert (aside.message_id, aside.model) == (bad.id, embedder.model_id)
+    assert "ran out of memory" in aside.reason
+    assert engine.storage.stats().set_aside_embeddings == 1
+    assert all(stored_vector(engine.storage, r.id) is not None for r in records)
+    hits = engine.search("shed", guild_id=GUILD, mode="keyword").hits
+    assert [h.id for h in hits] == [bad.id]  # not lost: stored and keyword-searchable
+    embedder.seen.clear()
+    assert engine.embed_pending() == 0 and embedder.seen == []  # not tried again and again
+    # an edit tries it again
+    engine.storage.messages.upsert([replace(bad, content="a poison pill, edited")])
+    assert backlog.set_aside_count() == 0 and backlog.pending_count() == 1
+    assert engine.embed_pending() == 0 and backlog.set_aside_count() == 1
+    # so do another model and a reembed
+    other = make_engine(tmp_db, PoisonedEmbedder(poison="nothing matches", model_id="test/other"),
+                        check_model=False)
+    assert other.reembed() == 21 and other.storage.backlog.set_aside_count() == 0
+    assert engine.reembed() == 20 and backlog.set_aside_count() == 1
+    engine.forget_messages([bad.id])  # a deleted message leaves the list too
+    assert backlog.set_aside_count() == 0
+
+
+def test_a_broken_embedder_sets_nothing_aside(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord
+) -> None:
+    """When every message fails alone and a plain sentence fails too, the embedder is
+    at fault, not the messages: the error is raised, nothing is set aside."""
+    engine = make_engine(embedder=PoisonedEmbedder(poison=""))  # "" is in every text
+    engine.storage.messages.upsert([make_record("one"), make_record("two")])
+    with pytest.raises(MemoryError):
+        engine.embed_pending()
+    assert engine.storage.backlog.set_aside_count() == 0
+    assert engine.storage.backlog.pending_count() == 2

@@ -14,6 +14,7 @@ from memory.engine import MemoryEngine
 from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.storage import Storage
+from memory.text import EMBED_CHARS
 from tests.support.builders import BASE_MS, CHANNEL, GUILD, NOW
 from tests.support.inspection import Inspector
 
@@ -250,3 +251,19 @@ def test_a_deleted_messages_vector_leaves_its_neighbours_window_vectors(
     without = np.sum(list(rest.values()), axis=0)
     np.testing.assert_allclose(after, without / np.linalg.norm(without), atol=2e-3)
     assert float(after @ old) < float(before @ old)  # its direction is gone from the mean
+
+
+def test_a_huge_message_gives_its_neighbours_windows_only_its_start(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Callable[[Storage], Inspector]
+) -> None:
+    """Issue 31.2: an imported 50 MB message was indexed again in each of the up to five
+    windows that hold it (486 MB of database for one message).  Windows hold its first
+    EMBED_CHARS characters; its own keyword entry keeps all of it."""
+    huge, after = conversation(make_record, [
+        "start of a long paste " + "filler " * 400_000 + "zanzibar", "thanks for the paste"])
+    engine.storage.messages.upsert([huge, after])
+    window = inspector(engine.storage).window_text(after.id)
+    assert "start of a long paste" in window and "zanzibar" not in window
+    assert len(window) < 2 * EMBED_CHARS
+    hits = engine.search("zanzibar", guild_id=GUILD, mode="keyword").hits
+    assert [h.id for h in hits] == [huge.id]

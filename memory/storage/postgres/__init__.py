@@ -70,6 +70,7 @@ class PostgresStorage:
         return StoreStats(
             **self.messages.table_counts(),
             pending_embeddings=self.backlog.pending_count(),
+            set_aside_embeddings=self.backlog.set_aside_count(),
             embedding_model=model[0] if model else None,
             embedding_dim=model[1] if model else None,
             active_profile=self.meta.active_profile,

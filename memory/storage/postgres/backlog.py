@@ -19,25 +19,27 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from memory.records import PendingMessage
+from memory.records import PendingMessage, SetAside
+from memory.storage.pending import pending_message, still_current
 from memory.storage.postgres import connection, vectors
 from memory.storage.postgres.database import PostgresDatabase, lock_guilds, now_ms
-from memory.storage.postgres.messages import (
-    AUTHOR_JOIN,
-    AUTHOR_NAME,
-    message_fields,
-    split_attachments,
-)
+from memory.storage.postgres.messages import AUTHOR_JOIN, AUTHOR_NAME, message_fields
+from memory.text import EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
-_COLUMNS = (f"m.id, m.guild_id, m.channel_id, m.author_id, {AUTHOR_NAME}, m.content, "
-            "m.created_at, c.name, m.reply_to_id, m.attachments")
+# what an embedder reads of a message: a few thousand characters at most, whatever it
+# holds (memory.text.EMBED_CHARS), so one huge message cannot fill the memory
+_COLUMNS = (f"m.id, m.guild_id, m.channel_id, m.author_id, {AUTHOR_NAME}, "
+            f"substr(m.content, 1, {EMBED_CHARS}), m.created_at, c.name, m.reply_to_id, "
+            f"substr(m.attachments, 1, {EMBED_CHARS})")
+# not set aside after the embedder failed on it (SetAside)
+_KEPT = "NOT EXISTS (SELECT 1 FROM embedding_set_aside s WHERE s.message_id = m.id)"
 
 
 def owner_key(owner: str) -> int:
@@ -57,12 +59,14 @@ class PostgresBacklog:
 
     def pending_count(self) -> int:
         """How many stored messages have no vector yet."""
-        return int(self._db.read("SELECT count(*) FROM messages WHERE NOT embedded")[0][0])
+        return int(self._db.read(
+            f"SELECT count(*) FROM messages m WHERE NOT m.embedded AND {_KEPT}")[0][0])
 
     def pending(self, limit: int) -> list[PendingMessage]:
         """Up to ``limit`` unembedded messages, oldest first, with their antecedent
         (same channel only); nothing is claimed."""
-        return self._pending_where("NOT m.embedded ORDER BY m.id LIMIT %s", (int(limit),))
+        return self._pending_where(f"NOT m.embedded AND {_KEPT} ORDER BY m.id LIMIT %s",
+                                   (int(limit),))
 
     def claim(self, limit: int, *, owner: str, ttl_s: float = 600.0) -> list[PendingMessage]:
         """Claim up to ``limit`` unembedded messages for ``owner`` and return them."""
@@ -71,7 +75,7 @@ class PostgresBacklog:
         with self._db.write() as conn:
             self._take_back(conn, now)
             candidates = [row[0] for row in conn.execute(
-                "SELECT m.id FROM messages m WHERE NOT m.embedded AND NOT EXISTS "
+                f"SELECT m.id FROM messages m WHERE NOT m.embedded AND {_KEPT} AND NOT EXISTS "
                 "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
                 "ORDER BY m.id LIMIT %s FOR UPDATE OF m SKIP LOCKED", (int(limit),))]
             ids = [row[0] for row in conn.execute(
@@ -115,6 +119,39 @@ class PostgresBacklog:
         if session is not None:
             session.close()  # the advisory lock ends with the session
 
+    def set_aside(self, failures: Mapping[int, str], *, model: str) -> None:
+        """Take messages ``model`` failed to embed out of the backlog (see the contract)."""
+        ids = list(failures)
+        with self._db.write() as conn:
+            conn.execute(
+                "INSERT INTO embedding_set_aside(message_id, model, reason, set_at) "
+                "SELECT f.id, %s, f.reason, %s FROM unnest(%s::bigint[], %s::text[]) "
+                "AS f(id, reason) JOIN messages m ON m.id = f.id "
+                "ON CONFLICT (message_id) DO UPDATE SET model = excluded.model, "
+                "reason = excluded.reason, set_at = excluded.set_at",
+                (model, now_ms(), ids, [failures[i] for i in ids]))
+            conn.execute("DELETE FROM embedding_claims WHERE message_id = ANY(%s)", (ids,))
+
+    def set_aside_messages(self, limit: int = 100) -> list[SetAside]:
+        """The messages set aside, oldest first (see the contract)."""
+        return [SetAside(*row) for row in self._db.read(
+            "SELECT message_id, model, reason, set_at FROM embedding_set_aside "
+            "ORDER BY set_at, message_id LIMIT %s", (int(limit),))]
+
+    def set_aside_count(self) -> int:
+        """How many messages are set aside."""
+        return int(self._db.read("SELECT count(*) FROM embedding_set_aside")[0][0])
+
+    def retry_set_aside(self, *, keep_model: str | None = None) -> int:
+        """Put set-aside messages back in the backlog (see the contract)."""
+        where, params = ("model <> %s", (keep_model,)) if keep_model else ("true", ())
+        if self._db.read_only or not self._db.read(
+                f"SELECT 1 FROM embedding_set_aside WHERE {where} LIMIT 1", params):
+            return 0
+        with self._db.write() as conn:
+            return int(conn.execute(f"DELETE FROM embedding_set_aside WHERE {where}",
+                                    params).rowcount)
+
     def close(self) -> None:
         """End every owner's session (their claims are taken back by the next claim)."""
         with self._owners_lock:
@@ -126,14 +163,15 @@ class PostgresBacklog:
         self, messages: Sequence[PendingMessage], vectors_: np.ndarray, *, owner: str | None = None
     ) -> None:
         """Store one vector per pending message and mark them embedded, atomically
-        (skipping those deleted, edited or claimed by another meanwhile)."""
+        (skipping those deleted, edited, whose antecedent changed, or claimed by another
+        meanwhile: :func:`memory.storage.pending.still_current`)."""
         if len(messages) != len(vectors_):
             raise ValueError("one vector per message is required")
         matrix = np.ascontiguousarray(vectors_, dtype=np.float32)
         with self._db.write() as conn:
             lock_guilds(conn, {m.guild_id for m in messages})
             self._meta.check_model_unchanged()  # inside: no reembed can slip in before the write
-            current = _unchanged_since_read(conn, messages)
+            current = still_current(messages, self._reread(messages))
             if owner is not None:
                 current -= _claimed_by_others(conn, messages, owner)
             rows = [(m.id, m.guild_id, m.channel_id, m.author_id, m.created_at,
@@ -144,6 +182,10 @@ class PostgresBacklog:
             if owner is not None:
                 conn.execute("DELETE FROM embedding_claims WHERE owner = %s AND message_id = ANY(%s)",
                              (owner, [m.id for m in messages]))
+
+    def _reread(self, messages: Sequence[PendingMessage]) -> list[PendingMessage]:
+        """``messages`` as stored now (inside a write: as that transaction sees them)."""
+        return self._pending_where("m.id = ANY(%s)", ([m.id for m in messages],))
 
     def _pending_where(self, where: str, params: Sequence[Any]) -> list[PendingMessage]:
         rows = self._db.read(
@@ -157,19 +199,15 @@ class PostgresBacklog:
                JOIN channels c ON c.id = m.channel_id
                WHERE {where}""", params)
         antecedents = self._antecedents([row[10] for row in rows if row[10] is not None])
-        return [
-            PendingMessage(**message_fields(row),
-                           antecedent_author=antecedents.get(row[10], (None, None))[0],
-                           antecedent_content=antecedents.get(row[10], (None, None))[1])
-            for row in rows
-        ]
+        return [pending_message(message_fields(row), antecedents.get(row[10])) for row in rows]
 
-    def _antecedents(self, ids: list[int]) -> dict[int, tuple[str, str]]:
+    def _antecedents(self, ids: list[int]) -> dict[int, tuple[int, str, str]]:
         if not ids:
             return {}
-        rows = self._db.read(f"SELECT m.id, {AUTHOR_NAME}, m.content FROM messages m "
+        rows = self._db.read(f"SELECT m.id, {AUTHOR_NAME}, substr(m.content, 1, {EMBED_CHARS}) "
+                             "FROM messages m "
                              f"{AUTHOR_JOIN} WHERE m.id = ANY(%s)", (ids,))
-        return {row[0]: (row[1], row[2]) for row in rows}
+        return {row[0]: (row[0], row[1], row[2]) for row in rows}
 
 
 def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str) -> set[int]:
@@ -177,10 +215,3 @@ def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str
         "SELECT message_id FROM embedding_claims WHERE owner <> %s AND expires_at > %s "
         "AND message_id = ANY(%s)", (owner, now_ms(), [m.id for m in messages]))}
 
-
-def _unchanged_since_read(conn: Any, messages: Sequence[PendingMessage]) -> set[int]:
-    """Ids of ``messages`` still stored with the text and attachments they were read with."""
-    stored = {mid: (content, split_attachments(attachments)) for mid, content, attachments in
-              conn.execute("SELECT id, content, attachments FROM messages WHERE id = ANY(%s)",
-                           ([m.id for m in messages],))}
-    return {m.id for m in messages if stored.get(m.id) == (m.content, m.attachments)}

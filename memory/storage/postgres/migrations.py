@@ -306,6 +306,27 @@ MIGRATIONS: list[Migration] = [
     denser_vector_graph,
     # 5: a member's names are kept per guild, not one row for every guild (issue 30).
     names_per_guild,
+    # 6: messages the embedder failed on, set aside so they no longer block the
+    # backlog (issue 31, item 2); an edit or a deletion ends the set-aside.  Written to
+    # run again on a database that has it (as the tests of earlier migrations do).
+    """
+    CREATE TABLE IF NOT EXISTS embedding_set_aside (
+        message_id bigint PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+        model text NOT NULL,  -- the model that failed on it: another one tries again
+        reason text NOT NULL,
+        set_at bigint NOT NULL  -- unix ms
+    );
+    CREATE OR REPLACE FUNCTION embedding_set_aside_edited() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        DELETE FROM embedding_set_aside WHERE message_id = OLD.id;
+        RETURN NULL;
+    END $$;
+    DROP TRIGGER IF EXISTS embedding_set_aside_au ON messages;
+    CREATE TRIGGER embedding_set_aside_au AFTER UPDATE OF content, attachments ON messages
+        FOR EACH ROW WHEN (OLD.content IS DISTINCT FROM NEW.content
+                           OR OLD.attachments IS DISTINCT FROM NEW.attachments)
+        EXECUTE FUNCTION embedding_set_aside_edited();
+    """,
 ]
 
 

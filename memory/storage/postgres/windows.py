@@ -27,7 +27,7 @@ import numpy as np
 from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAMES
 from memory.storage.postgres import keywords
 from memory.storage.sqlite.windows import AFTER, BEFORE, GAP_MS  # one window shape for both engines
-from memory.text import content_words
+from memory.text import EMBED_CHARS, content_words
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,9 @@ class _Row:
 
     @property
     def line(self) -> str:
-        return f"{self.display_name or self.name}: {self.content}"
+        """The message in its neighbours' windows: a huge one (an import can hold 50 MB)
+        gives them its start, as the embedder does, not all of it to index again."""
+        return f"{self.display_name or self.name}: {self.content[:EMBED_CHARS]}"
 
 
 def vector_table_exists(conn: Any) -> bool:

@@ -95,6 +95,7 @@ class SQLiteStorage:
         return StoreStats(
             **self.messages.table_counts(),
             pending_embeddings=self.backlog.pending_count(),
+            set_aside_embeddings=self.backlog.set_aside_count(),
             embedding_model=model[0] if model else None,
             embedding_dim=model[1] if model else None,
             active_profile=self.meta.active_profile,
@@ -103,5 +104,6 @@ class SQLiteStorage:
         )
 
     def close(self) -> None:
-        """Close the database's connections."""
+        """Let go of the claim owners' locks and close the database's connections."""
+        self.backlog.close()
         self.database.close()

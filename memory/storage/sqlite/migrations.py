@@ -265,6 +265,24 @@ MIGRATIONS: list[Migration] = [
     """,
     # 11: a member's names are kept per guild, not one row for every guild (issue 30).
     names_per_guild,
+    # 12: messages the embedder failed on, set aside so they no longer block the
+    # backlog (issue 31, item 2); an edit or a deletion ends the set-aside.
+    """
+    CREATE TABLE IF NOT EXISTS embedding_set_aside (
+        message_id INTEGER PRIMARY KEY,
+        model TEXT NOT NULL,  -- the model that failed on it: another one tries again
+        reason TEXT NOT NULL,
+        set_at INTEGER NOT NULL  -- unix ms
+    );
+    CREATE TRIGGER IF NOT EXISTS embedding_set_aside_ad AFTER DELETE ON messages BEGIN
+        DELETE FROM embedding_set_aside WHERE message_id = old.id;
+    END;
+    CREATE TRIGGER IF NOT EXISTS embedding_set_aside_au
+    AFTER UPDATE OF content, attachments ON messages
+    WHEN old.content IS NOT new.content OR old.attachments IS NOT new.attachments BEGIN
+        DELETE FROM embedding_set_aside WHERE message_id = old.id;
+    END;
+    """,
 ]
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAMES
 from memory.storage.sqlite.connection import IN_IDS, id_list
 from memory.storage.sqlite.vectors import write_window_vectors
-from memory.text import content_words
+from memory.text import EMBED_CHARS, content_words
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,9 @@ class _Row:
 
     @property
     def line(self) -> str:
-        return f"{self.display_name or self.name}: {self.content}"
+        """The message in its neighbours' windows: a huge one (an import can hold 50 MB)
+        gives them its start, as the embedder does, not all of it to index again."""
+        return f"{self.display_name or self.name}: {self.content[:EMBED_CHARS]}"
 
 
 def reindex(conn: Any, touched: Iterable[tuple[int, int]]) -> None:
