@@ -226,9 +226,29 @@ class MemoryEngine:
         )
 
     def reembed(self, *, progress: Progress | None = None) -> int:
-        """Drop every vector, bind the storage to the current embedder, embed all again."""
-        self.storage.meta.reset_embeddings(self.embedder.model_id, self.embedder.dimension)
-        return self.embed_pending(progress=progress)
+        """Embed every message again with the current embedder, then swap the vectors in.
+
+        The new vectors fill a table beside the live one, which searches keep using
+        until the swap (:class:`~memory.storage.contract.VectorRebuild`); a run that
+        stops before it is carried on by the next.  It also rebuilds a damaged vector
+        table from the stored text.  Returns how many messages were embedded.
+        """
+        model, dimension = self.embedder.model_id, self.embedder.dimension
+        rebuild = self.storage.rebuild
+        if rebuild.start(model, dimension):
+            log.info("carrying on the re-embedding an earlier run began")
+        done = 0
+        for _ in range(2):  # the second pass: messages changed while the first ran
+            after = 0
+            while batch := rebuild.pending(after, EMBED_CHUNK):
+                vectors = self.embedder.embed([self.embedding_text(m) for m in batch])
+                done += rebuild.write(batch, vectors)
+                after = batch[-1].id
+                if progress:
+                    progress(len(batch))
+        rebuild.finish(model, dimension)
+        self.storage.meta.model = model
+        return done + self.embed_pending(progress=progress)
 
     # -- reads ------------------------------------------------------------------------
 

@@ -618,6 +618,46 @@ class VectorIndex(Protocol):
         ...
 
 
+class VectorRebuild(Protocol):
+    """``reembed``: every vector made again in a new table beside the live one, then
+    swapped in at once.
+
+    Searches use the live vectors until the swap.  A message deleted meanwhile is
+    gone from both tables at once; one whose vector is written or deleted meanwhile
+    (an edit) leaves the new table and is embedded again.  A run that stops before
+    the swap leaves the live table in use; the next run with the same model goes on
+    from where it stopped.
+    """
+
+    def start(self, model_id: str, dimension: int) -> bool:
+        """Begin the new table for ``model_id``, or go on with an earlier run's.
+
+        Returns:
+            Whether an earlier run's table is carried on.
+        """
+        ...
+
+    def pending(self, after_id: int, limit: int) -> list[PendingMessage]:
+        """Up to ``limit`` messages with ids above ``after_id`` the new table lacks, oldest first."""
+        ...
+
+    def write(self, messages: Sequence[PendingMessage], vectors: np.ndarray) -> int:
+        """Store new vectors (skipping messages deleted or changed since they were read).
+
+        Returns:
+            How many were stored.
+        """
+        ...
+
+    def finish(self, model_id: str, dimension: int) -> int:
+        """Swap the new table in and bind ``model_id``, atomically.
+
+        Returns:
+            How many messages are left without a vector (the backlog embeds them).
+        """
+        ...
+
+
 class Storage(Protocol):
     """One database, one attribute per noun."""
 
@@ -654,6 +694,11 @@ class Storage(Protocol):
     @property
     def keywords(self) -> KeywordIndex:
         """Full-text search."""
+        ...
+
+    @property
+    def rebuild(self) -> VectorRebuild:
+        """``reembed``'s new vector table and its swap."""
         ...
 
     @property

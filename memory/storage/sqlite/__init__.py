@@ -15,6 +15,7 @@
 ``guilds``          settings, opt-outs, retention, backfill/reconcile cursors
 ``backlog``         pending messages, claims, ``write_vectors``
 ``meta``            the embedding model binding, the active profile
+``rebuild``         ``reembed``: a new vector table built beside the live one, swapped in
 ``keywords``        the FTS5 indexes (``ranked``, ``term_counts``)
 ``vectors``         vec0: the 1-bit KNN, window vectors, the similarity floor
 ``windows``         the conversational windows both indexes share
@@ -41,6 +42,7 @@ from memory.storage.sqlite.guilds import SQLiteGuilds
 from memory.storage.sqlite.keywords import SQLiteKeywordIndex
 from memory.storage.sqlite.messages import SQLiteMessages
 from memory.storage.sqlite.meta import SQLiteMeta
+from memory.storage.sqlite.rebuild import SQLiteRebuild
 from memory.storage.sqlite.vectors import SQLiteVectorIndex, Vec0Table
 
 __all__ = ["SQLiteStorage"]
@@ -75,6 +77,7 @@ class SQLiteStorage:
         self.backlog = SQLiteBacklog(self.database, self.meta, table)
         self.keywords = SQLiteKeywordIndex(self.database)
         self.vectors = SQLiteVectorIndex(self.database, table, self.meta)
+        self.rebuild = SQLiteRebuild(self.database, self.meta, table, self.backlog)
         if not self.database.read_only:
             self._prepare(path)
 

@@ -57,10 +57,14 @@ VectorRow = tuple[int, int, int, int, int, bool, np.ndarray]
 creation time, whether it has attachments, and its vector."""
 
 
-def vector_table_sql(dimension: int) -> str:
+NEXT = "message_vectors_next"
+"""The vector table ``reembed`` builds beside ``message_vectors`` (:mod:`.rebuild`)."""
+
+
+def vector_table_sql(dimension: int, name: str = "message_vectors") -> str:
     """The vector table: a 1-bit code to search by, the float vector to rank by, filters."""
     bits = -(-int(dimension) // 8) * 8  # whole bytes; padding bits are 0 in every code
-    return f"""CREATE VIRTUAL TABLE IF NOT EXISTS message_vectors USING vec0(
+    return f"""CREATE VIRTUAL TABLE IF NOT EXISTS {name} USING vec0(
         message_id INTEGER PRIMARY KEY,
         embedding_bits bit[{bits}],
         guild_id INTEGER PARTITION KEY,
@@ -103,6 +107,60 @@ def read_floats(query: Query, ids: Iterable[int], *, auxiliary: bool) -> dict[in
 def table_columns(conn: Any) -> set[str]:
     """The columns of ``message_vectors`` (empty when the table does not exist)."""
     return {row[1] for row in conn.execute("PRAGMA table_info(message_vectors)")}
+
+
+def drop_vector_table(conn: Any, name: str) -> None:
+    """Drop the vec0 table ``name`` inside the caller's transaction, whatever state its
+    shadow tables are in.
+
+    vec0 refuses to drop a table one of whose shadow tables is missing, and when
+    dropping one fails (a full disk, a file-size limit) it reports only "SQL logic
+    error".  So each shadow table is dropped first by a plain ``DROP TABLE`` (whose
+    errors say what happened: :func:`~.connection.as_disk_full` recognises them) and
+    left as an empty stand-in, which vec0's own drop then removes.  The shadow
+    tables' names come from a probe table vec0 makes in ``temp``.
+    """
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone():
+        return
+    for suffix in _shadow_suffixes(conn):
+        conn.execute(f'DROP TABLE IF EXISTS "{name}{suffix}"')
+        conn.execute(f'CREATE TABLE "{name}{suffix}"(x)')
+    conn.execute(f"DROP TABLE {name}")
+
+
+def _shadow_suffixes(conn: Any) -> list[str]:
+    """What vec0 appends to a table's name to name its shadow tables (``_rowids``, …)."""
+    probe = "vectors_probe"
+    conn.execute(f"DROP TABLE IF EXISTS temp.{probe}")
+    conn.execute(vector_table_sql(8, f"temp.{probe}"))
+    names = [row[0] for row in conn.execute(
+        "SELECT name FROM temp.sqlite_master WHERE type = 'table' AND name LIKE ?", (f"{probe}_%",))]
+    conn.execute(f"DROP TABLE temp.{probe}")
+    return [name[len(probe):] for name in names]
+
+
+def forget_next(conn: Any, ids: Sequence[int]) -> None:
+    """Drop ``ids`` from the table ``reembed`` is building, if one is being built.
+
+    Called whenever their vectors in ``message_vectors`` are written or deleted: a
+    deleted message leaves both tables at once, and a changed one is embedded again
+    (with the new model) before or just after the swap (:mod:`.rebuild`).
+    """
+    if ids and conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (NEXT,)).fetchone():
+        conn.executemany(f"DELETE FROM {NEXT} WHERE message_id = ?", [(i,) for i in ids])
+
+
+def insert_vectors(conn: Any, name: str, rows: Sequence[VectorRow]) -> None:
+    """Insert one row per message into the vec0 table ``name`` (none of them is there yet)."""
+    conn.executemany(
+        f"INSERT INTO {name}({VECTOR_FIELDS}, embedding_bits, embedding) "
+        "VALUES (?, ?, ?, ?, ?, ?, vec_bit(?), ?)",
+        [
+            (mid, guild, channel, author, created, int(attached),
+             binary_code(vec), np.ascontiguousarray(vec, dtype=np.float32).tobytes())
+            for mid, guild, channel, author, created, attached, vec in rows
+        ],
+    )
 
 
 def count_codes(conn: Any, vectors: Iterable[tuple[int, np.ndarray]], sign: int = 1) -> None:
@@ -327,28 +385,26 @@ class Vec0Table:
 
     @staticmethod
     def drop(conn: Any) -> None:
-        """Drop every vector, every code count and every window vector."""
-        conn.execute("DROP TABLE IF EXISTS message_vectors")
+        """Drop every vector (and any table ``reembed`` was building), every code count
+        and every window vector."""
+        drop_vector_table(conn, "message_vectors")
+        drop_vector_table(conn, NEXT)
         conn.execute("DELETE FROM code_stats")
         conn.execute("DELETE FROM window_vectors")
 
     def write(self, conn: Any, rows: Sequence[VectorRow]) -> None:
         """Store (or replace) one vector per message and count its code bits."""
         self.delete(conn, [row[0] for row in rows])  # vec0 has no INSERT OR REPLACE
-        conn.executemany(
-            f"INSERT INTO message_vectors({VECTOR_FIELDS}, embedding_bits, embedding) "
-            "VALUES (?, ?, ?, ?, ?, ?, vec_bit(?), ?)",
-            [
-                (mid, guild, channel, author, created, int(attached),
-                 binary_code(vec), np.ascontiguousarray(vec, dtype=np.float32).tobytes())
-                for mid, guild, channel, author, created, attached, vec in rows
-            ],
-        )
+        insert_vectors(conn, "message_vectors", rows)
         count_codes(conn, ((row[1], row[6]) for row in rows))
         self._on_change(conn, [row[0] for row in rows])
 
     def delete(self, conn: Any, ids: Sequence[int]) -> None:
-        """Remove the vectors of ``ids`` (where present) and subtract their code bits."""
+        """Remove the vectors of ``ids`` (where present) and subtract their code bits.
+
+        The table ``reembed`` is building (if any) loses them too (:func:`forget_next`).
+        """
+        forget_next(conn, ids)
         if not ids or not table_columns(conn):
             return
         found = conn.execute(
