@@ -106,6 +106,15 @@ class GuildStats:
     pending: int
 
 
+def vector_index_state(bound: bool, damage: str | None) -> str:
+    """What ``stats`` says of the vector index (:attr:`StoreStats.vector_index`)."""
+    if not bound:
+        return "none"
+    if damage is None:
+        return "ok"
+    return f"damaged ({damage}): run `python bot.py reembed` to rebuild it from the stored text"
+
+
 @dataclass(frozen=True)
 class StoreStats:
     """What a database holds, for the ``stats`` command.
@@ -123,6 +132,8 @@ class StoreStats:
     active_profile: str | None
     schema_version: int
     path: str
+    vector_index: str = "ok"
+    """``ok``, ``none`` (nothing embedded yet) or why it is damaged (``reembed`` repairs it)."""
 
 
 # -- the nouns -----------------------------------------------------------------------------
@@ -586,6 +597,8 @@ class VectorIndex(Protocol):
             SearchInputError: An id filter is an empty list.
             EmbeddingModelChanged: Another process re-embedded the database with
                 another model.
+            VectorIndexDamaged: Part of the vector index cannot be read (searches
+                fall back to keywords; ``reembed`` rebuilds it).
         """
         ...
 
@@ -615,6 +628,11 @@ class VectorIndex(Protocol):
 
     def count(self, guild_id: int | None = None) -> int:
         """How many messages have a vector (in one guild, or in all)."""
+        ...
+
+    def damage(self) -> str | None:
+        """Why the vector index cannot be read whole, or ``None`` when it can (or
+        nothing is embedded yet).  Reads every part of it once (``stats``)."""
         ...
 
 

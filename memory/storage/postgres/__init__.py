@@ -29,7 +29,7 @@ Selected by a ``postgresql://`` URL (:func:`memory.storage.open_storage`); needs
 
 from __future__ import annotations
 
-from memory.storage.contract import StoreStats
+from memory.storage.contract import StoreStats, vector_index_state
 from memory.storage.postgres.backlog import PostgresBacklog
 from memory.storage.postgres.database import PostgresDatabase
 from memory.storage.postgres.forgetting import PostgresForgetting
@@ -78,6 +78,7 @@ class PostgresStorage:
             active_profile=self.meta.active_profile,
             schema_version=self.database.schema_version(),
             path=self.database.location,
+            vector_index=vector_index_state(model is not None, self.vectors.damage()),
         )
 
     def close(self) -> None:

@@ -277,6 +277,16 @@ class PostgresVectorIndex:
         return {mid: vector_array(vector) for mid, vector in self._db.read_beside(
             "SELECT message_id, embedding FROM message_vectors WHERE message_id = ANY(%s)", (ids,))}
 
+    def damage(self) -> str | None:
+        """Why the vector index cannot be used whole, or ``None``: the table or its HNSW
+        graph is missing while a model is bound (PostgreSQL checks its own pages)."""
+        if self._meta.embedding_model() is None:
+            return None
+        index = self._meta.get("vector_index") or DEFAULT_INDEX
+        missing = [name for name in ("message_vectors", f"message_vectors_hnsw_{index}")
+                   if self._db.read("SELECT to_regclass(%s) IS NULL", (name,))[0][0]]
+        return f"missing: {', '.join(missing)}" if missing else None
+
     def count(self, guild_id: int | None = None) -> int:
         """How many messages have a vector (in one guild, or in all)."""
         where, params = ("WHERE guild_id = %s", [guild_id]) if guild_id is not None else ("", [])

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memory.storage.contract import StoreStats
+from memory.storage.contract import StoreStats, vector_index_state
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.backlog import SQLiteBacklog
 from memory.storage.sqlite.connection import as_disk_full
@@ -103,6 +103,7 @@ class SQLiteStorage:
             active_profile=self.meta.active_profile,
             schema_version=self.database.schema_version(),
             path=self.database.location,
+            vector_index=vector_index_state(model is not None, self.vectors.damage()),
         )
 
     def close(self) -> None:

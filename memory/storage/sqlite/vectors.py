@@ -21,18 +21,21 @@ over it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from memory.errors import VectorIndexDamaged
 from memory.filters import Filters
 from memory.storage.contract import EXACT_KNN_MAX
-from memory.storage.sqlite.connection import IN_IDS, id_list
+from memory.storage.sqlite.connection import IN_IDS, as_busy, connect, id_list, sqlite_driver
 from memory.storage.sqlite.filters import filter_sql
 
 if TYPE_CHECKING:
@@ -117,26 +120,28 @@ def drop_vector_table(conn: Any, name: str) -> None:
     dropping one fails (a full disk, a file-size limit) it reports only "SQL logic
     error".  So each shadow table is dropped first by a plain ``DROP TABLE`` (whose
     errors say what happened: :func:`~.connection.as_disk_full` recognises them) and
-    left as an empty stand-in, which vec0's own drop then removes.  The shadow
-    tables' names come from a probe table vec0 makes in ``temp``.
+    left as an empty stand-in, which vec0's own drop then removes.
     """
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone():
         return
-    for suffix in _shadow_suffixes(conn):
+    for suffix in _shadow_suffixes():
         conn.execute(f'DROP TABLE IF EXISTS "{name}{suffix}"')
         conn.execute(f'CREATE TABLE "{name}{suffix}"(x)')
     conn.execute(f"DROP TABLE {name}")
 
 
-def _shadow_suffixes(conn: Any) -> list[str]:
-    """What vec0 appends to a table's name to name its shadow tables (``_rowids``, …)."""
-    probe = "vectors_probe"
-    conn.execute(f"DROP TABLE IF EXISTS temp.{probe}")
-    conn.execute(vector_table_sql(8, f"temp.{probe}"))
-    names = [row[0] for row in conn.execute(
-        "SELECT name FROM temp.sqlite_master WHERE type = 'table' AND name LIKE ?", (f"{probe}_%",))]
-    conn.execute(f"DROP TABLE temp.{probe}")
-    return [name[len(probe):] for name in names]
+@functools.cache
+def _shadow_suffixes() -> tuple[str, ...]:
+    """What vec0 appends to a table's name to name its shadow tables (``_rowids``, …),
+    read from a probe table in a database of its own."""
+    probe = connect(":memory:")
+    try:
+        probe.execute(vector_table_sql(8, "probe"))
+        names = [row[0] for row in probe.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'probe_%'")]
+    finally:
+        probe.close()
+    return tuple(name[len("probe"):] for name in names)
 
 
 def forget_next(conn: Any, ids: Sequence[int]) -> None:
@@ -425,6 +430,31 @@ class Vec0Table:
 
     # -- reads -------------------------------------------------------------------------
 
+    def damage(self, dimension: int) -> str | None:
+        """Why the table cannot be read whole, or ``None`` when every part of it reads.
+
+        A shadow table that is gone, a chunk of codes or of filter columns that
+        does not read, or a float vector of the wrong size.
+        """
+        present = {row[0] for row in self._query(
+            "SELECT name FROM sqlite_master WHERE name LIKE 'message_vectors%'", ())}
+        missing = [name for name in (f"message_vectors{s}" for s in ("", *_shadow_suffixes()))
+                   if name not in present]
+        if missing:
+            return f"missing tables: {', '.join(missing)}"
+        try:  # every code and every filter column read once
+            self._query("SELECT count(*) FROM message_vectors", ())
+            self._query(
+                "SELECT message_id FROM message_vectors WHERE embedding_bits MATCH vec_bit(?) "
+                "AND k = 1 AND channel_id != 0 AND author_id != 0 AND created_at != -1 "
+                "AND has_attachment != 2", (binary_code(np.zeros(dimension)),))
+            wrong = self._query(
+                "SELECT count(*) FROM message_vectors_auxiliary WHERE length(value00) != ?",
+                (dimension * 4,))[0][0] if shadow_table_readable(self._query) else 0
+        except sqlite_driver().DatabaseError as exc:
+            return str(exc)
+        return f"{wrong} float vectors of the wrong size" if wrong else None
+
     def expected_distance(self, code_bits: np.ndarray, guild_id: int | None) -> float:
         """Mean Hamming distance from a code to the guild's stored codes (0 if unknown)."""
         rows = self._query(
@@ -537,12 +567,35 @@ class SQLiteVectorIndex:
             return []
         self._meta.check_model_unchanged()
         stored = self.count(filters.guild_id)
-        try:
+        with self._readable():
             return self.table.knn(vector, k, filters, rescore=rescore,
                                   scope=stored if stored <= EXACT_KNN_MAX else None)
-        except Exception as exc:  # re-embedded between the check and the query
-            self._meta.check_model_unchanged()
-            raise exc
+
+    def damage(self) -> str | None:
+        """Why the vector index cannot be read whole, or ``None`` (:meth:`Vec0Table.damage`)."""
+        model = self._meta.embedding_model()
+        return None if model is None else self.table.damage(model[1])
+
+    @contextmanager
+    def _readable(self) -> Iterator[None]:
+        """Raise a read that failed on a damaged vec0 table as :class:`VectorIndexDamaged`.
+
+        A truncated chunk, a float vector of the wrong size or a missing shadow
+        table fail inside sqlite-vec (or in the cosine that follows); the search
+        then runs on keywords and names the repair.  A read that failed because
+        another process re-embedded the database meanwhile says so instead.
+        """
+        try:
+            yield
+        except (sqlite_driver().DatabaseError, ValueError) as exc:
+            self._meta.check_model_unchanged()  # re-embedded between the check and the query
+            if as_busy(exc, self._db.location):
+                raise
+            log.debug("the vector index of %s is damaged: %s", self._db.location, exc)
+            raise VectorIndexDamaged(
+                f"{self._db.location}: the vector index is damaged ({exc}); searches use "
+                "keywords only until `python bot.py reembed` rebuilds it from the stored "
+                "text (the messages are intact)") from exc
 
     def window_vectors(self, ids: Sequence[int], *, beside: bool = False) -> dict[int, np.ndarray]:
         """The window vector of each message: its window's mean vector, unit length.
@@ -571,7 +624,8 @@ class SQLiteVectorIndex:
             f"SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM messages "
             f"WHERE {where}embedded = 1) WHERE n % ? = 0 LIMIT 400",
             [*params, max(1, count // 400)])]
-        vectors = np.array(list(self.table.floats(sample).values()), dtype=np.float32)
+        with self._readable():
+            vectors = np.array(list(self.table.floats(sample).values()), dtype=np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         pairs = (vectors @ vectors.T)[np.triu_indices(len(vectors), k=1)]
         floor = round(float(np.quantile(pairs, quantile)), 4)
@@ -581,7 +635,8 @@ class SQLiteVectorIndex:
 
     def floats(self, ids: Iterable[int]) -> dict[int, np.ndarray]:
         """The stored float vectors of ``ids`` (those that have one)."""
-        return self.table.floats(ids)
+        with self._readable():
+            return self.table.floats(ids)
 
     def count(self, guild_id: int | None = None) -> int:
         """How many messages have a vector (in one guild, or in all), from ``code_stats``."""
