@@ -512,8 +512,9 @@ class Meta(Protocol):
         ...
 
     def reset_embeddings(self, model_id: str, dimension: int) -> None:
-        """Drop every vector and bind to a new model; all messages become pending, and
-        :attr:`model` becomes ``model_id``.  The cached similarity floors
+        """Drop every vector and bind to a new model at once; all messages become
+        pending, and :attr:`model` becomes ``model_id``.  ``reembed`` does not: it
+        builds the new vectors beside the old ones (:class:`VectorRebuild`).  The cached similarity floors
         (:meth:`VectorIndex.similarity_floor`) go with the vectors they describe."""
         ...
 

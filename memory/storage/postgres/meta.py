@@ -2,9 +2,10 @@
 profile, small cached values (the ``meta`` table), and the vector table's life.
 
 Binding a model creates ``message_vectors`` for its dimension with the HNSW index
-(:mod:`.vectors`); re-embedding drops it.  Both run under the migration lock, so two
-processes binding at once create it once.  Another process's ``reembed`` is noticed
-by :meth:`PostgresMeta.model_changed` (one read of ``meta``).
+(:mod:`.vectors`); ``reembed`` replaces it with the one it built (:mod:`.rebuild`).
+Both run under the migration lock, so two processes binding at once create it once.
+Another process's ``reembed`` is noticed by :meth:`PostgresMeta.model_changed` (one
+read of ``meta``).
 """
 
 from __future__ import annotations

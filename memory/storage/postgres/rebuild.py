@@ -118,7 +118,10 @@ class PostgresRebuild:
             conn.execute("DELETE FROM meta WHERE key = %s OR key LIKE 'similarity_floor:%%'",
                          (BUILDING_KEY,))
             self._meta.bind(conn, model_id, dimension)
-            conn.execute("UPDATE messages m SET embedded = EXISTS "
+            # only the rows whose flag changes: an UPDATE of every message rewrites them all
+            conn.execute("UPDATE messages m SET embedded = false WHERE embedded AND NOT EXISTS "
+                         "(SELECT 1 FROM message_vectors v WHERE v.message_id = m.id)")
+            conn.execute("UPDATE messages m SET embedded = true WHERE NOT embedded AND EXISTS "
                          "(SELECT 1 FROM message_vectors v WHERE v.message_id = m.id)")
             left = conn.execute("SELECT count(*) FROM messages WHERE NOT embedded").fetchone()[0]
         self._meta.model = model_id

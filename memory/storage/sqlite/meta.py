@@ -3,9 +3,11 @@ an admin chose, and small cached values (the similarity floors).
 
 The vectors of one database are all of one model.  :meth:`SQLiteMeta.bind_model`
 records it (and creates the vector table of its size) the first time anything is
-embedded; :meth:`SQLiteMeta.reset_embeddings` (``reembed``) drops every vector and
-binds another.  A process notices when another process re-embedded the database
-under it (:meth:`SQLiteMeta.model_changed`): its vectors would be of another model.
+embedded; ``reembed`` binds another when it swaps in the vectors it made
+(:mod:`.rebuild`), and :meth:`SQLiteMeta.reset_embeddings` drops every vector and binds
+another at once (a lost vector table is repaired so).  A process notices when another
+process re-embedded the database under it (:meth:`SQLiteMeta.model_changed`): its
+vectors would be of another model.
 """
 
 from __future__ import annotations
