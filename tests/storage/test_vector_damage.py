@@ -12,6 +12,7 @@ its HNSW graph, which ``stats`` reports and ``reembed`` rebuilds.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -109,3 +110,31 @@ def test_a_missing_hnsw_graph_on_postgres_is_reported_and_rebuilt_by_reembed(
     assert engine.reembed() == 60
     assert engine.storage.stats().vector_index == "ok"
     assert engine.storage.vectors.count(GUILD) == 60
+
+
+@pytest.mark.parametrize("storage_kind", ["sqlite"])
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_deleting_editing_and_storing_never_fail_on_a_damaged_sqlite_vector_table(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str, damage: str,
+) -> None:
+    """A deleted message's vector must go and an edit must be stored even when vec0
+    cannot delete rows: the damaged table goes whole, and the backlog embeds again."""
+    records = stored(make_engine, make_record, tmp_db)
+    conn = connect(tmp_db)
+    conn.execute(DAMAGE[damage])
+    conn.close()
+    engine = make_engine(tmp_db, HashEmbedder(), context="none")
+    forgotten, edited = records[3], replace(records[5], content="the shed burned down",
+                                            edited_at=1)
+    assert engine.storage.forgetting.forget_messages([forgotten.id]) == 1
+    engine.ingest([edited, make_record("a brand new note about the garden shed")])
+    engine.embed_pending()
+
+    storage = engine.storage
+    assert storage.stats().vector_index == "ok"
+    assert storage.backlog.pending_count() == 0
+    assert storage.vectors.count(GUILD) == storage.messages.count() == 60
+    assert forgotten.id not in storage.vectors.floats([forgotten.id])
+    found = engine.search("note 3 about the garden shed", guild_id=GUILD, mode="dense", limit=60)
+    assert forgotten.id not in {hit.id for hit in found.hits}
+    assert storage.messages.hydrate([edited.id])[edited.id].content == "the shed burned down"

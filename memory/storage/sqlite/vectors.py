@@ -35,7 +35,14 @@ import numpy as np
 from memory.errors import VectorIndexDamaged
 from memory.filters import Filters
 from memory.storage.contract import EXACT_KNN_MAX
-from memory.storage.sqlite.connection import IN_IDS, as_busy, connect, id_list, sqlite_driver
+from memory.storage.sqlite.connection import (
+    IN_IDS,
+    as_busy,
+    as_disk_full,
+    connect,
+    id_list,
+    sqlite_driver,
+)
 from memory.storage.sqlite.filters import filter_sql
 
 if TYPE_CHECKING:
@@ -142,6 +149,19 @@ def _shadow_suffixes() -> tuple[str, ...]:
     finally:
         probe.close()
     return tuple(name[len("probe"):] for name in names)
+
+
+def missing_tables(query: Query, name: str = "message_vectors") -> list[str]:
+    """The tables of the vec0 table ``name`` (itself and its shadow tables) that are gone.
+
+    sqlite-vec 0.1.9 crashes the process (a segmentation fault) when a row is looked
+    up by id in a table whose ``_rowids`` shadow table is gone, so writes ask first.
+    """
+    wanted = [f"{name}{suffix}" for suffix in ("", *_shadow_suffixes())]
+    present = {row[0] for row in query(
+        "SELECT name FROM sqlite_master WHERE name IN (SELECT value FROM json_each(?))",
+        (json.dumps(wanted),))}
+    return [table for table in wanted if table not in present]
 
 
 def forget_next(conn: Any, ids: Sequence[int]) -> None:
@@ -398,9 +418,16 @@ class Vec0Table:
         conn.execute("DELETE FROM window_vectors")
 
     def write(self, conn: Any, rows: Sequence[VectorRow]) -> None:
-        """Store (or replace) one vector per message and count its code bits."""
+        """Store (or replace) one vector per message and count its code bits.
+
+        A damaged table is dropped first (:meth:`_discard_damaged`).
+        """
         self.delete(conn, [row[0] for row in rows])  # vec0 has no INSERT OR REPLACE
-        insert_vectors(conn, "message_vectors", rows)
+        try:
+            insert_vectors(conn, "message_vectors", rows)
+        except sqlite_driver().DatabaseError as exc:
+            self._discard_damaged(conn, exc)
+            insert_vectors(conn, "message_vectors", rows)
         count_codes(conn, ((row[1], row[6]) for row in rows))
         self._on_change(conn, [row[0] for row in rows])
 
@@ -408,10 +435,42 @@ class Vec0Table:
         """Remove the vectors of ``ids`` (where present) and subtract their code bits.
 
         The table ``reembed`` is building (if any) loses them too (:func:`forget_next`).
+        A damaged table is dropped whole instead (:meth:`_discard_damaged`): a
+        deletion or an edit never fails for it.
         """
         forget_next(conn, ids)
         if not ids or not table_columns(conn):
             return
+        try:
+            if missing := missing_tables(lambda sql, p: conn.execute(sql, p).fetchall()):
+                raise sqlite_driver().DatabaseError(f"missing tables: {', '.join(missing)}")
+            self._delete(conn, ids)
+        except (sqlite_driver().DatabaseError, ValueError) as exc:
+            self._discard_damaged(conn, exc)
+
+    def _discard_damaged(self, conn: Any, exc: BaseException) -> None:
+        """Drop a vec0 table that refused a write, inside the caller's transaction, and
+        create it again empty; every message is embedded again by the backlog.
+
+        What the damaged table held cannot be deleted row by row, but a deleted
+        message's vector must go and a member's edit must be stored: so every vector
+        goes.  A full disk or another process's lock is not damage and is raised.
+        """
+        if as_busy(exc, "") or as_disk_full(exc, "") or not isinstance(
+                exc, (sqlite_driver().DatabaseError, ValueError)):
+            raise exc
+        row = conn.execute("SELECT value FROM meta WHERE key = 'embedding_dim'").fetchone()
+        if row is None:
+            raise exc
+        log.warning("the vector index is damaged (%s): every vector is dropped and every "
+                    "message waits to be embedded again", exc)
+        drop_vector_table(conn, "message_vectors")
+        conn.execute("DELETE FROM code_stats")
+        conn.execute("DELETE FROM window_vectors")
+        self.create(conn, int(row[0]))
+        conn.execute("UPDATE messages SET embedded = 0 WHERE embedded = 1")
+
+    def _delete(self, conn: Any, ids: Sequence[int]) -> None:
         found = conn.execute(
             f"SELECT message_id, guild_id, embedding FROM message_vectors WHERE message_id {IN_IDS}",
             (id_list(ids),),
@@ -436,10 +495,7 @@ class Vec0Table:
         A shadow table that is gone, a chunk of codes or of filter columns that
         does not read, or a float vector of the wrong size.
         """
-        present = {row[0] for row in self._query(
-            "SELECT name FROM sqlite_master WHERE name LIKE 'message_vectors%'", ())}
-        missing = [name for name in (f"message_vectors{s}" for s in ("", *_shadow_suffixes()))
-                   if name not in present]
+        missing = missing_tables(self._query)
         if missing:
             return f"missing tables: {', '.join(missing)}"
         try:  # every code and every filter column read once
