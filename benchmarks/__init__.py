@@ -159,6 +159,23 @@ def scale_command(settings: Settings, messages: int, queries: int, postgres: str
     return 0
 
 
+@bench.command("reembed")
+@click.argument("data", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--queries", type=click.IntRange(1, 10_000), default=40, show_default=True,
+              help="Queries searched over and over while re-embedding.")
+@POSTGRES
+@JSON_OUT
+@click.pass_obj
+def reembed_bench_command(settings: Settings, data: Path, queries: int, postgres: str | None,
+                          json_out: Path | None) -> int:
+    """Search quality (hybrid top-10 overlap with before) while reembed runs, both ways."""
+    from benchmarks.reembed import run_reembed_bench
+
+    emit_json(run_reembed_bench(data, resolve_profile(settings), queries=queries,
+                                postgres=postgres), json_out)
+    return 0
+
+
 @bench.command("write-throughput")
 @click.option("--messages", type=click.IntRange(1000, 10_000_000), default=20_000, show_default=True,
               help="Messages each process stores (each in a guild of its own).")

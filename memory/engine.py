@@ -312,10 +312,31 @@ class MemoryEngine:
         )
 
     def reembed(self, *, progress: Progress | None = None) -> int:
-        """Drop every vector, bind the storage to the current embedder, embed all again."""
-        self.storage.meta.reset_embeddings(self.embedder.model_id, self.embedder.dimension)
+        """Embed every message again with the current embedder, then swap the vectors in.
+
+        The new vectors fill a table beside the live one, which searches keep using
+        until the swap (:class:`~memory.storage.contract.VectorRebuild`); a run that
+        stops before it is carried on by the next.  It also rebuilds a damaged vector
+        table from the stored text, and tries again every message set aside earlier.
+        Returns how many messages were embedded.
+        """
+        model, dimension = self.embedder.model_id, self.embedder.dimension
         self.storage.backlog.retry_set_aside()  # every message gets another chance
-        return self.embed_pending(progress=progress)
+        rebuild = self.storage.rebuild
+        if rebuild.start(model, dimension):
+            log.info("carrying on the re-embedding an earlier run began")
+        done = 0
+        for _ in range(2):  # the second pass: messages changed while the first ran
+            after = 0
+            while batch := rebuild.pending(after, EMBED_CHUNK):
+                embedded, vectors = self._embed_batch(batch)  # failures are set aside
+                done += rebuild.write(embedded, vectors)
+                after = batch[-1].id
+                if progress:
+                    progress(len(batch))
+        rebuild.finish(model, dimension)
+        self.storage.meta.model = model
+        return done + self.embed_pending(progress=progress)
 
     # -- reads ------------------------------------------------------------------------
 

@@ -26,6 +26,12 @@ class DiskFullError(DatabaseFileError):
     before it is intact."""
 
 
+class VectorIndexDamaged(DatabaseFileError):
+    """The vector index cannot be read (a damaged or missing part of it); the messages
+    are intact.  Searches fall back to keywords; ``reembed`` rebuilds the index from
+    the stored text."""
+
+
 class StorageBusy(MemoryBotError):
     """The database could not take a write now, and the same write can simply be tried
     again: SQLite's lock is held by another process past the busy timeout; on

@@ -28,7 +28,7 @@ import numpy as np
 from memory import metrics
 from memory.config import SearchConfig
 from memory.embedder import Embedder, one_cpu_thread
-from memory.errors import EmbeddingModelChanged
+from memory.errors import EmbeddingModelChanged, VectorIndexDamaged
 from memory.filters import Filters
 from memory.records import Hit, SearchResult, Trace, datetime_to_ms
 from memory.rerank.base import Reranker, RerankerProvider
@@ -96,8 +96,9 @@ class Searcher:
         """Run one search (``MemoryEngine.search`` is the public entry point).
 
         When another process has re-embedded the database with another model, this
-        process's query vectors no longer fit: the search runs on keywords only and
-        ``trace.keyword_only`` says why.
+        process's query vectors no longer fit, and a damaged vector index cannot be
+        read: the search runs on keywords only (with the same filters and
+        allow-list) and ``trace.keyword_only`` says why.
 
         Raises:
             SearchInputError: No query, more than 20 queries or 4000 characters, a bad
@@ -105,7 +106,7 @@ class Searcher:
         """
         try:
             return self._run(request)
-        except EmbeddingModelChanged as exc:
+        except (EmbeddingModelChanged, VectorIndexDamaged) as exc:
             if request.mode == "keyword":
                 raise
             if not self._said_keyword_only:

@@ -108,6 +108,15 @@ class GuildStats:
     pending: int
 
 
+def vector_index_state(bound: bool, damage: str | None) -> str:
+    """What ``stats`` says of the vector index (:attr:`StoreStats.vector_index`)."""
+    if not bound:
+        return "none"
+    if damage is None:
+        return "ok"
+    return f"damaged ({damage}): run `python bot.py reembed` to rebuild it from the stored text"
+
+
 @dataclass(frozen=True)
 class StoreStats:
     """What a database holds, for the ``stats`` command.
@@ -126,6 +135,8 @@ class StoreStats:
     active_profile: str | None
     schema_version: int
     path: str
+    vector_index: str = "ok"
+    """``ok``, ``none`` (nothing embedded yet) or why it is damaged (``reembed`` repairs it)."""
 
 
 # -- the nouns -----------------------------------------------------------------------------
@@ -543,8 +554,9 @@ class Meta(Protocol):
         ...
 
     def reset_embeddings(self, model_id: str, dimension: int) -> None:
-        """Drop every vector and bind to a new model; all messages become pending, and
-        :attr:`model` becomes ``model_id``.  The cached similarity floors
+        """Drop every vector and bind to a new model at once; all messages become
+        pending, and :attr:`model` becomes ``model_id``.  ``reembed`` does not: it
+        builds the new vectors beside the old ones (:class:`VectorRebuild`).  The cached similarity floors
         (:meth:`VectorIndex.similarity_floor`) go with the vectors they describe."""
         ...
 
@@ -628,6 +640,8 @@ class VectorIndex(Protocol):
             SearchInputError: An id filter is an empty list.
             EmbeddingModelChanged: Another process re-embedded the database with
                 another model.
+            VectorIndexDamaged: Part of the vector index cannot be read (searches
+                fall back to keywords; ``reembed`` rebuilds it).
         """
         ...
 
@@ -657,6 +671,51 @@ class VectorIndex(Protocol):
 
     def count(self, guild_id: int | None = None) -> int:
         """How many messages have a vector (in one guild, or in all)."""
+        ...
+
+    def damage(self) -> str | None:
+        """Why the vector index cannot be read whole, or ``None`` when it can (or
+        nothing is embedded yet).  Reads every part of it once (``stats``)."""
+        ...
+
+
+class VectorRebuild(Protocol):
+    """``reembed``: every vector made again in a new table beside the live one, then
+    swapped in at once.
+
+    Searches use the live vectors until the swap.  A message deleted meanwhile is
+    gone from both tables at once; one whose vector is written or deleted meanwhile
+    (an edit) leaves the new table and is embedded again.  A run that stops before
+    the swap leaves the live table in use; the next run with the same model goes on
+    from where it stopped.
+    """
+
+    def start(self, model_id: str, dimension: int) -> bool:
+        """Begin the new table for ``model_id``, or go on with an earlier run's.
+
+        Returns:
+            Whether an earlier run's table is carried on.
+        """
+        ...
+
+    def pending(self, after_id: int, limit: int) -> list[PendingMessage]:
+        """Up to ``limit`` messages with ids above ``after_id`` the new table lacks, oldest first."""
+        ...
+
+    def write(self, messages: Sequence[PendingMessage], vectors: np.ndarray) -> int:
+        """Store new vectors (skipping messages deleted or changed since they were read).
+
+        Returns:
+            How many were stored.
+        """
+        ...
+
+    def finish(self, model_id: str, dimension: int) -> int:
+        """Swap the new table in and bind ``model_id``, atomically.
+
+        Returns:
+            How many messages are left without a vector (the backlog embeds them).
+        """
         ...
 
 
@@ -696,6 +755,11 @@ class Storage(Protocol):
     @property
     def keywords(self) -> KeywordIndex:
         """Full-text search."""
+        ...
+
+    @property
+    def rebuild(self) -> VectorRebuild:
+        """``reembed``'s new vector table and its swap."""
         ...
 
     @property

@@ -144,3 +144,77 @@ def test_the_bots_write_queue_keeps_messages_until_the_disk_has_room(tmp_path: P
     assert "giving up" not in result.stderr
     state = consistency(db)
     assert state["integrity"] == "ok" and state["messages"] == state["search_rows"] == 41
+
+
+REEMBED_SCRIPT = """
+import resource, signal, sys
+from memory.config import Profile
+from memory.engine import MemoryEngine
+from memory.errors import DiskFullError
+from tests.support.builders import record_factory, HashEmbedder
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+db, phase = sys.argv[1], sys.argv[2]
+# vectors larger than SQLite's page cache, so that dropping them writes while vec0 runs
+old = MemoryEngine(db, Profile(name="test"), HashEmbedder(1024), load_reranker=False)
+make = record_factory()
+old.ingest([make(f"note {i} about the garden") for i in range(800)])
+old.close()
+new = MemoryEngine(db, Profile(name="test"), HashEmbedder(64, model_id="test/other-64"),
+                   load_reranker=False, check_model=False)
+
+def full():  # the write-ahead log may not grow past 64 KB: the next big write fails
+    new.storage.database.read("PRAGMA wal_checkpoint(TRUNCATE)")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65_536, resource.RLIM_INFINITY))
+
+if phase == "swap":
+    finish = new.storage.rebuild.finish
+    def finish_when_full(*args):
+        full()
+        return finish(*args)
+    new.storage.rebuild.finish = finish_when_full
+else:
+    full()
+try:
+    new.reembed()
+    print("finished")
+except DiskFullError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("phase", ["start", "swap"])
+def test_a_full_disk_when_reembed_starts_or_swaps_is_one_line_and_keeps_the_old_vectors(
+    tmp_path: Path, phase: str
+) -> None:
+    """Issue 31, item 1: vec0's own DROP said only "SQL logic error" (a traceback)."""
+    from memory.config import Profile
+    from memory.engine import MemoryEngine
+    from memory.storage.sqlite.connection import connect
+    from tests.support.builders import HashEmbedder
+
+    db = tmp_path / "memory.sqlite3"
+    result = subprocess.run([sys.executable, "-c", REEMBED_SCRIPT, str(db), phase], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.startswith("could not write "), result.stdout
+    assert "rolled back and everything stored before it is intact" in result.stdout
+    state = consistency(db)
+    assert state["integrity"] == "ok" and state["messages"] == state["embedded"] == 800
+    assert state["vectors"] == 800  # the old vectors are all there, and still bound
+    conn = connect(db)
+    try:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone() == (
+            "test/hash-1024",)
+    finally:
+        conn.close()
+
+    engine = MemoryEngine(db, Profile(name="test"), HashEmbedder(64, model_id="test/other-64"),
+                          load_reranker=False, check_model=False)
+    try:  # room again: the same command finishes
+        engine.reembed()
+        assert engine.storage.meta.embedding_model() == ("test/other-64", 64)
+    finally:
+        engine.close()
+    state = consistency(db)
+    assert state["integrity"] == "ok" and state["vectors"] == state["embedded"] == 800

@@ -15,6 +15,7 @@ FTS5's own words for the keywords, any number of processes on one database.
 ``backlog``         pending messages, ``FOR UPDATE SKIP LOCKED`` claims that die
                     with their process, ``write_vectors``
 ``meta``            the embedding model binding, the vector table's life
+``rebuild``         ``reembed``: a new vector table built beside the live one, swapped in
 ``keywords``        FTS5's tokenizer, keyword postings, BM25 in SQL
 ``vectors``         pgvector HNSW with iterative scans, window vectors, the
                     similarity floor
@@ -28,7 +29,7 @@ Selected by a ``postgresql://`` URL (:func:`memory.storage.open_storage`); needs
 
 from __future__ import annotations
 
-from memory.storage.contract import StoreStats
+from memory.storage.contract import StoreStats, vector_index_state
 from memory.storage.postgres.backlog import PostgresBacklog
 from memory.storage.postgres.database import PostgresDatabase
 from memory.storage.postgres.forgetting import PostgresForgetting
@@ -36,6 +37,7 @@ from memory.storage.postgres.guilds import PostgresGuilds
 from memory.storage.postgres.keywords import PostgresKeywordIndex
 from memory.storage.postgres.messages import PostgresMessages
 from memory.storage.postgres.meta import PostgresMeta
+from memory.storage.postgres.rebuild import PostgresRebuild
 from memory.storage.postgres.vectors import PostgresVectorIndex
 
 __all__ = ["PostgresStorage"]
@@ -63,6 +65,7 @@ class PostgresStorage:
         self.backlog = PostgresBacklog(self.database, self.meta)
         self.keywords = PostgresKeywordIndex(self.database)
         self.vectors = PostgresVectorIndex(self.database, self.meta)
+        self.rebuild = PostgresRebuild(self.database, self.meta, self.backlog)
 
     def stats(self) -> StoreStats:
         """Counts and metadata for the ``stats`` command."""
@@ -76,6 +79,7 @@ class PostgresStorage:
             active_profile=self.meta.active_profile,
             schema_version=self.database.schema_version(),
             path=self.database.location,
+            vector_index=vector_index_state(model is not None, self.vectors.damage()),
         )
 
     def close(self) -> None:

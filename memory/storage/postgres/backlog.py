@@ -159,6 +159,11 @@ class PostgresBacklog:
         for session in sessions:
             session.close()
 
+    def messages(self, ids: Sequence[int]) -> list[PendingMessage]:
+        """``ids`` as an embedder reads them (with their antecedent), oldest first,
+        embedded or not (``reembed`` embeds them again)."""
+        return self._pending_where("m.id = ANY(%s) ORDER BY m.id", (list(ids),))
+
     def write_vectors(
         self, messages: Sequence[PendingMessage], vectors_: np.ndarray, *, owner: str | None = None
     ) -> None:

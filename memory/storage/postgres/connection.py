@@ -147,12 +147,18 @@ def as_disk_full(exc: BaseException, url: str) -> DiskFullError | None:
     """The one-line error for a write the server refused for lack of space, else ``None``.
 
     PostgreSQL says ``could not extend file ... No space left on device`` (SQLSTATE
-    53100, ``disk_full``) and rolls the transaction back.
+    53100, ``disk_full``) and rolls the transaction back.  A file at the server's
+    file-size limit (EFBIG) reads ``could not extend file ...: File too large`` with an
+    internal-error SQLSTATE, and is the same case.
     """
-    if getattr(exc, "sqlstate", None) not in ("53100", "53000") and "No space left" not in str(exc):
+    text = str(exc)
+    if getattr(exc, "sqlstate", None) not in ("53100", "53000") and not (
+        "No space left" in text or "could not extend file" in text or "File too large" in text
+    ):
         return None
     return DiskFullError(
-        f"could not write {redact(url)} ({one_line(exc)}): the server's disk is full; the "
+        f"could not write {redact(url)} ({one_line(exc)}): the server's disk is full (or a "
+        "file there is at a size limit); the "
         "interrupted write was rolled back and everything stored before it is intact; "
         "free some space on the server and run it again"
     )

@@ -2,9 +2,10 @@
 profile, small cached values (the ``meta`` table), and the vector table's life.
 
 Binding a model creates ``message_vectors`` for its dimension with the HNSW index
-(:mod:`.vectors`); re-embedding drops it.  Both run under the migration lock, so two
-processes binding at once create it once.  Another process's ``reembed`` is noticed
-by :meth:`PostgresMeta.model_changed` (one read of ``meta``).
+(:mod:`.vectors`); ``reembed`` replaces it with the one it built (:mod:`.rebuild`).
+Both run under the migration lock, so two processes binding at once create it once.
+Another process's ``reembed`` is noticed by :meth:`PostgresMeta.model_changed` (one
+read of ``meta``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ MODEL_KEY = "embedding_model"
 DIMENSION_KEY = "embedding_dim"
 PROFILE_KEY = "active_profile"
 INDEX_KEY = "vector_index"
+BUILDING_KEY = "vector_rebuild"
+"""The model and size ``reembed`` is building a new vector table for (:mod:`.rebuild`)."""
 
 
 def set_value(conn: Any, key: str, value: str) -> None:
@@ -96,7 +99,7 @@ class PostgresMeta:
         with self._db.write() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
             if self.embedding_model() is None:  # another process may have bound it meanwhile
-                self._bind(conn, model_id, dimension)
+                self.bind(conn, model_id, dimension)
         self.bind_model(model_id, dimension)  # what is bound now: ours, or say why not
 
     def reset_embeddings(self, model_id: str, dimension: int) -> None:
@@ -104,15 +107,18 @@ class PostgresMeta:
         with self._db.write() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
             conn.execute("DROP TABLE IF EXISTS message_vectors")
+            conn.execute(f"DROP TABLE IF EXISTS {vectors.NEXT}")
             conn.execute("DELETE FROM window_vectors")
             conn.execute("UPDATE index_stats SET vectors = 0")
-            conn.execute("DELETE FROM meta WHERE key IN (%s, %s) OR key LIKE 'similarity_floor:%%'",
-                         (MODEL_KEY, DIMENSION_KEY))
+            conn.execute("DELETE FROM meta WHERE key IN (%s, %s, %s) "
+                         "OR key LIKE 'similarity_floor:%%'", (MODEL_KEY, DIMENSION_KEY, BUILDING_KEY))
             conn.execute("UPDATE messages SET embedded = false WHERE embedded")
-            self._bind(conn, model_id, dimension)
+            self.bind(conn, model_id, dimension)
         self.model = model_id
 
-    def _bind(self, conn: Any, model_id: str, dimension: int) -> None:
+    def bind(self, conn: Any, model_id: str, dimension: int) -> None:
+        """Inside the caller's transaction: create the vector table and its index (if
+        missing) and record ``model_id`` and ``dimension``."""
         index = self.get(INDEX_KEY) or vectors.DEFAULT_INDEX
         vectors.create_table(conn, dimension, index)
         set_value(conn, MODEL_KEY, model_id)

@@ -76,26 +76,49 @@ DEFAULT_INDEX = "halfvec"
 """The index a newly bound database gets (``BENCHMARKS.md``: recall and latency)."""
 
 
+NEXT = "message_vectors_next"
+"""The vector table ``reembed`` builds beside ``message_vectors`` (:mod:`.rebuild`)."""
+
+
 def create_table(conn: Any, dimension: int, index: str = DEFAULT_INDEX) -> None:
     """Create ``message_vectors`` for ``dimension``-sized vectors with its HNSW index."""
+    create_bare_table(conn, dimension)
+    create_indexes(conn, dimension, index)
+
+
+def create_bare_table(conn: Any, dimension: int, name: str = "message_vectors") -> None:
+    """Create the vector table ``name`` without its indexes (but its primary key)."""
     conn.execute(
-        "CREATE TABLE IF NOT EXISTS message_vectors ("
+        f"CREATE TABLE IF NOT EXISTS {name} ("
         "message_id bigint PRIMARY KEY, guild_id bigint NOT NULL, channel_id bigint NOT NULL, "
         "author_id bigint NOT NULL, created_at bigint NOT NULL, has_attachment boolean NOT NULL, "
         f"embedding vector({int(dimension)}) NOT NULL)")
-    conn.execute("CREATE INDEX IF NOT EXISTS message_vectors_by_guild "
-                 "ON message_vectors(guild_id, created_at)")
-    conn.execute("CREATE INDEX IF NOT EXISTS message_vectors_by_channel "
-                 "ON message_vectors(channel_id)")
-    create_index(conn, dimension, index)
 
 
-def create_index(conn: Any, dimension: int, index: str) -> None:
+def create_indexes(conn: Any, dimension: int, index: str, name: str = "message_vectors") -> None:
+    """Create the vector table ``name``'s B-tree indexes and its HNSW graph if missing."""
+    conn.execute(f"CREATE INDEX IF NOT EXISTS {name}_by_guild ON {name}(guild_id, created_at)")
+    conn.execute(f"CREATE INDEX IF NOT EXISTS {name}_by_channel ON {name}(channel_id)")
+    create_index(conn, dimension, index, name)
+
+
+def create_index(conn: Any, dimension: int, index: str, name: str = "message_vectors") -> None:
     """Build the HNSW index of kind ``index`` (:data:`INDEXES`) if it is missing."""
     spec = INDEXES[index]
     conn.execute(
-        f"CREATE INDEX IF NOT EXISTS message_vectors_hnsw_{index} ON message_vectors "
+        f"CREATE INDEX IF NOT EXISTS {name}_hnsw_{index} ON {name} "
         f"USING hnsw ({spec.expression.format(d=int(dimension))} {spec.opclass}) WITH ({GRAPH})")
+
+
+def forget_next(conn: Any, ids: Sequence[int]) -> None:
+    """Drop ``ids`` from the table ``reembed`` is building, if one is being built.
+
+    Called whenever their vectors in ``message_vectors`` are written or deleted: a
+    deleted message leaves both tables at once, and a changed one is embedded again
+    (with the new model) before or just after the swap (:mod:`.rebuild`).
+    """
+    if ids and conn.execute("SELECT to_regclass(%s) IS NOT NULL", (NEXT,)).fetchone()[0]:
+        conn.execute(f"DELETE FROM {NEXT} WHERE message_id = ANY(%s)", (list(ids),))
 
 
 def vector_array(value: Any) -> np.ndarray:
@@ -107,6 +130,7 @@ def write(conn: Any, rows: Sequence[VectorRow]) -> None:
     """Store (or replace) one vector per message inside the caller's transaction."""
     if not rows:
         return
+    forget_next(conn, [row[0] for row in rows])
     previous = dict(conn.execute(
         "SELECT message_id, guild_id FROM message_vectors WHERE message_id = ANY(%s)",
         ([row[0] for row in rows],)).fetchall())
@@ -127,6 +151,7 @@ def write(conn: Any, rows: Sequence[VectorRow]) -> None:
 
 def delete(conn: Any, ids: Sequence[int]) -> None:
     """Remove the vectors of ``ids`` (where present) inside the caller's transaction."""
+    forget_next(conn, ids)
     if not ids or not vector_table_exists(conn):
         return
     found = conn.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s) "
@@ -251,6 +276,16 @@ class PostgresVectorIndex:
             return {}
         return {mid: vector_array(vector) for mid, vector in self._db.read_beside(
             "SELECT message_id, embedding FROM message_vectors WHERE message_id = ANY(%s)", (ids,))}
+
+    def damage(self) -> str | None:
+        """Why the vector index cannot be used whole, or ``None``: the table or its HNSW
+        graph is missing while a model is bound (PostgreSQL checks its own pages)."""
+        if self._meta.embedding_model() is None:
+            return None
+        index = self._meta.get("vector_index") or DEFAULT_INDEX
+        missing = [name for name in ("message_vectors", f"message_vectors_hnsw_{index}")
+                   if self._db.read("SELECT to_regclass(%s) IS NULL", (name,))[0][0]]
+        return f"missing: {', '.join(missing)}" if missing else None
 
     def count(self, guild_id: int | None = None) -> int:
         """How many messages have a vector (in one guild, or in all)."""

@@ -15,6 +15,7 @@
 ``guilds``          settings, opt-outs, retention, backfill/reconcile cursors
 ``backlog``         pending messages, claims, ``write_vectors``
 ``meta``            the embedding model binding, the active profile
+``rebuild``         ``reembed``: a new vector table built beside the live one, swapped in
 ``keywords``        the FTS5 indexes (``ranked``, ``term_counts``)
 ``vectors``         vec0: the 1-bit KNN, window vectors, the similarity floor
 ``windows``         the conversational windows both indexes share
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memory.storage.contract import StoreStats
+from memory.storage.contract import StoreStats, vector_index_state
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.backlog import SQLiteBacklog
 from memory.storage.sqlite.connection import as_disk_full
@@ -41,6 +42,7 @@ from memory.storage.sqlite.guilds import SQLiteGuilds
 from memory.storage.sqlite.keywords import SQLiteKeywordIndex
 from memory.storage.sqlite.messages import SQLiteMessages
 from memory.storage.sqlite.meta import SQLiteMeta
+from memory.storage.sqlite.rebuild import SQLiteRebuild
 from memory.storage.sqlite.vectors import SQLiteVectorIndex, Vec0Table
 
 __all__ = ["SQLiteStorage"]
@@ -75,6 +77,7 @@ class SQLiteStorage:
         self.backlog = SQLiteBacklog(self.database, self.meta, table)
         self.keywords = SQLiteKeywordIndex(self.database)
         self.vectors = SQLiteVectorIndex(self.database, table, self.meta)
+        self.rebuild = SQLiteRebuild(self.database, self.meta, table, self.backlog)
         if not self.database.read_only:
             self._prepare(path)
 
@@ -101,6 +104,7 @@ class SQLiteStorage:
             active_profile=self.meta.active_profile,
             schema_version=self.database.schema_version(),
             path=self.database.location,
+            vector_index=vector_index_state(model is not None, self.vectors.damage()),
         )
 
     def close(self) -> None:

@@ -68,6 +68,11 @@ class SQLiteBacklog:
         """
         return self._pending_where(f"m.embedded = 0 AND {_KEPT} ORDER BY m.id LIMIT ?", (limit,))
 
+    def messages(self, ids: Sequence[int]) -> list[PendingMessage]:
+        """``ids`` as an embedder reads them (with their antecedent), oldest first,
+        embedded or not (``reembed`` embeds them again)."""
+        return self._pending_where(f"m.id {IN_IDS} ORDER BY m.id", (id_list(ids),))
+
     def claim(self, limit: int, *, owner: str, ttl_s: float = 600.0) -> list[PendingMessage]:
         """Claim up to ``limit`` unembedded messages for ``owner`` and return them.
 

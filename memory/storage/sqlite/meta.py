@@ -3,9 +3,11 @@ an admin chose, and small cached values (the similarity floors).
 
 The vectors of one database are all of one model.  :meth:`SQLiteMeta.bind_model`
 records it (and creates the vector table of its size) the first time anything is
-embedded; :meth:`SQLiteMeta.reset_embeddings` (``reembed``) drops every vector and
-binds another.  A process notices when another process re-embedded the database
-under it (:meth:`SQLiteMeta.model_changed`): its vectors would be of another model.
+embedded; ``reembed`` binds another when it swaps in the vectors it made
+(:mod:`.rebuild`), and :meth:`SQLiteMeta.reset_embeddings` drops every vector and binds
+another at once (a lost vector table is repaired so).  A process notices when another
+process re-embedded the database under it (:meth:`SQLiteMeta.model_changed`): its
+vectors would be of another model.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ log = logging.getLogger(__name__)
 _MODEL = "embedding_model"
 _DIM = "embedding_dim"
 _PROFILE = "active_profile"
+BUILDING = "vector_rebuild"
+"""The model and size ``reembed`` is building a new vector table for (:mod:`.rebuild`)."""
 
 
 def set_meta(conn: Any, key: str, value: str) -> None:
@@ -130,17 +134,17 @@ class SQLiteMeta:
                 "to re-embed every message with the new model"
             )
         with self._db.write() as conn:
-            self._bind(conn, model_id, dimension)
+            self.bind(conn, model_id, dimension)
 
     def reset_embeddings(self, model_id: str, dimension: int) -> None:
         """Drop every vector and bind to a new model; all messages become pending."""
         with self._db.write() as conn:
             self._table.drop(conn)
             # the cached similarity floors describe the old model's vectors
-            conn.execute("DELETE FROM meta WHERE key IN (?, ?) OR key LIKE 'similarity_floor:%'",
-                         (_MODEL, _DIM))
+            conn.execute("DELETE FROM meta WHERE key IN (?, ?, ?) OR key LIKE 'similarity_floor:%'",
+                         (_MODEL, _DIM, BUILDING))
             conn.execute("UPDATE messages SET embedded = 0")
-            self._bind(conn, model_id, dimension)
+            self.bind(conn, model_id, dimension)
         self.model = model_id  # from now on, a reembed by another process is noticed
 
     def repair_vector_table(self) -> None:
@@ -158,7 +162,9 @@ class SQLiteMeta:
                         self._db.location)
             self.reset_embeddings(*model)
 
-    def _bind(self, conn: Any, model_id: str, dimension: int) -> None:
+    def bind(self, conn: Any, model_id: str, dimension: int) -> None:
+        """Inside the caller's transaction: create the vector table (if missing) and
+        record ``model_id`` and ``dimension``."""
         self._table.create(conn, dimension)
         set_meta(conn, _MODEL, model_id)
         set_meta(conn, _DIM, str(dimension))

@@ -21,18 +21,28 @@ over it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from memory.errors import VectorIndexDamaged
 from memory.filters import Filters
 from memory.storage.contract import EXACT_KNN_MAX
-from memory.storage.sqlite.connection import IN_IDS, id_list
+from memory.storage.sqlite.connection import (
+    IN_IDS,
+    as_busy,
+    as_disk_full,
+    connect,
+    id_list,
+    sqlite_driver,
+)
 from memory.storage.sqlite.filters import filter_sql
 
 if TYPE_CHECKING:
@@ -57,10 +67,14 @@ VectorRow = tuple[int, int, int, int, int, bool, np.ndarray]
 creation time, whether it has attachments, and its vector."""
 
 
-def vector_table_sql(dimension: int) -> str:
+NEXT = "message_vectors_next"
+"""The vector table ``reembed`` builds beside ``message_vectors`` (:mod:`.rebuild`)."""
+
+
+def vector_table_sql(dimension: int, name: str = "message_vectors") -> str:
     """The vector table: a 1-bit code to search by, the float vector to rank by, filters."""
     bits = -(-int(dimension) // 8) * 8  # whole bytes; padding bits are 0 in every code
-    return f"""CREATE VIRTUAL TABLE IF NOT EXISTS message_vectors USING vec0(
+    return f"""CREATE VIRTUAL TABLE IF NOT EXISTS {name} USING vec0(
         message_id INTEGER PRIMARY KEY,
         embedding_bits bit[{bits}],
         guild_id INTEGER PARTITION KEY,
@@ -103,6 +117,75 @@ def read_floats(query: Query, ids: Iterable[int], *, auxiliary: bool) -> dict[in
 def table_columns(conn: Any) -> set[str]:
     """The columns of ``message_vectors`` (empty when the table does not exist)."""
     return {row[1] for row in conn.execute("PRAGMA table_info(message_vectors)")}
+
+
+def drop_vector_table(conn: Any, name: str) -> None:
+    """Drop the vec0 table ``name`` inside the caller's transaction, whatever state its
+    shadow tables are in.
+
+    vec0 refuses to drop a table one of whose shadow tables is missing, and when
+    dropping one fails (a full disk, a file-size limit) it reports only "SQL logic
+    error".  So each shadow table is dropped first by a plain ``DROP TABLE`` (whose
+    errors say what happened: :func:`~.connection.as_disk_full` recognises them) and
+    left as an empty stand-in, which vec0's own drop then removes.
+    """
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone():
+        return
+    for suffix in _shadow_suffixes():
+        conn.execute(f'DROP TABLE IF EXISTS "{name}{suffix}"')
+        conn.execute(f'CREATE TABLE "{name}{suffix}"(x)')
+    conn.execute(f"DROP TABLE {name}")
+
+
+@functools.cache
+def _shadow_suffixes() -> tuple[str, ...]:
+    """What vec0 appends to a table's name to name its shadow tables (``_rowids``, …),
+    read from a probe table in a database of its own."""
+    probe = connect(":memory:")
+    try:
+        probe.execute(vector_table_sql(8, "probe"))
+        names = [row[0] for row in probe.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'probe_%'")]
+    finally:
+        probe.close()
+    return tuple(name[len("probe"):] for name in names)
+
+
+def missing_tables(query: Query, name: str = "message_vectors") -> list[str]:
+    """The tables of the vec0 table ``name`` (itself and its shadow tables) that are gone.
+
+    sqlite-vec 0.1.9 crashes the process (a segmentation fault) when a row is looked
+    up by id in a table whose ``_rowids`` shadow table is gone, so writes ask first.
+    """
+    wanted = [f"{name}{suffix}" for suffix in ("", *_shadow_suffixes())]
+    present = {row[0] for row in query(
+        "SELECT name FROM sqlite_master WHERE name IN (SELECT value FROM json_each(?))",
+        (json.dumps(wanted),))}
+    return [table for table in wanted if table not in present]
+
+
+def forget_next(conn: Any, ids: Sequence[int]) -> None:
+    """Drop ``ids`` from the table ``reembed`` is building, if one is being built.
+
+    Called whenever their vectors in ``message_vectors`` are written or deleted: a
+    deleted message leaves both tables at once, and a changed one is embedded again
+    (with the new model) before or just after the swap (:mod:`.rebuild`).
+    """
+    if ids and conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (NEXT,)).fetchone():
+        conn.executemany(f"DELETE FROM {NEXT} WHERE message_id = ?", [(i,) for i in ids])
+
+
+def insert_vectors(conn: Any, name: str, rows: Sequence[VectorRow]) -> None:
+    """Insert one row per message into the vec0 table ``name`` (none of them is there yet)."""
+    conn.executemany(
+        f"INSERT INTO {name}({VECTOR_FIELDS}, embedding_bits, embedding) "
+        "VALUES (?, ?, ?, ?, ?, ?, vec_bit(?), ?)",
+        [
+            (mid, guild, channel, author, created, int(attached),
+             binary_code(vec), np.ascontiguousarray(vec, dtype=np.float32).tobytes())
+            for mid, guild, channel, author, created, attached, vec in rows
+        ],
+    )
 
 
 def count_codes(conn: Any, vectors: Iterable[tuple[int, np.ndarray]], sign: int = 1) -> None:
@@ -327,30 +410,67 @@ class Vec0Table:
 
     @staticmethod
     def drop(conn: Any) -> None:
-        """Drop every vector, every code count and every window vector."""
-        conn.execute("DROP TABLE IF EXISTS message_vectors")
+        """Drop every vector (and any table ``reembed`` was building), every code count
+        and every window vector."""
+        drop_vector_table(conn, "message_vectors")
+        drop_vector_table(conn, NEXT)
         conn.execute("DELETE FROM code_stats")
         conn.execute("DELETE FROM window_vectors")
 
     def write(self, conn: Any, rows: Sequence[VectorRow]) -> None:
-        """Store (or replace) one vector per message and count its code bits."""
+        """Store (or replace) one vector per message and count its code bits.
+
+        A damaged table is dropped first (:meth:`_discard_damaged`).
+        """
         self.delete(conn, [row[0] for row in rows])  # vec0 has no INSERT OR REPLACE
-        conn.executemany(
-            f"INSERT INTO message_vectors({VECTOR_FIELDS}, embedding_bits, embedding) "
-            "VALUES (?, ?, ?, ?, ?, ?, vec_bit(?), ?)",
-            [
-                (mid, guild, channel, author, created, int(attached),
-                 binary_code(vec), np.ascontiguousarray(vec, dtype=np.float32).tobytes())
-                for mid, guild, channel, author, created, attached, vec in rows
-            ],
-        )
+        try:
+            insert_vectors(conn, "message_vectors", rows)
+        except sqlite_driver().DatabaseError as exc:
+            self._discard_damaged(conn, exc)
+            insert_vectors(conn, "message_vectors", rows)
         count_codes(conn, ((row[1], row[6]) for row in rows))
         self._on_change(conn, [row[0] for row in rows])
 
     def delete(self, conn: Any, ids: Sequence[int]) -> None:
-        """Remove the vectors of ``ids`` (where present) and subtract their code bits."""
+        """Remove the vectors of ``ids`` (where present) and subtract their code bits.
+
+        The table ``reembed`` is building (if any) loses them too (:func:`forget_next`).
+        A damaged table is dropped whole instead (:meth:`_discard_damaged`): a
+        deletion or an edit never fails for it.
+        """
+        forget_next(conn, ids)
         if not ids or not table_columns(conn):
             return
+        try:
+            if missing := missing_tables(lambda sql, p: conn.execute(sql, p).fetchall()):
+                raise sqlite_driver().DatabaseError(f"missing tables: {', '.join(missing)}")
+            self._delete(conn, ids)
+        except (sqlite_driver().DatabaseError, ValueError) as exc:
+            self._discard_damaged(conn, exc)
+
+    def _discard_damaged(self, conn: Any, exc: BaseException) -> None:
+        """Drop a vec0 table that refused a write, inside the caller's transaction, and
+        create it again empty; every message is embedded again by the backlog.
+
+        What the damaged table held cannot be deleted row by row, but a deleted
+        message's vector must go and a member's edit must be stored: so every vector
+        goes.  A full disk or another process's lock is not damage and is raised.
+        """
+        if as_busy(exc, "") or as_disk_full(exc, "") or not isinstance(
+                exc, (sqlite_driver().DatabaseError, ValueError)):
+            raise exc
+        row = conn.execute("SELECT value FROM meta WHERE key = 'embedding_dim'").fetchone()
+        if row is None:
+            raise exc
+        log.warning("the vector index is damaged (%s): every vector is dropped and every "
+                    "message waits to be embedded again", exc)
+        drop_vector_table(conn, "message_vectors")
+        conn.execute("DELETE FROM code_stats")
+        conn.execute("DELETE FROM window_vectors")
+        self.create(conn, int(row[0]))
+        conn.execute("UPDATE messages SET embedded = 0 WHERE embedded = 1")
+
+    def _delete(self, conn: Any, ids: Sequence[int]) -> None:
         found = conn.execute(
             f"SELECT message_id, guild_id, embedding FROM message_vectors WHERE message_id {IN_IDS}",
             (id_list(ids),),
@@ -368,6 +488,28 @@ class Vec0Table:
         self._on_change(conn, [row[0] for row in found])
 
     # -- reads -------------------------------------------------------------------------
+
+    def damage(self, dimension: int) -> str | None:
+        """Why the table cannot be read whole, or ``None`` when every part of it reads.
+
+        A shadow table that is gone, a chunk of codes or of filter columns that
+        does not read, or a float vector of the wrong size.
+        """
+        missing = missing_tables(self._query)
+        if missing:
+            return f"missing tables: {', '.join(missing)}"
+        try:  # every code and every filter column read once
+            self._query("SELECT count(*) FROM message_vectors", ())
+            self._query(
+                "SELECT message_id FROM message_vectors WHERE embedding_bits MATCH vec_bit(?) "
+                "AND k = 1 AND channel_id != 0 AND author_id != 0 AND created_at != -1 "
+                "AND has_attachment != 2", (binary_code(np.zeros(dimension)),))
+            wrong = self._query(
+                "SELECT count(*) FROM message_vectors_auxiliary WHERE length(value00) != ?",
+                (dimension * 4,))[0][0] if shadow_table_readable(self._query) else 0
+        except sqlite_driver().DatabaseError as exc:
+            return str(exc)
+        return f"{wrong} float vectors of the wrong size" if wrong else None
 
     def expected_distance(self, code_bits: np.ndarray, guild_id: int | None) -> float:
         """Mean Hamming distance from a code to the guild's stored codes (0 if unknown)."""
@@ -481,12 +623,35 @@ class SQLiteVectorIndex:
             return []
         self._meta.check_model_unchanged()
         stored = self.count(filters.guild_id)
-        try:
+        with self._readable():
             return self.table.knn(vector, k, filters, rescore=rescore,
                                   scope=stored if stored <= EXACT_KNN_MAX else None)
-        except Exception as exc:  # re-embedded between the check and the query
-            self._meta.check_model_unchanged()
-            raise exc
+
+    def damage(self) -> str | None:
+        """Why the vector index cannot be read whole, or ``None`` (:meth:`Vec0Table.damage`)."""
+        model = self._meta.embedding_model()
+        return None if model is None else self.table.damage(model[1])
+
+    @contextmanager
+    def _readable(self) -> Iterator[None]:
+        """Raise a read that failed on a damaged vec0 table as :class:`VectorIndexDamaged`.
+
+        A truncated chunk, a float vector of the wrong size or a missing shadow
+        table fail inside sqlite-vec (or in the cosine that follows); the search
+        then runs on keywords and names the repair.  A read that failed because
+        another process re-embedded the database meanwhile says so instead.
+        """
+        try:
+            yield
+        except (sqlite_driver().DatabaseError, ValueError) as exc:
+            self._meta.check_model_unchanged()  # re-embedded between the check and the query
+            if as_busy(exc, self._db.location):
+                raise
+            log.debug("the vector index of %s is damaged: %s", self._db.location, exc)
+            raise VectorIndexDamaged(
+                f"{self._db.location}: the vector index is damaged ({exc}); searches use "
+                "keywords only until `python bot.py reembed` rebuilds it from the stored "
+                "text (the messages are intact)") from exc
 
     def window_vectors(self, ids: Sequence[int], *, beside: bool = False) -> dict[int, np.ndarray]:
         """The window vector of each message: its window's mean vector, unit length.
@@ -515,7 +680,8 @@ class SQLiteVectorIndex:
             f"SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM messages "
             f"WHERE {where}embedded = 1) WHERE n % ? = 0 LIMIT 400",
             [*params, max(1, count // 400)])]
-        vectors = np.array(list(self.table.floats(sample).values()), dtype=np.float32)
+        with self._readable():
+            vectors = np.array(list(self.table.floats(sample).values()), dtype=np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         pairs = (vectors @ vectors.T)[np.triu_indices(len(vectors), k=1)]
         floor = round(float(np.quantile(pairs, quantile)), 4)
@@ -525,7 +691,8 @@ class SQLiteVectorIndex:
 
     def floats(self, ids: Iterable[int]) -> dict[int, np.ndarray]:
         """The stored float vectors of ``ids`` (those that have one)."""
-        return self.table.floats(ids)
+        with self._readable():
+            return self.table.floats(ids)
 
     def count(self, guild_id: int | None = None) -> int:
         """How many messages have a vector (in one guild, or in all), from ``code_stats``."""
