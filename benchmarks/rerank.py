@@ -52,7 +52,7 @@ from memory.config import RerankerConfig, load_profile
 from memory.errors import ConfigError
 from memory.rerank.prompt import SUFFIX
 from memory.rerank.qwen import QwenReranker, micro_batches, resolve_device
-from memory.rerank.qwen_static import head_capacities, plan_runs
+from memory.rerank.qwen_static import head_size, plan_runs
 
 log = logging.getLogger(__name__)
 
@@ -559,8 +559,8 @@ def processed_tokens(reranker: QwenReranker, docs: list[str]) -> int:
     lengths = [len(t) for t in encoded.tails]
     if config.buckets and reranker._static is not None:
         runs, overflow = plan_runs(lengths, config.buckets, config.bucket_run_cost)
-        cap = next(c for c in head_capacities(config.max_length) if c >= head)
-        total = cap + sum(run.shape[0] * run.shape[1] for run in runs)
+        size, _ = head_size(head, config.max_length)
+        total = size + sum(run.shape[0] * run.shape[1] for run in runs)
         if not overflow:
             return total
         lengths = [lengths[i] for i in overflow]  # these take the dynamic path,

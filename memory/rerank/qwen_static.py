@@ -6,9 +6,10 @@ launching some 400 small kernels.  A CUDA graph replays all of them in one launc
 but only for the tensor shapes and addresses it was captured with.  This module
 therefore runs every search through a few fixed shapes:
 
-* the *head* (system prompt, instruction, query) is right-padded to a power-of-two
-  capacity (64, 128, ... up to ``max_length``) and run once per query, writing each
-  layer's keys and values into static buffers;
+* the *head* (system prompt, instruction, query) is right-padded to the next
+  multiple of :data:`HEAD_STEP` tokens (a 93-token head runs as 96, not 128) and run
+  once per query, writing each layer's keys and values into the static buffers of
+  a power-of-two *capacity* (64, 128, ... up to ``max_length``);
 * the *tails* (document + suffix) are sorted by length and packed into the
   profile's ``[batch, length]`` buckets, right-padded in both directions (extra
   tokens after a tail, extra rows after the last candidate), and run against the
@@ -19,7 +20,8 @@ Padding cannot change a score: the attention mask lets a tail token see only the
 padding sits after every real token, so a causal mask already hides it), and each
 row's score is read at its own last real position, not at the bucket's end.
 
-On CUDA with ``cuda_graphs`` every (head capacity, bucket) step is captured once, at
+On CUDA with ``cuda_graphs`` every head size and every (head capacity, bucket)
+step is captured once, at
 load time, into one shared memory pool; a search only copies token ids into the
 static input buffers and replays.  Elsewhere the very same step functions run
 eagerly, which is how the path is tested on CPU.
@@ -42,6 +44,7 @@ from memory.rerank.kv_cache import cache_argument, layer_states, new_cache, pref
 log = logging.getLogger(__name__)
 
 HEAD_MIN = 64  # smallest head capacity; the official prompt head alone is ~60 tokens
+HEAD_STEP = 32  # head sizes between capacities: the head step pads to a multiple of this
 Shape = tuple[int, int]  # (batch, tail length)
 
 
@@ -65,6 +68,24 @@ def head_capacities(max_length: int) -> tuple[int, ...]:
     while caps[-1] < max_length:
         caps.append(caps[-1] * 2)
     return tuple(caps)
+
+
+def head_sizes(max_length: int) -> tuple[int, ...]:
+    """Padded head lengths the head step runs: multiples of :data:`HEAD_STEP`.
+
+    They start at :data:`HEAD_MIN` and end at the largest capacity, so a head is
+    padded by fewer than ``HEAD_STEP`` tokens instead of up to doubling; each size
+    writes into the keys and values of the smallest capacity holding it, which the
+    tail steps read (attention over a few masked head positions costs little next
+    to running them through every layer).
+    """
+    return tuple(range(HEAD_MIN, head_capacities(max_length)[-1] + 1, HEAD_STEP))
+
+
+def head_size(length: int, max_length: int) -> tuple[int, int]:
+    """``(size, capacity)`` a head of ``length`` tokens runs as; it must fit (see ``fits``)."""
+    size = next(s for s in head_sizes(max_length) if s >= length)
+    return size, next(c for c in head_capacities(max_length) if c >= size)
 
 
 def plan_runs(
@@ -115,12 +136,17 @@ def plan_runs(
 
 @dataclass
 class _HeadSlot:
-    """Static buffers of one head capacity: token ids in, each layer's K/V out."""
+    """Static buffers of one head capacity: token ids in (per head size), each layer's K/V out."""
 
-    ids: torch.Tensor  # [1, cap] long
     keys: list[torch.Tensor]  # per layer [1, kv_heads, cap, head_dim]
     values: list[torch.Tensor]
-    graph: Any = None
+    ids: dict[int, torch.Tensor] = field(default_factory=dict)  # head size -> [1, size] long
+    graphs: dict[int, Any] = field(default_factory=dict)  # head size -> its captured step
+
+    @property
+    def capacity(self) -> int:
+        """Head positions the tail steps attend over (padding masked)."""
+        return int(self.keys[0].shape[2])
 
 
 @dataclass
@@ -189,11 +215,13 @@ class StaticScorer:
         Raises:
             RuntimeError: A forward pass or graph replay failed.
         """
-        cap = next(c for c in self.capacities if c >= len(head))
+        size, cap = head_size(len(head), self.max_length)
         head_slot = self._head_slot(cap)
         self.head_len.fill_(len(head))
-        head_slot.ids.copy_(_padded([head], 1, cap, self.pad_id))
-        self._step(head_slot.graph, partial(self._run_head, head_slot))
+        head_slot.ids.setdefault(size, self._full((1, size))).copy_(
+            _padded([head], 1, size, self.pad_id)
+        )
+        self._step(head_slot.graphs.get(size), partial(self._run_head, head_slot, size))
         scores: dict[int, float] = {}
         for run in runs:
             slot = self._tail_slot(cap, run.shape)
@@ -209,7 +237,7 @@ class StaticScorer:
 
     @torch.inference_mode()
     def capture(self) -> float:
-        """Capture every (head capacity, bucket) step as a CUDA graph; CUDA only.
+        """Capture every head size and (head capacity, bucket) step as a CUDA graph; CUDA only.
 
         Warms each step up twice on a side stream (cuBLAS handles, attention kernel
         choice), then captures it into one memory pool shared by all graphs, which
@@ -224,9 +252,14 @@ class StaticScorer:
         """
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
+        for size in head_sizes(self.max_length):
+            head_slot = self._head_slot(head_size(size, self.max_length)[1])
+            head_slot.ids.setdefault(size, self._full((1, size)))
+            head_slot.graphs[size], _ = self._capture(
+                pool, partial(self._run_head, head_slot, size)
+            )
         for cap in self.capacities:
             head_slot = self._head_slot(cap)
-            head_slot.graph, _ = self._capture(pool, partial(self._run_head, head_slot))
             for shape in self.buckets:
                 slot = self._tail_slot(cap, shape)
                 step = partial(self._run_tail, head_slot, slot)
@@ -249,19 +282,22 @@ class StaticScorer:
         graph.replay()
         return slot.out if slot is not None else None
 
-    def _run_head(self, slot: _HeadSlot) -> None:
-        cap = slot.ids.shape[1]
-        positions = self.positions[:cap][None]
-        causal = positions <= positions.T  # [cap, cap]: right padding cannot reach back
+    def _run_head(self, slot: _HeadSlot, size: int | None = None) -> None:
+        """The head step of one padded ``size``: its K/V into the first ``size`` positions."""
+        size = size or slot.capacity
+        ids = slot.ids.setdefault(size, self._full((1, size)))
+        positions = self.positions[:size][None]
+        causal = positions <= positions.T  # [size, size]: right padding cannot reach back
         cache = new_cache()
-        self._forward(slot.ids, positions, self._additive(causal), cache)
+        self._forward(ids, positions, self._additive(causal), cache)
         for (keys, values), key_buf, value_buf in zip(layer_states(cache), slot.keys, slot.values):
-            key_buf.copy_(keys)
-            value_buf.copy_(values)
+            # positions past ``size`` keep an earlier head's values: the tail mask hides them
+            key_buf[:, :, :size].copy_(keys)
+            value_buf[:, :, :size].copy_(values)
 
     def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
         batch, length = slot.ids.shape
-        cap = head.ids.shape[1]
+        cap = head.capacity
         query = self.positions[:length][:, None]
         key = self.positions[: cap + length][None]
         sees_head = key < self.head_len  # the real head tokens, not its padding
@@ -303,7 +339,6 @@ class StaticScorer:
             kv_shape = (1, config.num_key_value_heads, cap, _head_dim(config))
             layers = range(len(self.base.layers))
             slot = _HeadSlot(
-                ids=torch.full((1, cap), self.pad_id, dtype=torch.long, device=self.device),
                 keys=[self._zeros(kv_shape) for _ in layers],
                 values=[self._zeros(kv_shape) for _ in layers],
             )
@@ -313,12 +348,16 @@ class StaticScorer:
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
+    def _full(self, shape: tuple[int, int]) -> torch.Tensor:
+        """A static id buffer, all padding."""
+        return torch.full(shape, self.pad_id, dtype=torch.long, device=self.device)
+
     def _tail_slot(self, cap: int, shape: Shape) -> _TailSlot:
         slot = self.tails.get((cap, shape))
         if slot is None:
             batch, length = shape
             slot = _TailSlot(
-                ids=torch.full((batch, length), self.pad_id, dtype=torch.long, device=self.device),
+                ids=self._full((batch, length)),
                 last=torch.zeros(batch, dtype=torch.long, device=self.device),
             )
             self.tails[(cap, shape)] = slot
