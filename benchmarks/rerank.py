@@ -14,8 +14,9 @@ side by side with several designs of :class:`memory.rerank.qwen.QwenReranker`:
 * the same in bfloat16 (AMX/AVX512-BF16 CPUs and GPUs) and with dynamic int8;
 * ``bucketed``: the static-shape path (:mod:`memory.rerank.qwen_static`) with the
   ``cuda`` profile's buckets (``cuda-8b``'s for 4B and 8B), run eagerly, and on
-  CUDA also as captured CUDA graphs (``graphs``); ``load_seconds`` includes the
-  capture, and ``eager_diff`` compares with the dynamic prefix path in the same dtype.
+  CUDA also as captured CUDA graphs (``graphs``) and as graphs of torch.compile'd
+  steps (``compiled graphs``); ``load_seconds`` includes compiling and capture,
+  and ``eager_diff`` compares with the dynamic prefix path in the same dtype.
 
 ``model_size`` picks the exact Qwen3-Reranker-0.6B, -4B or -8B shape (or ``tiny``,
 two layers, for smoke tests).  ``quick`` runs only what compares the static path
@@ -80,6 +81,8 @@ class VariantResult:
         cuda_graphs: Whether the buckets were asked to run as CUDA graphs.
         graphs_live: Whether graphs were actually captured (False off CUDA or
             after a capture failure, which falls back to eager).
+        compiled: Whether the static steps run torch.compile'd (False after a
+            compile failure, which keeps the eager steps).
         load_seconds: Time to wrap the model, CUDA graph capture included.
         eager_diff: For a bucketed variant, the largest |score difference| from the
             dynamic prefix path with the same weights; ``None`` otherwise.
@@ -100,6 +103,7 @@ class VariantResult:
     buckets: list[list[int]] = dataclasses.field(default_factory=list)
     cuda_graphs: bool = False
     graphs_live: bool = False
+    compiled: bool = False
     load_seconds: float = 0.0
     eager_diff: float | None = None
 
@@ -120,6 +124,7 @@ class _Variant:
     prefix_cache: bool
     static: _Static = _Static()
     cuda_graphs: bool = False
+    torch_compile: bool = False
 
     @property
     def buckets(self) -> tuple[tuple[int, int], ...]:
@@ -205,6 +210,7 @@ def _measure(
             buckets=variant.buckets,
             bucket_run_cost=variant.static.run_cost,
             cuda_graphs=variant.cuda_graphs,
+            torch_compile=variant.torch_compile,
         )
         _synchronize(device)
         started = time.perf_counter()
@@ -247,6 +253,7 @@ def _with_static_fields(
         buckets=[list(b) for b in variant.buckets],
         cuda_graphs=variant.cuda_graphs,
         graphs_live=bool(static is not None and static.graphs),
+        compiled=bool(static is not None and static.compiled),
         load_seconds=round(load_seconds, 2),
         eager_diff=eager_diff,
     )
@@ -474,9 +481,13 @@ def _quick_variants(
 
 def _bucketed(weights: str, static: _Static, cpu: bool) -> list[_Variant]:
     eager = _Variant(f"bucketed {weights} eager", weights, 32, True, static)
-    if cpu:
+    if cpu:  # inductor on the CPU takes minutes for the 0.6B's shapes: GPU rows only
         return [eager]
-    return [eager, _Variant(f"bucketed {weights} graphs", weights, 32, True, static, True)]
+    return [
+        eager,
+        _Variant(f"bucketed {weights} graphs", weights, 32, True, static, True),
+        _Variant(f"bucketed {weights} compiled graphs", weights, 32, True, static, True, True),
+    ]
 
 
 def _build_models(device: str, seed: int, kinds: set[str], model_size: str) -> dict[str, Any]:

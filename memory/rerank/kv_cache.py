@@ -26,7 +26,6 @@ release that takes neither fails at load with a clear error instead of at a sear
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
@@ -111,11 +110,24 @@ def prefix_cache(head: list[LayerKV], batch: int) -> Any:
         head: Each layer's (keys, values) of the shared head, batch size 1.
         batch: Rows of the pass that runs on top of it.
     """
-    return _prefix_cache_class()(head, batch)
+    return prefix_cache_class()(head, batch)
 
 
-@functools.cache
-def _prefix_cache_class() -> type:
+_PREFIX_CACHE_CLASS: list[type] = []
+
+
+def prefix_cache_class() -> type:
+    """The class :func:`prefix_cache` builds, made on first use.
+
+    Call it once outside a ``torch.compile``'d function: inside, it is then a plain
+    global lookup (dynamo does not honour a ``functools.cache`` wrapper, and warns).
+    """
+    if not _PREFIX_CACHE_CLASS:
+        _PREFIX_CACHE_CLASS.append(_make_prefix_cache_class())
+    return _PREFIX_CACHE_CLASS[0]
+
+
+def _make_prefix_cache_class() -> type:
     # Built on first use: importing transformers is the reranker backend's business.
     from transformers import DynamicCache
 

@@ -21,8 +21,10 @@ With ``buckets`` in the profile, scoring goes through the static-shape path of
 :mod:`memory.rerank.qwen_static` instead: fixed (batch, length) shapes, the head
 once per query, and on CUDA with ``cuda_graphs`` one CUDA graph per shape, captured
 in :meth:`QwenReranker.load` (the background worker of a profile switch) so no
-search pays for it.  If capture fails, or a static step fails later, the reason is
-logged once and the dynamic path above takes over: a search never sees the error.
+search pays for it; with ``torch_compile`` the steps are compiled (inductor) and
+run once per shape before that, and a compile failure keeps the eager steps.  If
+capture fails, or a static step fails later, the reason is logged once and the
+dynamic path above takes over: a search never sees the error.
 """
 
 from __future__ import annotations
@@ -437,12 +439,36 @@ def static_scorer(reranker: QwenReranker, model: Any) -> StaticScorer | None:
         model=model, answer_rows=rows, answer_bias=bias,
         pad_id=pad_id, buckets=config.buckets, max_length=config.max_length,
     )
+    if config.torch_compile:
+        compiled(static)
     if not config.cuda_graphs:
         return static
     if torch.device(reranker.device).type != "cuda":
         log.info("reranker.cuda_graphs is for CUDA devices; %s scores eagerly", reranker.device)
         return static
     return captured(static, reranker.device)
+
+def compiled(static: StaticScorer, backend: Any = "inductor") -> bool:
+    """Compile ``static``'s steps (:meth:`StaticScorer.compile`); on any failure log once.
+
+    A failure leaves the eager steps, which the CUDA graphs then capture as before:
+    compiling is a speed-up, never a reason to score differently or not at all.
+
+    Returns:
+        Whether the compiled steps are in place.
+    """
+    try:
+        seconds = static.compile(backend)
+    except Exception:  # inductor, a C++/Triton toolchain, dynamo: none may reach a search
+        log.warning(
+            "reranker torch.compile of the static steps failed; keeping the eager steps",
+            exc_info=True,
+        )
+        static.uncompile()
+        return False
+    log.info("reranker static steps compiled in %.1f s (every shape run once)", seconds)
+    return True
+
 
 def captured(static: StaticScorer, device: str) -> StaticScorer | None:
     """Capture ``static``'s graphs; on any failure log once and score eagerly.

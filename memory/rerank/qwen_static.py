@@ -20,6 +20,10 @@ Padding cannot change a score: the attention mask lets a tail token see only the
 padding sits after every real token, so a causal mask already hides it), and each
 row's score is read at its own last real position, not at the bucket's end.
 
+With ``torch_compile`` the two step functions are compiled first (inductor: fused
+RMSNorm, RoPE, SiLU-mul and attention kernels) and every shape is run once, at load,
+so no search compiles; any failure there leaves the eager steps in place.
+
 On CUDA with ``cuda_graphs`` every head size and every (head capacity, bucket)
 step is captured once, at
 load time, into one shared memory pool; a search only copies token ids into the
@@ -39,7 +43,13 @@ from typing import Any
 
 import torch
 
-from memory.rerank.kv_cache import cache_argument, layer_states, new_cache, prefix_cache
+from memory.rerank.kv_cache import (
+    cache_argument,
+    layer_states,
+    new_cache,
+    prefix_cache,
+    prefix_cache_class,
+)
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +198,7 @@ class StaticScorer:
     heads: dict[int, _HeadSlot] = field(default_factory=dict)
     tails: dict[tuple[int, Shape], _TailSlot] = field(default_factory=dict)
     graphs: bool = False
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         param = next(self.model.parameters())
@@ -199,6 +210,10 @@ class StaticScorer:
         self.positions = torch.arange(longest, device=self.device)
         self.head_len = torch.ones((), dtype=torch.long, device=self.device)
         self._mask_min = torch.finfo(self.dtype).min
+        prefix_cache_class()  # built here, outside any compiled step
+        # the step kernels: plain tensor functions, compiled by compile()
+        self._head_kernel: Callable[..., None] = self._head_forward
+        self._tail_kernel: Callable[..., torch.Tensor] = self._tail_forward
 
     # -- public --------------------------------------------------------------------
 
@@ -234,6 +249,40 @@ class StaticScorer:
             for i, value in zip(run.indices, out[: len(rows)].tolist(), strict=True):
                 scores[i] = value
         return scores
+
+    @torch.inference_mode()
+    def compile(self, backend: Any = "inductor") -> float:
+        """Compile the head and tail steps and run every shape once; before :meth:`capture`.
+
+        Shapes are marked dynamic, so one compilation serves every head size and
+        bucket where the model allows; running each shape here does whatever
+        specialising is left, at load rather than on a search.
+
+        Args:
+            backend: ``torch.compile``'s backend (``inductor``; tests pass others).
+
+        Returns:
+            Seconds spent.
+
+        Raises:
+            Exception: Whatever compilation raised (the caller keeps the eager steps
+                after :meth:`uncompile`).
+        """
+        started = time.perf_counter()
+        self._head_kernel = torch.compile(self._head_forward, dynamic=True, backend=backend)
+        self._tail_kernel = torch.compile(self._tail_forward, dynamic=True, backend=backend)
+        for size in head_sizes(self.max_length):
+            self._run_head(self._head_slot(head_size(size, self.max_length)[1]), size)
+        for cap in self.capacities:
+            for shape in self.buckets:
+                self._run_tail(self._head_slot(cap), self._tail_slot(cap, shape))
+        self.compiled = True
+        return time.perf_counter() - started
+
+    def uncompile(self) -> None:
+        """Go back to the eager step functions (after a failed :meth:`compile`)."""
+        self._head_kernel, self._tail_kernel = self._head_forward, self._tail_forward
+        self.compiled = False
 
     @torch.inference_mode()
     def capture(self) -> float:
@@ -285,28 +334,42 @@ class StaticScorer:
     def _run_head(self, slot: _HeadSlot, size: int | None = None) -> None:
         """The head step of one padded ``size``: its K/V into the first ``size`` positions."""
         size = size or slot.capacity
-        ids = slot.ids.setdefault(size, self._full((1, size)))
+        self._head_kernel(slot.ids.setdefault(size, self._full((1, size))), slot.keys, slot.values)
+
+    def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
+        return self._tail_kernel(slot.ids, slot.last, head.keys, head.values)
+
+    # Only tensors and lists of tensors go into the kernels, and no size is turned into
+    # a Python int there, so one compilation with dynamic shapes can serve every shape.
+
+    def _head_forward(
+        self, ids: torch.Tensor, key_bufs: list[torch.Tensor], value_bufs: list[torch.Tensor]
+    ) -> None:
+        size = ids.shape[1]
         positions = self.positions[:size][None]
         causal = positions <= positions.T  # [size, size]: right padding cannot reach back
         cache = new_cache()
         self._forward(ids, positions, self._additive(causal), cache)
-        for (keys, values), key_buf, value_buf in zip(layer_states(cache), slot.keys, slot.values):
+        for (keys, values), key_buf, value_buf in zip(layer_states(cache), key_bufs, value_bufs):
             # positions past ``size`` keep an earlier head's values: the tail mask hides them
             key_buf[:, :, :size].copy_(keys)
             value_buf[:, :, :size].copy_(values)
 
-    def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
-        batch, length = slot.ids.shape
-        cap = head.capacity
+    def _tail_forward(
+        self, ids: torch.Tensor, last_positions: torch.Tensor,
+        head_keys: list[torch.Tensor], head_values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        batch, length = ids.shape
+        cap = head_keys[0].shape[2]
         query = self.positions[:length][:, None]
         key = self.positions[: cap + length][None]
         sees_head = key < self.head_len  # the real head tokens, not its padding
         sees_tail = (key >= cap) & (key - cap <= query)  # causal within the tail
         mask = self._additive(sees_head | sees_tail)
         positions = (self.head_len + self.positions[:length])[None]
-        cache = prefix_cache(list(zip(head.keys, head.values)), batch)
-        hidden = self._forward(slot.ids, positions, mask, cache)
-        last = hidden[self.positions[:batch], slot.last]
+        cache = prefix_cache(list(zip(head_keys, head_values)), batch)
+        hidden = self._forward(ids, positions, mask, cache)
+        last = hidden[self.positions[:batch], last_positions]
         return self._yes_probability(last)
 
     def _forward(
