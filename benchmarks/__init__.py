@@ -236,14 +236,23 @@ def secure_delete_command(
               help="Searches/s and p95 latency with N searches reranking at once on one "
                    "reranker (the GPU profile's static shapes), e.g. 1,4,16,64; --repeats "
                    "is searches per thread.")
+@click.option("--peer", is_flag=True,
+              help="Time the peer instead: sentence-transformers' CrossEncoder on a Qwen3 "
+                   "classifier of --model-size's shape, the same pairs.")
 @JSON_OUT
 @click.pass_obj
 def rerank_command(
     settings: Settings, candidates: int, repeats: int, device: str, model_size: str,
     dtype: str | None, quick: bool, backends: str | None, concurrent: str | None,
-    json_out: Path | None,
+    peer: bool, json_out: Path | None,
 ) -> int:
     """Qwen3-Reranker-shaped model: per-pair vs batched vs shared prefix vs static shapes."""
+    if peer:
+        from benchmarks.rerank_peer import run_peer_bench
+
+        emit_json(run_peer_bench(candidates=candidates, repeats=repeats, device=device,
+                                 dtype=dtype, model_size=model_size), json_out)
+        return 0
     if concurrent:
         from benchmarks.rerank_concurrent import run_concurrent_bench
 
@@ -279,6 +288,17 @@ def _levels(text: str) -> tuple[int, ...]:
         raise click.BadParameter(f"levels must be 1 to 1024, got {text!r}",
                                  param_hint="--concurrent")
     return levels
+
+
+@bench.command("gpu-summary")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@JSON_OUT
+def gpu_summary_command(folder: Path, json_out: Path | None) -> int:
+    """One table (summary.md, summary.json) of scripts/gpu-bench.sh's files in FOLDER."""
+    from benchmarks.gpu_summary import write_summary
+
+    emit_json(write_summary(folder), json_out)
+    return 0
 
 
 @bench.command("embedder")
