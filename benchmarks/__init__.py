@@ -236,6 +236,9 @@ def secure_delete_command(
               help="Searches/s and p95 latency with N searches reranking at once on one "
                    "reranker (the GPU profile's static shapes), e.g. 1,4,16,64; --repeats "
                    "is searches per thread.")
+@click.option("--one-at-a-time", is_flag=True,
+              help="With --concurrent: score one search at a time (reranker.concurrent = 1), "
+                   "as before issue 33.")
 @click.option("--peer", is_flag=True,
               help="Time the peer instead: sentence-transformers' CrossEncoder on a Qwen3 "
                    "classifier of --model-size's shape, the same pairs.")
@@ -244,7 +247,7 @@ def secure_delete_command(
 def rerank_command(
     settings: Settings, candidates: int, repeats: int, device: str, model_size: str,
     dtype: str | None, quick: bool, backends: str | None, concurrent: str | None,
-    peer: bool, json_out: Path | None,
+    one_at_a_time: bool, peer: bool, json_out: Path | None,
 ) -> int:
     """Qwen3-Reranker-shaped model: per-pair vs batched vs shared prefix vs static shapes."""
     if peer:
@@ -258,7 +261,7 @@ def rerank_command(
 
         emit_json(run_concurrent_bench(_levels(concurrent), candidates=candidates,
                                        device=device, dtype=dtype, model_size=model_size,
-                                       rounds=repeats), json_out)
+                                       rounds=repeats, one_at_a_time=one_at_a_time), json_out)
         return 0
     if backends:
         from benchmarks.rerank_backends import run_backends_bench

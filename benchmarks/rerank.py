@@ -114,6 +114,7 @@ class _Static:
 
     buckets: tuple[tuple[int, int], ...] = ()
     run_cost: int = 512
+    concurrent: int = 1
 
 
 @dataclass(frozen=True)
@@ -270,7 +271,7 @@ def _profile_static(model_size: str) -> _Static:
     The 4B and 8B are compute-bound on a GPU, so they take ``cuda-8b``'s fine buckets.
     """
     reranker = load_profile("cuda" if model_size in ("0.6B", "tiny") else "cuda-8b").reranker
-    return _Static(reranker.buckets, reranker.bucket_run_cost)
+    return _Static(reranker.buckets, reranker.bucket_run_cost, reranker.concurrent)
 
 
 def _environment(

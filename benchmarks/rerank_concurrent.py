@@ -6,9 +6,9 @@ shape, the shipped GPU profile's static-shape settings) between ``N`` threads, e
 reranking ``candidates`` chat messages for its own query, and reports, per ``N``,
 searches per second and the latency a search sees (p50, p95), queueing included.
 
-Today the reranker scores one search at a time under its lock, so searches/s stays
-flat as ``N`` grows and latency grows with the queue: the baseline issue 33's
-"score concurrent searches together" is measured against.
+The profile's ``concurrent`` (16) lets searches that queue while one is scored share
+the next static steps; ``--one-at-a-time`` sets it to 1, the reranker before issue 33,
+which scores one search at a time under its lock.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def run_concurrent_bench(
     model_size: str = "0.6B",
     rounds: int = 2,
     seed: int = 0,
+    one_at_a_time: bool = False,
 ) -> dict[str, Any]:
     """Rerank ``candidates`` messages from ``N`` threads at once, for each ``N`` in ``levels``.
 
@@ -76,6 +77,8 @@ def run_concurrent_bench(
         model_size: ``0.6B``, ``4B``, ``8B`` or ``tiny``.
         rounds: Searches each thread runs per level (after one warm-up search).
         seed: Seed of the random weights.
+        one_at_a_time: Score one search at a time (``concurrent = 1``) instead of the
+            profile's grouping.
 
     Returns:
         A JSON-ready dict: device, model, the reranker settings, and ``levels``:
@@ -93,7 +96,10 @@ def run_concurrent_bench(
     require_device(device)
     torch_dtype = resolve_dtype(dtype or "auto", device)
     model = random_qwen3(MODEL_SHAPES[model_size], device=device, dtype=torch_dtype, seed=seed)
-    reranker = QwenReranker.from_model(model, qwen_tokenizer(), _config(device, model_size))
+    config = _config(device, model_size)
+    if one_at_a_time:
+        config = dataclasses.replace(config, concurrent=1)
+    reranker = QwenReranker.from_model(model, qwen_tokenizer(), config)
     docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
     reranker.score(QUERY, docs)  # warm-up: allocator, kernels, every graph already captured
     results: list[ConcurrencyResult] = []
@@ -111,6 +117,7 @@ def run_concurrent_bench(
         "torch_threads": torch.get_num_threads(),
         "candidates": candidates,
         "rounds": rounds,
+        "concurrent_setting": config.concurrent,
         "graphs_live": bool(static is not None and static.graphs),
         "levels": [dataclasses.asdict(r) for r in results],
     }
@@ -121,7 +128,7 @@ def _config(device: str, model_size: str) -> RerankerConfig:
     static = _profile_static(model_size)
     return RerankerConfig(
         backend="transformers", device=device, max_length=512, batch_size=32,
-        buckets=static.buckets, bucket_run_cost=static.run_cost,
+        buckets=static.buckets, bucket_run_cost=static.run_cost, concurrent=static.concurrent,
         cuda_graphs=torch.device(device).type == "cuda",
     )
 

@@ -128,7 +128,10 @@ class RerankerConfig:
     model loads, so a search replays graphs instead of launching kernels one by one.
     ``torch_compile`` compiles the static steps with torch.compile (inductor) at load,
     before any capture, and runs every shape once there; if that fails the eager
-    steps stay (logged once).
+    steps stay (logged once).  ``concurrent`` is how many searches one static step
+    may hold: searches that arrive while another is being scored are scored
+    together, each candidate attending only to its own query (1: one at a time).
+    Each search slot costs one head's keys and values per capacity in memory.
     Empty ``buckets`` keeps the dynamic-shape path.  ``bucket_run_cost`` is what one
     more forward pass costs, in token positions: the candidates are packed to
     minimise padded positions plus runs times this (high where launches dominate, a
@@ -186,6 +189,7 @@ class RerankerConfig:
     bucket_run_cost: int = field(default=512, metadata=_range(0, 1_000_000))
     cuda_graphs: bool = False
     torch_compile: bool = False
+    concurrent: int = field(default=1, metadata=_range(1, 256))
     runtime: str = field(default="torch", metadata=_choice("torch", "onnx"))
     onnx_file: str = ""
     dialect: str = field(

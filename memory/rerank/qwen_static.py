@@ -15,6 +15,12 @@ therefore runs every search through a few fixed shapes:
   tokens after a tail, extra rows after the last candidate), and run against the
   head's cache.
 
+Several searches can be scored together (:meth:`StaticScorer.score_together`): their
+heads go into separate *head slots* of the same buffers, and one tail step holds rows
+of several searches, each row attending only to its own head (a per-row mask and a
+per-row gather of the head's keys and values).  A bot in many servers has many
+searches at once; this fills one replay with them instead of queueing them.
+
 Padding cannot change a score: the attention mask lets a tail token see only the
 ``head_len`` real head positions and the tail positions up to itself (right
 padding sits after every real token, so a causal mask already hides it), and each
@@ -148,7 +154,7 @@ def plan_runs(
 class _HeadSlot:
     """Static buffers of one head capacity: token ids in (per head size), each layer's K/V out."""
 
-    keys: list[torch.Tensor]  # per layer [1, kv_heads, cap, head_dim]
+    keys: list[torch.Tensor]  # per layer [head slots, kv_heads, cap, head_dim]
     values: list[torch.Tensor]
     ids: dict[int, torch.Tensor] = field(default_factory=dict)  # head size -> [1, size] long
     graphs: dict[int, Any] = field(default_factory=dict)  # head size -> its captured step
@@ -165,6 +171,7 @@ class _TailSlot:
 
     ids: torch.Tensor  # [batch, length] long
     last: torch.Tensor  # [batch] long: each row's last real position
+    heads: torch.Tensor  # [batch] long: each row's head slot
     out: torch.Tensor | None = None  # [batch] float32 P(yes), set by the step
     graph: Any = None
 
@@ -187,6 +194,8 @@ class StaticScorer:
         pad_id: Token id used for padding (any valid id: padding is masked).
         buckets: ``(batch, length)`` shapes for the tails.
         max_length: The profile's ``max_length``; bounds the head capacities.
+        slots: Searches one step can hold (``reranker.concurrent``): head buffers
+            per capacity.
     """
 
     model: Any
@@ -195,6 +204,7 @@ class StaticScorer:
     pad_id: int
     buckets: tuple[Shape, ...]
     max_length: int
+    slots: int = 1
     heads: dict[int, _HeadSlot] = field(default_factory=dict)
     tails: dict[tuple[int, Shape], _TailSlot] = field(default_factory=dict)
     graphs: bool = False
@@ -208,7 +218,8 @@ class StaticScorer:
         self.capacities = head_capacities(self.max_length)
         longest = self.capacities[-1] + max(length for _, length in self.buckets)
         self.positions = torch.arange(longest, device=self.device)
-        self.head_len = torch.ones((), dtype=torch.long, device=self.device)
+        self.head_len = torch.ones(self.slots, dtype=torch.long, device=self.device)
+        self.head_index = torch.zeros(1, dtype=torch.long, device=self.device)  # slot written
         self._mask_min = torch.finfo(self.dtype).min
         prefix_cache_class()  # built here, outside any compiled step
         # the step kernels: plain tensor functions, compiled by compile()
@@ -230,23 +241,82 @@ class StaticScorer:
         Raises:
             RuntimeError: A forward pass or graph replay failed.
         """
-        size, cap = head_size(len(head), self.max_length)
+        return self._score_rows([head], tails, [0] * len(tails), runs)
+
+    @torch.inference_mode()
+    def score_together(
+        self, searches: Sequence[tuple[list[int], Sequence[list[int]]]], run_cost: int
+    ) -> list[tuple[dict[int, float], list[int]]]:
+        """Score several searches' ``(head, tails)`` in shared steps.
+
+        Searches whose heads share a capacity run together, at most ``slots`` at a
+        time: each head into a slot of its own, then every tail of every search in
+        one plan (:func:`plan_runs`), each row attending only to its own head.
+
+        Returns:
+            Per search, in order: P(yes) by tail index, and the indices of tails
+            longer than every bucket (for the caller's dynamic path).
+
+        Raises:
+            RuntimeError: A forward pass or graph replay failed.
+        """
+        results: list[tuple[dict[int, float], list[int]]] = [({}, []) for _ in searches]
+        by_cap: dict[int, list[int]] = {}
+        for index, (head, _) in enumerate(searches):
+            by_cap.setdefault(head_size(len(head), self.max_length)[1], []).append(index)
+        for members in by_cap.values():
+            for start in range(0, len(members), self.slots):
+                group = members[start : start + self.slots]
+                self._score_group([searches[i] for i in group], [results[i] for i in group],
+                                  run_cost)
+        return results
+
+    def _score_group(
+        self, searches: list[tuple[list[int], Sequence[list[int]]]],
+        results: list[tuple[dict[int, float], list[int]]], run_cost: int,
+    ) -> None:
+        """One group of at most ``slots`` searches with heads of one capacity."""
+        rows: list[list[int]] = []
+        owners: list[tuple[int, int]] = []  # (search, tail index) of each row
+        for search, (_, tails) in enumerate(searches):
+            rows += tails
+            owners += [(search, i) for i in range(len(tails))]
+        runs, overflow = plan_runs([len(r) for r in rows], self.buckets, run_cost)
+        found = self._score_rows([head for head, _ in searches], rows,
+                                 [search for search, _ in owners], runs)
+        for row, value in found.items():
+            search, i = owners[row]
+            results[search][0][i] = value
+        for row in overflow:
+            search, i = owners[row]
+            results[search][1].append(i)
+
+    def _score_rows(
+        self, heads: list[list[int]], rows: Sequence[list[int]], row_heads: list[int],
+        runs: list[Run],
+    ) -> dict[int, float]:
+        """Heads into slots 0..n-1 (one capacity), then ``runs`` over ``rows``."""
+        cap = max(head_size(len(head), self.max_length)[1] for head in heads)
         head_slot = self._head_slot(cap)
-        self.head_len.fill_(len(head))
-        head_slot.ids.setdefault(size, self._full((1, size))).copy_(
-            _padded([head], 1, size, self.pad_id)
-        )
-        self._step(head_slot.graphs.get(size), partial(self._run_head, head_slot, size))
+        for index, head in enumerate(heads):
+            size, _ = head_size(len(head), self.max_length)
+            self.head_len[index].fill_(len(head))
+            self.head_index.fill_(index)
+            head_slot.ids.setdefault(size, self._full((1, size))).copy_(
+                _padded([head], 1, size, self.pad_id)
+            )
+            self._step(head_slot.graphs.get(size), partial(self._run_head, head_slot, size))
         scores: dict[int, float] = {}
         for run in runs:
             slot = self._tail_slot(cap, run.shape)
             batch, length = run.shape
-            rows = [tails[i] for i in run.indices]
-            slot.ids.copy_(_padded(rows, batch, length, self.pad_id))
-            last = [len(r) - 1 for r in rows] + [0] * (batch - len(rows))
-            slot.last.copy_(torch.tensor(last, dtype=torch.long))
+            picked = [rows[i] for i in run.indices]
+            padding = [0] * (batch - len(picked))
+            slot.ids.copy_(_padded(picked, batch, length, self.pad_id))
+            slot.last.copy_(torch.tensor([len(r) - 1 for r in picked] + padding))
+            slot.heads.copy_(torch.tensor([row_heads[i] for i in run.indices] + padding))
             out = self._step(slot.graph, partial(self._run_tail, head_slot, slot), slot)
-            for i, value in zip(run.indices, out[: len(rows)].tolist(), strict=True):
+            for i, value in zip(run.indices, out[: len(picked)].tolist(), strict=True):
                 scores[i] = value
         return scores
 
@@ -337,7 +407,7 @@ class StaticScorer:
         self._head_kernel(slot.ids.setdefault(size, self._full((1, size))), slot.keys, slot.values)
 
     def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
-        return self._tail_kernel(slot.ids, slot.last, head.keys, head.values)
+        return self._tail_kernel(slot.ids, slot.last, slot.heads, head.keys, head.values)
 
     # Only tensors and lists of tensors go into the kernels, and no size is turned into
     # a Python int there, so one compilation with dynamic shapes can serve every shape.
@@ -351,23 +421,25 @@ class StaticScorer:
         cache = new_cache()
         self._forward(ids, positions, self._additive(causal), cache)
         for (keys, values), key_buf, value_buf in zip(layer_states(cache), key_bufs, value_bufs):
-            # positions past ``size`` keep an earlier head's values: the tail mask hides them
-            key_buf[:, :, :size].copy_(keys)
-            value_buf[:, :, :size].copy_(values)
+            # into slot head_index; positions past ``size`` keep an earlier head's values,
+            # which the tail mask hides
+            key_buf[:, :, :size].index_copy_(0, self.head_index, keys)
+            value_buf[:, :, :size].index_copy_(0, self.head_index, values)
 
     def _tail_forward(
-        self, ids: torch.Tensor, last_positions: torch.Tensor,
+        self, ids: torch.Tensor, last_positions: torch.Tensor, row_heads: torch.Tensor,
         head_keys: list[torch.Tensor], head_values: list[torch.Tensor],
     ) -> torch.Tensor:
         batch, length = ids.shape
         cap = head_keys[0].shape[2]
         query = self.positions[:length][:, None]
         key = self.positions[: cap + length][None]
-        sees_head = key < self.head_len  # the real head tokens, not its padding
-        sees_tail = (key >= cap) & (key - cap <= query)  # causal within the tail
-        mask = self._additive(sees_head | sees_tail)
-        positions = (self.head_len + self.positions[:length])[None]
-        cache = prefix_cache(list(zip(head_keys, head_values)), batch)
+        head_len = self.head_len[row_heads][:, None, None]  # [batch, 1, 1]: each row's head
+        sees_head = key[None] < head_len  # its own head's real tokens, not the padding
+        sees_tail = ((key >= cap) & (key - cap <= query))[None]  # causal within the tail
+        mask = self._additive(sees_head | sees_tail)[0, 0][:, None]  # [batch, 1, q, k]
+        positions = head_len[:, 0] + self.positions[:length][None]  # [batch, length]
+        cache = prefix_cache(list(zip(head_keys, head_values)), batch, row_heads)
         hidden = self._forward(ids, positions, mask, cache)
         last = hidden[self.positions[:batch], last_positions]
         return self._yes_probability(last)
@@ -399,7 +471,7 @@ class StaticScorer:
         slot = self.heads.get(cap)
         if slot is None:
             config = self.base.config
-            kv_shape = (1, config.num_key_value_heads, cap, _head_dim(config))
+            kv_shape = (self.slots, config.num_key_value_heads, cap, _head_dim(config))
             layers = range(len(self.base.layers))
             slot = _HeadSlot(
                 keys=[self._zeros(kv_shape) for _ in layers],
@@ -422,6 +494,7 @@ class StaticScorer:
             slot = _TailSlot(
                 ids=self._full((batch, length)),
                 last=torch.zeros(batch, dtype=torch.long, device=self.device),
+                heads=torch.zeros(batch, dtype=torch.long, device=self.device),
             )
             self.tails[(cap, shape)] = slot
         return slot

@@ -24,6 +24,7 @@ def test_concurrent_levels_report_rate_and_latency(capsys, tmp_path, cuda_forbid
     result = json.loads(out.read_text(encoding="utf-8"))
     assert (result["device"], result["dtype"], result["candidates"]) == ("cpu", "float32", 5)
     assert not result["graphs_live"]  # no CUDA here
+    assert result["concurrent_setting"] == 16  # the cuda profile groups searches
     levels = {level["concurrent"]: level for level in result["levels"]}
     assert list(levels) == [1, 3]
     assert [levels[n]["searches"] for n in (1, 3)] == [2, 6]  # every thread's every search
