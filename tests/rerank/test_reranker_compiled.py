@@ -132,3 +132,17 @@ def test_torch_compile_parses(tmp_path):
     path = write(tmp_path, '[reranker]\nbackend = "transformers"\nbuckets = [[8, 48]]\n'
                            "torch_compile = true\n")
     assert load_profile_file(path).reranker.torch_compile is True
+
+
+def test_compiled_steps_score_searches_together(parts, config, eager):
+    # the kernels grouped searches run through are the compiled ones too
+    reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH, concurrent=3)
+    calls: list[str] = []
+    assert qwen.compiled(reranker._static, backend=recording_backend(calls))
+    at_load = len(calls)
+    searches = [reranker.encode(q, DOCS) for q in QUERIES]
+    results = reranker._static.score_together([(e.head, e.tails) for e in searches], 512)
+    for query, (found, overflow) in zip(QUERIES, results, strict=True):
+        assert overflow == []
+        assert_close([found[i] for i in range(len(DOCS))], eager[query], tol=FP32_TOL)
+    assert len(calls) == at_load

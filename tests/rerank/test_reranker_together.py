@@ -9,6 +9,8 @@ grouped with.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from memory.config import ConfigError, load_profile_file
+from memory.rerank.qwen import QwenReranker
 from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close
 from tests.support.qwen_tiny import wrap
 
@@ -152,3 +155,19 @@ def test_bad_concurrent_names_file_and_key(tmp_path: Path, value):
     with pytest.raises(ConfigError, match="concurrent") as caught:
         load_profile_file(path)
     assert str(path) in str(caught.value)
+
+
+def test_bfloat16_together_within_issue_bar_of_bfloat16_eager(parts, config):
+    model, tokenizer = parts
+    bf16 = QwenReranker.from_model(
+        copy.deepcopy(model).to(torch.bfloat16), tokenizer,
+        dataclasses.replace(config, buckets=BUCKETS, concurrent=4),
+    )
+    queries = (QUERY, "", "bot down?")
+    searches = [bf16.encode(q, TEXTS[q]) for q in queries]
+    results = bf16._static.score_together([(e.head, e.tails) for e in searches], 512)
+    bf16._static = None
+    for query, encoded, (found, overflow) in zip(queries, searches, results, strict=True):
+        expected = bf16.score(query, TEXTS[query])  # the dynamic bf16 path
+        got = [found.get(i, expected[i]) for i in range(len(encoded.tails))]
+        assert_close(got, expected, tol=1e-2)  # issue 33: within 0.01 of same-dtype eager
