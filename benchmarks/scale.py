@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 import logging
 import random
 import re
@@ -24,8 +25,9 @@ import numpy as np
 from benchmarks.common import machine_description, percentile, scratch_location
 from benchmarks.retrieval import RETRIEVAL_MODES
 from memory.config import DEFAULT_EMBEDDER, Profile
-from memory.embedder import Embedder, SentenceTransformerEmbedder, resolve_model
+from memory.embedder import BUNDLED_MODEL_ID, Embedder, SentenceTransformerEmbedder, resolve_model
 from memory.engine import MemoryEngine
+from memory.errors import ConfigError
 from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.search import SearchRequest
@@ -44,26 +46,70 @@ SCALE_GUILD = 1000
 
 
 @functools.cache
-def _vocabulary() -> tuple[list[str], list[float]]:
+def _vocabulary(model: str = DEFAULT_EMBEDDER) -> tuple[list[str], list[float]]:
     """Real English words with Zipf-Mandelbrot cumulative weights, most frequent first.
 
-    The words come from the bundled MiniLM's WordPiece vocabulary, whose whole-word
-    entries are listed roughly by corpus frequency; stopwords are left out (queries
-    drop them too).  Weights ``1 / (rank + 50)`` give the flat head and long tail
-    of real chat: the commonest word is in about 3 % of messages and a typical
-    search word in well under 1 % (a 70-word vocabulary, used before, put every
-    query word in 12 % of messages and made BM25 score half the corpus per query).
+    The words come from a MiniLM WordPiece vocabulary (:func:`vocabulary_words`),
+    whose whole-word entries are listed roughly by corpus frequency; stopwords are
+    left out (queries drop them too).  Weights ``1 / (rank + 50)`` give the flat head
+    and long tail of real chat: the commonest word is in about 3 % of messages and a
+    typical search word in well under 1 % (a 70-word vocabulary, used before, put
+    every query word in 12 % of messages and made BM25 score half the corpus per query).
+
+    Args:
+        model: The profile's embedder model: the default (the bundled package) or a
+            local folder holding a WordPiece vocabulary.
     """
-    _, folder = resolve_model(DEFAULT_EMBEDDER)
     words = [
-        w for w in (Path(folder) / "vocab.txt").read_text(encoding="utf-8").split()
+        w for w in vocabulary_words(model)
         if w.isascii() and w.isalpha() and w.islower() and len(w) >= 3 and w not in STOPWORDS
     ][:_VOCABULARY_SIZE]
     return words, list(itertools.accumulate(1.0 / (rank + 50) for rank in range(len(words))))
 
 
-def _words(rng: random.Random, count: int) -> list[str]:
-    words, cum_weights = _vocabulary()
+def vocabulary_words(model: str = DEFAULT_EMBEDDER) -> list[str]:
+    """The WordPiece vocabulary of ``model``, in id order.
+
+    A model folder is read first (``vocab.txt``, or the ``model.vocab`` of its
+    ``tokenizer.json``), so a machine holding only a saved copy of MiniLM (the GPU
+    image, scripts/gpu-bench.sh) never needs the bundled package; a hub id or a
+    folder without a WordPiece vocabulary falls back to the bundled package.
+
+    Raises:
+        ConfigError: Neither the folder nor the bundled package has a vocabulary.
+    """
+    folder = Path(model).expanduser()
+    if model not in (DEFAULT_EMBEDDER, BUNDLED_MODEL_ID) and folder.is_dir():
+        words = _folder_vocabulary(folder)
+        if words:
+            return words
+        log.info("%s has no WordPiece vocabulary; using the bundled MiniLM's", folder)
+    try:
+        _, bundled = resolve_model(DEFAULT_EMBEDDER)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"the synthetic chat corpus needs a WordPiece vocabulary: {model!r} has none "
+            f"and {exc}, or set embedder.model to a local MiniLM folder"
+        ) from None
+    return _folder_vocabulary(Path(bundled))
+
+
+def _folder_vocabulary(folder: Path) -> list[str]:
+    """``vocab.txt`` of ``folder``, else its ``tokenizer.json`` WordPiece vocabulary; [] if none."""
+    vocab_txt = folder / "vocab.txt"
+    if vocab_txt.is_file():
+        return vocab_txt.read_text(encoding="utf-8").split()
+    tokenizer_json = folder / "tokenizer.json"
+    if not tokenizer_json.is_file():
+        return []
+    vocab = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("model", {}).get("vocab")
+    if not isinstance(vocab, dict):  # BPE/Unigram vocabularies are not WordPiece words
+        return []
+    return [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
+
+
+def _words(rng: random.Random, count: int, model: str = DEFAULT_EMBEDDER) -> list[str]:
+    words, cum_weights = _vocabulary(model)
     return rng.choices(words, cum_weights=cum_weights, k=count)
 
 
@@ -117,8 +163,14 @@ VECTORS = ("minilm", "word-average")
 """What ``bench search-scale --vectors`` embeds the corpus with."""
 
 
-def synthetic_records(n: int, seed: int = 0, guilds: int = 1) -> list[MessageRecord]:
-    """Build ``n`` chat-like messages across a few channels and authors (deterministic)."""
+def synthetic_records(
+    n: int, seed: int = 0, guilds: int = 1, model: str = DEFAULT_EMBEDDER
+) -> list[MessageRecord]:
+    """Build ``n`` chat-like messages across a few channels and authors (deterministic).
+
+    ``model`` is the profile's embedder model, whose vocabulary the words come from
+    (:func:`vocabulary_words`).
+    """
     rng = random.Random(seed)
     base_ms = int(time.time() * 1000) - 365 * 86_400_000
     records = []
@@ -130,7 +182,7 @@ def synthetic_records(n: int, seed: int = 0, guilds: int = 1) -> list[MessageRec
                 id=((created - 1420070400000) << 22) | (i & 0x3FFFFF),
                 guild_id=SCALE_GUILD + i % guilds, channel_id=2000 + rng.randint(0, 7),
                 author_id=author, created_at=created,
-                content=f"{rng.choice(_OPENERS)} {' '.join(_words(rng, rng.randint(3, 14)))}",
+                content=f"{rng.choice(_OPENERS)} {' '.join(_words(rng, rng.randint(3, 14), model))}",
                 author_name=f"user{author}", author_display_name=f"User {author}",
                 guild_name="Scale test", channel_name="general",
             )

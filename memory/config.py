@@ -126,6 +126,12 @@ class RerankerConfig:
     candidates are padded into, with the shared head computed once per query.  With
     ``cuda_graphs`` on a CUDA device, every shape is captured as a CUDA graph when the
     model loads, so a search replays graphs instead of launching kernels one by one.
+    ``torch_compile`` compiles the static steps with torch.compile (inductor) at load,
+    before any capture, and runs every shape once there; if that fails the eager
+    steps stay (logged once).  ``concurrent`` is how many searches one static step
+    may hold: searches that arrive while another is being scored are scored
+    together, each candidate attending only to its own query (1: one at a time).
+    Each search slot costs one head's keys and values per capacity in memory.
     Empty ``buckets`` keeps the dynamic-shape path.  ``bucket_run_cost`` is what one
     more forward pass costs, in token positions: the candidates are packed to
     minimise padded positions plus runs times this (high where launches dominate, a
@@ -182,6 +188,8 @@ class RerankerConfig:
     buckets: tuple[tuple[int, int], ...] = field(default=(), metadata={"shapes": True})
     bucket_run_cost: int = field(default=512, metadata=_range(0, 1_000_000))
     cuda_graphs: bool = False
+    torch_compile: bool = False
+    concurrent: int = field(default=1, metadata=_range(1, 256))
     runtime: str = field(default="torch", metadata=_choice("torch", "onnx"))
     onnx_file: str = ""
     dialect: str = field(
@@ -426,6 +434,11 @@ def _validate_profile(profile: Profile) -> Profile:
             f"{profile.source}: reranker.buckets cannot be combined with quantize = 'int8' "
             "(dynamic int8 scales activations per batch, so padding would change scores): "
             "drop one of them"
+        )
+    if r.torch_compile and not r.buckets:
+        raise ConfigError(
+            f"{profile.source}: reranker.torch_compile compiles the static-shape steps, so "
+            "it needs reranker.buckets: add buckets or set torch_compile = false"
         )
     too_long = [b for b in r.buckets if b[1] > r.max_length]
     if too_long:

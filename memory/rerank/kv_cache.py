@@ -26,7 +26,6 @@ release that takes neither fails at load with a clear error instead of at a sear
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
@@ -99,7 +98,7 @@ def repeated_cache(head: list[LayerKV], batch: int) -> Any:
     return cache
 
 
-def prefix_cache(head: list[LayerKV], batch: int) -> Any:
+def prefix_cache(head: list[LayerKV], batch: int, rows: torch.Tensor | None = None) -> Any:
     """A cache that puts ``head`` (repeated ``batch`` times) in front of every layer's keys.
 
     Only for passes given a prepared 4D attention mask (which transformers uses as
@@ -108,14 +107,29 @@ def prefix_cache(head: list[LayerKV], batch: int) -> Any:
     buckets, keeping every layer's until the pass ends would cost gigabytes.
 
     Args:
-        head: Each layer's (keys, values) of the shared head, batch size 1.
+        head: Each layer's (keys, values) of the shared head, batch size 1; or, with
+            ``rows``, of several heads (one per slot).
         batch: Rows of the pass that runs on top of it.
+        rows: ``[batch]`` long: the head slot each row puts in front of its own keys.
     """
-    return _prefix_cache_class()(head, batch)
+    return prefix_cache_class()(head, batch, rows)
 
 
-@functools.cache
-def _prefix_cache_class() -> type:
+_PREFIX_CACHE_CLASS: list[type] = []
+
+
+def prefix_cache_class() -> type:
+    """The class :func:`prefix_cache` builds, made on first use.
+
+    Call it once outside a ``torch.compile``'d function: inside, it is then a plain
+    global lookup (dynamo does not honour a ``functools.cache`` wrapper, and warns).
+    """
+    if not _PREFIX_CACHE_CLASS:
+        _PREFIX_CACHE_CLASS.append(_make_prefix_cache_class())
+    return _PREFIX_CACHE_CLASS[0]
+
+
+def _make_prefix_cache_class() -> type:
     # Built on first use: importing transformers is the reranker backend's business.
     from transformers import DynamicCache
 
@@ -129,9 +143,14 @@ def _prefix_cache_class() -> type:
         own keys back.
         """
 
-        def __init__(self, head: list[LayerKV], batch: int) -> None:
+        def __init__(self, head: list[LayerKV], batch: int, rows: torch.Tensor | None) -> None:
             super().__init__()
-            self.head, self.batch = head, batch
+            self.head, self.batch, self.rows = head, batch, rows
+
+        def _front(self, states: torch.Tensor) -> torch.Tensor:
+            if self.rows is None:
+                return states.expand(self.batch, -1, -1, -1)
+            return states.index_select(0, self.rows)  # each row its own head
 
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
@@ -139,8 +158,8 @@ def _prefix_cache_class() -> type:
         ) -> tuple[torch.Tensor, torch.Tensor]:
             keys, values = self.head[layer_idx]
             return (
-                torch.cat([keys.expand(self.batch, -1, -1, -1), key_states], dim=-2),
-                torch.cat([values.expand(self.batch, -1, -1, -1), value_states], dim=-2),
+                torch.cat([self._front(keys), key_states], dim=-2),
+                torch.cat([self._front(values), value_states], dim=-2),
             )
 
         def get_seq_length(self, layer_idx: int | None = 0) -> int:

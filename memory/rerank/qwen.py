@@ -21,8 +21,10 @@ With ``buckets`` in the profile, scoring goes through the static-shape path of
 :mod:`memory.rerank.qwen_static` instead: fixed (batch, length) shapes, the head
 once per query, and on CUDA with ``cuda_graphs`` one CUDA graph per shape, captured
 in :meth:`QwenReranker.load` (the background worker of a profile switch) so no
-search pays for it.  If capture fails, or a static step fails later, the reason is
-logged once and the dynamic path above takes over: a search never sees the error.
+search pays for it; with ``torch_compile`` the steps are compiled (inductor) and
+run once per shape before that, and a compile failure keeps the eager steps.  If
+capture fails, or a static step fails later, the reason is logged once and the
+dynamic path above takes over: a search never sees the error.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -80,6 +82,16 @@ class EncodedQuery:
     def tokens(self) -> int:
         """Prompt tokens over all texts, counting the head once per text."""
         return sum(len(self.head) + len(t) for t in self.tails)
+
+
+@dataclass
+class _Waiting:
+    """One search queued to be scored together with others (``reranker.concurrent``)."""
+
+    encoded: EncodedQuery
+    done: threading.Event = field(default_factory=threading.Event)
+    scores: list[float] = field(default_factory=list)
+    error: BaseException | None = None
 
 
 def load_failure(model: str, device: str, exc: BaseException) -> str:
@@ -160,6 +172,8 @@ class QwenReranker:
         self._suffix_ids: list[int] = []
         self._cache_arg = ""  # forward's KV cache argument (kv_cache.cache_argument)
         self._static: StaticScorer | None = None  # the bucketed path, when the profile asks
+        self._waiting: list[_Waiting] = []  # searches to score together; under _queue_lock
+        self._queue_lock = threading.Lock()
         # A failed load is remembered for a while: retrying a missing model on every
         # search would cost a hub round-trip (or its retries) each time.
         self._load_failure: tuple[float, RerankerUnavailable] | None = None
@@ -225,13 +239,72 @@ class QwenReranker:
         with self._lock:
             self.load()
             encoded = self.encode(query, texts)
-            try:
-                return self._score_encoded(encoded)
-            except RuntimeError as exc:
-                raise RerankerError(
-                    f"reranker forward pass failed on {self.device}: {exc}; "
-                    "lower reranker.batch_size or reranker.max_length"
-                ) from exc
+            static = self._static
+            if static is None or self.config.concurrent == 1 or not static.fits(len(encoded.head)):
+                return self._score_or_raise(encoded)
+        return self._score_together(encoded)
+
+    def _score_or_raise(self, encoded: EncodedQuery) -> list[float]:
+        """:meth:`_score_encoded` with a torch failure as :class:`RerankerError`; under the lock."""
+        try:
+            return self._score_encoded(encoded)
+        except RuntimeError as exc:
+            raise RerankerError(
+                f"reranker forward pass failed on {self.device}: {exc}; "
+                "lower reranker.batch_size or reranker.max_length"
+            ) from exc
+
+    def _score_together(self, encoded: EncodedQuery) -> list[float]:
+        """Queue this search; whoever holds the lock next scores every queued one together.
+
+        No search waits for company: the first to get the lock scores what is queued
+        at that moment (itself, at least), and searches that arrive meanwhile go into
+        the next step together.
+        """
+        waiting = _Waiting(encoded)
+        with self._queue_lock:
+            self._waiting.append(waiting)
+        while not waiting.done.is_set():
+            with self._lock:
+                with self._queue_lock:
+                    group = self._waiting[: self.config.concurrent]
+                    del self._waiting[: self.config.concurrent]
+                if group:
+                    self._score_group(group)
+        if waiting.error is not None:
+            raise waiting.error
+        return waiting.scores
+
+    def _score_group(self, group: list[_Waiting]) -> None:
+        """Score queued searches in shared static steps; each gets its scores or its error."""
+        try:
+            self.load()
+            static = self._static
+            if static is None:  # dropped after a failure, or closed and reloaded
+                raise _NoStaticPath
+            results = static.score_together(
+                [(w.encoded.head, w.encoded.tails) for w in group], self.config.bucket_run_cost
+            )
+            for waiting, (found, overflow) in zip(group, results, strict=True):
+                if overflow:
+                    rest = self._score_dynamic(waiting.encoded, overflow)
+                    found.update((i, rest[i]) for i in overflow)
+                waiting.scores = [found[i] for i in range(len(waiting.encoded.tails))]
+        except Exception as exc:  # one by one instead; a search never sees a static failure
+            if not isinstance(exc, _NoStaticPath):
+                log.warning(
+                    "reranker static-shape step failed; scoring with dynamic shapes from now on",
+                    exc_info=True,
+                )
+                self._static = None
+            for waiting in group:
+                try:
+                    waiting.scores = self._score_or_raise(waiting.encoded)
+                except Exception as error:  # handed to the search that asked
+                    waiting.error = error
+        finally:
+            for waiting in group:
+                waiting.done.set()
 
     def close(self) -> None:
         """Drop the model and tokenizer and return their memory."""
@@ -434,15 +507,39 @@ def static_scorer(reranker: QwenReranker, model: Any) -> StaticScorer | None:
         return None
     rows, bias, pad_id = reranker.answer_head()
     static = StaticScorer(
-        model=model, answer_rows=rows, answer_bias=bias,
-        pad_id=pad_id, buckets=config.buckets, max_length=config.max_length,
+        model=model, answer_rows=rows, answer_bias=bias, pad_id=pad_id,
+        buckets=config.buckets, max_length=config.max_length, slots=config.concurrent,
     )
+    if config.torch_compile:
+        compiled(static)
     if not config.cuda_graphs:
         return static
     if torch.device(reranker.device).type != "cuda":
         log.info("reranker.cuda_graphs is for CUDA devices; %s scores eagerly", reranker.device)
         return static
     return captured(static, reranker.device)
+
+def compiled(static: StaticScorer, backend: Any = "inductor") -> bool:
+    """Compile ``static``'s steps (:meth:`StaticScorer.compile`); on any failure log once.
+
+    A failure leaves the eager steps, which the CUDA graphs then capture as before:
+    compiling is a speed-up, never a reason to score differently or not at all.
+
+    Returns:
+        Whether the compiled steps are in place.
+    """
+    try:
+        seconds = static.compile(backend)
+    except Exception:  # inductor, a C++/Triton toolchain, dynamo: none may reach a search
+        log.warning(
+            "reranker torch.compile of the static steps failed; keeping the eager steps",
+            exc_info=True,
+        )
+        static.uncompile()
+        return False
+    log.info("reranker static steps compiled in %.1f s (every shape run once)", seconds)
+    return True
+
 
 def captured(static: StaticScorer, device: str) -> StaticScorer | None:
     """Capture ``static``'s graphs; on any failure log once and score eagerly.
@@ -496,6 +593,10 @@ def quantized(model: Any, device: str, dtype: torch.dtype) -> Any:
         )
     log.info("reranker Linear layers quantised to dynamic int8")
     return model
+
+
+class _NoStaticPath(Exception):
+    """The static path is gone (an earlier failure); score one search at a time."""
 
 
 def _stop_if_late() -> None:

@@ -6,20 +6,32 @@ launching some 400 small kernels.  A CUDA graph replays all of them in one launc
 but only for the tensor shapes and addresses it was captured with.  This module
 therefore runs every search through a few fixed shapes:
 
-* the *head* (system prompt, instruction, query) is right-padded to a power-of-two
-  capacity (64, 128, ... up to ``max_length``) and run once per query, writing each
-  layer's keys and values into static buffers;
+* the *head* (system prompt, instruction, query) is right-padded to the next
+  multiple of :data:`HEAD_STEP` tokens (a 93-token head runs as 96, not 128) and run
+  once per query, writing each layer's keys and values into the static buffers of
+  a power-of-two *capacity* (64, 128, ... up to ``max_length``);
 * the *tails* (document + suffix) are sorted by length and packed into the
   profile's ``[batch, length]`` buckets, right-padded in both directions (extra
   tokens after a tail, extra rows after the last candidate), and run against the
   head's cache.
+
+Several searches can be scored together (:meth:`StaticScorer.score_together`): their
+heads go into separate *head slots* of the same buffers, and one tail step holds rows
+of several searches, each row attending only to its own head (a per-row mask and a
+per-row gather of the head's keys and values).  A bot in many servers has many
+searches at once; this fills one replay with them instead of queueing them.
 
 Padding cannot change a score: the attention mask lets a tail token see only the
 ``head_len`` real head positions and the tail positions up to itself (right
 padding sits after every real token, so a causal mask already hides it), and each
 row's score is read at its own last real position, not at the bucket's end.
 
-On CUDA with ``cuda_graphs`` every (head capacity, bucket) step is captured once, at
+With ``torch_compile`` the two step functions are compiled first (inductor: fused
+RMSNorm, RoPE, SiLU-mul and attention kernels) and every shape is run once, at load,
+so no search compiles; any failure there leaves the eager steps in place.
+
+On CUDA with ``cuda_graphs`` every head size and every (head capacity, bucket)
+step is captured once, at
 load time, into one shared memory pool; a search only copies token ids into the
 static input buffers and replays.  Elsewhere the very same step functions run
 eagerly, which is how the path is tested on CPU.
@@ -37,11 +49,18 @@ from typing import Any
 
 import torch
 
-from memory.rerank.kv_cache import cache_argument, layer_states, new_cache, prefix_cache
+from memory.rerank.kv_cache import (
+    cache_argument,
+    layer_states,
+    new_cache,
+    prefix_cache,
+    prefix_cache_class,
+)
 
 log = logging.getLogger(__name__)
 
 HEAD_MIN = 64  # smallest head capacity; the official prompt head alone is ~60 tokens
+HEAD_STEP = 32  # head sizes between capacities: the head step pads to a multiple of this
 Shape = tuple[int, int]  # (batch, tail length)
 
 
@@ -65,6 +84,24 @@ def head_capacities(max_length: int) -> tuple[int, ...]:
     while caps[-1] < max_length:
         caps.append(caps[-1] * 2)
     return tuple(caps)
+
+
+def head_sizes(max_length: int) -> tuple[int, ...]:
+    """Padded head lengths the head step runs: multiples of :data:`HEAD_STEP`.
+
+    They start at :data:`HEAD_MIN` and end at the largest capacity, so a head is
+    padded by fewer than ``HEAD_STEP`` tokens instead of up to doubling; each size
+    writes into the keys and values of the smallest capacity holding it, which the
+    tail steps read (attention over a few masked head positions costs little next
+    to running them through every layer).
+    """
+    return tuple(range(HEAD_MIN, head_capacities(max_length)[-1] + 1, HEAD_STEP))
+
+
+def head_size(length: int, max_length: int) -> tuple[int, int]:
+    """``(size, capacity)`` a head of ``length`` tokens runs as; it must fit (see ``fits``)."""
+    size = next(s for s in head_sizes(max_length) if s >= length)
+    return size, next(c for c in head_capacities(max_length) if c >= size)
 
 
 def plan_runs(
@@ -115,12 +152,17 @@ def plan_runs(
 
 @dataclass
 class _HeadSlot:
-    """Static buffers of one head capacity: token ids in, each layer's K/V out."""
+    """Static buffers of one head capacity: token ids in (per head size), each layer's K/V out."""
 
-    ids: torch.Tensor  # [1, cap] long
-    keys: list[torch.Tensor]  # per layer [1, kv_heads, cap, head_dim]
+    keys: list[torch.Tensor]  # per layer [head slots, kv_heads, cap, head_dim]
     values: list[torch.Tensor]
-    graph: Any = None
+    ids: dict[int, torch.Tensor] = field(default_factory=dict)  # head size -> [1, size] long
+    graphs: dict[int, Any] = field(default_factory=dict)  # head size -> its captured step
+
+    @property
+    def capacity(self) -> int:
+        """Head positions the tail steps attend over (padding masked)."""
+        return int(self.keys[0].shape[2])
 
 
 @dataclass
@@ -129,6 +171,7 @@ class _TailSlot:
 
     ids: torch.Tensor  # [batch, length] long
     last: torch.Tensor  # [batch] long: each row's last real position
+    heads: torch.Tensor  # [batch] long: each row's head slot
     out: torch.Tensor | None = None  # [batch] float32 P(yes), set by the step
     graph: Any = None
 
@@ -151,6 +194,8 @@ class StaticScorer:
         pad_id: Token id used for padding (any valid id: padding is masked).
         buckets: ``(batch, length)`` shapes for the tails.
         max_length: The profile's ``max_length``; bounds the head capacities.
+        slots: Searches one step can hold (``reranker.concurrent``): head buffers
+            per capacity.
     """
 
     model: Any
@@ -159,9 +204,11 @@ class StaticScorer:
     pad_id: int
     buckets: tuple[Shape, ...]
     max_length: int
+    slots: int = 1
     heads: dict[int, _HeadSlot] = field(default_factory=dict)
     tails: dict[tuple[int, Shape], _TailSlot] = field(default_factory=dict)
     graphs: bool = False
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         param = next(self.model.parameters())
@@ -171,8 +218,13 @@ class StaticScorer:
         self.capacities = head_capacities(self.max_length)
         longest = self.capacities[-1] + max(length for _, length in self.buckets)
         self.positions = torch.arange(longest, device=self.device)
-        self.head_len = torch.ones((), dtype=torch.long, device=self.device)
+        self.head_len = torch.ones(self.slots, dtype=torch.long, device=self.device)
+        self.head_index = torch.zeros(1, dtype=torch.long, device=self.device)  # slot written
         self._mask_min = torch.finfo(self.dtype).min
+        prefix_cache_class()  # built here, outside any compiled step
+        # the step kernels: plain tensor functions, compiled by compile()
+        self._head_kernel: Callable[..., None] = self._head_forward
+        self._tail_kernel: Callable[..., torch.Tensor] = self._tail_forward
 
     # -- public --------------------------------------------------------------------
 
@@ -189,27 +241,122 @@ class StaticScorer:
         Raises:
             RuntimeError: A forward pass or graph replay failed.
         """
-        cap = next(c for c in self.capacities if c >= len(head))
+        return self._score_rows([head], tails, [0] * len(tails), runs)
+
+    @torch.inference_mode()
+    def score_together(
+        self, searches: Sequence[tuple[list[int], Sequence[list[int]]]], run_cost: int
+    ) -> list[tuple[dict[int, float], list[int]]]:
+        """Score several searches' ``(head, tails)`` in shared steps.
+
+        Searches whose heads share a capacity run together, at most ``slots`` at a
+        time: each head into a slot of its own, then every tail of every search in
+        one plan (:func:`plan_runs`), each row attending only to its own head.
+
+        Returns:
+            Per search, in order: P(yes) by tail index, and the indices of tails
+            longer than every bucket (for the caller's dynamic path).
+
+        Raises:
+            RuntimeError: A forward pass or graph replay failed.
+        """
+        results: list[tuple[dict[int, float], list[int]]] = [({}, []) for _ in searches]
+        by_cap: dict[int, list[int]] = {}
+        for index, (head, _) in enumerate(searches):
+            by_cap.setdefault(head_size(len(head), self.max_length)[1], []).append(index)
+        for members in by_cap.values():
+            for start in range(0, len(members), self.slots):
+                group = members[start : start + self.slots]
+                self._score_group([searches[i] for i in group], [results[i] for i in group],
+                                  run_cost)
+        return results
+
+    def _score_group(
+        self, searches: list[tuple[list[int], Sequence[list[int]]]],
+        results: list[tuple[dict[int, float], list[int]]], run_cost: int,
+    ) -> None:
+        """One group of at most ``slots`` searches with heads of one capacity."""
+        rows: list[list[int]] = []
+        owners: list[tuple[int, int]] = []  # (search, tail index) of each row
+        for search, (_, tails) in enumerate(searches):
+            rows += tails
+            owners += [(search, i) for i in range(len(tails))]
+        runs, overflow = plan_runs([len(r) for r in rows], self.buckets, run_cost)
+        found = self._score_rows([head for head, _ in searches], rows,
+                                 [search for search, _ in owners], runs)
+        for row, value in found.items():
+            search, i = owners[row]
+            results[search][0][i] = value
+        for row in overflow:
+            search, i = owners[row]
+            results[search][1].append(i)
+
+    def _score_rows(
+        self, heads: list[list[int]], rows: Sequence[list[int]], row_heads: list[int],
+        runs: list[Run],
+    ) -> dict[int, float]:
+        """Heads into slots 0..n-1 (one capacity), then ``runs`` over ``rows``."""
+        cap = max(head_size(len(head), self.max_length)[1] for head in heads)
         head_slot = self._head_slot(cap)
-        self.head_len.fill_(len(head))
-        head_slot.ids.copy_(_padded([head], 1, cap, self.pad_id))
-        self._step(head_slot.graph, partial(self._run_head, head_slot))
+        for index, head in enumerate(heads):
+            size, _ = head_size(len(head), self.max_length)
+            self.head_len[index].fill_(len(head))
+            self.head_index.fill_(index)
+            head_slot.ids.setdefault(size, self._full((1, size))).copy_(
+                _padded([head], 1, size, self.pad_id)
+            )
+            self._step(head_slot.graphs.get(size), partial(self._run_head, head_slot, size))
         scores: dict[int, float] = {}
         for run in runs:
             slot = self._tail_slot(cap, run.shape)
             batch, length = run.shape
-            rows = [tails[i] for i in run.indices]
-            slot.ids.copy_(_padded(rows, batch, length, self.pad_id))
-            last = [len(r) - 1 for r in rows] + [0] * (batch - len(rows))
-            slot.last.copy_(torch.tensor(last, dtype=torch.long))
+            picked = [rows[i] for i in run.indices]
+            padding = [0] * (batch - len(picked))
+            slot.ids.copy_(_padded(picked, batch, length, self.pad_id))
+            slot.last.copy_(torch.tensor([len(r) - 1 for r in picked] + padding))
+            slot.heads.copy_(torch.tensor([row_heads[i] for i in run.indices] + padding))
             out = self._step(slot.graph, partial(self._run_tail, head_slot, slot), slot)
-            for i, value in zip(run.indices, out[: len(rows)].tolist(), strict=True):
+            for i, value in zip(run.indices, out[: len(picked)].tolist(), strict=True):
                 scores[i] = value
         return scores
 
     @torch.inference_mode()
+    def compile(self, backend: Any = "inductor") -> float:
+        """Compile the head and tail steps and run every shape once; before :meth:`capture`.
+
+        Shapes are marked dynamic, so one compilation serves every head size and
+        bucket where the model allows; running each shape here does whatever
+        specialising is left, at load rather than on a search.
+
+        Args:
+            backend: ``torch.compile``'s backend (``inductor``; tests pass others).
+
+        Returns:
+            Seconds spent.
+
+        Raises:
+            Exception: Whatever compilation raised (the caller keeps the eager steps
+                after :meth:`uncompile`).
+        """
+        started = time.perf_counter()
+        self._head_kernel = torch.compile(self._head_forward, dynamic=True, backend=backend)
+        self._tail_kernel = torch.compile(self._tail_forward, dynamic=True, backend=backend)
+        for size in head_sizes(self.max_length):
+            self._run_head(self._head_slot(head_size(size, self.max_length)[1]), size)
+        for cap in self.capacities:
+            for shape in self.buckets:
+                self._run_tail(self._head_slot(cap), self._tail_slot(cap, shape))
+        self.compiled = True
+        return time.perf_counter() - started
+
+    def uncompile(self) -> None:
+        """Go back to the eager step functions (after a failed :meth:`compile`)."""
+        self._head_kernel, self._tail_kernel = self._head_forward, self._tail_forward
+        self.compiled = False
+
+    @torch.inference_mode()
     def capture(self) -> float:
-        """Capture every (head capacity, bucket) step as a CUDA graph; CUDA only.
+        """Capture every head size and (head capacity, bucket) step as a CUDA graph; CUDA only.
 
         Warms each step up twice on a side stream (cuBLAS handles, attention kernel
         choice), then captures it into one memory pool shared by all graphs, which
@@ -224,9 +371,14 @@ class StaticScorer:
         """
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
+        for size in head_sizes(self.max_length):
+            head_slot = self._head_slot(head_size(size, self.max_length)[1])
+            head_slot.ids.setdefault(size, self._full((1, size)))
+            head_slot.graphs[size], _ = self._capture(
+                pool, partial(self._run_head, head_slot, size)
+            )
         for cap in self.capacities:
             head_slot = self._head_slot(cap)
-            head_slot.graph, _ = self._capture(pool, partial(self._run_head, head_slot))
             for shape in self.buckets:
                 slot = self._tail_slot(cap, shape)
                 step = partial(self._run_tail, head_slot, slot)
@@ -249,28 +401,47 @@ class StaticScorer:
         graph.replay()
         return slot.out if slot is not None else None
 
-    def _run_head(self, slot: _HeadSlot) -> None:
-        cap = slot.ids.shape[1]
-        positions = self.positions[:cap][None]
-        causal = positions <= positions.T  # [cap, cap]: right padding cannot reach back
-        cache = new_cache()
-        self._forward(slot.ids, positions, self._additive(causal), cache)
-        for (keys, values), key_buf, value_buf in zip(layer_states(cache), slot.keys, slot.values):
-            key_buf.copy_(keys)
-            value_buf.copy_(values)
+    def _run_head(self, slot: _HeadSlot, size: int | None = None) -> None:
+        """The head step of one padded ``size``: its K/V into the first ``size`` positions."""
+        size = size or slot.capacity
+        self._head_kernel(slot.ids.setdefault(size, self._full((1, size))), slot.keys, slot.values)
 
     def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
-        batch, length = slot.ids.shape
-        cap = head.ids.shape[1]
+        return self._tail_kernel(slot.ids, slot.last, slot.heads, head.keys, head.values)
+
+    # Only tensors and lists of tensors go into the kernels, and no size is turned into
+    # a Python int there, so one compilation with dynamic shapes can serve every shape.
+
+    def _head_forward(
+        self, ids: torch.Tensor, key_bufs: list[torch.Tensor], value_bufs: list[torch.Tensor]
+    ) -> None:
+        size = ids.shape[1]
+        positions = self.positions[:size][None]
+        causal = positions <= positions.T  # [size, size]: right padding cannot reach back
+        cache = new_cache()
+        self._forward(ids, positions, self._additive(causal), cache)
+        for (keys, values), key_buf, value_buf in zip(layer_states(cache), key_bufs, value_bufs):
+            # into slot head_index; positions past ``size`` keep an earlier head's values,
+            # which the tail mask hides
+            key_buf[:, :, :size].index_copy_(0, self.head_index, keys)
+            value_buf[:, :, :size].index_copy_(0, self.head_index, values)
+
+    def _tail_forward(
+        self, ids: torch.Tensor, last_positions: torch.Tensor, row_heads: torch.Tensor,
+        head_keys: list[torch.Tensor], head_values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        batch, length = ids.shape
+        cap = head_keys[0].shape[2]
         query = self.positions[:length][:, None]
         key = self.positions[: cap + length][None]
-        sees_head = key < self.head_len  # the real head tokens, not its padding
-        sees_tail = (key >= cap) & (key - cap <= query)  # causal within the tail
-        mask = self._additive(sees_head | sees_tail)
-        positions = (self.head_len + self.positions[:length])[None]
-        cache = prefix_cache(list(zip(head.keys, head.values)), batch)
-        hidden = self._forward(slot.ids, positions, mask, cache)
-        last = hidden[self.positions[:batch], slot.last]
+        head_len = self.head_len[row_heads][:, None, None]  # [batch, 1, 1]: each row's head
+        sees_head = key[None] < head_len  # its own head's real tokens, not the padding
+        sees_tail = ((key >= cap) & (key - cap <= query))[None]  # causal within the tail
+        mask = self._additive(sees_head | sees_tail)[0, 0][:, None]  # [batch, 1, q, k]
+        positions = head_len[:, 0] + self.positions[:length][None]  # [batch, length]
+        cache = prefix_cache(list(zip(head_keys, head_values)), batch, row_heads)
+        hidden = self._forward(ids, positions, mask, cache)
+        last = hidden[self.positions[:batch], last_positions]
         return self._yes_probability(last)
 
     def _forward(
@@ -300,10 +471,9 @@ class StaticScorer:
         slot = self.heads.get(cap)
         if slot is None:
             config = self.base.config
-            kv_shape = (1, config.num_key_value_heads, cap, _head_dim(config))
+            kv_shape = (self.slots, config.num_key_value_heads, cap, _head_dim(config))
             layers = range(len(self.base.layers))
             slot = _HeadSlot(
-                ids=torch.full((1, cap), self.pad_id, dtype=torch.long, device=self.device),
                 keys=[self._zeros(kv_shape) for _ in layers],
                 values=[self._zeros(kv_shape) for _ in layers],
             )
@@ -313,13 +483,18 @@ class StaticScorer:
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
+    def _full(self, shape: tuple[int, int]) -> torch.Tensor:
+        """A static id buffer, all padding."""
+        return torch.full(shape, self.pad_id, dtype=torch.long, device=self.device)
+
     def _tail_slot(self, cap: int, shape: Shape) -> _TailSlot:
         slot = self.tails.get((cap, shape))
         if slot is None:
             batch, length = shape
             slot = _TailSlot(
-                ids=torch.full((batch, length), self.pad_id, dtype=torch.long, device=self.device),
+                ids=self._full((batch, length)),
                 last=torch.zeros(batch, dtype=torch.long, device=self.device),
+                heads=torch.zeros(batch, dtype=torch.long, device=self.device),
             )
             self.tails[(cap, shape)] = slot
         return slot

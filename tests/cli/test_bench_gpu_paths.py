@@ -100,8 +100,11 @@ def test_gpu_quick_plan_has_graph_variants_with_the_profiles_buckets(size, profi
     plan = {v.name: v for v in _variants("cuda", "bfloat16", static, quick=True)}
     assert list(plan) == [
         "per-pair float32", "batched bfloat16 bs32", "prefix bfloat16 bs32",
-        "bucketed bfloat16 eager", "bucketed bfloat16 graphs",
-    ]
+        "bucketed bfloat16 eager", "bucketed bfloat16 graphs", "bucketed bfloat16 compiled graphs",
+    ]  # issue 33 adds the compiled graphs row
     assert plan["bucketed bfloat16 graphs"].cuda_graphs
+    compiled = plan["bucketed bfloat16 compiled graphs"]
+    assert compiled.cuda_graphs and compiled.torch_compile and compiled.static == static
+    assert not plan["bucketed bfloat16 graphs"].torch_compile
     assert not plan["bucketed bfloat16 eager"].cuda_graphs
     assert plan["bucketed bfloat16 graphs"].static == static

@@ -35,7 +35,8 @@ COMMANDS = [
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
     ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"], ["bench", "member-names"],
     ["bench", "secure-delete"], ["bench", "stalls"], ["bench", "reconcile"],
-    ["bench", "write-throughput"], ["bench", "reembed"], ["migrate-db"],
+    ["bench", "write-throughput"], ["bench", "reembed"], ["bench", "gpu-summary"],
+    ["migrate-db"],
 ]
 
 

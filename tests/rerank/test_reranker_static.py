@@ -27,7 +27,15 @@ from memory.config import ConfigError, Profile, load_profile, load_profile_file
 from memory.rerank import qwen
 from memory.rerank.manager import RerankerManager
 from memory.rerank.qwen import QwenReranker
-from memory.rerank.qwen_static import HEAD_MIN, Run, head_capacities, plan_runs
+from memory.rerank.qwen_static import (
+    HEAD_MIN,
+    HEAD_STEP,
+    Run,
+    head_capacities,
+    head_size,
+    head_sizes,
+    plan_runs,
+)
 from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close, reference_score
 from tests.support.qwen_tiny import wrap
 
@@ -153,6 +161,27 @@ def test_head_capacities(max_length, caps):
     assert caps[0] == HEAD_MIN
 
 
+@pytest.mark.parametrize(
+    "max_length, sizes",
+    [
+        (16, (64,)), (64, (64,)), (65, (64, 96, 128)), (200, (64, 96, 128, 160, 192, 224, 256)),
+        (512, tuple(range(64, 513, 32))),
+    ],
+)
+def test_head_sizes_step_between_capacities(max_length, sizes):
+    assert head_sizes(max_length) == sizes
+    assert sizes[-1] == head_capacities(max_length)[-1]
+
+
+@pytest.mark.parametrize(
+    "length, expected",
+    [(1, (64, 64)), (64, (64, 64)), (65, (96, 128)), (93, (96, 128)), (96, (96, 128)),
+     (97, (128, 128)), (129, (160, 256)), (512, (512, 512))],
+)
+def test_head_size_fits_the_head_in_the_smallest_capacity(length, expected):
+    assert head_size(length, 512) == expected
+
+
 # -- scores --------------------------------------------------------------------------
 
 
@@ -216,6 +245,34 @@ def test_repeated_calls_reuse_buffers_without_carry_over(parts, config, dynamic)
     reranker.score("a completely different and much longer query " * 3, ALL_DOCS)
     assert_close(reranker.score(QUERY, ALL_DOCS), dynamic, tol=FP32_TOL)
     assert len(reranker._static.heads) == 2  # two head capacities, built once each
+
+
+def test_head_runs_padded_to_the_next_step_not_the_next_power_of_two(parts, config):
+    # issue 33: a 93-token head ran as 128 tokens; the tiny model's QUERY head is 79
+    model, _ = parts
+    reranker = wrap(parts, config, buckets=BUCKETS)
+    head = len(reranker.encode(QUERY, ["x"]).head)
+    assert 64 < head <= 96
+    widths: list[int] = []
+    handle = model.model.embed_tokens.register_forward_hook(
+        lambda _module, args, _out: widths.append(args[0].shape[1])
+    )
+    try:
+        reranker.score(QUERY, ["x"])
+    finally:
+        handle.remove()
+    assert widths[0] == -(-head // HEAD_STEP) * HEAD_STEP == 96  # the head step comes first
+
+
+def test_heads_of_two_sizes_share_a_capacity_without_carry_over(parts, config, dynamic):
+    reranker = wrap(parts, config, buckets=BUCKETS)
+    longer = "x" * 40  # a 110-token head: size 128 in the 128 capacity, like QUERY's 96
+    expected = wrap(parts, config, batch_size=8).score(longer, DOCS[:4])
+    assert_close(reranker.score(longer, DOCS[:4]), expected, tol=FP32_TOL)
+    assert_close(reranker.score(QUERY, ALL_DOCS), dynamic, tol=FP32_TOL)
+    assert_close(reranker.score(longer, DOCS[:4]), expected, tol=FP32_TOL)
+    assert list(reranker._static.heads) == [128]
+    assert sorted(reranker._static.heads[128].ids) == [96, 128]
 
 
 def test_head_longer_than_every_capacity_takes_dynamic_path(parts, config):

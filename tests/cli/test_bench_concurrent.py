@@ -1,0 +1,41 @@
+"""`bench rerank --concurrent`: many searches reranking at once on one reranker (issue 33).
+
+Nothing here measures speed; the run is checked end to end on this CPU with the tiny
+model: every level runs its searches and reports rate and latency, and bad levels
+are one clear line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bot
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+
+def test_concurrent_levels_report_rate_and_latency(capsys, tmp_path, cuda_forbidden):
+    out = tmp_path / "concurrent.json"
+    code = bot.main(["bench", "rerank", "--model-size", "tiny", "--concurrent", "1,3",
+                     "--candidates", "5", "--repeats", "2", "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert (result["device"], result["dtype"], result["candidates"]) == ("cpu", "float32", 5)
+    assert not result["graphs_live"]  # no CUDA here
+    assert result["concurrent_setting"] == 16  # the cuda profile groups searches
+    levels = {level["concurrent"]: level for level in result["levels"]}
+    assert list(levels) == [1, 3]
+    assert [levels[n]["searches"] for n in (1, 3)] == [2, 6]  # every thread's every search
+    for level in levels.values():
+        assert level["searches_per_s"] > 0 and level["p95_ms"] >= level["p50_ms"] > 0
+    assert levels[1]["speedup"] == 1.0
+
+
+@pytest.mark.parametrize("value", ["0", "abc", ",", "1,-4", "2000"])
+def test_bad_levels_are_one_clear_line(capsys, value):
+    code = bot.main(["bench", "rerank", "--model-size", "tiny", "--concurrent", value])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--concurrent" in err and "Traceback" not in err

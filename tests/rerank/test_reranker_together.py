@@ -1,0 +1,173 @@
+"""Concurrent searches scored together on the static path (issue 33), on the tiny model.
+
+With ``reranker.concurrent`` above 1, searches that arrive while another is being
+scored share the next static steps: their heads go into separate head slots and one
+tail step holds rows of several searches.  Each row must attend only to its own
+head, so every search's scores equal the ones it gets alone, whatever it was
+grouped with.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from memory.config import ConfigError, load_profile_file
+from memory.rerank.qwen import QwenReranker
+from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close
+from tests.support.qwen_tiny import wrap
+
+FP32_TOL = 1e-5
+BUCKETS = ((4, 16), (8, 32), (2, 64))
+QUERIES = (QUERY, "", "bot down?", "x" * 40, "where is the raid " * 12)  # heads in 3 capacities
+TEXTS = {
+    QUERY: DOCS,
+    "": DOCS[:3],
+    "bot down?": [HOSTILE[k] for k in sorted(HOSTILE)],
+    "x" * 40: DOCS[2:7],
+    "where is the raid " * 12: [*DOCS[:2], "ok"],
+}
+
+
+@pytest.fixture(scope="module")
+def alone(parts, config):
+    """Each query's scores on the dynamic path, one search at a time."""
+    reranker = wrap(parts, config, batch_size=8)
+    return {q: reranker.score(q, TEXTS[q]) for q in QUERIES}
+
+
+@pytest.mark.parametrize("slots", [1, 2, 5])
+def test_searches_scored_together_equal_each_alone(parts, config, alone, slots):
+    reranker = wrap(parts, config, buckets=BUCKETS, concurrent=slots)
+    static = reranker._static
+    searches = [reranker.encode(q, TEXTS[q]) for q in QUERIES]
+    results = static.score_together([(e.head, e.tails) for e in searches], 512)
+    for query, encoded, (found, overflow) in zip(QUERIES, searches, results, strict=True):
+        if overflow:  # tails past every bucket go to the dynamic path, as alone
+            rest = reranker._score_dynamic(encoded, overflow)
+            found.update((i, rest[i]) for i in overflow)
+        assert_close([found[i] for i in range(len(encoded.tails))], alone[query], tol=FP32_TOL)
+
+
+def test_a_row_never_sees_another_search_s_head(parts, config, alone):
+    # the same document under two queries in one step: each score is its own query's
+    reranker = wrap(parts, config, buckets=((8, 64),), concurrent=2)
+    doc = DOCS[0]
+    first, second = (reranker.encode(q, [doc]) for q in (QUERY, "bot down?"))
+    results = reranker._static.score_together(
+        [(first.head, first.tails), (second.head, second.tails)], 512
+    )
+    assert_close([results[0][0][0]], alone[QUERY][:1], tol=FP32_TOL)
+    expected = wrap(parts, config, batch_size=8).score("bot down?", [doc])
+    assert_close([results[1][0][0]], expected, tol=FP32_TOL)
+    assert abs(results[0][0][0] - results[1][0][0]) > 1e-4  # the heads do differ
+
+
+def forward_calls(model) -> list[int]:
+    calls: list[int] = []
+    model.model.embed_tokens.register_forward_hook(lambda _m, args, _o: calls.append(1))
+    return calls
+
+
+def concurrent_scores(reranker, queries) -> tuple[dict[str, list[float]], list[BaseException]]:
+    """Queue one search per query while the reranker is busy; release it once all wait.
+
+    The prompts are encoded first (score() encodes under the reranker's lock, which
+    this holds), then each thread enters the queue as score() does after encoding.
+    """
+    got: dict[str, list[float]] = {}
+    errors: list[BaseException] = []
+    encoded = {q: reranker.encode(q, TEXTS[q]) for q in queries}
+
+    def search(query: str) -> None:
+        try:
+            got[query] = reranker._score_together(encoded[query])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=search, args=(q,)) for q in queries]
+    with reranker._lock:  # a search is being scored: the others queue
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while len(reranker._waiting) < len(queries) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(reranker._waiting) == len(queries)
+    for thread in threads:
+        thread.join(timeout=120)
+    return got, errors
+
+
+def test_queued_searches_share_steps_and_get_their_own_scores(tiny_dir, config, alone):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    parts = (model, AutoTokenizer.from_pretrained(tiny_dir))
+    queries = (QUERY, "", "bot down?")
+    one_by_one = wrap(parts, config, buckets=BUCKETS)
+    calls = forward_calls(model)
+    for query in queries:
+        assert_close(one_by_one.score(query, TEXTS[query]), alone[query], tol=FP32_TOL)
+    separate = len(calls)
+    together = wrap(parts, config, buckets=BUCKETS, concurrent=4)
+    calls.clear()
+    got, errors = concurrent_scores(together, queries)
+    assert errors == []
+    for query in queries:
+        assert_close(got[query], alone[query], tol=FP32_TOL)
+    assert len(calls) < separate  # the three searches' tails shared forward passes
+
+
+def test_a_failing_step_scores_every_queued_search_dynamically(parts, config, alone, caplog):
+    reranker = wrap(parts, config, buckets=BUCKETS, concurrent=4)
+    reranker._static.pad_id = 10**9  # an id past the vocabulary: the embedding lookup fails
+    queries = (QUERY, "", "bot down?")
+    with caplog.at_level(logging.WARNING, logger="memory.rerank.qwen"):
+        got, errors = concurrent_scores(reranker, queries)
+        again = reranker.score(QUERY, TEXTS[QUERY])
+    assert errors == []
+    assert caplog.text.count("static-shape step failed") == 1
+    assert reranker._static is None
+    for query in queries:
+        assert_close(got[query], alone[query], tol=FP32_TOL)
+    assert_close(again, alone[QUERY], tol=FP32_TOL)
+
+
+def test_one_search_alone_takes_the_together_path_unchanged(parts, config, alone):
+    reranker = wrap(parts, config, buckets=BUCKETS, concurrent=16)
+    for query in QUERIES:
+        assert_close(reranker.score(query, TEXTS[query]), alone[query], tol=FP32_TOL)
+    assert reranker._waiting == []
+
+
+@pytest.mark.parametrize("value", ["0", "257", "1.5", "'many'"])
+def test_bad_concurrent_names_file_and_key(tmp_path: Path, value):
+    path = tmp_path / "p.toml"
+    path.write_text(f'[reranker]\nbackend = "transformers"\nconcurrent = {value}\n',
+                    encoding="utf-8")
+    with pytest.raises(ConfigError, match="concurrent") as caught:
+        load_profile_file(path)
+    assert str(path) in str(caught.value)
+
+
+def test_bfloat16_together_within_issue_bar_of_bfloat16_eager(parts, config):
+    model, tokenizer = parts
+    bf16 = QwenReranker.from_model(
+        copy.deepcopy(model).to(torch.bfloat16), tokenizer,
+        dataclasses.replace(config, buckets=BUCKETS, concurrent=4),
+    )
+    queries = (QUERY, "", "bot down?")
+    searches = [bf16.encode(q, TEXTS[q]) for q in queries]
+    results = bf16._static.score_together([(e.head, e.tails) for e in searches], 512)
+    bf16._static = None
+    for query, encoded, (found, overflow) in zip(queries, searches, results, strict=True):
+        expected = bf16.score(query, TEXTS[query])  # the dynamic bf16 path
+        got = [found.get(i, expected[i]) for i in range(len(encoded.tails))]
+        assert_close(got, expected, tol=1e-2)  # issue 33: within 0.01 of same-dtype eager
