@@ -217,8 +217,9 @@ class Messages(Protocol):
 
         A message older than its guild's retention period is left out too: the
         hourly forgetting may not have removed it yet, and it is never shown.
-        ``author_name`` is the author's display name if they have one, else their
-        user name; ``channel_name`` the stored channel name.
+        ``author_name`` is the author's display name in the message's own guild if
+        they have one, else their user name (``""`` once that guild's names of theirs
+        are gone); ``channel_name`` the stored channel name.
         """
         ...
 
@@ -245,7 +246,8 @@ class Messages(Protocol):
 
     def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:
         """Return ``(author_id, name, display_name)`` of everyone with stored messages
-        in the guild (``None``: every stored author)."""
+        in the guild, named as in that guild (``None``: every guild's names, one row
+        per guild a member is named in)."""
         ...
 
     def threads(self, guild_id: int) -> list[tuple[int, int, str]]:
@@ -307,7 +309,8 @@ class Forgetting(Protocol):
         ...
 
     def forget_guild(self, guild_id: int) -> int:
-        """Forget a guild entirely: messages, channels, names, settings, opt-outs, cursors."""
+        """Forget a guild entirely: messages, channels, names (its members' names there
+        too), settings, opt-outs, cursors."""
         ...
 
     def forget_member(self, guild_id: int, author_id: int) -> int:
@@ -315,8 +318,8 @@ class Forgetting(Protocol):
 
         In one transaction the member is opted out of the guild (so no later write,
         whichever path brings it, stores them there again until they opt in), their
-        messages there are forgotten, and their name goes once no guild in this
-        database holds a message of theirs.
+        messages there are forgotten, and the names they have in that guild go (not
+        those they have in others).
         """
         ...
 
@@ -352,7 +355,8 @@ class Guilds(Protocol):
 
         Keywords: ``channel_mode``, ``retention_days`` (``None`` = keep everything),
         ``autoresponse``, ``add_channel`` / ``remove_channel`` (the channel list),
-        ``toggle_autoresponse_channel``, ``opt_out`` / ``opt_in`` (a member id).  Any
+        ``toggle_autoresponse_channel``, ``opt_out`` / ``opt_in`` (a member id; opting
+        out also removes the member's names in that guild).  Any
         other keyword given ``None`` is left as it is.
 
         Raises:

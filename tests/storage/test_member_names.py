@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 
+import bot
 from cli.app import main
 from memory.engine import MemoryEngine
 from memory.filters import Filters
 from memory.records import MessageRecord
+from memory.search.members import MemberIndex
 from memory.storage import Storage, open_storage
 from memory.storage.postgres import migrations as postgres_migrations
 from memory.storage.sqlite import migrations as sqlite_migrations
@@ -66,6 +68,10 @@ def test_a_nickname_names_messages_only_in_its_own_guild(
     assert messages.members(AWAY) == [(ALICE, "alice", "Ally")]
     assert messages.members(HOME) == [(ALICE, "alice", SECRET)]
     assert sorted(messages.members(None)) == [(ALICE, "alice", "Ally"), (ALICE, "alice", SECRET)]
+    index = MemberIndex(engine.storage)  # a query naming her nickname boosts her only there
+    assert index.named([f"what did {SECRET} say about the ferry"], AWAY) == set()
+    assert index.named([f"what did {SECRET} say about the ferry"], HOME) == {ALICE}
+    assert index.named(["what did Ally say about the ferry"], AWAY) == {ALICE}
     assert SECRET not in inspector(engine.storage).window_text(away.id)
     assert "Ally" in inspector(engine.storage).window_text(away.id)
     assert not engine.storage.keywords.ranked([SECRET.lower()], 10, Filters(guild_id=AWAY))
@@ -196,23 +202,31 @@ def test_an_older_database_moves_each_name_to_the_guilds_its_member_wrote_in(
 
 # -- what brings names in, and what carries them to another database ------------------------
 
-def test_an_import_names_each_guild_by_its_own_exports_nickname(
-    engine: MemoryEngine, tmp_path: Path
-) -> None:
-    """DiscordChatExporter writes the author's nickname in the exported guild."""
-    for guild_id, channel_id, nickname, mid in ((HOME, HOME_CHANNEL, SECRET, 1_100_000_000_000_000_001),
-                                                (AWAY, AWAY_CHANNEL, "Ally", 1_100_000_000_000_000_002)):
+def two_exports(folder: Path) -> Path:
+    """DiscordChatExporter files of AWAY, then HOME: Alice's nickname in each (a single
+    global row would keep HOME's, the last imported)."""
+    folder.mkdir()
+    for order, (guild_id, channel_id, nickname, mid) in enumerate((
+            (AWAY, AWAY_CHANNEL, "Ally", 1_100_000_000_000_000_002),
+            (HOME, HOME_CHANNEL, SECRET, 1_100_000_000_000_000_001))):
         doc = {"guild": {"id": str(guild_id), "name": f"guild {guild_id}"},
                "channel": {"id": str(channel_id), "name": "general", "type": "GuildTextChat"},
                "messages": [{"id": str(mid), "content": "the ferry leaves at noon",
                              "timestamp": "2026-01-05T10:00:00+00:00",
                              "author": {"id": str(ALICE), "name": "alice", "nickname": nickname}}]}
-        (tmp_path / f"{guild_id}.json").write_text(json.dumps(doc), encoding="utf-8")
-    assert engine.import_exports([tmp_path], embed=False).errors == []
+        (folder / f"{order}-{guild_id}.json").write_text(json.dumps(doc), encoding="utf-8")
+    return folder
+
+
+def test_an_import_names_each_guild_by_its_own_exports_nickname(
+    engine: MemoryEngine, tmp_path: Path
+) -> None:
+    assert engine.import_exports([two_exports(tmp_path / "exports")], embed=False).errors == []
     assert engine.storage.messages.members(AWAY) == [(ALICE, "alice", "Ally")]
     assert engine.storage.messages.members(HOME) == [(ALICE, "alice", SECRET)]
     shown = engine.storage.messages.hydrate([1_100_000_000_000_000_001, 1_100_000_000_000_000_002])
-    assert [m.author_name for m in shown.values()] == [SECRET, "Ally"]
+    assert {mid: m.author_name for mid, m in shown.items()} == {
+        1_100_000_000_000_000_001: SECRET, 1_100_000_000_000_000_002: "Ally"}
 
 
 @pytest.mark.postgres
@@ -232,3 +246,19 @@ def test_migrate_db_carries_each_guilds_names(
         assert copy.messages.hydrate([away.id])[away.id].author_name == "Ally"
     finally:
         copy.close()
+
+
+def test_cli_search_names_and_resolves_authors_per_guild(
+    tmp_db: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    base = ["--db", tmp_db, "--profile", "cpu-fast"]
+    assert bot.main([*base, "import", "--no-embed", str(two_exports(tmp_path / "exports"))]) == 0
+    capsys.readouterr()
+    search = [*base, "search", "ferry", "--mode", "keyword", "--no-rerank", "--guild", str(AWAY)]
+    assert bot.main([*search, "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert [h["author_name"] for h in hits] == ["Ally"]
+    assert bot.main([*search, "--author", SECRET]) != 0  # not a name anyone has in AWAY
+    assert f"no stored author is called {SECRET!r}" in capsys.readouterr().err
+    assert bot.main([*search, "--author", "Ally", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["hits"]) == 1
