@@ -30,7 +30,7 @@ SECRET = "the quokka smuggler hides under zanzibarwharf"
 NAME = "marmaladequeen"  # the forgotten member's name
 ONCE = "ALTER SYSTEM SET wal_recycle = off;\nSELECT pg_reload_conf();"
 AFTER_A_FORGET = ("VACUUM FULL messages, search_text, message_postings, window_postings, "
-                  "keyword_terms,\n  authors, channels, guilds;\nSELECT pg_switch_wal();\nCHECKPOINT;")
+                  "keyword_terms,\n  member_names, authors, channels, guilds;\nSELECT pg_switch_wal();\nCHECKPOINT;")
 
 
 def statements(block: str) -> list[str]:
