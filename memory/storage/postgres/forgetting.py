@@ -29,6 +29,7 @@ from memory.storage.postgres.database import (
 from memory.storage.postgres.guilds import settings_changed
 
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
+                 "missed_messages",
                  "reconcile_cursors", "reconcile_runs", "guild_settings", "index_stats")
 
 

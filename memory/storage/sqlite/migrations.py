@@ -231,6 +231,16 @@ MIGRATIONS: list[Migration] = [
         complete INTEGER NOT NULL DEFAULT 0
     );
     """,
+    # 11: messages the bot heard but could not store before it stopped (issue 30, item
+    # 4): the start-up catch-up reads each such channel from before the oldest of them.
+    """
+    CREATE TABLE IF NOT EXISTS missed_messages (
+        channel_id INTEGER NOT NULL,
+        message_id INTEGER NOT NULL,
+        guild_id INTEGER NOT NULL,
+        PRIMARY KEY (channel_id, message_id)
+    );
+    """,
 ]
 
 
