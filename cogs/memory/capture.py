@@ -120,8 +120,9 @@ class WriteQueue:
     def put(self, apply: Apply, items: list) -> None:
         """Queue ``apply(items)``; it runs soon, in order with the other writes.
 
-        Once the queue has stopped nothing runs it: it is kept in :attr:`late` and
-        logged, for the one stopping the queue to account for.
+        Once the queue has stopped nothing runs it: it is logged at ERROR with its ids
+        and kept in :attr:`late`.  (The bot hangs up the gateway before its cogs stop,
+        so no listener should get here.)
         """
         if not items:
             return

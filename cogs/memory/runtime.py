@@ -229,8 +229,8 @@ class MemoryRuntime:
         """Store the new messages their guild's settings let the bot remember.
 
         Runs on the write thread, so the listener queues a message the moment its event
-        arrives (nothing awaited first that a stop could cut short) and the settings it
-        is judged by are the ones committed before it in the queue.
+        arrives, with nothing awaited first that a stop could cut short.  The settings
+        are those the listener would have read (:meth:`_settings_now`).
         """
         remembered, _ = self._remembered(records)
         self.engine.storage.messages.upsert(remembered)
@@ -265,7 +265,14 @@ class MemoryRuntime:
         if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
             return cached[1]
         epoch = self._settings_epoch
-        settings = self.engine.storage.guilds.settings(guild_id)
+        try:
+            settings = self.engine.storage.guilds.settings(guild_id)
+        except (StorageBusy, DiskFullError):
+            raise  # the queue retries the batch: its writes would meet the same
+        except Exception as exc:  # never drop a message over a settings read
+            log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
+            # opt-outs are enforced again where messages are written
+            return cached[1] if cached is not None else GuildSettings(guild_id)
         try:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._keep_settings, guild_id, settings, epoch)
