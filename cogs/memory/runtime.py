@@ -70,6 +70,9 @@ SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the even
 SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
 SHUTDOWN_WRITES_S = 3.0  # queued writes get this long at stop: the whole stop stays under 5 s
 SHUTDOWN_MARKS_S = 1.0  # then what could not be stored is marked for the catch-up, this long
+# A stop waits for the chunk being embedded: 256 took 3-4 s on a loaded 2-core machine,
+# which alone broke the 5 s bound.  The encoder batches within a chunk anyway.
+EMBED_CHUNK_LIVE = 64
 
 
 class MemoryRuntime:
@@ -220,7 +223,8 @@ class MemoryRuntime:
 
     async def embed_pending(self) -> int:
         """Embed the stored-but-unembedded messages on the embedding thread; how many."""
-        embed = functools.partial(self.engine.embed_pending, stop=self._stop_embedding)
+        embed = functools.partial(self.engine.embed_pending, stop=self._stop_embedding,
+                                  chunk=EMBED_CHUNK_LIVE)
         return await self._on(self._embed_pool, embed)
 
     # -- the ordered write queue -----------------------------------------------------------
