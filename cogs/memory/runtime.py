@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 import threading
 import time
@@ -108,6 +109,11 @@ class MemoryRuntime:
         """Start the write queue, the embedding loop and the loop that follows other
         processes' changes (retention starts when the bot is ready)."""
         self._loop = asyncio.get_running_loop()
+        # What is alive now (modules, the loaded models) lives as long as the process:
+        # frozen, the collector's full passes no longer walk it.  A full pass over it
+        # holds the GIL 0.6-1 s, and one falling on a reranker's loading thread stalled
+        # the event loop that long (issue 30, item 5).
+        gc.freeze()
         self.writes.start()
         self._stop_embedding.clear()
         self.embed_backlog.start()
@@ -150,6 +156,7 @@ class MemoryRuntime:
             pool.shutdown(wait=True, cancel_futures=True)
         if self.chat is not None:
             self.chat.close()
+        gc.unfreeze()  # what the bot held may be collected again (a process may start another)
 
     async def _mark_missed(self, left: list[Write]) -> None:
         """Mark the new messages among writes left unapplied at stop for the next start's
