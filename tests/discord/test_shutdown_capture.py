@@ -244,3 +244,19 @@ async def test_a_message_the_stop_cannot_store_is_marked_and_caught_up(db_locati
     finally:
         await again.bot.close()
         await fake.stop()
+
+
+def test_missed_marks_are_ids_only_and_go_with_their_channel_or_guild(db_location):
+    engine = open_engine(db_location)
+    try:
+        marks = engine.storage.guilds
+        marks.mark_missed([(G, GENERAL, 5), (G, GENERAL, 3), (G, QUIET, 7), (G + 1, 900, 9)])
+        marks.mark_missed([(G, GENERAL, 3)])  # marked twice: kept once
+        assert marks.missed() == {GENERAL: [3, 5], QUIET: [7], 900: [9]}
+        marks.clear_missed(GENERAL, [3])
+        assert marks.missed() == {GENERAL: [5], QUIET: [7], 900: [9]}
+        engine.forget_channels([QUIET])
+        engine.forget_guild(G + 1)
+        assert marks.missed() == {GENERAL: [5]}
+    finally:
+        engine.close()

@@ -75,6 +75,7 @@ class PostgresForgetting:
             places = list(expand_channels(conn, channel_ids))
             removed = self._forget_where(conn, "channel_id = ANY(%s)", (places,))
             conn.execute("DELETE FROM backfill_cursors WHERE channel_id = ANY(%s)", (places,))
+            conn.execute("DELETE FROM missed_messages WHERE channel_id = ANY(%s)", (places,))
         return removed
 
     def forget_guild(self, guild_id: int) -> int:

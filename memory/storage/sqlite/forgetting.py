@@ -79,6 +79,7 @@ class SQLiteForgetting:
         removed = self._forget_where(f"channel_id {IN_IDS}", (places,))
         with self._db.write() as conn:
             conn.execute(f"DELETE FROM backfill_cursors WHERE channel_id {IN_IDS}", (places,))
+            conn.execute(f"DELETE FROM missed_messages WHERE channel_id {IN_IDS}", (places,))
         return removed
 
     def forget_guild(self, guild_id: int) -> int:
