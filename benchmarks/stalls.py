@@ -8,7 +8,13 @@ records how late it wakes; the worst lateness is the stall.  Measured:
 * the first embed pass of a backlog (what a start after an import does);
 * a burst of messages delivered in one tick, until they are stored and embedded;
 * a runtime profile switch to a Qwen3-shaped reranker saved to a folder;
-* ``bot.close()`` (what Ctrl-C and SIGTERM run) while a backlog is being embedded.
+* switching to and from every reranker backend (issue 30, item 5): from no reranker to
+  each backend, from each back to none, and between the two in-process models, each
+  switch measured until the old backend is unloaded (``switch_matrix``);
+* ``bot.close()`` (what Ctrl-C and SIGTERM run) while a backlog is being embedded;
+* ``bot.close()`` in the tick after live messages arrived, the guild settings not cached
+  yet, over a backlog being embedded (issue 30, item 4): how many were stored, marked
+  for the next start's catch-up, or lost (``in_flight_shutdown``).
 """
 
 from __future__ import annotations
@@ -70,11 +76,16 @@ async def _run(profile: Profile, backlog: int, burst: int, shutdown: tuple[int, 
         result["profile_switch"] = await _switch(root / "switch.sqlite3", plain, reranking,
                                                  payload)
         result["profile_switch"]["shape"] = reranker_shape
+        progress("switching to and from every reranker backend")
+        result["switch_matrix"] = await _switch_matrix(root, plain, reranking, payload)
         result["shutdown"] = []
         for size in shutdown:
             progress(f"shutdown with a {size}-message backlog")
             result["shutdown"].append(await _shutdown(root / f"stop-{size}.sqlite3", plain,
                                                       payload, size))
+        progress(f"shutdown with {burst} live messages in flight over a backlog")
+        result["in_flight_shutdown"] = await _in_flight_shutdown(
+            root / "in-flight.sqlite3", plain, payload, shutdown[0], burst)
     return result
 
 
@@ -147,3 +158,111 @@ async def _shutdown(db: Path, profile: Profile, payload: dict, backlog: int) -> 
     finally:
         reopened.close()
     return {"backlog": backlog, "close_s": round(seconds, 2), "left_pending": pending}
+
+
+# -- switching to and from every backend (issue 30, item 5) ---------------------------------
+
+def _backend_profiles(root: Path, plain: Profile, qwen: Profile) -> dict[str, Profile]:
+    """A profile per reranker backend, none of which needs a download or a server to load.
+
+    The remote backends (``rerank-api``, ``llm``, ``llama-server``) open a connection
+    pool at load and send nothing, so they point at a port nothing listens on.
+    """
+    from benchmarks.rerank_backends import save_minilm_cross_encoder
+
+    cross = save_minilm_cross_encoder(root / "cross-encoder")
+    nowhere = "http://127.0.0.1:9"
+    return {
+        "none": plain,
+        "transformers": qwen,
+        "cross-encoder": replace(plain, name="bench-cross-encoder", reranker=RerankerConfig(
+            backend="cross-encoder", model=str(cross), device="cpu")),
+        "rerank-api": replace(plain, name="bench-rerank-api", reranker=RerankerConfig(
+            backend="rerank-api", url=nowhere, model="bench")),
+        "llm": replace(plain, name="bench-llm", reranker=RerankerConfig(backend="llm"),
+                       llm=replace(plain.llm, base_url=nowhere, model="bench")),
+        "llama-server": replace(plain, name="bench-llama-server", reranker=RerankerConfig(
+            backend="llama-server", url=nowhere)),
+    }
+
+
+def _switch_pairs(backends: list[str]) -> list[tuple[str, str]]:
+    """From none to each backend and back, then between the two in-process models."""
+    pairs: list[tuple[str, str]] = []
+    for name in backends:
+        if name != "none":
+            pairs += [("none", name), (name, "none")]
+    return [*pairs, ("transformers", "cross-encoder"), ("cross-encoder", "transformers")]
+
+
+async def _switch_matrix(root: Path, plain: Profile, qwen: Profile, payload: dict) -> list[dict]:
+    """Each switch: the stall from the command until the old backend is unloaded."""
+    profiles = _backend_profiles(root, plain, qwen)
+    engine = _engine(root / "matrix.sqlite3", plain, 0)
+    bot, _, _ = await _offline_bot(engine, payload)
+    rows: list[dict] = []
+    try:
+        for old, new in _switch_pairs(list(profiles)):
+            rows.append(await _one_switch(engine, profiles[old], profiles[new], old, new))
+    finally:
+        await bot.close()
+    return rows
+
+
+async def _one_switch(engine: MemoryEngine, old: Profile, new: Profile, old_name: str,
+                      new_name: str) -> dict:
+    row: dict[str, Any] = {"from": old_name, "to": new_name}
+    try:
+        if engine.profile.name != old.name:  # the starting point, loaded, not measured
+            await asyncio.wrap_future(engine.switch_profile(old))
+            await _unloaded(engine)
+        await asyncio.to_thread(engine.rerankers.status)  # loaded, as a profile in use is
+
+        async def switch() -> None:  # the switch, the new backend loaded, the old unloaded
+            await asyncio.wrap_future(engine.switch_profile(new))
+            await asyncio.to_thread(engine.rerankers.status)
+            await _unloaded(engine)
+
+        _, stall = await _stall_during(switch())
+        row.update(stall)
+    except Exception as exc:  # a backend that cannot load here: said, not fatal
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    return row
+
+
+async def _unloaded(engine: MemoryEngine) -> None:
+    """Wait until the manager's switch thread (which unloads the old backend) ended."""
+    import threading
+
+    while any(t.name == "reranker-switch" for t in threading.enumerate()):
+        await asyncio.sleep(0.005)
+
+
+# -- live messages in flight at shutdown (issue 30, item 4) ----------------------------------
+
+async def _in_flight_shutdown(db: Path, profile: Profile, payload: dict, backlog: int,
+                              count: int) -> dict:
+    """``count`` MESSAGE_CREATEs over a few ticks one second into embedding a backlog,
+    the guild's settings never read yet, then ``bot.close()`` at once."""
+    engine = _engine(db, profile, backlog)
+    path = engine.storage.database.location
+    bot, _, _ = await _offline_bot(engine, payload)
+    state = bot._connection
+    payloads = _message_payloads([f"live message {i} as the bot stops" for i in range(count)])
+    await asyncio.sleep(1.0)
+    for start in range(0, count, 20):  # a gateway delivers them a few per tick
+        for data in payloads[start:start + 20]:
+            state.parse_message_create(data)
+        await asyncio.sleep(0)
+    started = time.perf_counter()
+    await bot.close()
+    seconds = time.perf_counter() - started
+    ids = [int(p["id"]) for p in payloads]
+    reopened = MemoryEngine(path, profile, load_reranker=False)
+    try:
+        stored = len(reopened.storage.messages.hydrate(ids))
+        marked = sum(len(v) for v in reopened.storage.guilds.missed().values())
+    finally:
+        reopened.close()
+    return {"backlog": backlog, "messages": count, "close_s": round(seconds, 2),
+            "stored": stored, "marked_for_catch_up": marked, "lost": count - stored - marked}

@@ -211,7 +211,8 @@ class MemoryEngine:
     # -- embedding ----------------------------------------------------------------------
 
     def embed_pending(
-        self, *, progress: Progress | None = None, stop: threading.Event | None = None
+        self, *, progress: Progress | None = None, stop: threading.Event | None = None,
+        chunk: int = 0,
     ) -> int:
         """Embed every stored message that has no vector yet, in chunks.
 
@@ -222,6 +223,8 @@ class MemoryEngine:
             progress: Called with the size of each chunk written.
             stop: Once set, the run ends after the chunk it is on (a shutdown waits
                 for one chunk, not the whole backlog); the rest stays pending.
+            chunk: Messages per step; 0 is :data:`EMBED_CHUNK`.  A caller that may
+                have to stop soon (the bot) takes smaller steps.
 
         Returns:
             How many messages were embedded (a message the embedder failed on is set
@@ -236,7 +239,7 @@ class MemoryEngine:
         done = 0
         try:
             while not (stop is not None and stop.is_set()) and (
-                batch := backlog.claim(EMBED_CHUNK, owner=owner)
+                batch := backlog.claim(chunk or EMBED_CHUNK, owner=owner)
             ):
                 embedded, vectors = self._embed_batch(batch)
                 backlog.write_vectors(embedded, vectors, owner=owner)

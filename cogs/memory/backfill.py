@@ -17,6 +17,7 @@ from hogging the shared limits.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -177,6 +178,15 @@ class Backfiller:
         await self.runtime.writes.run_and_wait(
             lambda: guilds.save_backfill_cursor(channel.guild.id, channel.id, None, complete=True))
 
+    async def _catch_up_from(self, place: History, missed: list[int]) -> int | None:
+        """Where a channel's catch-up starts: after its newest stored message, or before
+        the oldest message missed at the last stop (a channel's first message too)."""
+        latest = await self.runtime.read(self.engine.storage.messages.latest_id, place.id)
+        starts = [] if latest is None else [latest]
+        if missed:
+            starts.append(min(missed) - 1)
+        return min(starts, default=None)
+
     async def catch_up(self, channel: History, after_id: int, progress: Progress) -> None:
         """Read what was posted in ``channel`` after message ``after_id``."""
         page: list[discord.Message] = []
@@ -223,20 +233,27 @@ class Backfiller:
     async def _catch_up_all(self) -> None:
         started = time.monotonic()
         progress = Progress()
+        guilds = self.engine.storage.guilds
+        missed = await self.runtime.read(guilds.missed)  # heard but not stored at the last stop
         for guild in list(self.bot.guilds):
             places: list[Walkable] = [*self.channels_of(guild), *guild.threads]
             for place in places:
                 if isinstance(place, discord.ForumChannel) or not self._can_read(place):
                     continue
-                latest = await self.runtime.read(self.engine.storage.messages.latest_id, place.id)
-                if latest is None:
+                marks = missed.get(place.id, [])
+                after = await self._catch_up_from(place, marks)
+                if after is None:
                     continue  # never stored here: that is a backfill's job, not a catch-up's
                 try:
-                    await self.catch_up(place, latest, progress)
+                    await self.catch_up(place, after, progress)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     log.warning("catching up #%s failed: %s", getattr(place, "name", place.id), exc)
+                    continue
+                if marks:
+                    await self.runtime.writes.run_and_wait(
+                        functools.partial(guilds.clear_missed, place.id, marks))
         if progress.fetched:
             log.info("caught up %d messages (%d stored) in %.0f s", progress.fetched,
                      progress.stored, time.monotonic() - started)

@@ -11,6 +11,7 @@ second process doing the same would run the same shards twice).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -65,6 +66,7 @@ class MemoryBot(commands.Bot):
         self.initial_extensions = tuple(extensions)
         self.sync = sync
         self.owns_engine = owns_engine
+        self._stopping: asyncio.Future[None] | None = None
 
     async def setup_hook(self) -> None:
         """Load the cogs; publish slash commands only when asked to."""
@@ -83,12 +85,35 @@ class MemoryBot(commands.Bot):
         """No prefix commands: mentions are answered by the memory cogs instead."""
 
     async def close(self) -> None:
-        """Close the Discord connection, then the engine (when it is the bot's)."""
+        """Close the Discord connection, then unload the cogs (queued writes commit),
+        then close the engine (when it is the bot's).
+
+        A second call (discord.py's ``connect`` makes one when the connection drops
+        without reconnecting) waits for the first, so the engine never closes under a
+        runtime still stopping.
+        """
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._stopping)
+
+    async def _close(self) -> None:
         try:
+            await self.hang_up()
             await super().close()
         finally:
             if self.owns_engine:
                 self.engine.close()
+
+    async def hang_up(self) -> None:
+        """Close the gateway connection (and the HTTP session), leaving the cogs loaded.
+
+        discord.py's own ``Bot.close`` unloads the extensions first and closes the
+        connection last, so an event arriving in between reaches no listener: a message
+        sent as the bot stops would be neither stored nor known.  Hung up first, every
+        event that arrived was heard by the memory cogs, which queue it before they stop;
+        the bot's close then finds the connection closed already.
+        """
+        await discord.Client.close(self)
 
 
 class ShardedMemoryBot(MemoryBot, commands.AutoShardedBot):
@@ -106,6 +131,10 @@ class ShardedMemoryBot(MemoryBot, commands.AutoShardedBot):
 
     def __init__(self, engine: MemoryEngine, *, shards: Shards, **options) -> None:
         super().__init__(engine, shard_count=shards.count, shard_ids=list(shards.ids), **options)
+
+    async def hang_up(self) -> None:
+        """Close every shard's gateway connection (see :meth:`MemoryBot.hang_up`)."""
+        await discord.AutoShardedClient.close(self)
 
 
 def memory_bot(engine: MemoryEngine, *, shards: Shards | None = None, **options) -> MemoryBot:

@@ -106,6 +106,8 @@ class WriteQueue:
         self._run = run
         self._queue: asyncio.Queue[Write] = asyncio.Queue()
         self._task: asyncio.Task | None = None
+        self._applying: list[Write] = []  # the batch on the write thread now
+        self.late: list[Write] = []  # put after the queue stopped: never applied
 
     def start(self) -> None:
         if self._task is None:
@@ -116,9 +118,20 @@ class WriteQueue:
         return self._queue.qsize()
 
     def put(self, apply: Apply, items: list) -> None:
-        """Queue ``apply(items)``; it runs soon, in order with the other writes."""
-        if items:
-            self._queue.put_nowait(Write(apply, list(items)))
+        """Queue ``apply(items)``; it runs soon, in order with the other writes.
+
+        Once the queue has stopped nothing runs it: it is logged at ERROR with its ids
+        and kept in :attr:`late`.  (The bot hangs up the gateway before its cogs stop,
+        so no listener should get here.)
+        """
+        if not items:
+            return
+        write = Write(apply, list(items))
+        if self._task is None:
+            log.error("a write arrived after the write queue stopped: %s", describe([write]))
+            self.late.append(write)
+            return
+        self._queue.put_nowait(write)
 
     async def put_and_wait(self, apply: Apply, items: list) -> None:
         """Queue ``apply(items)`` and return once it is committed (raises if it was given up)."""
@@ -130,10 +143,15 @@ class WriteQueue:
         """Run ``fn`` on the write thread, in order with the queued writes, and wait for it."""
         await self.put_and_wait(_call_each, [fn])
 
-    async def stop(self, timeout: float = 10.0) -> None:
-        """Apply what is queued (for at most ``timeout`` seconds), then stop."""
+    async def stop(self, timeout: float = 10.0) -> list[Write]:
+        """Apply what is queued (for at most ``timeout`` seconds), then stop.
+
+        Returns:
+            The writes not known to be applied when the time ran out: those still
+            queued and the batch on the write thread (which may yet commit), in order.
+        """
         if self._task is None:
-            return
+            return []
         try:
             await asyncio.wait_for(self._queue.join(), timeout)
         except TimeoutError:
@@ -144,14 +162,21 @@ class WriteQueue:
         except asyncio.CancelledError:
             pass
         self._task = None
+        left, self._applying = self._applying, []
+        while not self._queue.empty():
+            left.append(self._queue.get_nowait())
+            self._queue.task_done()
+        return left
 
     async def _drain(self) -> None:
         while True:
             batch = [await self._queue.get()]
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            self._applying = batch
             try:
                 await self._apply_with_retry(batch)
+                self._applying = []
             finally:
                 for _ in batch:
                     self._queue.task_done()
@@ -172,7 +197,8 @@ class WriteQueue:
                 if not is_busy(exc):
                     failures += 1
                     if failures >= GIVE_UP_AFTER:
-                        log.exception("giving up on %d writes after %d tries", len(batch), failures)
+                        log.exception("giving up on %d writes after %d tries: %s", len(batch),
+                                      failures, describe(batch))
                         _settle(batch, exc)
                         return
                     log.warning("writing %d changes failed (%s); retrying", len(batch), exc)
@@ -228,6 +254,16 @@ def apply_in_order(batch: list[Write]) -> None:
             run = []
         if write is not None:
             run.append(write)
+
+
+def describe(writes: list[Write]) -> str:
+    """The writes in a log line: each engine call with its items (message ids for records)."""
+    parts = []
+    for write in writes:
+        name = getattr(write.apply, "__name__", repr(write.apply))
+        items = [item.id if isinstance(item, MessageRecord) else item for item in write.items]
+        parts.append(f"{name}{items}")
+    return ", ".join(parts)
 
 
 def _call_each(calls: list[Callable[[], object]]) -> None:

@@ -47,8 +47,8 @@ class MemoryListeners(commands.Cog):
         if message.guild is None or self._is_mine(message):
             return
         record = record_from_message(message)
-        if record is not None and await self.runtime.remembers(message):
-            self.runtime.writes.put(self.engine.storage.messages.upsert, [record])
+        if record is not None:  # queued at once: the write thread applies the guild's settings
+            self.runtime.writes.put(self.runtime.store_messages, [record])
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
@@ -61,9 +61,7 @@ class MemoryListeners(commands.Cog):
             return
         # an edit of a stored message is always applied: where a new message would not
         # be stored, the stored copy is updated (or forgotten, if its author opted out)
-        remembered = await self.runtime.remembers(message)
-        apply = self.engine.storage.messages.upsert if remembered else self.runtime.apply_edits
-        self.runtime.writes.put(apply, [record])
+        self.runtime.writes.put(self.runtime.store_edits, [record])
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:

@@ -26,18 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import discord
 from discord.ext import commands, tasks
 
 from cogs.memory.answers import make_chat_client
-from cogs.memory.capture import WriteQueue
+from cogs.memory.capture import Write, WriteQueue, describe
 from cogs.memory.follow import Follower
 from cogs.memory.shards import Shards
 from memory.config import Profile
@@ -67,7 +68,11 @@ RETENTION_INTERVAL_H = 1.0
 SETTINGS_TTL_S = 60.0
 SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the event loop
 SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
-SHUTDOWN_WRITES_S = 10.0
+SHUTDOWN_WRITES_S = 3.0  # queued writes get this long at stop: the whole stop stays under 5 s
+SHUTDOWN_MARKS_S = 1.0  # then what could not be stored is marked for the catch-up, this long
+# A stop waits for the chunk being embedded: 256 took 3-4 s on a loaded 2-core machine,
+# which alone broke the 5 s bound.  The encoder batches within a chunk anyway.
+EMBED_CHUNK_LIVE = 64
 
 
 class MemoryRuntime:
@@ -94,6 +99,7 @@ class MemoryRuntime:
         self._discord_clock: tuple[int, float] | None = None  # newest message seen, monotonic then
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # set at start
         self.follower = Follower(self)  # other processes' settings and profile changes
         self.chat: ChatClient | None = make_chat_client(engine.profile)  # None without [llm]
 
@@ -102,6 +108,12 @@ class MemoryRuntime:
     def start(self) -> None:
         """Start the write queue, the embedding loop and the loop that follows other
         processes' changes (retention starts when the bot is ready)."""
+        self._loop = asyncio.get_running_loop()
+        # What is alive now (modules, the loaded models) lives as long as the process:
+        # frozen, the collector's full passes no longer walk it.  A full pass over it
+        # holds the GIL 0.6-1 s, and one falling on a reranker's loading thread stalled
+        # the event loop that long (issue 30, item 5).
+        gc.freeze()
         self.writes.start()
         self._stop_embedding.clear()
         self.embed_backlog.start()
@@ -135,11 +147,37 @@ class MemoryRuntime:
         self.follower.follow_changes.cancel()
         for task in list(self._background):
             task.cancel()
-        await self.writes.stop(SHUTDOWN_WRITES_S)
-        for pool in (self._search_pool, self._read_pool, self._embed_pool, self._write_pool):
+        left = await self.writes.stop(SHUTDOWN_WRITES_S)
+        # a write thread still busy with a batch (a locked database) is not waited for
+        self._write_pool.shutdown(wait=not left, cancel_futures=True)
+        if left:
+            await self._mark_missed(left)
+        for pool in (self._search_pool, self._read_pool, self._embed_pool):
             pool.shutdown(wait=True, cancel_futures=True)
         if self.chat is not None:
             self.chat.close()
+        gc.unfreeze()  # what the bot held may be collected again (a process may start another)
+
+    async def _mark_missed(self, left: list[Write]) -> None:
+        """Mark the new messages among writes left unapplied at stop for the next start's
+        catch-up (on a thread of its own: the write thread may be stuck); say by id
+        what could not be marked, and any other write left."""
+        missed = [(r.guild_id, r.channel_id, r.id) for w in left if w.apply == self.store_messages
+                  for r in w.items]
+        others = [w for w in left if w.apply != self.store_messages]
+        if others:
+            log.error("stopped with these writes not applied: %s", describe(others))
+        if not missed:
+            return
+        marking = _in_daemon_thread(self.engine.storage.guilds.mark_missed, missed)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(marking), SHUTDOWN_MARKS_S)
+            log.warning("stopped before storing %d messages; the next start's catch-up reads "
+                        "them: %s", len(missed), [m for _, _, m in missed])
+        except Exception as exc:  # a timeout or the database's own error: the log is all left
+            log.error("stopped before storing %d messages and could not mark them for the "
+                      "catch-up (%s); their (channel, message) ids: %s", len(missed), exc,
+                      [(c, m) for _, c, m in missed])
 
     def reload_chat(self) -> None:
         """Use the chat model of the engine's current profile (after a profile switch)."""
@@ -192,10 +230,70 @@ class MemoryRuntime:
 
     async def embed_pending(self) -> int:
         """Embed the stored-but-unembedded messages on the embedding thread; how many."""
-        embed = functools.partial(self.engine.embed_pending, stop=self._stop_embedding)
+        embed = functools.partial(self.engine.embed_pending, stop=self._stop_embedding,
+                                  chunk=EMBED_CHUNK_LIVE)
         return await self._on(self._embed_pool, embed)
 
     # -- the ordered write queue -----------------------------------------------------------
+
+    def store_messages(self, records: list[MessageRecord]) -> None:
+        """Store the new messages their guild's settings let the bot remember.
+
+        Runs on the write thread, so the listener queues a message the moment its event
+        arrives, with nothing awaited first that a stop could cut short.  The settings
+        are those the listener would have read (:meth:`_settings_now`).
+        """
+        remembered, _ = self._remembered(records)
+        self.engine.storage.messages.upsert(remembered)
+
+    def store_edits(self, records: list[MessageRecord]) -> None:
+        """Apply edits: a message the settings let the bot remember is (re)stored; one
+        they do not is only updated where stored (or forgotten, if its author opted out)."""
+        remembered, others = self._remembered(records)
+        self.engine.storage.messages.upsert(remembered)
+        self.apply_edits(others)
+
+    def _remembered(self, records: list[MessageRecord]
+                    ) -> tuple[list[MessageRecord], list[MessageRecord]]:
+        """Split ``records`` by whether their guild's settings (read now) remember them."""
+        settings: dict[int, GuildSettings] = {}
+        kept: list[MessageRecord] = []
+        others: list[MessageRecord] = []
+        for record in records:
+            if record.guild_id not in settings:
+                settings[record.guild_id] = self._settings_now(record.guild_id)
+            rules = settings[record.guild_id]
+            keep = (rules.remembers_channel(record.channel_id, record.parent_id)
+                    and rules.remembers_author(record.author_id))
+            (kept if keep else others).append(record)
+        return kept, others
+
+    def _settings_now(self, guild_id: int) -> GuildSettings:
+        """A guild's settings for the write thread: the cached ones while fresh (what
+        :meth:`settings` answers), else read now and handed to the event loop, which
+        owns the cache, to keep."""
+        cached = self._settings.get(guild_id)
+        if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
+            return cached[1]
+        epoch = self._settings_epoch
+        try:
+            settings = self.engine.storage.guilds.settings(guild_id)
+        except (StorageBusy, DiskFullError):
+            raise  # the queue retries the batch: its writes would meet the same
+        except Exception as exc:  # never drop a message over a settings read
+            log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
+            # opt-outs are enforced again where messages are written
+            return cached[1] if cached is not None else GuildSettings(guild_id)
+        try:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._keep_settings, guild_id, settings, epoch)
+        except RuntimeError:  # the loop closed (a write finishing after the bot stopped)
+            pass
+        return settings
+
+    def _keep_settings(self, guild_id: int, settings: GuildSettings, epoch: int) -> None:
+        if epoch == self._settings_epoch:  # else a change was seen since they were read
+            self._settings[guild_id] = (time.monotonic(), settings)
 
     def apply_edits(self, records: list[MessageRecord]) -> None:
         """Apply edits to stored messages only (an edit in a channel no longer remembered).
@@ -356,3 +454,18 @@ class MemoryRuntime:
         expire = functools.partial(self.engine.forget_expired,
                                    discord_now_ms=self.discord_now_ms())
         return await self.forget(expire, guild_id, days)
+
+
+def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """Run ``fn`` on a daemon thread of its own: one stuck on a locked database never
+    holds up the process's exit."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name="memory-mark-missed").start()
+    return future

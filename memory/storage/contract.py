@@ -395,6 +395,20 @@ class Guilds(Protocol):
         start); a ``None`` keeps the position saved before."""
         ...
 
+    def mark_missed(self, marks: Iterable[tuple[int, int, int]]) -> None:
+        """Record messages the bot heard but could not store, as ``(guild_id, channel_id,
+        message_id)``: the start-up catch-up reads each channel from before them.
+        Ids only, never what a message said."""
+        ...
+
+    def missed(self) -> dict[int, list[int]]:
+        """The missed messages' ids by channel, oldest first (see :meth:`mark_missed`)."""
+        ...
+
+    def clear_missed(self, channel_id: int, message_ids: Iterable[int]) -> None:
+        """Drop these marks of a channel: the catch-up has read past them."""
+        ...
+
     def reconcile_run(self, guild_id: int) -> int | None:
         """A guild's unfinished reconcile run (its start, unix ms), or ``None``."""
         ...

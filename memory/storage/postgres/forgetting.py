@@ -29,6 +29,7 @@ from memory.storage.postgres.database import (
 from memory.storage.postgres.guilds import settings_changed
 
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
+                 "missed_messages",
                  "reconcile_cursors", "reconcile_runs", "guild_settings", "index_stats",
                  "member_names")
 
@@ -75,6 +76,7 @@ class PostgresForgetting:
             places = list(expand_channels(conn, channel_ids))
             removed = self._forget_where(conn, "channel_id = ANY(%s)", (places,))
             conn.execute("DELETE FROM backfill_cursors WHERE channel_id = ANY(%s)", (places,))
+            conn.execute("DELETE FROM missed_messages WHERE channel_id = ANY(%s)", (places,))
         return removed
 
     def forget_guild(self, guild_id: int) -> int:

@@ -130,6 +130,33 @@ class PostgresGuilds:
                 "before_id = COALESCE(excluded.before_id, b.before_id), complete = excluded.complete",
                 (channel_id, guild_id, before_id, complete))
 
+    # -- messages heard but not stored before a stop (the start-up catch-up reads them) ----
+
+    def mark_missed(self, marks: Iterable[tuple[int, int, int]]) -> None:
+        """Record messages the bot heard but could not store, as ``(guild_id, channel_id,
+        message_id)``: the start-up catch-up reads each channel from before them."""
+        marks = sorted({(int(g), int(c), int(m)) for g, c, m in marks})
+        if not marks:
+            return
+        with self._db.write() as conn:
+            conn.cursor().executemany(
+                "INSERT INTO missed_messages(guild_id, channel_id, message_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT (channel_id, message_id) DO NOTHING", marks)
+
+    def missed(self) -> dict[int, list[int]]:
+        """The missed messages' ids by channel, oldest first (see :meth:`mark_missed`)."""
+        out: dict[int, list[int]] = {}
+        for channel_id, message_id in self._db.read(
+                "SELECT channel_id, message_id FROM missed_messages ORDER BY channel_id, message_id"):
+            out.setdefault(channel_id, []).append(message_id)
+        return out
+
+    def clear_missed(self, channel_id: int, message_ids: Iterable[int]) -> None:
+        """Drop these marks of a channel: the catch-up has read past them."""
+        with self._db.write() as conn:
+            conn.execute("DELETE FROM missed_messages WHERE channel_id = %s AND message_id = "
+                         "ANY(%s::bigint[])", (channel_id, sorted({int(i) for i in message_ids})))
+
     def reconcile_run(self, guild_id: int) -> int | None:
         """A guild's unfinished reconcile run (its start, unix ms), or ``None``."""
         rows = self._db.read("SELECT run_id FROM reconcile_runs WHERE guild_id = %s", (guild_id,))

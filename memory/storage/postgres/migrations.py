@@ -327,6 +327,16 @@ MIGRATIONS: list[Migration] = [
                            OR OLD.attachments IS DISTINCT FROM NEW.attachments)
         EXECUTE FUNCTION embedding_set_aside_edited();
     """,
+    # 7: messages the bot heard but could not store before it stopped (issue 30, item
+    # 4): the start-up catch-up reads each such channel from before the oldest of them.
+    """
+    CREATE TABLE IF NOT EXISTS missed_messages (
+        channel_id bigint NOT NULL,
+        message_id bigint NOT NULL,
+        guild_id bigint NOT NULL,
+        PRIMARY KEY (channel_id, message_id)
+    );
+    """,
 ]
 
 

@@ -24,6 +24,7 @@ from memory.storage.sqlite.vectors import Vec0Table
 
 # what forgetting a guild removes besides its messages, channels and name
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
+                 "missed_messages",
                  "guild_settings", "code_stats", "member_names")
 
 
@@ -78,6 +79,7 @@ class SQLiteForgetting:
         removed = self._forget_where(f"channel_id {IN_IDS}", (places,))
         with self._db.write() as conn:
             conn.execute(f"DELETE FROM backfill_cursors WHERE channel_id {IN_IDS}", (places,))
+            conn.execute(f"DELETE FROM missed_messages WHERE channel_id {IN_IDS}", (places,))
         return removed
 
     def forget_guild(self, guild_id: int) -> int:

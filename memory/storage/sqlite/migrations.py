@@ -283,6 +283,16 @@ MIGRATIONS: list[Migration] = [
         DELETE FROM embedding_set_aside WHERE message_id = old.id;
     END;
     """,
+    # 13: messages the bot heard but could not store before it stopped (issue 30, item
+    # 4): the start-up catch-up reads each such channel from before the oldest of them.
+    """
+    CREATE TABLE IF NOT EXISTS missed_messages (
+        channel_id INTEGER NOT NULL,
+        message_id INTEGER NOT NULL,
+        guild_id INTEGER NOT NULL,
+        PRIMARY KEY (channel_id, message_id)
+    );
+    """,
 ]
 
 
