@@ -25,10 +25,11 @@ from __future__ import annotations
 import time
 
 DAY_MS = 86_400_000
-TRUSTED_AHEAD_MS = 365 * DAY_MS
+TRUSTED_AHEAD_MS = 3 * 365 * DAY_MS
 """How far past the newest stored message the host clock is believed without a
 Discord clock: a memory quiet for longer keeps its old messages until the next one
-arrives (the pass says so in the log)."""
+arrives (the pass says so in the log).  Three years, not one: a bot whose servers fell
+silent for over a year must still forget (a clock wrong by decades is what this catches)."""
 SKEW_LOGGED_MS = DAY_MS
 """The hourly pass says why it counts from an earlier time than the host clock when
 the two differ by at least this much."""

@@ -44,7 +44,10 @@ class MemoryListeners(commands.Cog):
     @commands.Cog.listener()
     async def on_message(self, message: discord.Message) -> None:
         """Store a new guild message the guild's settings let the bot remember."""
-        if message.guild is None or self._is_mine(message):
+        if message.guild is None:
+            return
+        self.runtime.seen(message)  # its snowflake is Discord's clock, which retention trusts
+        if self._is_mine(message):
             return
         record = record_from_message(message)
         if record is not None:  # queued at once: the write thread applies the guild's settings

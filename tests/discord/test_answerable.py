@@ -62,8 +62,10 @@ def break_tables(h: Harness, *tables: str) -> None:
     other.close()
 
 
-def break_vectors(h: Harness) -> None:
-    break_tables(h, "message_vectors")
+def break_search(h: Harness) -> None:
+    """Break both sides of a search: a damaged vector table alone is answered from the
+    keyword lists (issue 31, item 3), so the keyword table goes too."""
+    break_tables(h, "message_vectors", "search_fts")
 
 
 async def deliver(h: Harness, data: dict[str, Any], invoker: dict[str, Any], where: int) -> None:
@@ -106,7 +108,7 @@ async def wait_for(condition: Any, seconds: float = 5.0) -> None:
 
 async def test_a_mention_whose_search_fails_gets_an_apology_with_a_trace_id(small, caplog):
     h = small
-    break_vectors(h)
+    break_search(h)
     payload = h.message_payload(f"<@{BOT_ID}> what is the lockbox code?", author=(ALICE, "alice"),
                                 channel=HALL, mentions=[user(BOT_ID, "memorybot", bot=True)])
     with caplog.at_level(logging.ERROR):
@@ -138,7 +140,7 @@ async def test_every_slash_command_answers_a_failure_with_a_trace_id(small, capl
 
 async def test_the_context_menu_answers_a_failure_with_a_trace_id(small, caplog):
     h = small
-    break_vectors(h)
+    break_search(h)
     target = h.message("lockbox code?", author=(ALICE, "alice"), channel=HALL)
     with caplog.at_level(logging.ERROR):
         await h.context_menu("Find related messages", invoker=member(ALICE, "alice"), where=HALL,

@@ -206,9 +206,11 @@ def test_discords_clock_from_the_gateway_moves_retention_on(
     assert engine.storage.messages.count() == 0
 
 
+@pytest.mark.parametrize("quiet_days", [40, 400])
 def test_a_quiet_guild_still_expires_by_the_host_clock(
-    engine: MemoryEngine, aged: Callable[..., MessageRecord]
+    engine: MemoryEngine, aged: Callable[..., MessageRecord], quiet_days: int
 ) -> None:
-    """A host clock a few weeks past the newest message is believed: the guild was quiet."""
-    engine.ingest([aged("heron note", 40), aged("older heron note", 50)])
+    """A host clock weeks, or a year and more, past the newest message is believed: the
+    guild was quiet (a bot whose servers fell silent for over a year still forgets)."""
+    engine.ingest([aged("heron note", quiet_days), aged("older heron note", quiet_days + 10)])
     assert engine.forget_expired(GUILD, 30) == 2
