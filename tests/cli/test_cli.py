@@ -35,7 +35,7 @@ COMMANDS = [
     ["bench"], ["bench", "retrieval"], ["bench", "search-scale"], ["bench", "rerank"],
     ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"], ["bench", "member-names"],
     ["bench", "secure-delete"], ["bench", "stalls"], ["bench", "reconcile"],
-    ["bench", "write-throughput"], ["migrate-db"],
+    ["bench", "write-throughput"], ["bench", "train-reranker"], ["migrate-db"],
 ]
 
 
