@@ -184,7 +184,7 @@ def train_reranker_command(
     update, bar = progress_bar(total, "mining negatives", "query")
     try:
         result = run_train_reranker(data, out, profile, cached or embedder, training,
-                                    progress=update)
+                                    progress=update, on_mined=cached.save if cached else None)
     finally:
         bar.close()
         if cached:

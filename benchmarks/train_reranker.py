@@ -260,8 +260,12 @@ def profile_text(out: Path) -> str:
 def run_train_reranker(
     datasets: Sequence[str | Path], out: Path, profile: Profile, embedder: Embedder,
     settings: TrainingSettings, progress: Progress | None = None,
+    on_mined: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Mine pairs on ``datasets``, train, and write the model and its notes to ``out``.
+
+    ``on_mined`` runs between mining and training (the CLI saves its vector cache
+    there, so an interrupted training does not cost the embedding again).
 
     Returns:
         ``{"out", "datasets", "pairs", "positives", "notice"}``.
@@ -272,6 +276,8 @@ def run_train_reranker(
     """
     target = check_output_folder(out)
     pairs = mine_pairs(datasets, profile, embedder, settings, progress)
+    if on_mined:
+        on_mined()
     log.info("training on %d pairs from %d sets", len(pairs), len(datasets))
     train_cross_encoder(pairs, target, settings, show_progress_bar=progress is not None)
     write_notes(target, datasets, pairs, settings)
