@@ -131,13 +131,15 @@ def _read_report(path: Path) -> dict:
               help="New folder for the model (outside the repository).")
 @click.option("--negatives", type=click.IntRange(1, 50), default=4, show_default=True,
               help="Hard negatives per question, drawn from the hybrid search's head.")
+@click.option("--easy-negatives", type=click.IntRange(0, 50), default=2, show_default=True,
+              help="Easy negatives per question: other questions' evidence in the same set.")
 @click.option("--pool", type=click.IntRange(2, 200), default=30, show_default=True,
               help="How deep in the hybrid order negatives are drawn from.")
 @click.option("--epochs", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Passes over the training pairs.")
 @click.option("--batch-size", type=click.IntRange(1, 512), default=16, show_default=True,
               help="Pairs per training step.")
-@click.option("--lr", type=click.FloatRange(1e-7, 1e-2), default=5e-5, show_default=True,
+@click.option("--lr", type=click.FloatRange(1e-7, 1e-2), default=1e-4, show_default=True,
               help="Peak learning rate.")
 @click.option("--max-length", type=click.IntRange(16, 512), default=128, show_default=True,
               help="Tokens per (question, message) pair.")
@@ -153,7 +155,8 @@ def _read_report(path: Path) -> dict:
 @JSON_OUT
 @click.pass_obj
 def train_reranker_command(
-    settings: Settings, data: tuple[Path, ...], out: Path, negatives: int, pool: int,
+    settings: Settings, data: tuple[Path, ...], out: Path, negatives: int, easy_negatives: int,
+    pool: int,
     epochs: int, batch_size: int, lr: float, max_length: int, seed: int, base: str,
     holdout_channels: list[int] | None, cache: Path | None, json_out: Path | None,
 ) -> int:
@@ -177,8 +180,8 @@ def train_reranker_command(
     embedder = SentenceTransformerEmbedder(profile.embedder)
     cached = CachedEmbedder(embedder, cache) if cache else None
     training = TrainingSettings(
-        base=base, negatives=negatives, pool=pool, epochs=epochs, batch_size=batch_size,
-        learning_rate=lr, max_length=max_length, seed=seed,
+        base=base, negatives=negatives, easy_negatives=easy_negatives, pool=pool,
+        epochs=epochs, batch_size=batch_size, learning_rate=lr, max_length=max_length, seed=seed,
         holdout_channels=frozenset(holdout_channels or ()))
     total = sum(len(load_queries(folder / "queries.jsonl")) for folder in data)
     update, bar = progress_bar(total, "mining negatives", "query")

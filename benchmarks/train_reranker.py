@@ -42,6 +42,7 @@ from memory.config import Profile
 from memory.embedder import BUNDLED_MODEL_ID, Embedder, resolve_model
 from memory.engine import MemoryEngine
 from memory.errors import ConfigError
+from memory.records import StoredMessage
 from memory.search import SearchRequest
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class TrainingSettings:
         base: The encoder to start from (a sentence-transformers or Hugging Face folder
             or id); the bundled MiniLM by default.
         negatives: Hard negatives per question, drawn from the hybrid head.
+        easy_negatives: Easy negatives per question: other questions' evidence in the
+            same set (hard negatives alone left the model at the base rate).
         pool: How deep in the hybrid order negatives are drawn from (the rerank head).
         epochs: Passes over the pairs.
         batch_size: Pairs per step.
@@ -78,10 +81,11 @@ class TrainingSettings:
 
     base: str = BUNDLED_MODEL_ID
     negatives: int = 4
+    easy_negatives: int = 2
     pool: int = 30
     epochs: int = 1
     batch_size: int = 16
-    learning_rate: float = 5e-5
+    learning_rate: float = 1e-4
     max_length: int = 128
     seed: int = 12
     holdout_channels: frozenset[int] = field(default_factory=frozenset)
@@ -136,8 +140,10 @@ def mine_pairs(
             engine = MemoryEngine(location, profile, embedder, load_reranker=False)
             try:
                 engine.import_exports([data])
+                evidence = engine.storage.messages.hydrate(
+                    sorted({i for q in queries for i in q.relevant}))
                 for query in queries:
-                    pairs += _query_pairs(engine, query, settings, rng)
+                    pairs += _query_pairs(engine, query, evidence, settings, rng)
                     if progress:
                         progress(1)
             finally:
@@ -146,17 +152,21 @@ def mine_pairs(
 
 
 def _query_pairs(
-    engine: MemoryEngine, query: Query, settings: TrainingSettings, rng: random.Random
+    engine: MemoryEngine, query: Query, evidence: dict[int, StoredMessage],
+    settings: TrainingSettings, rng: random.Random,
 ) -> list[TrainingPair]:
-    """One question's positives (its evidence) and hard negatives (hybrid's wrong hits)."""
+    """One question's positives (its evidence), hard negatives (hybrid's wrong hits) and
+    easy negatives (other questions' evidence in the same set)."""
     result = engine.search(SearchRequest(
         queries=(query.text,), guild_id=query.guild_id, limit=settings.pool, mode="hybrid",
         rerank=False))
     wrong = [h.rerank_text for h in result.hits if h.id not in query.relevant]
-    evidence = engine.storage.messages.hydrate(sorted(query.relevant))
-    chosen = rng.sample(wrong, min(settings.negatives, len(wrong)))
-    return ([TrainingPair(query.text, m.rerank_text, 1.0) for m in evidence.values()]
-            + [TrainingPair(query.text, text, 0.0) for text in chosen])
+    hard = rng.sample(wrong, min(settings.negatives, len(wrong)))
+    others = [m.rerank_text for i, m in evidence.items() if i not in query.relevant]
+    easy = rng.sample(others, min(settings.easy_negatives, len(others)))
+    return ([TrainingPair(query.text, evidence[i].rerank_text, 1.0)
+             for i in sorted(query.relevant) if i in evidence]
+            + [TrainingPair(query.text, text, 0.0) for text in hard + easy])
 
 
 def seed_everything(seed: int) -> None:
@@ -196,7 +206,10 @@ def train_cross_encoder(
     seed_everything(settings.seed)
     _, base = resolve_model(settings.base)
     model = CrossEncoder(base, num_labels=1, max_length=settings.max_length, device="cpu")
-    loss = BinaryCrossEntropyLoss(model)
+    positives = sum(1 for p in pairs if p.label > 0.5)
+    # weigh positives as much as all negatives together, so the base rate is no minimum
+    balance = torch.tensor((len(pairs) - positives) / max(1, positives))
+    loss = BinaryCrossEntropyLoss(model, pos_weight=balance)
     batches = _batches(pairs, settings)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
     schedule = get_linear_schedule_with_warmup(

@@ -59,8 +59,9 @@ def test_trains_a_cross_encoder_folder_a_profile_loads_and_scores_with(
 ) -> None:
     folder, report, err = trained
     assert report["out"] == str(folder) and report["datasets"] == ["bench-mini"]
-    # 5 questions, 6 evidence messages, up to 2 hard negatives each from the hybrid head
-    assert report["positives"] == 6 and 6 + 5 <= report["pairs"] <= 6 + 10
+    # 5 questions, 6 evidence messages, 1-2 hard negatives each from the hybrid head and
+    # 2 easy ones each (other questions' evidence)
+    assert report["positives"] == 6 and 6 + 5 + 10 <= report["pairs"] <= 6 + 10 + 10
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     assert config["architectures"] == ["BertForSequenceClassification"]
     assert len(config["id2label"]) == 1  # one relevance logit
