@@ -45,6 +45,9 @@ def bench() -> None:
               help="Change a profile setting for this run (repeatable), e.g. search.rrf_k=30.")
 @click.option("--cache", type=click.Path(path_type=Path, dir_okay=False),
               help="Keep the embedder's vectors in this .npz between runs.")
+@click.option("--rerank-cache", type=click.Path(path_type=Path, dir_okay=False),
+              help="Keep the reranker's scores in this .npz between runs (for tuning; "
+              "its latencies are then not the reranker's).")
 @click.option("--compare", nargs=2, type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Compare two --json reports (BEFORE AFTER) instead of running.")
 @POSTGRES
@@ -53,15 +56,18 @@ def bench() -> None:
 def retrieval_command(
     settings: Settings, data: tuple[Path, ...], queries: Path | None, k: int, scope: str,
     modes: str | None, overrides: tuple[str, ...], cache: Path | None,
-    compare: tuple[Path, Path] | None, postgres: str | None, json_out: Path | None,
+    rerank_cache: Path | None, compare: tuple[Path, Path] | None, postgres: str | None,
+    json_out: Path | None,
 ) -> int:
     """Recall/MRR/nDCG per mode and category on labelled export sets (DATA...)."""
     from benchmarks.retrieval import (
         RETRIEVAL_MODES,
         CachedEmbedder,
+        CachedScores,
         compare_reports,
         default_modes,
         recall_table,
+        rerank_table,
         run_retrieval_bench,
         with_settings,
     )
@@ -87,19 +93,24 @@ def retrieval_command(
     chosen = chosen or default_modes(profile)
     embedder = SentenceTransformerEmbedder(profile.embedder)
     cached = CachedEmbedder(embedder, cache) if cache else None
+    scores = CachedScores(rerank_cache) if rerank_cache else None
     total = sum(len(load_queries(path)) for path in query_files) * len(chosen)
     update, bar = progress_bar(total, "searches", "query")
     try:
         result = run_retrieval_bench(data, profile, queries_path=queries, k=k, scope=scope,
                                      modes=chosen, embedder=cached or embedder, progress=update,
-                                     postgres=postgres)
+                                     postgres=postgres, rerank_cache=scores)
     finally:
         bar.close()
         if cached:
             cached.save()
+        if scores:
+            scores.save()
     result["profile"] = profile.name
     result["settings"] = list(overrides)
     click.echo(recall_table(result), err=True)
+    if side_by_side := rerank_table(result):
+        click.echo(side_by_side, err=True)
     emit_json(result, json_out)
     return 0
 
@@ -111,6 +122,79 @@ def _read_report(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ImportFormatError(f"{path}: not a JSON report ({exc})") from None
+
+
+@bench.command("train-reranker")
+@click.argument("data", nargs=-1, required=True,
+                type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="New folder for the model (outside the repository).")
+@click.option("--negatives", type=click.IntRange(1, 50), default=4, show_default=True,
+              help="Hard negatives per question, drawn from the hybrid search's head.")
+@click.option("--easy-negatives", type=click.IntRange(0, 50), default=2, show_default=True,
+              help="Easy negatives per question: other questions' evidence in the same set.")
+@click.option("--pool", type=click.IntRange(2, 200), default=30, show_default=True,
+              help="How deep in the hybrid order negatives are drawn from.")
+@click.option("--epochs", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Passes over the training pairs.")
+@click.option("--batch-size", type=click.IntRange(1, 512), default=16, show_default=True,
+              help="Pairs per training step.")
+@click.option("--lr", type=click.FloatRange(1e-7, 1e-2), default=1e-4, show_default=True,
+              help="Peak learning rate.")
+@click.option("--max-length", type=click.IntRange(16, 512), default=128, show_default=True,
+              help="Tokens per (question, message) pair.")
+@click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=12, show_default=True,
+              help="Seed for the head, the negatives and the batch order.")
+@click.option("--base", default="all-MiniLM-L6-v2", show_default=True,
+              help="Encoder to start from (the bundled MiniLM, or a local folder).")
+@click.option("--holdout-channels", type=CountList(0, 2**63 - 1),
+              help="Comma-separated channel ids whose questions are left out (a "
+              "cross-validation fold).")
+@click.option("--cache", type=click.Path(path_type=Path, dir_okay=False),
+              help="Keep the embedder's vectors in this .npz between runs.")
+@JSON_OUT
+@click.pass_obj
+def train_reranker_command(
+    settings: Settings, data: tuple[Path, ...], out: Path, negatives: int, easy_negatives: int,
+    pool: int,
+    epochs: int, batch_size: int, lr: float, max_length: int, seed: int, base: str,
+    holdout_channels: list[int] | None, cache: Path | None, json_out: Path | None,
+) -> int:
+    """Fine-tune a cross-encoder on labelled sets (DATA...) with hybrid-mined hard negatives."""
+    from benchmarks.retrieval import CachedEmbedder
+    from benchmarks.train_reranker import (
+        LICENCE_NOTICE,
+        TrainingSettings,
+        check_output_folder,
+        run_train_reranker,
+    )
+    from cli.scoring import load_queries
+    from memory.embedder import SentenceTransformerEmbedder
+
+    check_output_folder(out)
+    for folder in data:
+        if not (folder / "queries.jsonl").is_file():
+            raise ImportFormatError(f"{folder / 'queries.jsonl'}: no such queries file")
+    click.echo(f"note: {LICENCE_NOTICE}", err=True)
+    profile = resolve_profile(settings)
+    embedder = SentenceTransformerEmbedder(profile.embedder)
+    cached = CachedEmbedder(embedder, cache) if cache else None
+    training = TrainingSettings(
+        base=base, negatives=negatives, easy_negatives=easy_negatives, pool=pool,
+        epochs=epochs, batch_size=batch_size, learning_rate=lr, max_length=max_length, seed=seed,
+        holdout_channels=frozenset(holdout_channels or ()))
+    total = sum(len(load_queries(folder / "queries.jsonl")) for folder in data)
+    update, bar = progress_bar(total, "mining negatives", "query")
+    try:
+        result = run_train_reranker(data, out, profile, cached or embedder, training,
+                                    progress=update, on_mined=cached.save if cached else None)
+    finally:
+        bar.close()
+        if cached:
+            cached.save()
+    click.echo(f"profile: --profile {result['profile']}", err=True)
+    emit_json(result, json_out)
+    return 0
 
 
 @bench.command("search-scale")

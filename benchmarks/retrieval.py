@@ -129,6 +129,69 @@ class CachedEmbedder:
         return hashlib.sha1(f"{self.inner.model_id}\n{text}".encode("utf-8", "replace")).digest()
 
 
+class CachedScores:
+    """A reranker backend that remembers every score it computed in an ``.npz`` file.
+
+    Tuning the rerank stage (oversample, cap, blend, ``min_score``) asks the same
+    (query, message) pairs again and again; with the cache a run costs its searches
+    only.  Keys are hashes of the model, the query and the text.  Latencies measured
+    with it are not the reranker's: the report says ``rerank_cache``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.inner: Any = None
+        self._scores: dict[bytes, float] = {}
+        self._dirty = False
+        if path.exists():
+            with np.load(path) as data:
+                self._scores = dict(zip((bytes(k) for k in data["keys"]),
+                                        data["scores"].tolist()))
+
+    def wrap(self, engine: MemoryEngine) -> None:
+        """Put the cache in front of ``engine``'s loaded reranker backend."""
+        service = engine.rerankers.current()
+        if service is not None and not isinstance(service.backend, CachedScores):
+            self.inner = service.backend
+            service.backend = self  # type: ignore[assignment]
+
+    @property
+    def name(self) -> str:
+        """The wrapped backend's name."""
+        return str(self.inner.name)
+
+    def load(self) -> None:
+        """Load the wrapped backend."""
+        self.inner.load()
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Scores for ``texts``: from the cache, or computed once and remembered."""
+        keys = [self._key(query, t) for t in texts]
+        todo = [i for i, key in enumerate(keys) if key not in self._scores]
+        if todo:
+            fresh = self.inner.score(query, [texts[i] for i in todo])
+            self._scores.update((keys[i], float(v)) for i, v in zip(todo, fresh))
+            self._dirty = True
+        return [self._scores[key] for key in keys]
+
+    def close(self) -> None:
+        """Close the wrapped backend."""
+        self.inner.close()
+
+    def save(self) -> None:
+        """Write the cache if anything new was computed."""
+        if self._dirty:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "wb") as out:
+                np.savez(out, keys=np.array(list(self._scores), dtype="S20"),
+                         scores=np.array(list(self._scores.values()), dtype=np.float64))
+            self._dirty = False
+
+    def _key(self, query: str, text: str) -> bytes:
+        model = getattr(getattr(self.inner, "config", None), "model", self.name)
+        return hashlib.sha1(f"{model}\n{query}\n{text}".encode("utf-8", "replace")).digest()
+
+
 def run_retrieval_bench(
     datasets: Sequence[str | Path],
     profile: Profile,
@@ -140,11 +203,13 @@ def run_retrieval_bench(
     embedder: Embedder | None = None,
     progress: Progress | None = None,
     postgres: str | None = None,
+    rerank_cache: CachedScores | None = None,
 ) -> dict[str, Any]:
     """Import each dataset into a temporary database and score every mode on its queries.
 
     The database is a temporary SQLite file, or with ``postgres`` (a server URL) a
-    throw-away database on that server.
+    throw-away database on that server.  ``rerank_cache`` remembers the reranker's
+    scores between runs (its timings are then not the reranker's).
 
     ``rerank`` is dropped (and ``rerank_skipped`` says why) when the profile's
     reranker cannot be loaded; its searches would only repeat hybrid's.
@@ -170,6 +235,9 @@ def run_retrieval_bench(
                 if "rerank" in modes and (reason := _reranker_missing(engine)):
                     modes.remove("rerank")
                     report["rerank_skipped"] = reason
+                if "rerank" in modes and rerank_cache is not None:
+                    rerank_cache.wrap(engine)
+                    report["rerank_cache"] = True
                 messages = engine.import_exports([data]).inserted
                 results = {
                     mode: _run_mode(engine, queries, mode, k, scope, progress) for mode in modes
@@ -204,7 +272,9 @@ def _run_mode(
 ) -> dict[str, Any]:
     fields = RETRIEVAL_MODES[mode]
     scores: list[dict[str, float]] = []
-    returned, fallbacks, latencies = 0, 0, []
+    returned, fallbacks, reranked = 0, 0, 0
+    latencies: list[float] = []
+    stage_ms: list[float] = []
     for query in queries:
         request = SearchRequest(
             queries=(query.text,), guild_id=query.guild_id, limit=k,
@@ -215,32 +285,52 @@ def _run_mode(
         latencies.append((time.perf_counter() - started) * 1000)
         returned += len(result.hits)
         fallbacks += bool(result.trace.rerank_fallback)
-        scores.append(score_ranking([h.id for h in result.hits], query.relevant, k))
+        if result.trace.reranked:
+            reranked += result.trace.candidates.get("rerank", 0)
+            stage_ms.append(result.trace.timings_ms.get("rerank", 0.0))
+        scores.append(_query_scores([h.id for h in result.hits], query.relevant, k))
         if progress:
             progress(1)
     n = max(1, len(queries))
-    summary: dict[str, Any] = {
-        name: round(sum(s[name] for s in scores) / n, 4) for name in ("recall", "hit", "mrr", "ndcg")
-    }
+    summary: dict[str, Any] = _means(scores)
     summary.update(
         mean_returned=round(returned / n, 3),
         p50_ms=round(percentile(latencies, 50), 2),
         p95_ms=round(percentile(latencies, 95), 2),
-        by_category=_recall_by_category(queries, scores),
+        by_category=_by_category(queries, scores),
     )
     if fields.get("rerank"):
-        summary["rerank_fallbacks"] = fallbacks
+        summary.update(
+            rerank_fallbacks=fallbacks,
+            mean_reranked=round(reranked / n, 2),
+            rerank_stage_p50_ms=round(percentile(stage_ms, 50), 2),
+            rerank_stage_p95_ms=round(percentile(stage_ms, 95), 2),
+        )
     return summary
 
 
-def _recall_by_category(queries: list[Query], scores: list[dict[str, float]]) -> dict[str, Any]:
-    """Mean recall and query count per question category, categories sorted."""
-    groups: dict[str, list[float]] = defaultdict(list)
+SCORES = ("recall", "recall@5", "hit", "mrr", "ndcg")
+
+
+def _query_scores(ranked: list[int], relevant: frozenset[int], k: int) -> dict[str, float]:
+    """One query's scores at ``k``, with its recall at 5 as ``recall@5``."""
+    scores = score_ranking(ranked, relevant, k)
+    scores["recall@5"] = score_ranking(ranked, relevant, min(5, k))["recall"]
+    return scores
+
+
+def _means(scores: list[dict[str, float]]) -> dict[str, Any]:
+    n = max(1, len(scores))
+    return {name: round(sum(s[name] for s in scores) / n, 4) for name in SCORES}
+
+
+def _by_category(queries: list[Query], scores: list[dict[str, float]]) -> dict[str, Any]:
+    """Mean scores and query count per question category, categories sorted."""
+    groups: dict[str, list[dict[str, float]]] = defaultdict(list)
     for query, score in zip(queries, scores):
-        groups[query.category].append(score["recall"])
+        groups[query.category].append(score)
     return {
-        category: {"recall": round(sum(v) / len(v), 4), "queries": len(v)}
-        for category, v in sorted(groups.items())
+        category: {**_means(v), "queries": len(v)} for category, v in sorted(groups.items())
     }
 
 
@@ -255,6 +345,30 @@ def recall_table(report: dict[str, Any]) -> str:
             f"{data['modes'][m]['recall']:>10.3f}" for m in modes))
     lines.append(f"{'mean':<{width}}" + "".join(
         f"{report['mean_recall'][m]:>10.3f}" for m in modes))
+    return "\n".join(lines)
+
+
+def rerank_table(report: dict[str, Any]) -> str:
+    """``hybrid`` and ``rerank`` side by side per dataset and category, as aligned text.
+
+    Empty when the report has no ``rerank`` mode.
+    """
+    if "rerank" not in report["mean_recall"] or "hybrid" not in report["mean_recall"]:
+        return ""
+    lines = [f"{'dataset / category':<28}{'mode':>8}{'R@5':>8}{'R@10':>8}{'MRR':>8}"
+             f"{'nDCG':>8}{'p50 ms':>9}{'p95 ms':>9}{'fallbk':>8}"]
+    for name, data in report["datasets"].items():
+        for mode in ("hybrid", "rerank"):
+            m = data["modes"][mode]
+            lines.append(f"{name:<28}{mode:>8}{m['recall@5']:>8.3f}{m['recall']:>8.3f}"
+                         f"{m['mrr']:>8.3f}{m['ndcg']:>8.3f}{m['p50_ms']:>9.1f}"
+                         f"{m['p95_ms']:>9.1f}{m.get('rerank_fallbacks', 0):>8}")
+        for category in data["modes"]["hybrid"]["by_category"]:
+            for mode in ("hybrid", "rerank"):
+                c = data["modes"][mode]["by_category"][category]
+                label = f"  {category} ({c['queries']})"
+                lines.append(f"{label:<28}{mode:>8}{c['recall@5']:>8.3f}{c['recall']:>8.3f}"
+                             f"{c['mrr']:>8.3f}{c['ndcg']:>8.3f}")
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ COMMANDS = [
     ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"], ["bench", "member-names"],
     ["bench", "secure-delete"], ["bench", "stalls"], ["bench", "reconcile"],
     ["bench", "write-throughput"], ["bench", "reembed"], ["bench", "gpu-summary"],
-    ["migrate-db"],
+    ["bench", "train-reranker"], ["migrate-db"],
 ]
 
 
