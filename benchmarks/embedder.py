@@ -25,9 +25,10 @@ import numpy as np
 
 from benchmarks.common import cpu_model, machine_description, percentile, require_device
 from benchmarks.scale import synthetic_records
-from memory.config import EmbedderConfig, detect_accelerator
+from memory.config import EmbedderConfig
 from memory.embedder import SentenceTransformerEmbedder
 from memory.errors import ConfigError
+from memory.hardware import detect_accelerator
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,9 @@ from typing import Any
 from benchmarks.common import cpu_model
 from benchmarks.remote import spearman
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
-from memory.config import Profile, RerankerConfig, cpu_runs_bf16_fast, load_profile
+from memory.config import Profile, RerankerConfig, load_profile
 from memory.errors import MemoryBotError
+from memory.hardware import cpu_runs_bf16_fast
 from memory.rerank.base import RerankerBackend
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from memory.errors import ConfigError
+from memory.hardware import auto_profile_name
+from memory.urls import refuse_url_credentials
 
 log = logging.getLogger(__name__)
 
@@ -374,50 +375,6 @@ def _build_section(source: str, section: str, table: Any) -> Any:
     return cls(**values)
 
 
-def public_url(url: str) -> str:
-    """``url`` as logs and messages may show it: ``scheme://host[:port]/path``.
-
-    Drops a ``user:password@``, a query (``?api_key=...``) and a fragment, so a
-    secret put in a URL is never written into a log line or an error a member sees.
-    """
-    try:
-        parts = urlsplit(url)
-        port = f":{parts.port}" if parts.port is not None else ""
-    except ValueError:  # a malformed port or host: show nothing of it
-        return "<malformed URL>"
-    if not parts.scheme or not parts.hostname:
-        return "<malformed URL>"
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{parts.scheme}://{host}{port}{parts.path}"
-
-
-def refuse_url_credentials(key: str, url: str, source: str = "") -> None:
-    """Refuse a URL that carries a user, password, query or fragment.
-
-    A key put in a URL would be written into log lines (httpx's own included) and
-    into the errors and fallback reasons members see.
-
-    Args:
-        key: The setting, for the message (``reranker.url``).
-        url: Its value.
-        source: The profile file, when there is one.
-
-    Raises:
-        ConfigError: ``url`` has any of them; the message shows only its public part.
-    """
-    where = f"{source}: " if source else ""
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # e.g. an unclosed [ of an IPv6 host
-        raise ConfigError(f"{where}{key} is not a valid URL") from None
-    if "@" in parts.netloc or parts.query or parts.fragment:
-        raise ConfigError(
-            f"{where}{key} must not carry credentials or a query (user:password@, "
-            f"?api_key=...): give {public_url(url)} and put the key in an environment "
-            f"variable named by {key.rsplit('.', 1)[0]}.api_key_env"
-        )
-
-
 def _validate_profile(profile: Profile) -> Profile:
     s, r = profile.search, profile.reranker
     if s.threshold_floor > s.threshold_start:
@@ -535,93 +492,11 @@ def available_profiles(directory: Path = PROFILES_DIR) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.toml"))
 
 
-def detect_accelerator() -> str:
-    """Return ``cuda``, ``mps`` or ``cpu``: the best device torch can see here."""
-    try:
-        import torch
-    except ImportError:
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return "mps"
-    return "cpu"
-
-
-# CPU flags under which the 0.6B Qwen reranker is fast in bfloat16: AMX on x86 (with
-# only AVX512-BF16 it is slower in bfloat16 than in float32: 14 s against 10 s of CPU
-# for 20 candidates on a 2-core Xeon, BENCHMARKS.md), bf16 on ARM.
-FAST_BF16_FLAGS = frozenset({"amx_bf16", "bf16"})
-
-
-def cpu_runs_bf16_fast(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
-    """Whether this CPU has bfloat16 matrix units, from the kernel's CPU flags.
-
-    x86 lists ``amx_bf16`` in ``flags`` (Sapphire Rapids and later); ARM lists ``bf16``
-    in ``Features``.  ``avx512_bf16`` alone does not count: measured, torch's bfloat16
-    path is slower there than float32.  Read from ``/proc/cpuinfo`` because torch has
-    no public check.
-
-    Returns:
-        ``None`` when the flags cannot be read (not Linux).
-    """
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return bool(FAST_BF16_FLAGS & set(value.split()))
-    return None
-
-
-def auto_profile_name() -> str:
-    """The profile ``auto`` stands for on this machine.
-
-    ``cuda``, then ``mps``; on a CPU-only machine ``cpu`` (the 0.6B Qwen reranker in
-    bfloat16, 1.2-3.6 s a search with AMX) only when the CPU has bfloat16 matrix units
-    (:func:`cpu_runs_bf16_fast`), and ``cpu-small`` (a small cross-encoder, about half
-    a second for 30 candidates on 2 cores) otherwise: without them the 0.6B takes
-    10-20 s a search (BENCHMARKS.md).
-    """
-    accelerator = detect_accelerator()
-    if accelerator != "cpu":
-        return accelerator
-    return "cpu" if cpu_runs_bf16_fast() else "cpu-small"
-
-
-def missing_device(device: str) -> str | None:
-    """Why torch cannot use ``device`` on this machine, or ``None`` when it can.
-
-    Checked before a model loads: a CUDA profile on a machine without CUDA then says
-    so in one line, not torch's ``AssertionError: Torch not compiled with CUDA enabled``.
-    """
-    kind = device.split(":", 1)[0]
-    if kind not in ("cuda", "mps"):
-        return None
-    try:
-        import torch
-    except ImportError:
-        return None  # the loader says that torch is missing
-    if kind == "cuda":
-        if torch.cuda.is_available():
-            return None
-        why = "this torch is built without CUDA" if torch.version.cuda is None else (
-            "torch sees no CUDA device")
-        return f"there is no CUDA here ({why})"
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return None
-    return "there is no MPS here (torch sees no Apple GPU)"
-
-
 def load_profile(name_or_path: str, directory: Path = PROFILES_DIR) -> Profile:
     """Load a profile by name (``cpu``, ``cuda``, ..., or ``auto``) or by file path.
 
     ``auto`` picks ``cuda``, then ``mps``, then ``cpu`` or ``cpu-small`` (see
-    :func:`auto_profile_name`).
+    :func:`memory.hardware.auto_profile_name`).
 
     Raises:
         ConfigError: No such profile, or the file is invalid.

@@ -19,8 +19,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from memory.config import DEFAULT_EMBEDDER, EmbedderConfig, detect_accelerator, missing_device
+from memory.config import DEFAULT_EMBEDDER, EmbedderConfig
 from memory.errors import ConfigError
+from memory.hardware import detect_accelerator, missing_device
 
 log = logging.getLogger(__name__)
 

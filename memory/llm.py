@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from memory.config import LLMConfig, refuse_url_credentials
+from memory.config import LLMConfig
 from memory.context import CLOSE_TAG, OPEN_TAG, Context
 from memory.errors import (
     ChatModelAuthError,
@@ -41,6 +41,7 @@ from memory.errors import (
     ChatModelUnavailable,
     ConfigError,
 )
+from memory.urls import refuse_url_credentials
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from memory.config import RerankerConfig, detect_accelerator, missing_device
+from memory.config import RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
+from memory.hardware import detect_accelerator, missing_device
 from memory.rerank import deadline
 from memory.rerank.base import check_classifier
 

@@ -20,9 +20,10 @@ from typing import Any, TypeVar
 
 import httpx
 
-from memory.config import RerankerConfig, public_url, refuse_url_credentials
+from memory.config import RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.rerank.llama_answers import typed_field
+from memory.urls import public_url, refuse_url_credentials
 
 log = logging.getLogger(__name__)
 

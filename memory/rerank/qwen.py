@@ -42,9 +42,10 @@ from typing import Any
 
 import torch
 
-from memory.config import RerankerConfig, detect_accelerator, missing_device
+from memory.config import RerankerConfig
 from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
+from memory.hardware import detect_accelerator, missing_device
 from memory.rerank import deadline
 from memory.rerank.kv_cache import (
     LayerKV,

@@ -52,12 +52,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from memory.config import RerankerConfig, public_url, refuse_url_credentials
+from memory.config import RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.llm import error_message, retry_after
 from memory.metrics import RERANK_SERVER_ERRORS
 from memory.rerank import deadline
 from memory.rerank.llama_answers import clean_text, sigmoid
+from memory.urls import public_url, refuse_url_credentials
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def endpoint_url(base_url: str, dialect: Dialect) -> str:
 
     Raises:
         ConfigError: ``base_url`` is not an http(s) URL, or it carries credentials
-            or a query (see :func:`~memory.config.refuse_url_credentials`).
+            or a query (see :func:`~memory.urls.refuse_url_credentials`).
     """
     if not base_url.startswith(("http://", "https://")):
         raise ConfigError(f"reranker.url must be an http(s) URL, got {public_url(base_url)!r}")

@@ -14,12 +14,11 @@ from memory.config import (
     RerankerConfig,
     SearchConfig,
     available_profiles,
-    cpu_runs_bf16_fast,
-    detect_accelerator,
     load_profile,
     load_profile_file,
 )
 from memory.errors import ConfigError
+from memory.hardware import cpu_runs_bf16_fast, detect_accelerator
 
 SHIPPED = available_profiles()
 

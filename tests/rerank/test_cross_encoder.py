@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from benchmarks.rerank_backends import save_random_cross_encoder
-from memory.config import RerankerConfig, cpu_runs_bf16_fast, detect_accelerator, load_profile
+from memory.config import RerankerConfig, load_profile
 from memory.errors import RerankerError, RerankerUnavailable
+from memory.hardware import cpu_runs_bf16_fast, detect_accelerator
 from memory.rerank import deadline
 from memory.rerank.cross_encoder import CrossEncoderReranker, length_batches, relevance
 from memory.rerank.manager import RerankerManager
