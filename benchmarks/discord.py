@@ -75,8 +75,8 @@ async def _run(profile: Profile, channels: int, threads: int, backlog: int, sear
         result["embedding_stall"] = {"backlog": backlog, "lazy_load": lazy, "preloaded": warm}
         progress(f"building a {reranker_shape}-shaped reranker")
         folder = _save_reranker(Path(tmp) / "reranker", reranker_shape)
-        reranking = replace(profile, name="bench-rerank", reranker=replace(
-            profile.reranker if profile.reranker.enabled else RerankerConfig(),
+        reranking = replace(profile, name="bench-rerank", reranker=(
+            profile.reranker if profile.reranker.enabled else RerankerConfig()).with_keys(
             backend="transformers", model=str(folder), device="cpu", dtype="float32",
             timeout=600.0))
         progress("reranker load stall and capture latency")

@@ -40,7 +40,7 @@ from benchmarks.llama_cpp import LlamaCpp, LlamaServer, locate
 from benchmarks.qwen_gguf import convert, save_checkpoint
 from cli.demo import demo_dir, demo_queries
 from cli.scoring import load_queries
-from memory.config import RerankerConfig
+from memory.config import LlamaServerConfig, QwenConfig
 from memory.errors import RerankerUnavailable
 from memory.rerank.llama_answers import sigmoid, yes_probability
 from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
@@ -100,7 +100,7 @@ class Models:
 
     def in_process(self, instruction: str = DEFAULT_INSTRUCTION) -> QwenReranker:
         """The in-process backend on the same weights."""
-        config = RerankerConfig(backend="transformers", instruction=instruction)
+        config = QwenConfig(instruction=instruction)
         return QwenReranker.from_model(self.model, self.tokenizer, config)
 
 
@@ -197,11 +197,10 @@ def _servers(models: Models, parallel: int, threads: int) -> Iterator[dict[str, 
         backends: dict[str, Any] = {}
         for endpoint in ENDPOINTS:
             url = rank.url if endpoint == "rerank" else causal.url
-            config = RerankerConfig(backend="llama-server", url=url, endpoint=endpoint,
-                                    timeout=120.0, parallel=parallel,
-                                    instruction=RERANK_INSTRUCTION if endpoint == "rerank"
-                                    else DEFAULT_INSTRUCTION)
-            backends[endpoint] = stack.enter_context(LlamaServerBackend(config))
+            config = LlamaServerConfig(url=url, endpoint=endpoint, parallel=parallel,
+                                       instruction=RERANK_INSTRUCTION if endpoint == "rerank"
+                                       else DEFAULT_INSTRUCTION)
+            backends[endpoint] = stack.enter_context(LlamaServerBackend(config, timeout=120.0))
         backends["url"] = causal.url
         yield backends
 

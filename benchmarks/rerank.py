@@ -49,7 +49,7 @@ import torch
 from benchmarks.common import cpu_model, require_device
 from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
-from memory.config import RerankerConfig, load_profile
+from memory.config import QwenConfig, load_profile
 from memory.errors import ConfigError
 from memory.rerank.prompt import SUFFIX
 from memory.rerank.qwen import QwenReranker, micro_batches, resolve_device
@@ -200,7 +200,7 @@ def _measure(
     progress: ProgressFn | None,
 ) -> list[VariantResult]:
     """Time every variant in ``plan``; the first one is the reference."""
-    base = RerankerConfig(backend="transformers", device=device, max_length=512)
+    base = QwenConfig(device=device, max_length=512)
     results: list[VariantResult] = []
     for done, variant in enumerate(plan, start=1):
         config = dataclasses.replace(
@@ -270,14 +270,14 @@ def _profile_static(model_size: str) -> _Static:
 
     The 4B and 8B are compute-bound on a GPU, so they take ``cuda-8b``'s fine buckets.
     """
-    reranker = load_profile("cuda" if model_size in ("0.6B", "tiny") else "cuda-8b").reranker
+    reranker = load_profile("cuda" if model_size in ("0.6B", "tiny") else "cuda-8b").reranker.qwen
     return _Static(reranker.buckets, reranker.bucket_run_cost, reranker.concurrent)
 
 
 def _environment(
     model: Any, tokenizer: Any, docs: list[str], device: str, model_size: str
 ) -> dict[str, Any]:
-    base = RerankerConfig(backend="transformers", device=device, max_length=512)
+    base = QwenConfig(device=device, max_length=512)
     encoded = QwenReranker.from_model(model, tokenizer, base).encode(QUERY, docs)
     suffix = _suffix_tokens(tokenizer)
     doc_lengths = [len(t) - suffix for t in encoded.tails]

@@ -40,7 +40,7 @@ from typing import Any
 from benchmarks.common import cpu_model
 from benchmarks.remote import spearman
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
-from memory.config import Profile, RerankerConfig, load_profile
+from memory.config import CrossEncoderConfig, Profile, load_profile
 from memory.errors import MemoryBotError
 from memory.hardware import cpu_runs_bf16_fast
 from memory.rerank.base import RerankerBackend
@@ -98,7 +98,7 @@ def run_backends_bench(
     runs: list[BackendRun] = []
     live: list[_Live] = []
     with tempfile.TemporaryDirectory(prefix="rerank-backends-") as tmp:
-        builder = _Builder(Path(tmp), load_profile("cpu-small").reranker)
+        builder = _Builder(Path(tmp), load_profile("cpu-small").reranker.cross_encoder)
         try:
             for name in names:
                 if progress is not None:
@@ -232,7 +232,7 @@ def _row(r: BackendRun) -> str:
 class _Builder:
     """Builds the benchmark's backends, each random-weight model once."""
 
-    def __init__(self, folder: Path, small: RerankerConfig) -> None:
+    def __init__(self, folder: Path, small: CrossEncoderConfig) -> None:
         self.folder = folder
         self.small = small
         self._exported: dict[str, tuple[str, ...]] = {}
@@ -249,7 +249,7 @@ class _Builder:
         if not chosen.reranker.enabled:
             raise ValueError(f"profile {chosen.name} has no reranker")
         r = chosen.reranker
-        model = chosen.llm.model if r.backend == "llm" else r.model
+        model = chosen.llm.model if r.backend == "llm" else r.table()["model"]
         return make_backend(r, chosen.llm), f"{r.backend}:{model}"
 
     def _cross_encoder(self, name: str) -> tuple[RerankerBackend, str]:
@@ -285,7 +285,7 @@ class _Builder:
         from benchmarks.qwen_models import QWEN3_RERANKER_06B, qwen_tokenizer, random_qwen3
         from memory.rerank.qwen import QwenReranker
 
-        cpu = load_profile("cpu").reranker
+        cpu = load_profile("cpu").reranker.qwen
         dtype = "bfloat16" if cpu_runs_bf16_fast() else "float32"
         model = random_qwen3(QWEN3_RERANKER_06B, device="cpu")
         if dtype == "bfloat16":

@@ -25,7 +25,7 @@ from benchmarks.common import percentile, require_device
 from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
 from benchmarks.rerank import _device_name, _profile_static
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
-from memory.config import RerankerConfig
+from memory.config import QwenConfig
 from memory.errors import ConfigError
 from memory.rerank.qwen import QwenReranker, resolve_device, resolve_dtype
 
@@ -123,11 +123,11 @@ def run_concurrent_bench(
     }
 
 
-def _config(device: str, model_size: str) -> RerankerConfig:
+def _config(device: str, model_size: str) -> QwenConfig:
     """The shipped GPU profile's static-shape settings; graphs where CUDA is."""
     static = _profile_static(model_size)
-    return RerankerConfig(
-        backend="transformers", device=device, max_length=512, batch_size=32,
+    return QwenConfig(
+        device=device, max_length=512, batch_size=32,
         buckets=static.buckets, bucket_run_cost=static.run_cost, concurrent=static.concurrent,
         cuda_graphs=torch.device(device).type == "cuda",
     )

@@ -57,9 +57,9 @@ def with_settings(profile: Profile, settings: Sequence[str]) -> Profile:
         ConfigError: A setting is not ``section.key=value``, or the profile rejects it.
     """
     tables: dict[str, dict[str, Any]] = {
-        name: dataclasses.asdict(getattr(profile, name))
-        for name in ("embedder", "search", "reranker", "llm")
+        name: dataclasses.asdict(getattr(profile, name)) for name in ("embedder", "search", "llm")
     }
+    tables["reranker"] = profile.reranker.table()  # the file's flat [reranker] keys
     for setting in settings:
         name, sep, raw = setting.partition("=")
         section, dot, key = name.strip().partition(".")

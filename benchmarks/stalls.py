@@ -37,7 +37,13 @@ from benchmarks.discord import (
     _stall_during,
 )
 from benchmarks.scale import synthetic_records
-from memory.config import Profile, RerankerConfig
+from memory.config import (
+    CrossEncoderConfig,
+    LlamaServerConfig,
+    Profile,
+    RerankApiConfig,
+    RerankerConfig,
+)
 from memory.engine import MemoryEngine
 
 
@@ -68,8 +74,8 @@ async def _run(profile: Profile, backlog: int, burst: int, shutdown: tuple[int, 
         result["burst"] = await _burst(root / "burst.sqlite3", plain, payload, burst)
         progress(f"building a {reranker_shape}-shaped reranker")
         folder = _save_reranker(root / "reranker", reranker_shape)
-        reranking = replace(profile, name="bench-rerank", reranker=replace(
-            profile.reranker if profile.reranker.enabled else RerankerConfig(),
+        reranking = replace(profile, name="bench-rerank", reranker=(
+            profile.reranker if profile.reranker.enabled else RerankerConfig()).with_keys(
             backend="transformers", model=str(folder), device="cpu", dtype="float32",
             timeout=600.0))
         progress("profile switch")
@@ -176,13 +182,13 @@ def _backend_profiles(root: Path, plain: Profile, qwen: Profile) -> dict[str, Pr
         "none": plain,
         "transformers": qwen,
         "cross-encoder": replace(plain, name="bench-cross-encoder", reranker=RerankerConfig(
-            backend="cross-encoder", model=str(cross), device="cpu")),
+            backend="cross-encoder", cross_encoder=CrossEncoderConfig(model=str(cross)))),
         "rerank-api": replace(plain, name="bench-rerank-api", reranker=RerankerConfig(
-            backend="rerank-api", url=nowhere, model="bench")),
+            backend="rerank-api", rerank_api=RerankApiConfig(url=nowhere, model="bench"))),
         "llm": replace(plain, name="bench-llm", reranker=RerankerConfig(backend="llm"),
                        llm=replace(plain.llm, base_url=nowhere, model="bench")),
         "llama-server": replace(plain, name="bench-llama-server", reranker=RerankerConfig(
-            backend="llama-server", url=nowhere)),
+            backend="llama-server", llama_server=LlamaServerConfig(url=nowhere))),
     }
 
 

@@ -78,19 +78,19 @@ def _reranker_status(engine: MemoryEngine) -> bool:
         Whether the reranker loaded (the demo's searches rerank only then).
     """
     status = engine.reranker_status()
-    config = engine.profile.reranker
+    settings = engine.profile.reranker.table()  # the profile's keys, whichever backend
     if status.name is None:
         click.echo("reranker: off in this profile; results are the hybrid order")
         return False
     if not status.loaded:
         log.info("reranker unavailable: %s", status.reason)
         click.echo(
-            f"reranker: off ({config.model} is not available here); results are the "
+            f"reranker: off ({settings['model']} is not available here); results are the "
             "hybrid order. To turn it on, point reranker.model in the profile at a local "
             "Qwen3-Reranker folder, or use a llama-server profile."
         )
         return False
-    click.echo(f"reranker: {config.model} on {config.device}")
+    click.echo(f"reranker: {settings['model']} on {settings['device']}")
     return True
 
 

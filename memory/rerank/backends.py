@@ -18,7 +18,8 @@ from memory.rerank.base import RerankerBackend
 def make_backend(config: RerankerConfig, llm: LLMConfig | None = None) -> RerankerBackend:
     """Create (but do not load) the backend a reranker config names.
 
-    Heavy imports happen here, only for the backend in use.  ``llm`` is the
+    Heavy imports happen here, only for the backend in use.  Each backend receives
+    its own settings (and the remote ones the call timeout); ``llm`` is the
     profile's ``[llm]`` section, which the ``llm`` backend judges with.
 
     Raises:
@@ -28,23 +29,23 @@ def make_backend(config: RerankerConfig, llm: LLMConfig | None = None) -> Rerank
         if config.backend == "transformers":
             from memory.rerank.qwen import QwenReranker
 
-            return QwenReranker(config)
+            return QwenReranker(config.qwen)
         if config.backend == "llama-server":
             from memory.rerank.llama_server import LlamaServerBackend
 
-            return LlamaServerBackend(config)
+            return LlamaServerBackend(config.llama_server, config.timeout)
         if config.backend == "cross-encoder":
             from memory.rerank.cross_encoder import CrossEncoderReranker
 
-            return CrossEncoderReranker(config)
+            return CrossEncoderReranker(config.cross_encoder)
         if config.backend == "rerank-api":
             from memory.rerank.rerank_api import RerankApiBackend
 
-            return RerankApiBackend(config)
+            return RerankApiBackend(config.rerank_api, config.timeout)
         if config.backend == "llm":
             from memory.rerank.llm_judge import LLMJudge
 
-            return LLMJudge(config, llm or LLMConfig())
+            return LLMJudge(config.llm_judge, llm or LLMConfig(), config.timeout)
     except ImportError as exc:  # searches go on without reranking, saying why
         return MissingBackend(config.backend, (
             f"the {config.backend} reranker cannot run here ({exc}); install the missing "

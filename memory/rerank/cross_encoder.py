@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from memory.config import RerankerConfig
+from memory.config import CrossEncoderConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.hardware import detect_accelerator, missing_device
 from memory.rerank import deadline
@@ -121,13 +121,14 @@ class CrossEncoderReranker:
     lock keeps :meth:`close` from freeing the model under a running call.
 
     Args:
-        config: The ``[reranker]`` section; uses model, device, runtime, onnx_file,
-            batch_size and max_length.
+        config: The profile's ``[reranker]`` settings for this backend.
         runtime: An already loaded runtime (tests, benchmarks); loaded from ``config``
             by :meth:`load` otherwise.
     """
 
-    def __init__(self, config: RerankerConfig, runtime: CrossEncoderRuntime | None = None) -> None:
+    def __init__(
+        self, config: CrossEncoderConfig, runtime: CrossEncoderRuntime | None = None
+    ) -> None:
         self.config = config
         self.name = "cross-encoder-onnx" if config.runtime == "onnx" else "cross-encoder"
         self._runtime = runtime
@@ -214,7 +215,7 @@ def _checked(runtime: CrossEncoderRuntime, model: str) -> CrossEncoderRuntime:
     return runtime
 
 
-def _load_runtime(config: RerankerConfig) -> CrossEncoderRuntime:
+def _load_runtime(config: CrossEncoderConfig) -> CrossEncoderRuntime:
     if config.runtime == "onnx":
         from memory.rerank.onnx_runtime import OnnxCrossEncoder
 
@@ -236,7 +237,7 @@ class TorchCrossEncoder:
         self.labels = int(model.num_labels)
 
     @classmethod
-    def load(cls, config: RerankerConfig) -> TorchCrossEncoder:
+    def load(cls, config: CrossEncoderConfig) -> TorchCrossEncoder:
         """Load ``config.model`` with ``CrossEncoder`` on ``config.device``.
 
         Raises:

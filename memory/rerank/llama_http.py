@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from memory.config import RerankerConfig
+from memory.config import DEFAULT_RERANK_TIMEOUT, LlamaServerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.rerank.llama_answers import typed_field
 from memory.urls import public_url, refuse_url_credentials
@@ -90,20 +90,26 @@ class LlamaServerClient:
 
     Attributes:
         base_url: The server root the paths are appended to.
+        timeout: Seconds one search's call may take.
         healthy: Whether the last health check (or request) found the server ready;
             False until the first check.
         last_error: The most recent problem (failed health check or failed call),
             reset to None when a health check succeeds.
 
     Args:
-        config: The reranker section; uses url, timeout and parallel.
+        config: The profile's ``[reranker]`` settings for llama-server; uses url and
+            parallel.
+        timeout: Seconds one search's call may take (``reranker.timeout``).
 
     Raises:
         ConfigError: ``config.url`` is not an http(s) URL.
     """
 
-    def __init__(self, config: RerankerConfig) -> None:
+    def __init__(
+        self, config: LlamaServerConfig, timeout: float = DEFAULT_RERANK_TIMEOUT
+    ) -> None:
         self.base_url = server_root(config.url)
+        self.timeout = timeout
         self.healthy = False
         self.last_error: str | None = None
         self._config = config
@@ -123,7 +129,7 @@ class LlamaServerClient:
             if self._client is None:
                 slots = self._config.parallel
                 self._client = httpx.Client(
-                    timeout=httpx.Timeout(self._config.timeout),
+                    timeout=httpx.Timeout(self.timeout),
                     # the workers, plus health checks made by the calling threads
                     limits=httpx.Limits(max_connections=slots + 2, max_keepalive_connections=slots),
                     trust_env=False,  # a proxy from the environment would not reach a LAN server
@@ -239,7 +245,7 @@ class LlamaServerClient:
         client = self.open()
         left = call.remaining()
         if left <= 0 or call.abandoned.is_set():
-            raise error("timeout", f"{url}: no time left of {self._config.timeout:g} s")
+            raise error("timeout", f"{url}: no time left of {self.timeout:g} s")
         try:
             return client.post(url, json=payload, timeout=left)
         except DROPPED:
@@ -251,7 +257,7 @@ class LlamaServerClient:
 
     def _transport_error(self, url: str, exc: BaseException) -> RerankerError:
         if isinstance(exc, httpx.TimeoutException):
-            return error("timeout", f"{url}: no answer within {self._config.timeout:g} s")
+            return error("timeout", f"{url}: no answer within {self.timeout:g} s")
         if isinstance(exc, httpx.ConnectError):
             message = f"{url}: cannot connect ({describe(exc)}); is llama-server running?"
             self.set_health(False, message)

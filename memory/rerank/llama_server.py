@@ -1,6 +1,6 @@
 """Remote reranker: a llama.cpp ``llama-server`` running Qwen3-Reranker (GGUF).
 
-``RerankerConfig.endpoint`` picks how the server is asked:
+``LlamaServerConfig.endpoint`` picks how the server is asked:
 
 * ``completion`` (default): one ``POST /completion`` per document whose prompt is
   the exact official Qwen3-Reranker text (:func:`memory.rerank.prompt.full_prompt`,
@@ -52,7 +52,7 @@ from types import TracebackType
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from memory.config import DEFAULT_INSTRUCTION, RerankerConfig
+from memory.config import DEFAULT_INSTRUCTION, DEFAULT_RERANK_TIMEOUT, LlamaServerConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.metrics import RERANK_SERVER_ERRORS
 from memory.rerank import deadline
@@ -103,17 +103,19 @@ class LlamaServerBackend:
     name = "llama-server"
     concurrent = True
 
-    def __init__(self, config: RerankerConfig) -> None:
+    def __init__(
+        self, config: LlamaServerConfig, timeout: float = DEFAULT_RERANK_TIMEOUT
+    ) -> None:
         """Prepare the backend; no connection or thread exists before first use.
 
         Args:
-            config: The reranker section; uses url, endpoint, instruction, timeout,
-                max_length and parallel.
+            config: The profile's ``[reranker]`` settings for this backend.
+            timeout: Seconds one search's call may take (``reranker.timeout``).
 
         Raises:
             ConfigError: ``config.url`` is not an http(s) URL.
         """
-        self._http = LlamaServerClient(config)
+        self._http = LlamaServerClient(config, timeout)
         self.host = urlsplit(self._http.base_url).hostname or "?"
         self._slots = RequestSlots(config, self._http)
         self._config = config
@@ -187,7 +189,7 @@ class LlamaServerBackend:
         """
         if not texts:
             return []
-        call = Call(deadline.within(self._config.timeout))
+        call = Call(deadline.within(self._http.timeout))
         try:
             return self._score(clean_text(query), [clean_text(t) for t in texts], call)
         except RerankerError as exc:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
-from memory.config import RerankerConfig
+from memory.config import LlamaServerConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.rerank.llama_http import Call, LlamaServerClient, describe, error
 
@@ -32,12 +32,13 @@ class RequestSlots:
     """``parallel`` worker threads that send a server's requests; thread-safe.
 
     Args:
-        config: The reranker section; uses parallel, endpoint and timeout.
-        http: The server's client (opened with the pool, and the source of the
-            "closed" error).
+        config: The profile's ``[reranker]`` settings for llama-server; uses parallel
+            and endpoint.
+        http: The server's client (opened with the pool, the source of the "closed"
+            error, and of the call timeout).
     """
 
-    def __init__(self, config: RerankerConfig, http: LlamaServerClient) -> None:
+    def __init__(self, config: LlamaServerConfig, http: LlamaServerClient) -> None:
         self._config = config
         self._http = http
         self._lock = threading.Lock()
@@ -152,7 +153,7 @@ class RequestSlots:
         return error(
             "timeout",
             f"llama-server at {self._http.base_url} gave no answer within "
-            f"{self._config.timeout:g} s",
+            f"{self._http.timeout:g} s",
         )
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from memory.config import LLMConfig, RerankerConfig
+from memory.config import DEFAULT_RERANK_TIMEOUT, LLMConfig, LlmJudgeConfig
 from memory.errors import ChatModelError, ConfigError, RerankerError, RerankerUnavailable
 from memory.llm import ChatClient, ChatMessages, chat_completions_url, visible_text
 from memory.rerank import deadline
@@ -134,15 +134,16 @@ class LLMJudge:
     Attributes:
         name: ``"llm"``.
         concurrent: True: parallel searches may score at once; each call ends by
-            its deadline (the service's, or ``config.timeout`` when called
+            its deadline (the service's, or ``timeout`` when called
             directly) and leaves no request running after it.
         host: The chat model's host (what ``/memory privacy`` names).
         requests_sent: Judge requests sent so far.
         tokens_used: Prompt + completion tokens the server reported so far.
 
     Args:
-        config: The ``[reranker]`` section (timeout, parallel, instruction).
+        config: The profile's ``[reranker]`` settings for this backend.
         llm: The profile's ``[llm]`` section: the chat model that judges.
+        timeout: Seconds one search's call may take (``reranker.timeout``).
 
     Raises:
         ConfigError: ``[llm]`` is off.
@@ -151,10 +152,13 @@ class LLMJudge:
     name = "llm"
     concurrent = True
 
-    def __init__(self, config: RerankerConfig, llm: LLMConfig) -> None:
+    def __init__(
+        self, config: LlmJudgeConfig, llm: LLMConfig, timeout: float = DEFAULT_RERANK_TIMEOUT
+    ) -> None:
         if not llm.enabled:
             raise ConfigError("reranker.backend = \"llm\" needs an [llm] table with base_url and model")
         self.config = config
+        self.timeout = timeout
         self.llm = dataclasses.replace(llm, stream=False, max_tokens=ANSWER_TOKENS, temperature=0.0)
         self.host = httpx.URL(chat_completions_url(llm.base_url)).host or "?"
         self.requests_sent = 0
@@ -170,7 +174,7 @@ class LLMJudge:
         Raises:
             RerankerUnavailable: ``[llm]``'s API key variable is unset.
         """
-        self._client(self.config.timeout, self._open()[0])
+        self._client(self.timeout, self._open()[0])
         log.info("llm reranker: %s at %s judges each candidate (parallel %d)",
                  self.llm.model, self.host, self.config.parallel)
 
@@ -183,8 +187,8 @@ class LLMJudge:
         """
         if not texts:
             return []
-        until = deadline.within(self.config.timeout)
-        handover = until - min(HANDOVER_MAX_S, HANDOVER_SHARE * self.config.timeout)
+        until = deadline.within(self.timeout)
+        handover = until - min(HANDOVER_MAX_S, HANDOVER_SHARE * self.timeout)
         http, pool = self._open()
         abandoned = threading.Event()
         futures = [
@@ -254,7 +258,7 @@ class LLMJudge:
             scores.append(None)
             error = None if future.cancelled() or not future.done() else future.exception()
             errors.append(error or RerankerError(
-                f"the judge at {self.host} gave no answer within {self.config.timeout:g} s",
+                f"the judge at {self.host} gave no answer within {self.timeout:g} s",
                 "timeout"))
         if all(s is None for s in scores):
             worst = next((e for e in errors if isinstance(e, RerankerUnavailable)), errors[0])

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from memory.config import RerankerConfig
+from memory.config import CrossEncoderConfig
 from memory.errors import RerankerUnavailable
 from memory.rerank.base import check_classifier
 
@@ -78,7 +78,7 @@ class OnnxCrossEncoder:
         self._output = "logits" if "logits" in outputs else outputs[0]
 
     @classmethod
-    def load(cls, config: RerankerConfig) -> OnnxCrossEncoder:
+    def load(cls, config: CrossEncoderConfig) -> OnnxCrossEncoder:
         """Open ``config.onnx_file`` of ``config.model`` with its tokenizer.
 
         Raises:

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from memory.config import RerankerConfig
+from memory.config import QwenConfig
 from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.hardware import detect_accelerator, missing_device
@@ -154,13 +154,13 @@ class QwenReranker:
     loading, scoring and unloading, so the object may be shared between threads.
 
     Args:
-        config: The profile's ``[reranker]`` section; ``model`` is a hub id or a
-            local folder holding a Qwen3-Reranker checkpoint.
+        config: The profile's ``[reranker]`` settings for this backend; ``model`` is a
+            hub id or a local folder holding a Qwen3-Reranker checkpoint.
     """
 
     name = "transformers"
 
-    def __init__(self, config: RerankerConfig) -> None:
+    def __init__(self, config: QwenConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -181,7 +181,7 @@ class QwenReranker:
 
     @classmethod
     def from_model(
-        cls, model: Any, tokenizer: Any, config: RerankerConfig | None = None
+        cls, model: Any, tokenizer: Any, config: QwenConfig | None = None
     ) -> QwenReranker:
         """Wrap an already built causal LM and tokenizer (tests, benchmarks).
 
@@ -194,7 +194,7 @@ class QwenReranker:
         Raises:
             RerankerUnavailable: The tokenizer has no single "yes"/"no" tokens.
         """
-        config = config or RerankerConfig(backend="transformers")
+        config = config or QwenConfig()
         reranker = cls(config)
         param = next(model.parameters())
         reranker.device, reranker.dtype = str(param.device), param.dtype

@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from memory.config import RerankerConfig
+from memory.config import DEFAULT_RERANK_TIMEOUT, RerankApiConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.llm import error_message, retry_after
 from memory.metrics import RERANK_SERVER_ERRORS
@@ -213,8 +213,9 @@ class RerankApiBackend:
     name = "rerank-api"
     concurrent = True
 
-    def __init__(self, config: RerankerConfig) -> None:
+    def __init__(self, config: RerankApiConfig, timeout: float = DEFAULT_RERANK_TIMEOUT) -> None:
         self.config = config
+        self.timeout = timeout
         self.dialect = DIALECTS[config.dialect]
         self.url = endpoint_url(config.url, self.dialect)
         self.host = urlsplit(self.url).hostname or "?"
@@ -258,7 +259,7 @@ class RerankApiBackend:
             return []
         if self._key_error is not None:
             raise self._key_error
-        until = deadline.within(self.config.timeout)
+        until = deadline.within(self.timeout)
         query = clean_text(query)
         docs = [clean_text(t) for t in texts]
         size = self.config.max_documents
@@ -377,7 +378,7 @@ class RerankApiBackend:
 
     def _timeout(self) -> RerankerError:
         return RerankerError(
-            f"the rerank API at {self.host} gave no answer within {self.config.timeout:g} s",
+            f"the rerank API at {self.host} gave no answer within {self.timeout:g} s",
             "timeout",
         )
 
@@ -386,5 +387,5 @@ class RerankApiBackend:
             if self._closed.is_set():
                 raise RerankerError("the rerank-api reranker was closed", "closed")
             if self._client is None:
-                self._client = httpx.Client(timeout=httpx.Timeout(self.config.timeout))
+                self._client = httpx.Client(timeout=httpx.Timeout(self.timeout))
             return self._client

@@ -95,7 +95,7 @@ def test_gpu_quick_plan_has_graph_variants_with_the_profiles_buckets(size, profi
     from memory.config import load_profile
 
     static = _profile_static(size)
-    reranker = load_profile(profile).reranker
+    reranker = load_profile(profile).reranker.qwen
     assert (static.buckets, static.run_cost) == (reranker.buckets, reranker.bucket_run_cost)
     plan = {v.name: v for v in _variants("cuda", "bfloat16", static, quick=True)}
     assert list(plan) == [

@@ -239,7 +239,7 @@ def test_a_cuda_reranker_without_cuda_says_so_before_loading(profile: str) -> No
         pytest.skip("this machine has CUDA")
     from memory.rerank.qwen import QwenReranker
 
-    reranker = QwenReranker(load_profile(profile).reranker)
+    reranker = QwenReranker(load_profile(profile).reranker.qwen)
     with pytest.raises(RerankerUnavailable) as caught:
         reranker.load()  # fails before looking for the weights (not on this machine either)
     assert str(caught.value).startswith("reranker.device is 'cuda' but there is no CUDA here")

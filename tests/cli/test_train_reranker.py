@@ -47,7 +47,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
 
 
 def scores_with_profile(folder: Path) -> list[float]:
-    reranker = CrossEncoderReranker(load_profile(str(folder / "profile.toml")).reranker)
+    reranker = CrossEncoderReranker(load_profile(str(folder / "profile.toml")).reranker.cross_encoder)
     try:
         return reranker.score(QUERY, TEXTS)
     finally:
@@ -66,7 +66,7 @@ def test_trains_a_cross_encoder_folder_a_profile_loads_and_scores_with(
     assert config["architectures"] == ["BertForSequenceClassification"]
     assert len(config["id2label"]) == 1  # one relevance logit
     profile = load_profile(str(folder / "profile.toml"))
-    assert (profile.reranker.backend, profile.reranker.model) == ("cross-encoder", str(folder))
+    assert (profile.reranker.backend, profile.reranker.cross_encoder.model) == ("cross-encoder", str(folder))
     assert (profile.reranker.blend, profile.reranker.blend_weight) == (True, 0.6)
     scores = scores_with_profile(folder)
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
@@ -87,9 +87,9 @@ def test_training_is_seeded(tmp_path: Path) -> None:
 
 
 def _scores(folder: Path) -> list[float]:
-    from memory.config import RerankerConfig
+    from memory.config import CrossEncoderConfig
 
-    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder", model=str(folder)))
+    reranker = CrossEncoderReranker(CrossEncoderConfig(model=str(folder)))
     try:
         return reranker.score(QUERY, TEXTS)
     finally:

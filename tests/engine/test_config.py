@@ -3,14 +3,20 @@ names the file and the key."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from memory.config import (
     PROFILES_DIR,
+    CrossEncoderConfig,
     EmbedderConfig,
+    LlamaServerConfig,
+    LlmJudgeConfig,
     Profile,
+    QwenConfig,
+    RerankApiConfig,
     RerankerConfig,
     SearchConfig,
     available_profiles,
@@ -44,7 +50,7 @@ def test_every_shipped_profile_loads(name: str) -> None:
     assert isinstance(profile.reranker, RerankerConfig)
     assert profile.search.threshold_floor <= profile.search.threshold_start
     if profile.reranker.backend == "llama-server":
-        assert profile.reranker.url.startswith(("http://", "https://"))
+        assert profile.reranker.llama_server.url.startswith(("http://", "https://"))
 
 
 def test_a_profile_loads_by_path(tmp_path: Path) -> None:
@@ -149,11 +155,11 @@ def test_a_profile_with_retired_reranker_keys_still_loads(tmp_path: Path, caplog
                            "concurrency = 3\nhealth_interval = 30.0\n")
     with caplog.at_level("WARNING", logger="memory.config"):
         profile = load_profile(str(path))
-    assert profile.reranker.parallel == 3
+    assert profile.reranker.llama_server.parallel == 3
     assert "reranker.concurrency is retired; read as reranker.parallel" in caplog.text
     assert "reranker.health_interval is retired and ignored" in caplog.text
     both = write(tmp_path, '[reranker]\nconcurrency = 3\nparallel = 2\n', "both.toml")
-    assert load_profile(str(both)).reranker.parallel == 2, "the new key wins"
+    assert load_profile(str(both)).reranker.llama_server.parallel == 2, "the new key wins"
 
 
 def test_a_profile_with_the_old_multiplicative_boosts_still_loads(tmp_path: Path, caplog) -> None:
@@ -177,3 +183,82 @@ def test_a_profile_with_multi_query_boost_reads_it_as_multi_query_bonus(
         profile = load_profile(str(path))
     assert profile.search.multi_query_bonus == 0.3
     assert "search.multi_query_boost is retired; read as search.multi_query_bonus" in caplog.text
+
+
+# -- [reranker]: one flat table in the file, one settings class per backend (issue 34.3) --
+
+FLAT_RERANKER_KEYS = {
+    "backend", "model", "device", "dtype", "quantize", "batch_size", "max_length", "instruction",
+    "prefix_cache", "oversample", "max_candidates", "timeout", "blend", "blend_weight",
+    "min_score", "url", "endpoint", "parallel", "buckets", "bucket_run_cost", "cuda_graphs",
+    "torch_compile", "concurrent", "runtime", "onnx_file", "dialect", "api_key_env",
+    "max_documents", "score_scale",
+}
+BACKEND_SETTINGS = [QwenConfig, LlamaServerConfig, CrossEncoderConfig, RerankApiConfig,
+                    LlmJudgeConfig]
+
+
+def test_the_reranker_table_keeps_every_key_profiles_have_used(tmp_path: Path) -> None:
+    """Profiles people already have must keep loading: no key lost or renamed."""
+    path = write(tmp_path, "[reranker]\nbakend = 'none'\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_profile_file(path)
+    known = str(excinfo.value).split("(known: ", 1)[1].rstrip(")")
+    assert set(known.split(", ")) == FLAT_RERANKER_KEYS
+
+
+def test_a_key_several_backends_read_means_the_same_to_each() -> None:
+    """``model``, ``url``, ``max_length``, ...: one default and one range for every reader."""
+    specs: dict[str, dataclasses.Field] = {}
+    for settings in BACKEND_SETTINGS:
+        for f in dataclasses.fields(settings):
+            first = specs.setdefault(f.name, f)
+            assert (f.default, dict(f.metadata)) == (first.default, dict(first.metadata)), (
+                f"{settings.__name__}.{f.name}")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_profile_round_trips_through_its_flat_table(name: str) -> None:
+    reranker = load_profile(name).reranker
+    assert set(reranker.table()) == FLAT_RERANKER_KEYS
+    assert RerankerConfig.from_table(reranker.table()) == reranker
+
+
+@pytest.mark.parametrize("backend, settings", [
+    ("none", None),
+    ("transformers", QwenConfig(model="m", batch_size=4, max_length=256)),
+    ("llama-server", LlamaServerConfig(url="http://127.0.0.1:8080", max_length=256)),
+    ("cross-encoder", CrossEncoderConfig(model="m", batch_size=4, max_length=256)),
+    ("rerank-api", RerankApiConfig(url="http://127.0.0.1:8080", model="m")),
+    ("llm", LlmJudgeConfig()),
+])
+def test_each_backend_receives_only_its_own_keys(
+    tmp_path: Path, backend: str, settings: object
+) -> None:
+    path = write(tmp_path, f"[reranker]\nbackend = '{backend}'\nmodel = 'm'\nbatch_size = 4\n"
+                           "max_length = 256\nurl = 'http://127.0.0.1:8080'\ntimeout = 5\n"
+                           "[llm]\nbase_url = 'http://127.0.0.1:8080'\nmodel = 'chat'\n")
+    reranker = load_profile_file(path).reranker
+    assert reranker.options == settings
+    assert (reranker.backend, reranker.timeout) == (backend, 5.0)
+
+
+def test_a_key_of_another_backend_is_accepted_and_still_checked(tmp_path: Path) -> None:
+    """As before the split: a key the chosen backend does not read loads (a profile can
+    switch backend with one line), but a bad value for it is still an error."""
+    path = write(tmp_path, "[reranker]\nbackend = 'transformers'\ndialect = 'cohere'\n")
+    assert load_profile_file(path).reranker.rerank_api.dialect == "cohere"
+    bad = write(tmp_path, "[reranker]\nbackend = 'transformers'\ndialect = 'klingon'\n", "b.toml")
+    with pytest.raises(ConfigError, match="reranker.dialect must be one of"):
+        load_profile_file(bad)
+
+
+def test_set_changes_a_reranker_key_for_every_backend_that_reads_it() -> None:
+    from benchmarks.retrieval import with_settings
+
+    profile = with_settings(load_profile("cpu"), ['reranker.backend="cross-encoder"',
+                                                  "reranker.batch_size=4"])
+    assert profile.reranker.options == CrossEncoderConfig(
+        model=load_profile("cpu").reranker.qwen.model, batch_size=4, max_length=256)
+    assert profile.reranker.qwen.batch_size == 4
+    assert profile.reranker.qwen.buckets == ()

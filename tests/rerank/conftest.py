@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memory.config import RerankerConfig
+from memory.config import QwenConfig
 from tests.support.qwen_tiny import save_tiny_reranker
 
 
@@ -26,4 +26,4 @@ def parts(tiny_dir):
 
 @pytest.fixture(scope="module")
 def config(tiny_dir):
-    return RerankerConfig(backend="transformers", model=str(tiny_dir), dtype="float32")
+    return QwenConfig(model=str(tiny_dir), dtype="float32")

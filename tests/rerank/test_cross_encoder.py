@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from benchmarks.rerank_backends import save_random_cross_encoder
-from memory.config import RerankerConfig, load_profile
+from memory.config import CrossEncoderConfig, RerankerConfig, load_profile
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.hardware import cpu_runs_bf16_fast, detect_accelerator
 from memory.rerank import deadline
@@ -47,8 +47,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def backend(folder: Path, **settings) -> CrossEncoderReranker:
-    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder", model=str(folder),
-                                                   **settings))
+    reranker = CrossEncoderReranker(CrossEncoderConfig(model=str(folder), **settings))
     reranker.load()
     return reranker
 
@@ -102,8 +101,7 @@ def test_an_encoder_without_a_classifier_head_is_refused(tmp_path, runtime):
     # it is opened, so any bytes stand for it here
     (folder / "onnx").mkdir()
     (folder / "onnx" / "model.onnx").write_bytes(b"an embedding model's graph")
-    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder", model=str(folder),
-                                                   runtime=runtime))
+    reranker = CrossEncoderReranker(CrossEncoderConfig(model=str(folder), runtime=runtime))
     with pytest.raises(RerankerUnavailable, match="is not a cross-encoder: its config.json "
                                                    "names BertModel") as info:
         reranker.load()
@@ -115,15 +113,14 @@ def test_an_encoder_without_a_classifier_head_is_refused(tmp_path, runtime):
 ])
 def test_a_missing_model_is_one_line(model, message, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder", model=model))
+    reranker = CrossEncoderReranker(CrossEncoderConfig(model=model))
     with pytest.raises(RerankerUnavailable, match=message) as info:
         reranker.load()
     assert "\n" not in str(info.value)
 
 
 def test_a_failed_load_is_remembered_not_retried_per_search(tmp_path):
-    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder",
-                                                   model=str(tmp_path / "gone")))
+    reranker = CrossEncoderReranker(CrossEncoderConfig(model=str(tmp_path / "gone")))
     with pytest.raises(RerankerUnavailable) as first:
         reranker.load()
     save_random_cross_encoder(tmp_path / "gone", {**TINY, "num_labels": 1})  # too late
@@ -135,14 +132,14 @@ def test_a_failed_load_is_remembered_not_retried_per_search(tmp_path):
 def test_a_cuda_profile_without_cuda_says_so(tiny):
     if detect_accelerator() == "cuda":
         pytest.skip("this machine has CUDA")
-    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder", model=str(tiny),
-                                                   device="cuda"))
+    reranker = CrossEncoderReranker(CrossEncoderConfig(model=str(tiny), device="cuda"))
     with pytest.raises(RerankerUnavailable, match="there is no CUDA here"):
         reranker.load()
 
 
 def test_the_service_reranks_with_it(tiny):
-    config = RerankerConfig(backend="cross-encoder", model=str(tiny), oversample=1)
+    config = RerankerConfig(backend="cross-encoder", oversample=1,
+                            cross_encoder=CrossEncoderConfig(model=str(tiny)))
     service = RerankerService(config)
     service.load()
     ranked, outcome = rerank_texts(service, QUERY, DOCS, falling(len(DOCS), 0.05))
@@ -154,7 +151,8 @@ def test_the_service_reranks_with_it(tiny):
 
 
 def test_a_search_is_reranked_by_it_and_says_so_in_its_trace(tiny, tmp_path):
-    config = RerankerConfig(backend="cross-encoder", model=str(tiny), oversample=1)
+    config = RerankerConfig(backend="cross-encoder", oversample=1,
+                            cross_encoder=CrossEncoderConfig(model=str(tiny)))
     result = engine_search(tmp_path, config, DOCS[:3], QUERY)
     assert result.trace.reranked and result.trace.rerank_backend == "cross-encoder"
     assert result.hits and all(h.rerank_score is not None for h in result.hits)
@@ -194,8 +192,9 @@ def test_fast_bf16_is_unknown_without_proc(tmp_path):
 
 def test_the_cpu_small_profile_runs_the_cross_encoder():
     reranker = load_profile("cpu-small").reranker
-    assert (reranker.backend, reranker.runtime, reranker.device) == ("cross-encoder", "torch", "cpu")
-    assert reranker.batch_size == 8  # short batches pad less: faster for both runtimes
+    settings = reranker.cross_encoder
+    assert (reranker.backend, settings.runtime, settings.device) == ("cross-encoder", "torch", "cpu")
+    assert settings.batch_size == 8  # short batches pad less: faster for both runtimes
 
 
 @pytest.mark.parametrize("pairs, batch_size, batches", [

@@ -22,7 +22,7 @@ import pytest
 from benchmarks.llama_cpp import LlamaCpp, LlamaServer, locate
 from benchmarks.qwen_gguf import convert, save_checkpoint
 from benchmarks.remote import spearman
-from memory.config import RerankerConfig
+from memory.config import LlamaServerConfig, QwenConfig, RerankerConfig
 from memory.rerank.base import Ranking
 from memory.rerank.llama_answers import clean_text
 from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
@@ -86,10 +86,10 @@ class TinyReranker:
 
     def reference(self, instruction: str | None = None, max_length: int = 512) -> QwenReranker:
         """An in-process backend on the tiny model (the truth the server must match)."""
-        settings: dict[str, Any] = {"backend": "transformers", "max_length": max_length}
+        settings: dict[str, Any] = {"max_length": max_length}
         if instruction is not None:
             settings["instruction"] = instruction
-        return QwenReranker.from_model(self.model, self.tokenizer, RerankerConfig(**settings))
+        return QwenReranker.from_model(self.model, self.tokenizer, QwenConfig(**settings))
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +128,8 @@ def rank_server(tiny: TinyReranker) -> Iterator[LlamaServer]:
 
 def remote(url: str, **overrides: Any) -> LlamaServerBackend:
     settings: dict[str, Any] = {"backend": "llama-server", "url": url, "timeout": 60.0}
-    return LlamaServerBackend(RerankerConfig(**(settings | overrides)))
+    config = RerankerConfig.from_table(settings | overrides)
+    return LlamaServerBackend(config.llama_server, config.timeout)
 
 
 def assert_agrees(remote_scores: list[float], reference: list[float]) -> None:
@@ -212,7 +213,8 @@ def test_server_killed_mid_batch_falls_back(
     server = serve(tiny, tiny.causal, "killed", parallel=1, threads=1)
     slow_docs = [f"{i} " + "word " * 2500 for i in range(20)]  # ~0.5 s each, one slot
     config = RerankerConfig(
-        backend="llama-server", url=server.url, parallel=1, max_length=4096, timeout=30.0
+        backend="llama-server", timeout=30.0,
+        llama_server=LlamaServerConfig(url=server.url, parallel=1, max_length=4096),
     )
     service = RerankerService(config)
     outcome: list[Ranking] = []
@@ -240,7 +242,8 @@ def test_slow_one_slot_server_with_twelve_parallel_searches(
     server = serve(tiny, tiny.causal, "slow", parallel=1, threads=1)
     timeout = 1.0
     config = RerankerConfig(
-        backend="llama-server", url=server.url, parallel=1, max_length=4096, timeout=timeout
+        backend="llama-server", timeout=timeout,
+        llama_server=LlamaServerConfig(url=server.url, parallel=1, max_length=4096),
     )
     service = RerankerService(config)
     returned: list[float] = []

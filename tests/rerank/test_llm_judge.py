@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from memory.config import LLMConfig, RerankerConfig
+from memory.config import LLMConfig, LlmJudgeConfig, RerankerConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.rerank.llm_judge import (
     SCORE_SCHEMA,
@@ -45,8 +45,9 @@ DOCS = [
 
 def judge(url: str, **settings: Any) -> LLMJudge:
     llm = LLMConfig(base_url=url, model=settings.pop("model", CHAT_MODEL), timeout_s=60.0)
-    return LLMJudge(RerankerConfig(**{"backend": "llm", "timeout": 30.0, "parallel": 1,
-                                      **settings}), llm)
+    config = RerankerConfig.from_table({"backend": "llm", "timeout": 30.0, "parallel": 1,
+                                        **settings})
+    return LLMJudge(config.llm_judge, llm, config.timeout)
 
 
 def message_of(request: Request) -> str:
@@ -171,7 +172,7 @@ def test_an_unreachable_judge_is_unavailable():
 
 def test_a_missing_key_variable_is_one_line(monkeypatch):
     monkeypatch.delenv("JUDGE_KEY", raising=False)
-    backend = LLMJudge(RerankerConfig(backend="llm"), LLMConfig(
+    backend = LLMJudge(LlmJudgeConfig(), LLMConfig(
         base_url="http://127.0.0.1:9", model="m", api_key_env="JUDGE_KEY"))
     with pytest.raises(RerankerUnavailable, match="JUDGE_KEY, which is not set"):
         backend.load()

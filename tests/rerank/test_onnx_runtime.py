@@ -19,7 +19,7 @@ from benchmarks.rerank_backends import save_minilm_cross_encoder, save_random_cr
 from benchmarks.rerank_corpus import CANDIDATES
 from benchmarks.rerank_corpus import QUERY as CHAT_QUERY
 from cli.export_onnx import F32_FILE, export_cross_encoder, int8_file
-from memory.config import RerankerConfig, load_profile_file
+from memory.config import CrossEncoderConfig, RerankerConfig, load_profile_file
 from memory.errors import ConfigError, RerankerUnavailable
 from memory.rerank.cross_encoder import CrossEncoderReranker
 from memory.rerank.service import RerankerService
@@ -53,8 +53,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def scorer(folder: Path, **settings) -> CrossEncoderReranker:
-    reranker = CrossEncoderReranker(RerankerConfig(backend="cross-encoder", model=str(folder),
-                                                   **settings))
+    reranker = CrossEncoderReranker(CrossEncoderConfig(model=str(folder), **settings))
     reranker.load()
     return reranker
 
@@ -98,8 +97,9 @@ def test_the_int8_file_runs_and_is_quantised(exported):
 
 
 def test_the_service_ranks_with_the_onnx_runtime(exported):
-    service = RerankerService(RerankerConfig(backend="cross-encoder", model=str(exported),
-                                             runtime="onnx", oversample=1))
+    service = RerankerService(RerankerConfig(
+        backend="cross-encoder", oversample=1,
+        cross_encoder=CrossEncoderConfig(model=str(exported), runtime="onnx")))
     ranked, outcome = rerank_texts(service, QUERY, DOCS, falling(len(DOCS), 0.05))
     service.close()
     assert outcome.fallback is None and service.name == "cross-encoder-onnx"

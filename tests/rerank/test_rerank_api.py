@@ -64,8 +64,12 @@ def documented_answer(dialect: str, body: dict[str, Any], logits: bool = False) 
 
 
 def config(url: str, dialect: str = "jina", **settings: Any) -> RerankerConfig:
-    return RerankerConfig(**{"backend": "rerank-api", "url": url, "dialect": dialect,
-                             "model": "rerank-test", "timeout": 5.0, **settings})
+    return RerankerConfig.from_table({"backend": "rerank-api", "url": url, "dialect": dialect,
+                                      "model": "rerank-test", "timeout": 5.0, **settings})
+
+
+def backend_for(settings: RerankerConfig) -> RerankApiBackend:
+    return RerankApiBackend(settings.rerank_api, settings.timeout)
 
 
 def answering(dialect: str, **options: Any):
@@ -78,7 +82,7 @@ def answering(dialect: str, **options: Any):
 def test_every_dialect_scores_in_input_order(dialect, monkeypatch):
     monkeypatch.setenv("RERANK_TEST_KEY", KEY)
     with StubServer(answering(dialect)) as server:
-        backend = RerankApiBackend(config(server.url, dialect, api_key_env="RERANK_TEST_KEY"))
+        backend = backend_for(config(server.url, dialect, api_key_env="RERANK_TEST_KEY"))
         backend.load()
         assert backend.score(QUERY, DOCS) == [relevance(QUERY, d) for d in DOCS]
     request = server.requests[0]
@@ -103,7 +107,7 @@ def test_a_cohere_root_with_its_version_is_asked_at_that_versions_path(suffix, p
     in /v1 was sent to /v1/v2/rerank.  Cohere serves /v1/rerank and /v2/rerank alike."""
     monkeypatch.setenv("RERANK_TEST_KEY", KEY)
     with StubServer(answering("cohere")) as server:
-        backend = RerankApiBackend(config(server.url + suffix, "cohere",
+        backend = backend_for(config(server.url + suffix, "cohere",
                                           api_key_env="RERANK_TEST_KEY"))
         backend.load()
         assert backend.score(QUERY, DOCS) == [relevance(QUERY, d) for d in DOCS]
@@ -143,13 +147,13 @@ def test_malformed_answers_are_named(body, message):
 
 def test_logit_scale_applies_the_sigmoid_once():
     with StubServer(answering("jina", logits=True)) as server:
-        scores = RerankApiBackend(config(server.url, score_scale="logit")).score(QUERY, DOCS)
+        scores = backend_for(config(server.url, score_scale="logit")).score(QUERY, DOCS)
     assert scores == pytest.approx([sigmoid(8 * relevance(QUERY, d) - 4) for d in DOCS])
 
 
 def test_requests_are_split_at_the_servers_document_limit():
     with StubServer(answering("tei")) as server:
-        backend = RerankApiBackend(config(server.url, "tei", max_documents=2))
+        backend = backend_for(config(server.url, "tei", max_documents=2))
         assert backend.score(QUERY, DOCS) == [relevance(QUERY, d) for d in DOCS]
     assert [r.body["texts"] for r in server.requests] == [DOCS[0:2], DOCS[2:4], DOCS[4:]]
     assert backend.requests_sent == 3
@@ -165,7 +169,7 @@ def test_429_with_retry_after_is_retried_within_the_deadline():
         return 200, documented_answer("cohere", request.body), {}
 
     with StubServer(respond) as server:
-        backend = RerankApiBackend(config(server.url, "cohere"))
+        backend = backend_for(config(server.url, "cohere"))
         assert backend.score(QUERY, DOCS) == [relevance(QUERY, d) for d in DOCS]
     assert len(calls) == 2 and calls[1] - calls[0] >= 0.3
 
@@ -177,7 +181,7 @@ def test_a_5xx_is_retried_then_succeeds():
         return next(answers, (200, documented_answer("jina", request.body), {}))
 
     with StubServer(respond) as server:
-        assert RerankApiBackend(config(server.url)).score(QUERY, DOCS)[0] == relevance(QUERY, DOCS[0])
+        assert backend_for(config(server.url)).score(QUERY, DOCS)[0] == relevance(QUERY, DOCS[0])
     assert len(server.requests) == 3
 
 
@@ -226,7 +230,7 @@ def test_a_killed_server_falls_back_and_says_it_is_unreachable():
 def test_a_missing_key_is_one_line_at_load_and_on_search(monkeypatch):
     monkeypatch.delenv("COHERE_TEST_KEY", raising=False)
     with StubServer(answering("cohere")) as server:
-        backend = RerankApiBackend(config(server.url, "cohere", api_key_env="COHERE_TEST_KEY"))
+        backend = backend_for(config(server.url, "cohere", api_key_env="COHERE_TEST_KEY"))
         with pytest.raises(RerankerUnavailable, match="COHERE_TEST_KEY, which is not set"):
             backend.load()
         with pytest.raises(RerankerUnavailable, match="not set"):
@@ -264,7 +268,7 @@ def test_the_key_never_reaches_logs_or_traces(monkeypatch, caplog, tmp_path):
     with StubServer(respond) as server:
         settings = config(server.url, api_key_env="JINA_TEST_KEY", oversample=1)
         result = engine_search(tmp_path, settings, DOCS, QUERY)
-        backend = RerankApiBackend(settings)
+        backend = backend_for(settings)
     assert result.trace.reranked and len(server.requests) == 3
     assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in server.requests)
     assert KEY not in caplog.text and KEY not in json.dumps(dataclasses.asdict(result.trace))
@@ -273,7 +277,7 @@ def test_the_key_never_reaches_logs_or_traces(monkeypatch, caplog, tmp_path):
 
 def test_errors_are_typed_and_never_raise_through_a_search():
     with StubServer(lambda r: (400, {"message": "documents too long"}, {})) as server:
-        backend = RerankApiBackend(config(server.url))
+        backend = backend_for(config(server.url))
         with pytest.raises(RerankerError, match="HTTP 400 \\(documents too long\\)") as info:
             backend.score(QUERY, DOCS)
     assert info.value.kind == "http_4xx"
@@ -303,7 +307,7 @@ def test_a_backend_built_in_code_refuses_a_url_with_credentials(caplog):
     with StubServer(answering("jina")) as server:
         secret_url = server.url.replace("http://", "http://user:sk-secret@")
         with pytest.raises(ConfigError, match="api_key_env") as info:
-            RerankApiBackend(config(secret_url))
+            backend_for(config(secret_url))
     assert server.requests == []
     assert "sk-secret" not in str(info.value) and "sk-secret" not in caplog.text
     assert server.url in str(info.value)

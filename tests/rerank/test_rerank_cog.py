@@ -15,7 +15,13 @@ import discord
 import pytest
 
 from cogs.memory.capture import record_from_message
-from memory.config import LLMConfig, Profile, RerankerConfig
+from memory.config import (
+    LlamaServerConfig,
+    LLMConfig,
+    Profile,
+    RerankApiConfig,
+    RerankerConfig,
+)
 from memory.engine import MemoryEngine
 from tests.support.builders import HashEmbedder
 from tests.support.discord_harness import BOT_ID, READ, Harness, channel, guild, member, role, user
@@ -116,14 +122,16 @@ HOSTED_LLM = LLMConfig(base_url="https://api.llm.example/v1", model="judge-8b")
 
 
 @pytest.mark.parametrize(("reranker", "llm", "named"), [
-    pytest.param(RerankerConfig(backend="llama-server", url="http://gpu-box.example:8080"),
+    pytest.param(RerankerConfig(backend="llama-server",
+                                llama_server=LlamaServerConfig(url="http://gpu-box.example:8080")),
                  LLMConfig(), "remote service (`llama-server` at `gpu-box.example`)",
                  id="llama-server"),
-    pytest.param(RerankerConfig(backend="llama-server", url="http://127.0.0.1:8080"),
+    pytest.param(RerankerConfig(backend="llama-server",
+                                llama_server=LlamaServerConfig(url="http://127.0.0.1:8080")),
                  LLMConfig(), "remote service (`llama-server` at `127.0.0.1`)",
                  id="llama-server-here"),
-    pytest.param(RerankerConfig(backend="rerank-api", url="https://rerank.example/v1/rerank",
-                                model="m"), LLMConfig(),
+    pytest.param(RerankerConfig(backend="rerank-api", rerank_api=RerankApiConfig(
+                     url="https://rerank.example/v1/rerank", model="m")), LLMConfig(),
                  "remote service (`rerank-api` at `rerank.example`)", id="rerank-api"),
     pytest.param(RerankerConfig(backend="llm"), HOSTED_LLM,
                  "chat model judging relevance (`judge-8b` at `api.llm.example`)", id="llm-judge"),

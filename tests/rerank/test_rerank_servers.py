@@ -24,7 +24,7 @@ from benchmarks.llama_cpp import LlamaServer, locate
 from benchmarks.qwen_gguf import convert, save_checkpoint
 from benchmarks.remote import spearman
 from benchmarks.rerank_backends import save_random_cross_encoder
-from memory.config import RerankerConfig
+from memory.config import CrossEncoderConfig, QwenConfig, RerankApiConfig, RerankerConfig
 from memory.rerank.cross_encoder import CrossEncoderReranker
 from memory.rerank.llama_server import RERANK_INSTRUCTION
 from memory.rerank.qwen import QwenReranker
@@ -54,9 +54,10 @@ LLAMA_MAX_DIFF = 0.005
 
 
 def api(url: str, dialect: str, **settings: Any) -> RerankApiBackend:
-    return RerankApiBackend(RerankerConfig(**{"backend": "rerank-api", "url": url,
-                                              "dialect": dialect, "model": "tiny",
-                                              "timeout": 60.0, **settings}))
+    config = RerankerConfig.from_table({"backend": "rerank-api", "url": url,
+                                        "dialect": dialect, "model": "tiny",
+                                        "timeout": 60.0, **settings})
+    return RerankApiBackend(config.rerank_api, config.timeout)
 
 
 # ------------------------------------------------------------------ llama-server
@@ -75,7 +76,7 @@ def qwen_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, l
     rank = convert(rerank_dir, folder / "tiny-rank-f32.gguf", found.src)
     model = AutoModelForCausalLM.from_pretrained(causal_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(causal_dir)
-    config = RerankerConfig(backend="transformers", instruction=RERANK_INSTRUCTION)
+    config = QwenConfig(instruction=RERANK_INSTRUCTION)
     reference = QwenReranker.from_model(model, tokenizer, config).score(QUERY, DOCS)
     server = LlamaServer(found.binary, rank, folder / "rank.log", extra=("--reranking",)).start()
     try:
@@ -113,8 +114,8 @@ def test_a_killed_llama_server_falls_back_within_the_deadline(tmp_path):
     rank = convert(rerank_dir, tmp_path / "rank.gguf", found.src)
     server = LlamaServer(found.binary, rank, tmp_path / "rank.log", extra=("--reranking",)).start()
     try:
-        config = RerankerConfig(backend="rerank-api", url=server.url, dialect="jina",
-                                timeout=30.0, oversample=1)
+        config = RerankerConfig(backend="rerank-api", timeout=30.0, oversample=1,
+                                rerank_api=RerankApiConfig(url=server.url, dialect="jina"))
         service = RerankerService(config)
         _, outcome = rerank_texts(service, QUERY, DOCS, falling(len(DOCS), 0.05))
         assert outcome.fallback is None
@@ -149,8 +150,7 @@ def infinity(tiny_cross_encoder: Path) -> Iterator[str]:
 
 @pytest.mark.infinity
 def test_infinity_agrees_with_the_in_process_cross_encoder(infinity, tiny_cross_encoder):
-    local = CrossEncoderReranker(RerankerConfig(backend="cross-encoder",
-                                                model=str(tiny_cross_encoder)))
+    local = CrossEncoderReranker(CrossEncoderConfig(model=str(tiny_cross_encoder)))
     local.load()
     reference = local.score(QUERY, DOCS)
     scores = api(infinity, "infinity", model=SERVED_NAME).score(QUERY, DOCS)
@@ -160,8 +160,9 @@ def test_infinity_agrees_with_the_in_process_cross_encoder(infinity, tiny_cross_
 
 @pytest.mark.infinity
 def test_infinity_through_the_service_reranks_and_splits(infinity, tiny_cross_encoder):
-    config = RerankerConfig(backend="rerank-api", url=infinity, dialect="infinity",
-                            model=SERVED_NAME, max_documents=3, oversample=1, timeout=30.0)
+    config = RerankerConfig(backend="rerank-api", oversample=1, timeout=30.0,
+                            rerank_api=RerankApiConfig(url=infinity, dialect="infinity",
+                                                       model=SERVED_NAME, max_documents=3))
     service = RerankerService(config)
     service.load()
     ranked, outcome = rerank_texts(service, QUERY, DOCS, falling(len(DOCS), 0.05))

@@ -131,7 +131,7 @@ def test_bad_torch_compile_names_file_and_key(tmp_path, body, message):
 def test_torch_compile_parses(tmp_path):
     path = write(tmp_path, '[reranker]\nbackend = "transformers"\nbuckets = [[8, 48]]\n'
                            "torch_compile = true\n")
-    assert load_profile_file(path).reranker.torch_compile is True
+    assert load_profile_file(path).reranker.qwen.torch_compile is True
 
 
 def test_compiled_steps_score_searches_together(parts, config, eager):

@@ -294,11 +294,10 @@ def test_a_hub_model_that_is_not_cached_fails_in_one_line_offline(tmp_path, conf
     """The default profile's model id with an empty Hugging Face cache, hub off: no 4-line
     hub error, one sentence naming the fix (the process runs with HF_HUB_OFFLINE=1)."""
     script = (
-        "from memory.config import RerankerConfig\n"
+        "from memory.config import QwenConfig\n"
         "from memory.rerank.qwen import QwenReranker\n"
         "try:\n"
-        "    QwenReranker(RerankerConfig(backend='transformers', "
-        "model='Qwen/Qwen3-Reranker-0.6B')).load()\n"
+        "    QwenReranker(QwenConfig(model='Qwen/Qwen3-Reranker-0.6B')).load()\n"
         "except Exception as exc:\n"
         "    print(type(exc).__name__, exc)\n"
     )

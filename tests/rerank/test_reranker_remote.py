@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from memory.config import RerankerConfig
+from memory.config import LlamaServerConfig, RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import REGISTRY
 from memory.rerank.base import RerankerBackend
@@ -62,7 +62,8 @@ def make_backend(server: FakeLlamaServer) -> Iterator[Factory]:
 
     def make(**overrides: Any) -> LlamaServerBackend:
         settings: dict[str, Any] = {"backend": "llama-server", "url": server.url, "timeout": 5.0}
-        backend = LlamaServerBackend(RerankerConfig(**(settings | overrides)))
+        config = RerankerConfig.from_table(settings | overrides)
+        backend = LlamaServerBackend(config.llama_server, config.timeout)
         made.append(backend)
         return backend
 
@@ -166,10 +167,10 @@ def test_empty_texts_make_no_request(server: FakeLlamaServer, make_backend: Fact
 
 
 def test_url_is_normalised_and_validated() -> None:
-    config = RerankerConfig(backend="llama-server", url="http://10.0.0.2:8080/v1/")
+    config = LlamaServerConfig(url="http://10.0.0.2:8080/v1/")
     assert LlamaServerBackend(config).base_url == "http://10.0.0.2:8080"
     with pytest.raises(ConfigError, match="reranker.url"):
-        LlamaServerBackend(RerankerConfig(backend="llama-server", url="10.0.0.2:8080"))
+        LlamaServerBackend(LlamaServerConfig(url="10.0.0.2:8080"))
 
 
 # -------------------------------------------------------- truncation and bad input
@@ -457,7 +458,8 @@ def test_service_does_not_serialise_remote_searches(
     # one-thread service pool would send the second only after the first finished).
     server.delay = 0.3
     service = RerankerService(
-        RerankerConfig(backend="llama-server", url=server.url, parallel=2, timeout=5.0),
+        RerankerConfig(backend="llama-server", timeout=5.0,
+                       llama_server=LlamaServerConfig(url=server.url, parallel=2)),
         backend=make_backend(parallel=2),
     )
     threads = [threading.Thread(target=service.score, args=(q, DOCS[:1])) for q in ("a", "b")]
@@ -569,7 +571,9 @@ def test_a_down_server_is_reported_once(
 ) -> None:
     url = closed_port_url()
     backend = make_backend(url=url)
-    service = RerankerService(RerankerConfig(backend="llama-server", url=url), backend=backend)
+    service = RerankerService(
+        RerankerConfig(backend="llama-server", llama_server=LlamaServerConfig(url=url)),
+        backend=backend)
     # both loggers by name: the CLI raises the service logger's own level in-process
     with caplog.at_level(logging.DEBUG, logger="memory.rerank"), \
             caplog.at_level(logging.DEBUG, logger="memory.rerank.service"):
@@ -714,7 +718,7 @@ def test_close_fails_calls_in_flight(server: FakeLlamaServer, make_backend: Fact
 
 def test_context_manager_closes(server: FakeLlamaServer) -> None:
     before = set(threading.enumerate())
-    config = RerankerConfig(backend="llama-server", url=server.url, endpoint="rerank")
+    config = LlamaServerConfig(url=server.url, endpoint="rerank")
     with LlamaServerBackend(config) as backend:
         assert len(backend.score(QUERY, DOCS)) == len(DOCS)
     assert wait_until(lambda: set(threading.enumerate()) - before == set())

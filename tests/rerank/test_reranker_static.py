@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
-from memory.config import ConfigError, Profile, load_profile, load_profile_file
+from memory.config import ConfigError, Profile, RerankerConfig, load_profile, load_profile_file
 from memory.rerank import qwen
 from memory.rerank.manager import RerankerManager
 from memory.rerank.qwen import QwenReranker
@@ -427,7 +427,10 @@ def test_failing_static_step_falls_back_once_and_never_raises(parts, config, dyn
 def test_profile_switch_prepares_static_path_before_going_live(config, tiny_dir):
     start = Profile(name="none")
     manager = RerankerManager(start, load=False)
-    reranker_config = dataclasses.replace(config, buckets=BUCKETS, cuda_graphs=True)
+    reranker_config = RerankerConfig(
+        backend="transformers",
+        qwen=dataclasses.replace(config, buckets=BUCKETS, cuda_graphs=True),
+    )
     switched = []
     future = manager.switch(
         Profile(name="tiny-static", reranker=reranker_config),
@@ -459,21 +462,21 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_buckets_parse_sorted_by_length(tmp_path):
     text = "[reranker]\nbuckets = [[8, 512], [32, 64], [128, 64]]\ncuda_graphs = true\n"
     path = write(tmp_path, text)
-    reranker = load_profile_file(path).reranker
+    reranker = load_profile_file(path).reranker.qwen
     assert reranker.buckets == ((32, 64), (128, 64), (8, 512))
     assert reranker.cuda_graphs is True
 
 
 @pytest.mark.parametrize("name", ["cuda", "cuda-8b"])
 def test_cuda_profiles_ship_buckets_and_graphs(name):
-    reranker = load_profile(name).reranker
+    reranker = load_profile(name).reranker.qwen
     assert reranker.buckets and reranker.cuda_graphs
     assert max(length for _, length in reranker.buckets) <= reranker.max_length
 
 
 @pytest.mark.parametrize("name", ["cpu", "cpu-fast", "mps"])
 def test_other_profiles_keep_dynamic_shapes(name):
-    assert load_profile(name).reranker.buckets == ()
+    assert load_profile(name).reranker.qwen.buckets == ()
 
 
 @pytest.mark.parametrize("value", ["-1", "1.5", "'cheap'"])

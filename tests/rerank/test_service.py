@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from memory import metrics
-from memory.config import Profile, RerankerConfig
+from memory.config import Profile, QwenConfig, RerankerConfig
 from memory.engine import MemoryEngine
 from memory.errors import RerankerError, RerankerUnavailable, StorageBusy
 from memory.records import MessageRecord
@@ -56,7 +56,8 @@ def records() -> list[MessageRecord]:
 
 
 def remote_profile(url: str, **overrides) -> Profile:
-    reranker = RerankerConfig(backend="llama-server", url=url, **{"timeout": 3.0, **overrides})
+    reranker = RerankerConfig.from_table({"backend": "llama-server", "url": url, "timeout": 3.0,
+                                          **overrides})
     return Profile(name="remote-test", reranker=reranker)
 
 
@@ -276,7 +277,8 @@ def test_reranker_timeout_falls_back_in_bounded_time(tmp_path, server):
 
 
 def test_missing_local_model_falls_back(tmp_path):
-    reranker = RerankerConfig(backend="transformers", model=str(tmp_path / "no-such-model"))
+    reranker = RerankerConfig(backend="transformers",
+                              qwen=QwenConfig(model=str(tmp_path / "no-such-model")))
     engine = MemoryEngine(
         tmp_path / "m.sqlite3", Profile(name="x", reranker=reranker), HashEmbedder()
     )
@@ -295,8 +297,8 @@ def test_a_backend_whose_packages_are_missing_never_fails_a_search(
     tmp_path, monkeypatch, backend, module
 ):
     monkeypatch.setitem(sys.modules, module, None)  # `import` of it raises ImportError
-    config = RerankerConfig(backend=backend, model="Qwen/Qwen3-Reranker-0.6B",
-                            url="http://127.0.0.1:9")
+    config = RerankerConfig.from_table({"backend": backend, "model": "Qwen/Qwen3-Reranker-0.6B",
+                                        "url": "http://127.0.0.1:9"})
     engine = MemoryEngine(tmp_path / "m.sqlite3", Profile(name="x", reranker=config),
                           HashEmbedder())
     try:
@@ -343,7 +345,8 @@ def test_failed_switch_keeps_the_old_reranker(remote_engine, tmp_path):
     old = remote_engine.rerankers.current()
     broken = Profile(
         name="broken",
-        reranker=RerankerConfig(backend="transformers", model=str(tmp_path / "missing")),
+        reranker=RerankerConfig(backend="transformers",
+                                qwen=QwenConfig(model=str(tmp_path / "missing"))),
     )
     future = remote_engine.switch_profile(broken)
     with pytest.raises(RerankerUnavailable, match="missing"):
@@ -422,7 +425,8 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def test_search_reranks_in_process_with_a_locally_saved_qwen3(tmp_path, tiny_model_dir):
-    reranker = RerankerConfig(backend="transformers", model=str(tiny_model_dir), batch_size=4)
+    reranker = RerankerConfig(backend="transformers",
+                              qwen=QwenConfig(model=str(tiny_model_dir), batch_size=4))
     engine = MemoryEngine(
         tmp_path / "m.sqlite3", Profile(name="tiny", reranker=reranker), HashEmbedder()
     )
@@ -442,7 +446,7 @@ def test_search_reranks_in_process_with_a_locally_saved_qwen3(tmp_path, tiny_mod
 def test_a_failed_model_load_is_remembered_not_retried_per_search(tmp_path, monkeypatch):
     from memory.rerank.qwen import QwenReranker
 
-    backend = QwenReranker(RerankerConfig(backend="transformers", model=str(tmp_path / "gone")))
+    backend = QwenReranker(QwenConfig(model=str(tmp_path / "gone")))
     with pytest.raises(RerankerError) as first:
         backend.load()
     calls = []
@@ -453,7 +457,8 @@ def test_a_failed_model_load_is_remembered_not_retried_per_search(tmp_path, monk
 
 
 def test_fallback_warns_once_per_cause(tmp_path, caplog):
-    reranker = RerankerConfig(backend="transformers", model=str(tmp_path / "no-such-model"))
+    reranker = RerankerConfig(backend="transformers",
+                              qwen=QwenConfig(model=str(tmp_path / "no-such-model")))
     engine = MemoryEngine(
         tmp_path / "m.sqlite3", Profile(name="x", reranker=reranker), HashEmbedder(),
         load_reranker=False,
@@ -489,8 +494,7 @@ def test_the_in_process_model_stops_between_batches_once_the_deadline_passed(tin
     from memory.rerank import deadline
     from memory.rerank.qwen import QwenReranker
 
-    config = RerankerConfig(backend="transformers", model=str(tiny_model_dir), batch_size=1)
-    backend = QwenReranker(config)
+    backend = QwenReranker(QwenConfig(model=str(tiny_model_dir), batch_size=1))
     try:
         with deadline.until(time.monotonic() - 1.0), pytest.raises(RerankerError, match="deadline"):
             backend.score(QUERY, DOCS)

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import pytest
 
-from memory.config import Profile, RerankerConfig
+from memory.config import Profile, QwenConfig, RerankerConfig
 from memory.engine import MemoryEngine
 from tests.support.builders import HashEmbedder
 
@@ -58,11 +58,11 @@ async def test_switching_away_unloads_off_the_loop_without_a_full_collection(
         tiny_dir, tmp_path, caplog, to):
     engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
                           load_reranker=False)
-    qwen = RerankerConfig(backend="transformers", model=str(tiny_dir), device="cpu",
-                          dtype="float32")
+    qwen = RerankerConfig(backend="transformers",
+                          qwen=QwenConfig(model=str(tiny_dir), device="cpu", dtype="float32"))
     loaded = replace(engine.profile, name="loaded", reranker=qwen)
     target = (Profile(name="plain") if to == "no reranker"
-              else replace(loaded, name="other", reranker=replace(qwen, batch_size=4)))
+              else replace(loaded, name="other", reranker=qwen.with_keys(batch_size=4)))
     try:
         assert await asyncio.wrap_future(engine.switch_profile(loaded)) == "loaded"
         service = engine.rerankers.current()

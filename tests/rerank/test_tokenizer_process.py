@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 from transformers import AutoTokenizer
 
-from memory.config import Profile, RerankerConfig
+from memory.config import Profile, QwenConfig, RerankerConfig
 from memory.engine import MemoryEngine
 from memory.errors import RerankerUnavailable
 from memory.rerank.qwen import QwenReranker
@@ -51,7 +51,7 @@ def test_a_folder_without_a_tokenizer_is_an_oserror_saying_why(tmp_path):
 
 
 def test_a_reranker_without_a_tokenizer_is_unavailable_in_one_line(tmp_path):
-    backend = QwenReranker(RerankerConfig(backend="transformers", model=str(tmp_path)))
+    backend = QwenReranker(QwenConfig(model=str(tmp_path)))
     with pytest.raises(RerankerUnavailable) as caught:
         backend.load()
     assert "could not load reranker model" in str(caught.value)
@@ -76,7 +76,7 @@ async def test_a_profile_switch_does_not_stall_the_event_loop(tmp_path):
     engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
                           load_reranker=False)
     reranking = replace(engine.profile, name="reranking", reranker=RerankerConfig(
-        backend="transformers", model=str(folder), device="cpu", dtype="float32"))
+        backend="transformers", qwen=QwenConfig(model=str(folder), device="cpu", dtype="float32")))
     lags: list[float] = []
     switched = asyncio.wrap_future(engine.switch_profile(reranking))
     try:

@@ -19,7 +19,7 @@ Usage::
 
     with FakeLlamaServer() as server:
         server.mode = "loading"
-        ... RerankerConfig(backend="llama-server", url=server.url) ...
+        ... LlamaServerBackend(LlamaServerConfig(url=server.url)) ...
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from benchmarks.qwen_models import TINY_QWEN3, qwen3_config, qwen_fast_tokenizer
-from memory.config import RerankerConfig
+from memory.config import QwenConfig
 from memory.rerank.prompt import (
     DEFAULT_INSTRUCTION,
     PREFIX,
@@ -127,7 +127,7 @@ def save_tiny_reranker(folder: str | Path, seed: int = 0, with_answers: bool = T
     return folder
 
 
-def wrap(parts: tuple, config: RerankerConfig, **overrides: object) -> QwenReranker:
+def wrap(parts: tuple, config: QwenConfig, **overrides: object) -> QwenReranker:
     """A :class:`QwenReranker` over an already loaded ``(model, tokenizer)``, with
     ``config``'s fields changed by ``overrides``."""
     model, tokenizer = parts
