@@ -90,6 +90,7 @@ class _Waiting:
 
     encoded: EncodedQuery
     done: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event = field(default_factory=threading.Event)  # done, or lead now
     scores: list[float] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -163,7 +164,8 @@ class QwenReranker:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # loading, scoring, unloading
+        self._encode_lock = threading.Lock()  # the tokenizer, apart from scoring
         self._model: Any = None
         self._tokenizer: Any = None
         self._answer_rows: torch.Tensor | None = None  # float32 [2, hidden]: no, yes
@@ -174,6 +176,7 @@ class QwenReranker:
         self._static: StaticScorer | None = None  # the bucketed path, when the profile asks
         self._waiting: list[_Waiting] = []  # searches to score together; under _queue_lock
         self._queue_lock = threading.Lock()
+        self._leading = False  # whether a search is scoring the queue; under _queue_lock
         # A failed load is remembered for a while: retrying a missing model on every
         # search would cost a hub round-trip (or its retries) each time.
         self._load_failure: tuple[float, RerankerUnavailable] | None = None
@@ -200,6 +203,17 @@ class QwenReranker:
         with reranker._lock:
             reranker._install(model, tokenizer, owned=False)
         return reranker
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether searches may call :meth:`score` at once (they are then scored together).
+
+        True with ``reranker.concurrent`` above 1 and the static path in the profile:
+        :class:`memory.rerank.service.RerankerService` then calls from many workers, and
+        searches that queue while one is scored share the next static steps.  Otherwise
+        one search at a time, as before.
+        """
+        return self.config.concurrent > 1 and bool(self.config.buckets)
 
     @property
     def loaded(self) -> bool:
@@ -236,11 +250,11 @@ class QwenReranker:
         if not texts:
             return []
         settle_cpu_threads()
-        with self._lock:
-            self.load()
-            encoded = self.encode(query, texts)
-            static = self._static
-            if static is None or self.config.concurrent == 1 or not static.fits(len(encoded.head)):
+        encoded = self.encode(query, texts)  # outside the scoring lock: queue while others score
+        static = self._static  # read without the lock: a search being scored holds it
+        if static is None or self.config.concurrent == 1 or not static.fits(len(encoded.head)):
+            with self._lock:
+                self.load()
                 return self._score_or_raise(encoded)
         return self._score_together(encoded)
 
@@ -255,25 +269,47 @@ class QwenReranker:
             ) from exc
 
     def _score_together(self, encoded: EncodedQuery) -> list[float]:
-        """Queue this search; whoever holds the lock next scores every queued one together.
+        """Queue this search; one searching thread at a time scores every queued one together.
 
-        No search waits for company: the first to get the lock scores what is queued
-        at that moment (itself, at least), and searches that arrive meanwhile go into
-        the next step together.
+        No search waits for company: the leader (the first to queue while nobody
+        leads) scores what is queued at that moment, itself at least, and searches
+        that arrive meanwhile go into the next group together.  The others wait on
+        their own event, not on the scoring lock, so they are free to return the
+        moment their group is done.  A leader whose own search is done hands the lead
+        to the first search still queued.
         """
         waiting = _Waiting(encoded)
         with self._queue_lock:
             self._waiting.append(waiting)
-        while not waiting.done.is_set():
-            with self._lock:
-                with self._queue_lock:
-                    group = self._waiting[: self.config.concurrent]
-                    del self._waiting[: self.config.concurrent]
-                if group:
-                    self._score_group(group)
+            leads = not self._leading
+            self._leading = True
+        if not leads:
+            waiting.wake.wait()  # our group is done, or we lead now
+        try:
+            while not waiting.done.is_set():
+                self._score_next_group()
+        finally:
+            self._hand_off_lead()
         if waiting.error is not None:
             raise waiting.error
         return waiting.scores
+
+    def _score_next_group(self) -> None:
+        """Take up to ``concurrent`` queued searches and score them; the leader calls this."""
+        with self._lock:
+            with self._queue_lock:
+                group = self._waiting[: self.config.concurrent]
+                del self._waiting[: self.config.concurrent]
+            if group:
+                self._score_group(group)
+
+    def _hand_off_lead(self) -> None:
+        """Wake the first queued search as the next leader, or leave nobody leading."""
+        with self._queue_lock:
+            if self._waiting:
+                self._waiting[0].wake.set()
+            else:
+                self._leading = False
 
     def _score_group(self, group: list[_Waiting]) -> None:
         """Score queued searches in shared static steps; each gets its scores or its error."""
@@ -305,6 +341,7 @@ class QwenReranker:
         finally:
             for waiting in group:
                 waiting.done.set()
+                waiting.wake.set()
 
     def close(self) -> None:
         """Drop the model and tokenizer and return their memory.
@@ -332,25 +369,38 @@ class QwenReranker:
         Only documents are truncated: each keeps at most ``max_length - len(head) -
         len(suffix)`` tokens (at least one), so query and template stay intact.
         """
-        with self._lock:
-            self.load()
-            tok = self._tokenizer
+        tok, suffix = self._tokenizer_parts()
+        with self._encode_lock:  # a Rust tokenizer is not to be called from two threads
             head = tok(head_text(self.config.instruction, query), add_special_tokens=False)
             head_ids = list(head["input_ids"])
-            budget = max(1, self.config.max_length - len(head_ids) - len(self._suffix_ids))
+            budget = max(1, self.config.max_length - len(head_ids) - len(suffix))
             docs = tok([document_text(t) for t in texts], add_special_tokens=False)["input_ids"]
         truncated = sum(len(d) > budget for d in docs)
-        if len(head_ids) + len(self._suffix_ids) >= self.config.max_length:
+        if len(head_ids) + len(suffix) >= self.config.max_length:
             log.warning(
                 "reranker prompt head is %d tokens, over max_length %d: raise "
                 "reranker.max_length or shorten the query",
                 len(head_ids),
                 self.config.max_length,
             )
-        tails = [list(d[:budget]) + self._suffix_ids for d in docs]
+        tails = [list(d[:budget]) + suffix for d in docs]
         return EncodedQuery(head=head_ids, tails=tails, truncated=truncated)
 
     # -- loading -------------------------------------------------------------------
+
+    def _tokenizer_parts(self) -> tuple[Any, list[int]]:
+        """The tokenizer and the suffix ids, loading first if needed.
+
+        The scoring lock is taken only to load: a search being scored holds it, and
+        the searches arriving meanwhile must tokenize and queue for the next group,
+        not wait behind it.  ``_install`` sets the tokenizer after the suffix ids.
+        """
+        tok = self._tokenizer
+        if tok is None:
+            with self._lock:
+                self.load()
+                tok = self._tokenizer
+        return tok, self._suffix_ids
 
     def _from_pretrained(self) -> tuple[Any, Any]:
         try:
