@@ -21,8 +21,10 @@ With ``buckets`` in the profile, scoring goes through the static-shape path of
 :mod:`memory.rerank.qwen_static` instead: fixed (batch, length) shapes, the head
 once per query, and on CUDA with ``cuda_graphs`` one CUDA graph per shape, captured
 in :meth:`QwenReranker.load` (the background worker of a profile switch) so no
-search pays for it; with ``torch_compile`` the steps are compiled (inductor) and
-run once per shape before that, and a compile failure keeps the eager steps.  If
+search pays for it; with ``torch_compile`` a background thread then compiles the
+steps (inductor, one shared layer function), runs and captures every shape, and
+swaps them in, while the eager steps serve; a compile failure, or one past
+``compile_budget``, keeps the eager steps (logged once).  If
 capture fails, or a static step fails later, the reason is logged once and the
 dynamic path above takes over: a search never sees the error.
 """
@@ -174,6 +176,8 @@ class QwenReranker:
         self._suffix_ids: list[int] = []
         self._cache_arg = ""  # forward's KV cache argument (kv_cache.cache_argument)
         self._static: StaticScorer | None = None  # the bucketed path, when the profile asks
+        self._compiling: _Compiling | None = None  # a background compile (torch_compile)
+        self._compile_thread: threading.Thread | None = None
         self._waiting: list[_Waiting] = []  # searches to score together; under _queue_lock
         self._queue_lock = threading.Lock()
         self._leading = False  # whether a search is scoring the queue; under _queue_lock
@@ -446,6 +450,74 @@ class QwenReranker:
             self._cache_arg = cache_argument(model.model)
         self._model, self._tokenizer = model, tokenizer
         self._static = static_scorer(self, model) if self.config.buckets else None
+        if self.config.torch_compile and self._static is not None:
+            self.compile_in_background(model)  # the eager steps serve meanwhile
+
+    def compile_in_background(self, model: Any) -> None:
+        """Compile the static steps on a thread while the eager ones serve, then swap.
+
+        Past ``reranker.compile_budget`` seconds the compile is given up (logged once):
+        the eager steps keep serving, and a result that comes later is dropped.  A
+        failure is logged once by :func:`compiled` and changes nothing either.
+        """
+        state = self._compiling = _Compiling()
+        budget = self.config.compile_budget
+        started = time.monotonic()
+        timer = threading.Timer(budget, self._give_up_compile, args=(state, budget))
+        timer.daemon = True
+        worker = threading.Thread(
+            target=self._compile_worker, args=(model, state, started, timer), daemon=True,
+            name="reranker-compile",
+        )
+        self._compile_thread = worker
+        timer.start()
+        worker.start()
+
+    def wait_for_compile(self, timeout: float | None = None) -> bool:
+        """Wait until a background compile is served, failed or given up.
+
+        Returns:
+            Whether compiled static steps serve the searches now.
+        """
+        if self._compiling is not None:
+            self._compiling.settled.wait(timeout)
+        static = self._static
+        return bool(static is not None and static.compiled)
+
+    def _compile_worker(
+        self, model: Any, state: _Compiling, started: float, timer: threading.Timer
+    ) -> None:
+        try:
+            fresh = _compile_and_capture(self, model)
+        except Exception:  # compiled()/captured() log their own; anything else lands here
+            log.warning("reranker background compile failed; keeping the eager steps",
+                        exc_info=True)
+            fresh = None
+        timer.cancel()
+        with state.lock:
+            if state.abandoned:
+                log.debug("reranker compile finished after its budget; dropped")
+                return
+            state.settled.set()
+        if fresh is None:
+            return
+        with self._lock:
+            if self._model is not model or self._static is None:  # closed, or dropped
+                return
+            self._static = fresh
+        log.info("reranker compiled static steps serve from now on (%.1f s after load)",
+                 time.monotonic() - started)
+
+    def _give_up_compile(self, state: _Compiling, budget: float) -> None:
+        with state.lock:
+            if state.settled.is_set():
+                return
+            state.abandoned = True
+            state.settled.set()
+        log.warning(
+            "reranker torch.compile of the static steps did not finish within "
+            "reranker.compile_budget = %g s; keeping the eager steps", budget,
+        )
 
     def answer_head(self) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """The "no"/"yes" rows of the LM head (float32), their bias, and the pad id."""
@@ -544,7 +616,9 @@ def static_scorer(reranker: QwenReranker, model: Any) -> StaticScorer | None:
 
     Runs inside :meth:`QwenReranker.load`, so on a profile switch the capture
     happens in the background worker before the new backend goes live.  Returns
-    ``None`` (the dynamic path) when the model cannot take the static path.
+    ``None`` (the dynamic path) when the model cannot take the static path.  The
+    scorer's steps are eager: with ``torch_compile``, ``load`` then starts
+    :meth:`QwenReranker.compile_in_background`, which swaps compiled ones in later.
     """
     config = reranker.config
     if config.quantize == "int8":
@@ -560,19 +634,42 @@ def static_scorer(reranker: QwenReranker, model: Any) -> StaticScorer | None:
             "scoring with dynamic shapes", attention,
         )
         return None
+    static = _new_static(reranker, model)
+    served: StaticScorer | None = static
+    if config.cuda_graphs and torch.device(reranker.device).type == "cuda":
+        served = captured(static, reranker.device)
+    elif config.cuda_graphs:
+        log.info("reranker.cuda_graphs is for CUDA devices; %s scores eagerly", reranker.device)
+    return served
+
+
+def _new_static(reranker: QwenReranker, model: Any) -> StaticScorer:
+    config = reranker.config
     rows, bias, pad_id = reranker.answer_head()
-    static = StaticScorer(
+    return StaticScorer(
         model=model, answer_rows=rows, answer_bias=bias, pad_id=pad_id,
         buckets=config.buckets, max_length=config.max_length, slots=config.concurrent,
     )
-    if config.torch_compile:
-        compiled(static)
-    if not config.cuda_graphs:
-        return static
-    if torch.device(reranker.device).type != "cuda":
-        log.info("reranker.cuda_graphs is for CUDA devices; %s scores eagerly", reranker.device)
-        return static
-    return captured(static, reranker.device)
+
+
+class _Compiling:
+    """One background compile: settled once it is served or given up; under ``lock``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.settled = threading.Event()
+        self.abandoned = False
+
+
+def _compile_and_capture(reranker: QwenReranker, model: Any) -> StaticScorer | None:
+    """A compiled (and on CUDA captured) static scorer, or ``None`` after a logged failure."""
+    static = _new_static(reranker, model)
+    if not compiled(static):
+        return None
+    if reranker.config.cuda_graphs and torch.device(reranker.device).type == "cuda":
+        return captured(static, reranker.device)
+    return static
+
 
 def compiled(static: StaticScorer, backend: Any = "inductor") -> bool:
     """Compile ``static``'s steps (:meth:`StaticScorer.compile`); on any failure log once.

@@ -29,9 +29,13 @@ Padding cannot change a score: the attention mask lets a tail token see only the
 padding sits after every real token, so a causal mask already hides it), and each
 row's score is read at its own last real position, not at the bucket's end.
 
-With ``torch_compile`` the two step functions are compiled first (inductor: fused
-RMSNorm, RoPE, SiLU-mul and attention kernels) and every shape is run once, at load,
-so no search compiles; any failure there leaves the eager steps in place.
+With ``torch_compile`` the steps run their layers through one compiled function
+shared by every layer (:func:`memory.rerank.qwen_layers.layer_step`: inductor fuses
+RMSNorm, RoPE, SiLU-mul; the weights are its inputs and the shapes dynamic, so a
+model compiles a handful of graphs whatever its depth and buckets), and every shape
+is run once at load, so no search compiles; any failure there leaves the eager steps
+in place.  :func:`memory.rerank.qwen.static_scorer` does this in the background,
+serving the eager steps (or their graphs) meanwhile.
 
 On CUDA with ``cuda_graphs`` every head size and every (head capacity, bucket)
 step is captured once, at
@@ -52,7 +56,9 @@ from typing import Any
 
 import torch
 
+from memory.rerank import qwen_layers
 from memory.rerank.kv_cache import (
+    LayerKV,
     cache_argument,
     layer_states,
     new_cache,
@@ -286,9 +292,8 @@ class StaticScorer:
         self.head_batches = head_batches(self.slots)
         self._mask_min = torch.finfo(self.dtype).min
         prefix_cache_class()  # built here, outside any compiled step
-        # the step kernels: plain tensor functions, compiled by compile()
-        self._head_kernel: Callable[..., None] = self._head_forward
-        self._tail_kernel: Callable[..., torch.Tensor] = self._tail_forward
+        # compile() sets the compiled layer function; None: the model's own forward
+        self._layer_kernel: Callable[..., Any] | None = None
 
     # -- public --------------------------------------------------------------------
 
@@ -412,9 +417,11 @@ class StaticScorer:
     def compile(self, backend: Any = "inductor") -> float:
         """Compile the head and tail steps and run every shape once; before :meth:`capture`.
 
-        Shapes are marked dynamic, so one compilation serves every head size and
-        bucket where the model allows; running each shape here does whatever
-        specialising is left, at load rather than on a search.
+        One function is compiled, a decoder layer (:mod:`memory.rerank.qwen_layers`),
+        with dynamic shapes: every layer, head size and bucket shares its graphs (a
+        few: head or tail step, a batch of one), so the count does not grow with the
+        model's depth or the profile's buckets.  Running each shape here does
+        whatever specialising is left, at load rather than on a search.
 
         Args:
             backend: ``torch.compile``'s backend (``inductor``; tests pass others).
@@ -423,12 +430,17 @@ class StaticScorer:
             Seconds spent.
 
         Raises:
+            RuntimeError: The model is not a Qwen3 (no shared layer function for it).
             Exception: Whatever compilation raised (the caller keeps the eager steps
                 after :meth:`uncompile`).
         """
         started = time.perf_counter()
-        self._head_kernel = torch.compile(self._head_forward, dynamic=True, backend=backend)
-        self._tail_kernel = torch.compile(self._tail_forward, dynamic=True, backend=backend)
+        if not qwen_layers.supports(self.base):
+            raise RuntimeError(
+                f"{type(self.base).__name__} does not have Qwen3's decoder layers: "
+                "the compiled static steps are for Qwen3-Reranker models"
+            )
+        self._layer_kernel = torch.compile(qwen_layers.layer_step, dynamic=True, backend=backend)
         for batch, size in self._head_shapes():
             self._run_head(self._head_slot(head_size(size, self.max_length)[1]), batch, size)
         for cap in self.capacities:
@@ -439,7 +451,7 @@ class StaticScorer:
 
     def uncompile(self) -> None:
         """Go back to the eager step functions (after a failed :meth:`compile`)."""
-        self._head_kernel, self._tail_kernel = self._head_forward, self._tail_forward
+        self._layer_kernel = None
         self.compiled = False
 
     @torch.inference_mode()
@@ -498,13 +510,10 @@ class StaticScorer:
         """The head step of ``batch`` heads padded to ``size``: K/V into slots 0..batch-1."""
         size = size or slot.capacity
         ids = slot.ids.setdefault((batch, size), self._full((batch, size)))
-        self._head_kernel(ids, slot.keys, slot.values)
+        self._head_forward(ids, slot.keys, slot.values)
 
     def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
-        return self._tail_kernel(slot.ids, slot.last, slot.heads, head.keys, head.values)
-
-    # Only tensors and lists of tensors go into the kernels, and no size is turned into
-    # a Python int there, so one compilation with dynamic shapes can serve every shape.
+        return self._tail_forward(slot.ids, slot.last, slot.heads, head.keys, head.values)
 
     def _head_forward(
         self, ids: torch.Tensor, key_bufs: list[torch.Tensor], value_bufs: list[torch.Tensor]
@@ -512,9 +521,14 @@ class StaticScorer:
         batch, size = ids.shape
         positions = self.positions[:size][None]
         causal = positions <= positions.T  # [size, size]: right padding cannot reach back
-        cache = new_cache()
-        self._forward(ids, positions.expand(batch, -1), self._additive(causal), cache)
-        for (keys, values), key_buf, value_buf in zip(layer_states(cache), key_bufs, value_bufs):
+        mask, positions = self._additive(causal), positions.expand(batch, -1)
+        if self._layer_kernel is not None:
+            states = self._layers(ids, positions, mask, None)[1]
+        else:
+            cache = new_cache()
+            self._forward(ids, positions, mask, cache)
+            states = layer_states(cache)
+        for (keys, values), key_buf, value_buf in zip(states, key_bufs, value_bufs):
             # row r into slot r; positions past ``size`` keep an earlier head's values,
             # which the tail mask hides
             key_buf[:batch, :, :size].copy_(keys)
@@ -533,8 +547,13 @@ class StaticScorer:
         sees_tail = ((key >= cap) & (key - cap <= query))[None]  # causal within the tail
         mask = self._additive(sees_head | sees_tail)[0, 0][:, None]  # [batch, 1, q, k]
         positions = head_len[:, 0] + self.positions[:length][None]  # [batch, length]
-        cache = prefix_cache(list(zip(head_keys, head_values)), batch, row_heads)
-        hidden = self._forward(ids, positions, mask, cache)
+        if self._layer_kernel is not None:
+            heads = [(k.index_select(0, row_heads), v.index_select(0, row_heads))
+                     for k, v in zip(head_keys, head_values)]
+            hidden = self._layers(ids, positions, mask, heads)[0]
+        else:
+            cache = prefix_cache(list(zip(head_keys, head_values)), batch, row_heads)
+            hidden = self._forward(ids, positions, mask, cache)
         last = hidden[self.positions[:batch], last_positions]
         return self._yes_probability(last)
 
@@ -547,6 +566,26 @@ class StaticScorer:
             **{self.cache_arg: cache},
         )
         return out.last_hidden_state
+
+    def _layers(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+        heads: list[LayerKV] | None,
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
+        """The compiled path: every layer through the one compiled layer function.
+
+        Returns the final (normed) hidden states and each layer's own keys and values.
+        """
+        assert self._layer_kernel is not None, "compile() sets the layer function"
+        hidden = self.base.embed_tokens(ids)
+        cos, sin = self.base.rotary_emb(hidden, positions)
+        states: list[LayerKV] = []
+        for index, layer in enumerate(self.base.layers):
+            head_keys, head_values = heads[index] if heads is not None else (None, None)
+            hidden, keys, values = self._layer_kernel(
+                layer, hidden, cos, sin, mask, head_keys, head_values
+            )
+            states.append((keys, values))
+        return self.base.norm(hidden), states
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """A [1, 1, q, k] additive mask in the model dtype (eager and SDPA accept it)."""
