@@ -494,19 +494,22 @@ class QwenReranker:
                         exc_info=True)
             fresh = None
         timer.cancel()
-        with state.lock:
+        with state.lock:  # settled only once the compiled steps serve (or never will)
             if state.abandoned:
                 log.debug("reranker compile finished after its budget; dropped")
                 return
+            if fresh is not None and self._swap_in(model, fresh):
+                log.info("reranker compiled static steps serve from now on (%.1f s after load)",
+                         time.monotonic() - started)
             state.settled.set()
-        if fresh is None:
-            return
+
+    def _swap_in(self, model: Any, fresh: StaticScorer) -> bool:
+        """Serve ``fresh`` unless the model was closed or the static path dropped meanwhile."""
         with self._lock:
-            if self._model is not model or self._static is None:  # closed, or dropped
-                return
+            if self._model is not model or self._static is None:
+                return False
             self._static = fresh
-        log.info("reranker compiled static steps serve from now on (%.1f s after load)",
-                 time.monotonic() - started)
+            return True
 
     def _give_up_compile(self, state: _Compiling, budget: float) -> None:
         with state.lock:
