@@ -288,12 +288,14 @@ class QwenReranker:
             leads = not self._leading
             self._leading = True
         if not leads:
-            waiting.wake.wait()  # our group is done, or we lead now
-        try:
-            while not waiting.done.is_set():
-                self._score_next_group()
-        finally:
-            self._hand_off_lead()
+            waiting.wake.wait()  # our group is done, or the last leader handed us the lead
+            leads = not waiting.done.is_set()
+        if leads:
+            try:
+                while not waiting.done.is_set():
+                    self._score_next_group()
+            finally:
+                self._hand_off_lead()
         if waiting.error is not None:
             raise waiting.error
         return waiting.scores
