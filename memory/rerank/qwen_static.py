@@ -37,7 +37,7 @@ is run once at load, so no search compiles; any failure there leaves the eager s
 in place.  :func:`memory.rerank.qwen.static_scorer` does this in the background,
 serving the eager steps (or their graphs) meanwhile.
 
-On CUDA with ``cuda_graphs`` every head size and every (head capacity, bucket)
+On CUDA with ``cuda_graphs`` every (heads, head size) and every (head capacity, bucket)
 step is captured once, at
 load time, into one shared memory pool; a search only copies token ids into the
 static input buffers and replays.  Elsewhere the very same step functions run
@@ -456,7 +456,7 @@ class StaticScorer:
 
     @torch.inference_mode()
     def capture(self) -> float:
-        """Capture every head size and (head capacity, bucket) step as a CUDA graph; CUDA only.
+        """Capture every (heads, head size) and (head capacity, bucket) step as a CUDA graph; CUDA only.
 
         Warms each step up twice on a side stream (cuBLAS handles, attention kernel
         choice), then captures it into one memory pool shared by all graphs, which
