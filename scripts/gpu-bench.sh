@@ -20,7 +20,7 @@
 #   concurrent-0.6B   60  1/4/16/64 searches at once, grouped (searches/s, p95, steps run)
 #   embedder-float16  30  the embedder's single-query latency (p50, p95)
 #   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
-#   rerank-0.6B-100   45  100 candidates (compile budget 5 s: the graphs row)
+#   rerank-0.6B-100   60  100 candidates (compile budget 5 s: the graphs row)
 #   rerank-8B         75  the 8B at 30 candidates (compile budget 5 s)
 #   concurrent-8B     45  1/4/16 searches at once on the 8B
 #
@@ -83,7 +83,7 @@ run() {
         [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
     )
     declare -A limits=([rerank-0.6B]=150 [concurrent-0.6B]=60 [embedder-float16]=30
-        [peer-0.6B]=30 [rerank-0.6B-100]=45 [rerank-8B]=75 [concurrent-8B]=45)
+        [peer-0.6B]=30 [rerank-0.6B-100]=60 [rerank-8B]=75 [concurrent-8B]=45)
     local total=330 raw=$out/raw step limit
     if [ "$smoke" = --smoke ]; then
         total=2400
