@@ -8,6 +8,7 @@ rerank one needs torch and transformers).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -328,6 +329,11 @@ def secure_delete_command(
 @click.option("--quick", is_flag=True,
               help="Only the reference, the prefix path and the static-shape (bucketed, "
                    "CUDA graph) variants.")
+@click.option("--compile-budget", type=click.FloatRange(1.0, 3600.0), default=90.0,
+              show_default=True,
+              help="Seconds the compiled variant may compile and capture (in the "
+                   "background, reranker.compile_budget); past them it times the eager "
+                   "graphs it kept.")
 @click.option("--backends", metavar="A,B,...",
               help="Compare reranker backends instead: cross-encoder, cross-encoder-onnx, "
                    "cross-encoder-onnx-int8 (MiniLM-L6 on torch, onnxruntime float32 and "
@@ -347,8 +353,8 @@ def secure_delete_command(
 @click.pass_obj
 def rerank_command(
     settings: Settings, candidates: int, repeats: int, device: str, model_size: str,
-    dtype: str | None, quick: bool, backends: str | None, concurrent: str | None,
-    one_at_a_time: bool, peer: bool, json_out: Path | None,
+    dtype: str | None, quick: bool, compile_budget: float, backends: str | None,
+    concurrent: str | None, one_at_a_time: bool, peer: bool, json_out: Path | None,
 ) -> int:
     """Qwen3-Reranker-shaped model: per-pair vs batched vs shared prefix vs static shapes."""
     if peer:
@@ -375,8 +381,13 @@ def rerank_command(
         return 0
     from benchmarks.rerank import run_rerank_bench
 
+    def partial(data: dict) -> None:  # what is measured so far, should the run be cut short
+        if json_out is not None:
+            json_out.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+
     result = run_rerank_bench(candidates=candidates, repeats=repeats, device=device,
-                              dtype=dtype, model_size=model_size, quick=quick)
+                              dtype=dtype, model_size=model_size, quick=quick,
+                              compile_budget=compile_budget, partial=partial)
     emit_json(result, json_out)
     return 0
 

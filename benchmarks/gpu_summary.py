@@ -1,8 +1,9 @@
 """``bench gpu-summary DIR``: one table of issue 33's GPU rows from scripts/gpu-bench.sh's files.
 
-``scripts/gpu-bench.sh run OUT`` writes one JSON file per measurement into ``OUT``;
-this reads them and writes ``OUT/summary.md`` (a markdown table: row, measured,
-target, met) and ``OUT/summary.json`` (the same rows as data) beside them.  A file
+``scripts/gpu-bench.sh run OUT`` writes one JSON file per measurement into a folder
+(``OUT/raw``, packed into ``OUT/raw.tar.gz`` afterwards); this reads them and writes
+``summary.md`` (a markdown table: row, measured,
+target, met) and ``summary.json`` (the same rows as data) beside them.  A file
 that is missing (a step failed or was skipped) gives a row that says so instead of
 stopping the summary.
 """

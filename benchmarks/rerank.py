@@ -141,6 +141,8 @@ def run_rerank_bench(
     progress: ProgressFn | None = None,
     model_size: str = "0.6B",
     quick: bool = False,
+    compile_budget: float = 90.0,
+    partial: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Time the reranker's scoring designs on a random Qwen3-Reranker of one size.
 
@@ -156,6 +158,10 @@ def run_rerank_bench(
         progress: Called as ``progress(done, total, label)`` after each variant.
         model_size: ``0.6B``, ``4B``, ``8B`` (exact shapes) or ``tiny``.
         quick: Only the reference, the prefix path and the static-shape variants.
+        compile_budget: ``reranker.compile_budget`` of the compiled variant: past it
+            the variant times the eager graphs it kept (``compiled`` false).
+        partial: Called with the report so far after each variant (a step killed by
+            its time limit still leaves what it measured).
 
     Returns:
         A JSON-ready dict: the environment (device, torch threads, tokenizer,
@@ -180,14 +186,20 @@ def run_rerank_bench(
     docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
     plan = _variants(device, dtype, _profile_static(model_size), quick)
     models = _build_models(device, seed, {v.weights for v in plan}, model_size)
-    results = _measure(plan, models, tokenizer, docs, device, repeats, progress)
-    return {
-        **_environment(models["float32"], tokenizer, docs, device, model_size),
-        "repeats": repeats,
-        "quick": quick,
-        "variants": [dataclasses.asdict(r) for r in results],
-        "recommended": recommend(results, candidates),
-    }
+    environment = _environment(models["float32"], tokenizer, docs, device, model_size)
+
+    def report(results: list[VariantResult]) -> dict[str, Any]:
+        return {
+            **environment,
+            "repeats": repeats,
+            "quick": quick,
+            "variants": [dataclasses.asdict(r) for r in results],
+            "recommended": recommend(results, candidates),
+        }
+
+    measured = (lambda results: partial(report(results))) if partial else None
+    return report(_measure(plan, models, tokenizer, docs, device, repeats, progress,
+                           compile_budget, measured))
 
 
 def _measure(
@@ -198,6 +210,8 @@ def _measure(
     device: str,
     repeats: int,
     progress: ProgressFn | None,
+    compile_budget: float = 90.0,
+    measured: Callable[[list[VariantResult]], None] | None = None,
 ) -> list[VariantResult]:
     """Time every variant in ``plan``; the first one is the reference."""
     base = QwenConfig(device=device, max_length=512)
@@ -212,10 +226,13 @@ def _measure(
             bucket_run_cost=variant.static.run_cost,
             cuda_graphs=variant.cuda_graphs,
             torch_compile=variant.torch_compile,
+            compile_budget=compile_budget,
         )
         _synchronize(device)
         started = time.perf_counter()
         reranker = QwenReranker.from_model(models[variant.weights], tokenizer, config)
+        if config.torch_compile:  # compiled in the background: time what it swaps in
+            reranker.wait_for_compile()
         _synchronize(device)
         load_seconds = time.perf_counter() - started
         timing = _time_scoring(reranker, docs, repeats, device)
@@ -226,6 +243,8 @@ def _measure(
         reranker.close()
         if progress is not None:
             progress(done, len(plan), variant.name)
+        if measured is not None:
+            measured(results)
     return results
 
 

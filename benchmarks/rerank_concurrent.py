@@ -46,6 +46,9 @@ class ConcurrencyResult:
         p50_ms: Median latency of one search's rerank, waiting included.
         p95_ms: Its 95th percentile.
         speedup: ``searches_per_s`` over the one-at-a-time level's.
+        executed: What the static path ran for this level
+            (:meth:`memory.rerank.qwen_static.StepStats.summary`: searches per group,
+            head and tail steps, rows per tail step, padding); empty without it.
     """
 
     concurrent: int
@@ -55,6 +58,7 @@ class ConcurrencyResult:
     p50_ms: float
     p95_ms: float
     speedup: float
+    executed: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def run_concurrent_bench(
@@ -105,8 +109,9 @@ def run_concurrent_bench(
     results: list[ConcurrencyResult] = []
     for level in levels:
         results.append(_level(reranker, docs, level, rounds, results[0] if results else None))
-        log.info("concurrent %d: %.1f searches/s, p95 %.0f ms", level,
-                 results[-1].searches_per_s, results[-1].p95_ms)
+        done = results[-1]
+        log.info("concurrent %d: %.1f searches/s, p95 %.0f ms; ran %s", level,
+                 done.searches_per_s, done.p95_ms, done.executed)
     static = reranker._static
     reranker.close()
     return {
@@ -137,6 +142,9 @@ def _level(
     reranker: QwenReranker, docs: list[str], level: int, rounds: int,
     first: ConcurrencyResult | None,
 ) -> ConcurrencyResult:
+    static = reranker._static
+    if static is not None:
+        static.stats.reset()
     latencies: list[float] = []
     failures: list[BaseException] = []
     lock = threading.Lock()
@@ -175,4 +183,5 @@ def _level(
         p50_ms=round(percentile(latencies, 50) * 1000, 1),
         p95_ms=round(percentile(latencies, 95) * 1000, 1),
         speedup=round(rate / first.searches_per_s, 2) if first else 1.0,
+        executed=static.stats.summary() if static is not None else {},
     )

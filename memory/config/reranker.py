@@ -69,9 +69,11 @@ class QwenConfig:
     with the shared head computed once per query.  With ``cuda_graphs`` on a CUDA
     device, every shape is captured as a CUDA graph when the model loads, so a
     search replays graphs instead of launching kernels one by one.
-    ``torch_compile`` compiles the static steps with torch.compile (inductor) at
-    load, before any capture, and runs every shape once there; if that fails the
-    eager steps stay (logged once).  ``concurrent`` is how many searches one static
+    ``torch_compile`` compiles the static steps with torch.compile (inductor) after
+    load, in the background while the eager steps (and their CUDA graphs) serve, runs
+    every shape once and captures them, then swaps the compiled steps in; if that
+    fails, or takes longer than ``compile_budget`` seconds, the eager steps stay
+    (logged once).  ``concurrent`` is how many searches one static
     step may hold: searches that arrive while another is being scored are scored
     together, each candidate attending only to its own query (1: one at a time).
     Each search slot costs one head's keys and values per capacity in memory.
@@ -95,6 +97,7 @@ class QwenConfig:
     bucket_run_cost: int = field(default=512, metadata=bounds(0, 1_000_000))
     cuda_graphs: bool = False
     torch_compile: bool = False
+    compile_budget: float = field(default=90.0, metadata=bounds(1.0, 3600.0))
     concurrent: int = field(default=1, metadata=bounds(1, 256))
 
 

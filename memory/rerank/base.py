@@ -30,9 +30,10 @@ class RerankerBackend(Protocol):
     The service calls :meth:`score` on a worker thread with a deadline
     (:mod:`memory.rerank.deadline`): a backend may read it to stop early, and
     must leave no work behind when it does.  A backend that may be called from
-    several threads at once (a remote server) sets ``concurrent = True``;
-    without it, calls run one at a time on the service's single worker, so a
-    local model never shares its device between searches.
+    several threads at once (a remote server, or the transformers backend that
+    scores queued searches together) sets ``concurrent = True``; without it,
+    calls run one at a time on the service's single worker, so a local model
+    never shares its device between searches.
     """
 
     name: str

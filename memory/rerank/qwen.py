@@ -21,8 +21,10 @@ With ``buckets`` in the profile, scoring goes through the static-shape path of
 :mod:`memory.rerank.qwen_static` instead: fixed (batch, length) shapes, the head
 once per query, and on CUDA with ``cuda_graphs`` one CUDA graph per shape, captured
 in :meth:`QwenReranker.load` (the background worker of a profile switch) so no
-search pays for it; with ``torch_compile`` the steps are compiled (inductor) and
-run once per shape before that, and a compile failure keeps the eager steps.  If
+search pays for it; with ``torch_compile`` a background thread then compiles the
+steps (inductor, one shared layer function), runs and captures every shape, and
+swaps them in, while the eager steps serve; a compile failure, or one past
+``compile_budget``, keeps the eager steps (logged once).  If
 capture fails, or a static step fails later, the reason is logged once and the
 dynamic path above takes over: a search never sees the error.
 """
@@ -91,6 +93,7 @@ class _Waiting:
 
     encoded: EncodedQuery
     done: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event = field(default_factory=threading.Event)  # done, or lead now
     scores: list[float] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -164,7 +167,8 @@ class QwenReranker:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # loading, scoring, unloading
+        self._encode_lock = threading.Lock()  # the tokenizer, apart from scoring
         self._model: Any = None
         self._tokenizer: Any = None
         self._answer_rows: torch.Tensor | None = None  # float32 [2, hidden]: no, yes
@@ -173,8 +177,11 @@ class QwenReranker:
         self._suffix_ids: list[int] = []
         self._cache_arg = ""  # forward's KV cache argument (kv_cache.cache_argument)
         self._static: StaticScorer | None = None  # the bucketed path, when the profile asks
+        self._compiling: _Compiling | None = None  # a background compile (torch_compile)
+        self._compile_thread: threading.Thread | None = None
         self._waiting: list[_Waiting] = []  # searches to score together; under _queue_lock
         self._queue_lock = threading.Lock()
+        self._leading = False  # whether a search is scoring the queue; under _queue_lock
         # A failed load is remembered for a while: retrying a missing model on every
         # search would cost a hub round-trip (or its retries) each time.
         self._load_failure: tuple[float, RerankerUnavailable] | None = None
@@ -201,6 +208,17 @@ class QwenReranker:
         with reranker._lock:
             reranker._install(model, tokenizer, owned=False)
         return reranker
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether searches may call :meth:`score` at once (they are then scored together).
+
+        True with ``reranker.concurrent`` above 1 and the static path in the profile:
+        :class:`memory.rerank.service.RerankerService` then calls from many workers, and
+        searches that queue while one is scored share the next static steps.  Otherwise
+        one search at a time, as before.
+        """
+        return self.config.concurrent > 1 and bool(self.config.buckets)
 
     @property
     def loaded(self) -> bool:
@@ -237,11 +255,11 @@ class QwenReranker:
         if not texts:
             return []
         settle_cpu_threads()
-        with self._lock:
-            self.load()
-            encoded = self.encode(query, texts)
-            static = self._static
-            if static is None or self.config.concurrent == 1 or not static.fits(len(encoded.head)):
+        encoded = self.encode(query, texts)  # outside the scoring lock: queue while others score
+        static = self._static  # read without the lock: a search being scored holds it
+        if static is None or self.config.concurrent == 1 or not static.fits(len(encoded.head)):
+            with self._lock:
+                self.load()
                 return self._score_or_raise(encoded)
         return self._score_together(encoded)
 
@@ -256,25 +274,49 @@ class QwenReranker:
             ) from exc
 
     def _score_together(self, encoded: EncodedQuery) -> list[float]:
-        """Queue this search; whoever holds the lock next scores every queued one together.
+        """Queue this search; one searching thread at a time scores every queued one together.
 
-        No search waits for company: the first to get the lock scores what is queued
-        at that moment (itself, at least), and searches that arrive meanwhile go into
-        the next step together.
+        No search waits for company: the leader (the first to queue while nobody
+        leads) scores what is queued at that moment, itself at least, and searches
+        that arrive meanwhile go into the next group together.  The others wait on
+        their own event, not on the scoring lock, so they are free to return the
+        moment their group is done.  A leader whose own search is done hands the lead
+        to the first search still queued.
         """
         waiting = _Waiting(encoded)
         with self._queue_lock:
             self._waiting.append(waiting)
-        while not waiting.done.is_set():
-            with self._lock:
-                with self._queue_lock:
-                    group = self._waiting[: self.config.concurrent]
-                    del self._waiting[: self.config.concurrent]
-                if group:
-                    self._score_group(group)
+            leads = not self._leading
+            self._leading = True
+        if not leads:
+            waiting.wake.wait()  # our group is done, or the last leader handed us the lead
+            leads = not waiting.done.is_set()
+        if leads:
+            try:
+                while not waiting.done.is_set():
+                    self._score_next_group()
+            finally:
+                self._hand_off_lead()
         if waiting.error is not None:
             raise waiting.error
         return waiting.scores
+
+    def _score_next_group(self) -> None:
+        """Take up to ``concurrent`` queued searches and score them; the leader calls this."""
+        with self._lock:
+            with self._queue_lock:
+                group = self._waiting[: self.config.concurrent]
+                del self._waiting[: self.config.concurrent]
+            if group:
+                self._score_group(group)
+
+    def _hand_off_lead(self) -> None:
+        """Wake the first queued search as the next leader, or leave nobody leading."""
+        with self._queue_lock:
+            if self._waiting:
+                self._waiting[0].wake.set()
+            else:
+                self._leading = False
 
     def _score_group(self, group: list[_Waiting]) -> None:
         """Score queued searches in shared static steps; each gets its scores or its error."""
@@ -306,6 +348,7 @@ class QwenReranker:
         finally:
             for waiting in group:
                 waiting.done.set()
+                waiting.wake.set()
 
     def close(self) -> None:
         """Drop the model and tokenizer and return their memory.
@@ -333,25 +376,38 @@ class QwenReranker:
         Only documents are truncated: each keeps at most ``max_length - len(head) -
         len(suffix)`` tokens (at least one), so query and template stay intact.
         """
-        with self._lock:
-            self.load()
-            tok = self._tokenizer
+        tok, suffix = self._tokenizer_parts()
+        with self._encode_lock:  # a Rust tokenizer is not to be called from two threads
             head = tok(head_text(self.config.instruction, query), add_special_tokens=False)
             head_ids = list(head["input_ids"])
-            budget = max(1, self.config.max_length - len(head_ids) - len(self._suffix_ids))
+            budget = max(1, self.config.max_length - len(head_ids) - len(suffix))
             docs = tok([document_text(t) for t in texts], add_special_tokens=False)["input_ids"]
         truncated = sum(len(d) > budget for d in docs)
-        if len(head_ids) + len(self._suffix_ids) >= self.config.max_length:
+        if len(head_ids) + len(suffix) >= self.config.max_length:
             log.warning(
                 "reranker prompt head is %d tokens, over max_length %d: raise "
                 "reranker.max_length or shorten the query",
                 len(head_ids),
                 self.config.max_length,
             )
-        tails = [list(d[:budget]) + self._suffix_ids for d in docs]
+        tails = [list(d[:budget]) + suffix for d in docs]
         return EncodedQuery(head=head_ids, tails=tails, truncated=truncated)
 
     # -- loading -------------------------------------------------------------------
+
+    def _tokenizer_parts(self) -> tuple[Any, list[int]]:
+        """The tokenizer and the suffix ids, loading first if needed.
+
+        The scoring lock is taken only to load: a search being scored holds it, and
+        the searches arriving meanwhile must tokenize and queue for the next group,
+        not wait behind it.  ``_install`` sets the tokenizer after the suffix ids.
+        """
+        tok = self._tokenizer
+        if tok is None:
+            with self._lock:
+                self.load()
+                tok = self._tokenizer
+        return tok, self._suffix_ids
 
     def _from_pretrained(self) -> tuple[Any, Any]:
         try:
@@ -397,6 +453,77 @@ class QwenReranker:
             self._cache_arg = cache_argument(model.model)
         self._model, self._tokenizer = model, tokenizer
         self._static = static_scorer(self, model) if self.config.buckets else None
+        if self.config.torch_compile and self._static is not None:
+            self.compile_in_background(model)  # the eager steps serve meanwhile
+
+    def compile_in_background(self, model: Any) -> None:
+        """Compile the static steps on a thread while the eager ones serve, then swap.
+
+        Past ``reranker.compile_budget`` seconds the compile is given up (logged once):
+        the eager steps keep serving, and a result that comes later is dropped.  A
+        failure is logged once by :func:`compiled` and changes nothing either.
+        """
+        state = self._compiling = _Compiling()
+        budget = self.config.compile_budget
+        started = time.monotonic()
+        timer = threading.Timer(budget, self._give_up_compile, args=(state, budget))
+        timer.daemon = True
+        worker = threading.Thread(
+            target=self._compile_worker, args=(model, state, started, timer), daemon=True,
+            name="reranker-compile",
+        )
+        self._compile_thread = worker
+        timer.start()
+        worker.start()
+
+    def wait_for_compile(self, timeout: float | None = None) -> bool:
+        """Wait until a background compile is served, failed or given up.
+
+        Returns:
+            Whether compiled static steps serve the searches now.
+        """
+        if self._compiling is not None:
+            self._compiling.settled.wait(timeout)
+        static = self._static
+        return bool(static is not None and static.compiled)
+
+    def _compile_worker(
+        self, model: Any, state: _Compiling, started: float, timer: threading.Timer
+    ) -> None:
+        try:
+            fresh = _compile_and_capture(self, model)
+        except Exception:  # compiled()/captured() log their own; anything else lands here
+            log.warning("reranker background compile failed; keeping the eager steps",
+                        exc_info=True)
+            fresh = None
+        timer.cancel()
+        with state.lock:  # settled only once the compiled steps serve (or never will)
+            if state.abandoned:
+                log.debug("reranker compile finished after its budget; dropped")
+                return
+            if fresh is not None and self._swap_in(model, fresh):
+                log.info("reranker compiled static steps serve from now on (%.1f s after load)",
+                         time.monotonic() - started)
+            state.settled.set()
+
+    def _swap_in(self, model: Any, fresh: StaticScorer) -> bool:
+        """Serve ``fresh`` unless the model was closed or the static path dropped meanwhile."""
+        with self._lock:
+            if self._model is not model or self._static is None:
+                return False
+            self._static = fresh
+            return True
+
+    def _give_up_compile(self, state: _Compiling, budget: float) -> None:
+        with state.lock:
+            if state.settled.is_set():
+                return
+            state.abandoned = True
+            state.settled.set()
+        log.warning(
+            "reranker torch.compile of the static steps did not finish within "
+            "reranker.compile_budget = %g s; keeping the eager steps", budget,
+        )
 
     def answer_head(self) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """The "no"/"yes" rows of the LM head (float32), their bias, and the pad id."""
@@ -495,7 +622,9 @@ def static_scorer(reranker: QwenReranker, model: Any) -> StaticScorer | None:
 
     Runs inside :meth:`QwenReranker.load`, so on a profile switch the capture
     happens in the background worker before the new backend goes live.  Returns
-    ``None`` (the dynamic path) when the model cannot take the static path.
+    ``None`` (the dynamic path) when the model cannot take the static path.  The
+    scorer's steps are eager: with ``torch_compile``, ``load`` then starts
+    :meth:`QwenReranker.compile_in_background`, which swaps compiled ones in later.
     """
     config = reranker.config
     if config.quantize == "int8":
@@ -511,19 +640,42 @@ def static_scorer(reranker: QwenReranker, model: Any) -> StaticScorer | None:
             "scoring with dynamic shapes", attention,
         )
         return None
+    static = _new_static(reranker, model)
+    served: StaticScorer | None = static
+    if config.cuda_graphs and torch.device(reranker.device).type == "cuda":
+        served = captured(static, reranker.device)
+    elif config.cuda_graphs:
+        log.info("reranker.cuda_graphs is for CUDA devices; %s scores eagerly", reranker.device)
+    return served
+
+
+def _new_static(reranker: QwenReranker, model: Any) -> StaticScorer:
+    config = reranker.config
     rows, bias, pad_id = reranker.answer_head()
-    static = StaticScorer(
+    return StaticScorer(
         model=model, answer_rows=rows, answer_bias=bias, pad_id=pad_id,
         buckets=config.buckets, max_length=config.max_length, slots=config.concurrent,
     )
-    if config.torch_compile:
-        compiled(static)
-    if not config.cuda_graphs:
-        return static
-    if torch.device(reranker.device).type != "cuda":
-        log.info("reranker.cuda_graphs is for CUDA devices; %s scores eagerly", reranker.device)
-        return static
-    return captured(static, reranker.device)
+
+
+class _Compiling:
+    """One background compile: settled once it is served or given up; under ``lock``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.settled = threading.Event()
+        self.abandoned = False
+
+
+def _compile_and_capture(reranker: QwenReranker, model: Any) -> StaticScorer | None:
+    """A compiled (and on CUDA captured) static scorer, or ``None`` after a logged failure."""
+    static = _new_static(reranker, model)
+    if not compiled(static):
+        return None
+    if reranker.config.cuda_graphs and torch.device(reranker.device).type == "cuda":
+        return captured(static, reranker.device)
+    return static
+
 
 def compiled(static: StaticScorer, backend: Any = "inductor") -> bool:
     """Compile ``static``'s steps (:meth:`StaticScorer.compile`); on any failure log once.

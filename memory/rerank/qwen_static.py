@@ -16,21 +16,28 @@ therefore runs every search through a few fixed shapes:
   head's cache.
 
 Several searches can be scored together (:meth:`StaticScorer.score_together`): their
-heads go into separate *head slots* of the same buffers, and one tail step holds rows
-of several searches, each row attending only to its own head (a per-row mask and a
-per-row gather of the head's keys and values).  A bot in many servers has many
-searches at once; this fills one replay with them instead of queueing them.
+heads run as the rows of one head step (:func:`head_batches`: 1, 4 or 16 heads per
+step with 16 slots), each row writing its own *head slot* of the same buffers, and
+one tail step holds rows of several searches, each row attending only to its own
+head (a per-row mask and a per-row gather of the head's keys and values).  A bot in
+many servers has many searches at once; this fills one replay with them instead of
+queueing them.  :class:`StepStats` counts what ran (steps, rows, padded positions),
+for the benchmark and the tests.
 
 Padding cannot change a score: the attention mask lets a tail token see only the
 ``head_len`` real head positions and the tail positions up to itself (right
 padding sits after every real token, so a causal mask already hides it), and each
 row's score is read at its own last real position, not at the bucket's end.
 
-With ``torch_compile`` the two step functions are compiled first (inductor: fused
-RMSNorm, RoPE, SiLU-mul and attention kernels) and every shape is run once, at load,
-so no search compiles; any failure there leaves the eager steps in place.
+With ``torch_compile`` the steps run their layers through one compiled function
+shared by every layer (:func:`memory.rerank.qwen_layers.layer_step`: inductor fuses
+RMSNorm, RoPE, SiLU-mul; the weights are its inputs and the shapes dynamic, so a
+model compiles a handful of graphs whatever its depth and buckets), and every shape
+is run once at load, so no search compiles; any failure there leaves the eager steps
+in place.  :func:`memory.rerank.qwen.static_scorer` does this in the background,
+serving the eager steps (or their graphs) meanwhile.
 
-On CUDA with ``cuda_graphs`` every head size and every (head capacity, bucket)
+On CUDA with ``cuda_graphs`` every (heads, head size) and every (head capacity, bucket)
 step is captured once, at
 load time, into one shared memory pool; a search only copies token ids into the
 static input buffers and replays.  Elsewhere the very same step functions run
@@ -49,7 +56,9 @@ from typing import Any
 
 import torch
 
+from memory.rerank import qwen_layers
 from memory.rerank.kv_cache import (
+    LayerKV,
     cache_argument,
     layer_states,
     new_cache,
@@ -104,6 +113,66 @@ def head_size(length: int, max_length: int) -> tuple[int, int]:
     return size, next(c for c in head_capacities(max_length) if c >= size)
 
 
+def head_batches(slots: int) -> tuple[int, ...]:
+    """Heads one head step runs together: powers of four up to ``slots``, and ``slots``.
+
+    A group of ``n`` searches runs its heads in the smallest of these holding ``n``
+    (the extra rows are padding, written into slots no tail reads), so 16 searches
+    take one head step instead of 16, and one search alone still runs one row.
+    """
+    sizes = {slots}
+    size = 1
+    while size < slots:
+        sizes.add(size)
+        size *= 4
+    return tuple(sorted(sizes))
+
+
+@dataclass
+class StepStats:
+    """What the static path ran: steps, rows and token positions (padding included).
+
+    Counted on every call, eager or replayed, so the benchmark can print what a group
+    of searches executes and the tests can assert it (never a timing).
+
+    Attributes:
+        groups: Calls of :meth:`StaticScorer.score_together` groups (one per shared plan).
+        searches: Searches scored.
+        head_steps: Head steps run (forward passes or replays).
+        head_rows: Real heads in them.
+        head_positions: Token positions the head steps computed (batch x padded size).
+        tail_steps: Tail steps run.
+        tail_rows: Real candidate rows in them.
+        tail_positions: Token positions the tail steps computed (batch x length).
+        tail_tokens: Real tail tokens in them.
+    """
+
+    groups: int = 0
+    searches: int = 0
+    head_steps: int = 0
+    head_rows: int = 0
+    head_positions: int = 0
+    tail_steps: int = 0
+    tail_rows: int = 0
+    tail_positions: int = 0
+    tail_tokens: int = 0
+
+    def reset(self) -> None:
+        """Set every counter back to zero."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, 0)
+
+    def summary(self) -> dict[str, float]:
+        """The counters, plus per-search steps, rows per tail step and the padding share."""
+        out: dict[str, float] = dict(self.__dict__)
+        per = max(1, self.searches)
+        out["searches_per_group"] = round(self.searches / max(1, self.groups), 2)
+        out["steps_per_search"] = round((self.head_steps + self.tail_steps) / per, 2)
+        out["rows_per_tail_step"] = round(self.tail_rows / max(1, self.tail_steps), 1)
+        out["tail_padding"] = round(1 - self.tail_tokens / max(1, self.tail_positions), 3)
+        return out
+
+
 def plan_runs(
     lengths: Sequence[int], buckets: Sequence[Shape], run_cost: int = 512
 ) -> tuple[list[Run], list[int]]:
@@ -156,8 +225,8 @@ class _HeadSlot:
 
     keys: list[torch.Tensor]  # per layer [head slots, kv_heads, cap, head_dim]
     values: list[torch.Tensor]
-    ids: dict[int, torch.Tensor] = field(default_factory=dict)  # head size -> [1, size] long
-    graphs: dict[int, Any] = field(default_factory=dict)  # head size -> its captured step
+    ids: dict[Shape, torch.Tensor] = field(default_factory=dict)  # (heads, size) -> long ids
+    graphs: dict[Shape, Any] = field(default_factory=dict)  # (heads, size) -> its captured step
 
     @property
     def capacity(self) -> int:
@@ -209,6 +278,7 @@ class StaticScorer:
     tails: dict[tuple[int, Shape], _TailSlot] = field(default_factory=dict)
     graphs: bool = False
     compiled: bool = False
+    stats: StepStats = field(default_factory=StepStats)
 
     def __post_init__(self) -> None:
         param = next(self.model.parameters())
@@ -219,12 +289,11 @@ class StaticScorer:
         longest = self.capacities[-1] + max(length for _, length in self.buckets)
         self.positions = torch.arange(longest, device=self.device)
         self.head_len = torch.ones(self.slots, dtype=torch.long, device=self.device)
-        self.head_index = torch.zeros(1, dtype=torch.long, device=self.device)  # slot written
+        self.head_batches = head_batches(self.slots)
         self._mask_min = torch.finfo(self.dtype).min
         prefix_cache_class()  # built here, outside any compiled step
-        # the step kernels: plain tensor functions, compiled by compile()
-        self._head_kernel: Callable[..., None] = self._head_forward
-        self._tail_kernel: Callable[..., torch.Tensor] = self._tail_forward
+        # compile() sets the compiled layer function; None: the model's own forward
+        self._layer_kernel: Callable[..., Any] | None = None
 
     # -- public --------------------------------------------------------------------
 
@@ -241,6 +310,8 @@ class StaticScorer:
         Raises:
             RuntimeError: A forward pass or graph replay failed.
         """
+        self.stats.groups += 1
+        self.stats.searches += 1
         return self._score_rows([head], tails, [0] * len(tails), runs)
 
     @torch.inference_mode()
@@ -250,8 +321,9 @@ class StaticScorer:
         """Score several searches' ``(head, tails)`` in shared steps.
 
         Searches whose heads share a capacity run together, at most ``slots`` at a
-        time: each head into a slot of its own, then every tail of every search in
-        one plan (:func:`plan_runs`), each row attending only to its own head.
+        time: their heads as the rows of one head step, each into a slot of its own,
+        then every tail of every search in one plan (:func:`plan_runs`), each row
+        attending only to its own head.
 
         Returns:
             Per search, in order: P(yes) by tail index, and the indices of tails
@@ -276,6 +348,8 @@ class StaticScorer:
         results: list[tuple[dict[int, float], list[int]]], run_cost: int,
     ) -> None:
         """One group of at most ``slots`` searches with heads of one capacity."""
+        self.stats.groups += 1
+        self.stats.searches += len(searches)
         rows: list[list[int]] = []
         owners: list[tuple[int, int]] = []  # (search, tail index) of each row
         for search, (_, tails) in enumerate(searches):
@@ -295,38 +369,59 @@ class StaticScorer:
         self, heads: list[list[int]], rows: Sequence[list[int]], row_heads: list[int],
         runs: list[Run],
     ) -> dict[int, float]:
-        """Heads into slots 0..n-1 (one capacity), then ``runs`` over ``rows``."""
+        """Heads into slots 0..n-1 (one capacity, one step), then ``runs`` over ``rows``."""
         cap = max(head_size(len(head), self.max_length)[1] for head in heads)
         head_slot = self._head_slot(cap)
-        for index, head in enumerate(heads):
-            size, _ = head_size(len(head), self.max_length)
-            self.head_len[index].fill_(len(head))
-            self.head_index.fill_(index)
-            head_slot.ids.setdefault(size, self._full((1, size))).copy_(
-                _padded([head], 1, size, self.pad_id)
-            )
-            self._step(head_slot.graphs.get(size), partial(self._run_head, head_slot, size))
+        self._heads_step(head_slot, heads)
         scores: dict[int, float] = {}
         for run in runs:
-            slot = self._tail_slot(cap, run.shape)
-            batch, length = run.shape
             picked = [rows[i] for i in run.indices]
-            padding = [0] * (batch - len(picked))
-            slot.ids.copy_(_padded(picked, batch, length, self.pad_id))
-            slot.last.copy_(torch.tensor([len(r) - 1 for r in picked] + padding))
-            slot.heads.copy_(torch.tensor([row_heads[i] for i in run.indices] + padding))
-            out = self._step(slot.graph, partial(self._run_tail, head_slot, slot), slot)
+            out = self._tail_step(head_slot, run.shape, picked,
+                                  [row_heads[i] for i in run.indices])
             for i, value in zip(run.indices, out[: len(picked)].tolist(), strict=True):
                 scores[i] = value
         return scores
+
+    def _heads_step(self, head_slot: _HeadSlot, heads: list[list[int]]) -> None:
+        """Run ``heads`` (at most ``slots``) as the rows of one head step, slot = row."""
+        size = max(head_size(len(head), self.max_length)[0] for head in heads)
+        batch = next(b for b in self.head_batches if b >= len(heads))
+        lengths = [len(head) for head in heads] + [1] * (batch - len(heads))
+        self.head_len[:batch].copy_(torch.tensor(lengths))
+        ids = head_slot.ids.setdefault((batch, size), self._full((batch, size)))
+        ids.copy_(_padded(heads, batch, size, self.pad_id))
+        self._step(head_slot.graphs.get((batch, size)),
+                   partial(self._run_head, head_slot, batch, size))
+        self.stats.head_steps += 1
+        self.stats.head_rows += len(heads)
+        self.stats.head_positions += batch * size
+
+    def _tail_step(
+        self, head_slot: _HeadSlot, shape: Shape, picked: list[list[int]], owners: list[int]
+    ) -> torch.Tensor:
+        """One tail step of ``shape`` holding ``picked`` rows, each on its owner's head slot."""
+        slot = self._tail_slot(head_slot.capacity, shape)
+        batch, length = shape
+        padding = [0] * (batch - len(picked))
+        slot.ids.copy_(_padded(picked, batch, length, self.pad_id))
+        slot.last.copy_(torch.tensor([len(r) - 1 for r in picked] + padding))
+        slot.heads.copy_(torch.tensor(owners + padding))
+        out = self._step(slot.graph, partial(self._run_tail, head_slot, slot), slot)
+        self.stats.tail_steps += 1
+        self.stats.tail_rows += len(picked)
+        self.stats.tail_positions += batch * length
+        self.stats.tail_tokens += sum(len(r) for r in picked)
+        return out
 
     @torch.inference_mode()
     def compile(self, backend: Any = "inductor") -> float:
         """Compile the head and tail steps and run every shape once; before :meth:`capture`.
 
-        Shapes are marked dynamic, so one compilation serves every head size and
-        bucket where the model allows; running each shape here does whatever
-        specialising is left, at load rather than on a search.
+        One function is compiled, a decoder layer (:mod:`memory.rerank.qwen_layers`),
+        with dynamic shapes: every layer, head size and bucket shares its graphs (a
+        few: head or tail step, a batch of one), so the count does not grow with the
+        model's depth or the profile's buckets.  Running each shape here does
+        whatever specialising is left, at load rather than on a search.
 
         Args:
             backend: ``torch.compile``'s backend (``inductor``; tests pass others).
@@ -335,14 +430,19 @@ class StaticScorer:
             Seconds spent.
 
         Raises:
+            RuntimeError: The model is not a Qwen3 (no shared layer function for it).
             Exception: Whatever compilation raised (the caller keeps the eager steps
                 after :meth:`uncompile`).
         """
         started = time.perf_counter()
-        self._head_kernel = torch.compile(self._head_forward, dynamic=True, backend=backend)
-        self._tail_kernel = torch.compile(self._tail_forward, dynamic=True, backend=backend)
-        for size in head_sizes(self.max_length):
-            self._run_head(self._head_slot(head_size(size, self.max_length)[1]), size)
+        if not qwen_layers.supports(self.base):
+            raise RuntimeError(
+                f"{type(self.base).__name__} does not have Qwen3's decoder layers: "
+                "the compiled static steps are for Qwen3-Reranker models"
+            )
+        self._layer_kernel = torch.compile(qwen_layers.layer_step, dynamic=True, backend=backend)
+        for batch, size in self._head_shapes():
+            self._run_head(self._head_slot(head_size(size, self.max_length)[1]), batch, size)
         for cap in self.capacities:
             for shape in self.buckets:
                 self._run_tail(self._head_slot(cap), self._tail_slot(cap, shape))
@@ -351,12 +451,12 @@ class StaticScorer:
 
     def uncompile(self) -> None:
         """Go back to the eager step functions (after a failed :meth:`compile`)."""
-        self._head_kernel, self._tail_kernel = self._head_forward, self._tail_forward
+        self._layer_kernel = None
         self.compiled = False
 
     @torch.inference_mode()
     def capture(self) -> float:
-        """Capture every head size and (head capacity, bucket) step as a CUDA graph; CUDA only.
+        """Capture every (heads, head size) and (head capacity, bucket) step as a CUDA graph; CUDA only.
 
         Warms each step up twice on a side stream (cuBLAS handles, attention kernel
         choice), then captures it into one memory pool shared by all graphs, which
@@ -371,11 +471,11 @@ class StaticScorer:
         """
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
-        for size in head_sizes(self.max_length):
+        for batch, size in self._head_shapes():
             head_slot = self._head_slot(head_size(size, self.max_length)[1])
-            head_slot.ids.setdefault(size, self._full((1, size)))
-            head_slot.graphs[size], _ = self._capture(
-                pool, partial(self._run_head, head_slot, size)
+            head_slot.ids.setdefault((batch, size), self._full((batch, size)))
+            head_slot.graphs[(batch, size)], _ = self._capture(
+                pool, partial(self._run_head, head_slot, batch, size)
             )
         for cap in self.capacities:
             head_slot = self._head_slot(cap)
@@ -401,30 +501,38 @@ class StaticScorer:
         graph.replay()
         return slot.out if slot is not None else None
 
-    def _run_head(self, slot: _HeadSlot, size: int | None = None) -> None:
-        """The head step of one padded ``size``: its K/V into the first ``size`` positions."""
+    def _head_shapes(self) -> list[Shape]:
+        """Every ``(heads, padded size)`` a head step runs."""
+        return [(batch, size) for size in head_sizes(self.max_length)
+                for batch in self.head_batches]
+
+    def _run_head(self, slot: _HeadSlot, batch: int = 1, size: int | None = None) -> None:
+        """The head step of ``batch`` heads padded to ``size``: K/V into slots 0..batch-1."""
         size = size or slot.capacity
-        self._head_kernel(slot.ids.setdefault(size, self._full((1, size))), slot.keys, slot.values)
+        ids = slot.ids.setdefault((batch, size), self._full((batch, size)))
+        self._head_forward(ids, slot.keys, slot.values)
 
     def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
-        return self._tail_kernel(slot.ids, slot.last, slot.heads, head.keys, head.values)
-
-    # Only tensors and lists of tensors go into the kernels, and no size is turned into
-    # a Python int there, so one compilation with dynamic shapes can serve every shape.
+        return self._tail_forward(slot.ids, slot.last, slot.heads, head.keys, head.values)
 
     def _head_forward(
         self, ids: torch.Tensor, key_bufs: list[torch.Tensor], value_bufs: list[torch.Tensor]
     ) -> None:
-        size = ids.shape[1]
+        batch, size = ids.shape
         positions = self.positions[:size][None]
         causal = positions <= positions.T  # [size, size]: right padding cannot reach back
-        cache = new_cache()
-        self._forward(ids, positions, self._additive(causal), cache)
-        for (keys, values), key_buf, value_buf in zip(layer_states(cache), key_bufs, value_bufs):
-            # into slot head_index; positions past ``size`` keep an earlier head's values,
+        mask, positions = self._additive(causal), positions.expand(batch, -1)
+        if self._layer_kernel is not None:
+            states = self._layers(ids, positions, mask, None)[1]
+        else:
+            cache = new_cache()
+            self._forward(ids, positions, mask, cache)
+            states = layer_states(cache)
+        for (keys, values), key_buf, value_buf in zip(states, key_bufs, value_bufs):
+            # row r into slot r; positions past ``size`` keep an earlier head's values,
             # which the tail mask hides
-            key_buf[:, :, :size].index_copy_(0, self.head_index, keys)
-            value_buf[:, :, :size].index_copy_(0, self.head_index, values)
+            key_buf[:batch, :, :size].copy_(keys)
+            value_buf[:batch, :, :size].copy_(values)
 
     def _tail_forward(
         self, ids: torch.Tensor, last_positions: torch.Tensor, row_heads: torch.Tensor,
@@ -439,8 +547,13 @@ class StaticScorer:
         sees_tail = ((key >= cap) & (key - cap <= query))[None]  # causal within the tail
         mask = self._additive(sees_head | sees_tail)[0, 0][:, None]  # [batch, 1, q, k]
         positions = head_len[:, 0] + self.positions[:length][None]  # [batch, length]
-        cache = prefix_cache(list(zip(head_keys, head_values)), batch, row_heads)
-        hidden = self._forward(ids, positions, mask, cache)
+        if self._layer_kernel is not None:
+            heads = [(k.index_select(0, row_heads), v.index_select(0, row_heads))
+                     for k, v in zip(head_keys, head_values)]
+            hidden = self._layers(ids, positions, mask, heads)[0]
+        else:
+            cache = prefix_cache(list(zip(head_keys, head_values)), batch, row_heads)
+            hidden = self._forward(ids, positions, mask, cache)
         last = hidden[self.positions[:batch], last_positions]
         return self._yes_probability(last)
 
@@ -453,6 +566,26 @@ class StaticScorer:
             **{self.cache_arg: cache},
         )
         return out.last_hidden_state
+
+    def _layers(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+        heads: list[LayerKV] | None,
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
+        """The compiled path: every layer through the one compiled layer function.
+
+        Returns the final (normed) hidden states and each layer's own keys and values.
+        """
+        assert self._layer_kernel is not None, "compile() sets the layer function"
+        hidden = self.base.embed_tokens(ids)
+        cos, sin = self.base.rotary_emb(hidden, positions)
+        states: list[LayerKV] = []
+        for index, layer in enumerate(self.base.layers):
+            head_keys, head_values = heads[index] if heads is not None else (None, None)
+            hidden, keys, values = self._layer_kernel(
+                layer, hidden, cos, sin, mask, head_keys, head_values
+            )
+            states.append((keys, values))
+        return self.base.norm(hidden), states
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """A [1, 1, q, k] additive mask in the model dtype (eager and SDPA accept it)."""

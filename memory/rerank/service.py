@@ -56,7 +56,8 @@ class RerankerService:
     Every call runs on a worker thread under a deadline of ``config.timeout``
     seconds that the backend may read to stop early; the caller stops waiting at
     the deadline either way.  A local backend runs on one worker, so a model never
-    serves two searches at once; a ``concurrent`` one (a remote server) on many.
+    serves two searches at once; a ``concurrent`` one (a remote server, or a local
+    model that groups the searches it is given) on many.
 
     Args:
         config: The profile's ``[reranker]`` section.

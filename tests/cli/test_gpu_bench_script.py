@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,10 @@ def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
     assert len(rows) == ROWS
     assert all(r["measured"] != "not measured" for r in rows), rows
     assert "| row | measured |" in done.stdout  # the table is printed too
+    # a device call returns at most 8 files: the summary, and the rest in one archive
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.tar.gz", "summary.json",
+                                                         "summary.md"]
+    with tarfile.open(tmp_path / "raw.tar.gz") as archive:
+        packed = {Path(name).name for name in archive.getnames()}
+    steps = {r["source"].removesuffix(".json") for r in rows}
+    assert {f"{s}.json" for s in steps} | {f"{s}.log" for s in steps} <= packed

@@ -191,7 +191,7 @@ FLAT_RERANKER_KEYS = {
     "backend", "model", "device", "dtype", "quantize", "batch_size", "max_length", "instruction",
     "prefix_cache", "oversample", "max_candidates", "timeout", "blend", "blend_weight",
     "min_score", "url", "endpoint", "parallel", "buckets", "bucket_run_cost", "cuda_graphs",
-    "torch_compile", "concurrent", "runtime", "onnx_file", "dialect", "api_key_env",
+    "torch_compile", "compile_budget", "concurrent", "runtime", "onnx_file", "dialect", "api_key_env",
     "max_documents", "score_scale",
 }
 BACKEND_SETTINGS = [QwenConfig, LlamaServerConfig, CrossEncoderConfig, RerankApiConfig,

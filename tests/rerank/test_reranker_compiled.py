@@ -12,6 +12,7 @@ the device check keeps every CUDA-only call away (``cuda_forbidden``).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,7 @@ def test_the_profile_switch_compiles_at_load_and_a_failure_never_reaches_a_searc
     with caplog.at_level(logging.WARNING, logger="memory.rerank.qwen"):
         reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH,
                         torch_compile=True, cuda_graphs=True)
+        assert not reranker.wait_for_compile(60)  # compiles in the background now
         got = reranker.score(QUERY, DOCS)
     assert caplog.text.count("torch.compile of the static steps failed") == 1
     assert reranker._static is not None and not reranker._static.compiled
@@ -101,9 +103,12 @@ def test_the_profile_switch_compiles_at_load_and_a_failure_never_reaches_a_searc
 def test_inductor_compiled_scores_equal_eager(parts, config, eager, caplog):
     # the real thing: inductor generates and builds C++ kernels here (~2 min on 2 cores)
     with caplog.at_level(logging.INFO, logger="memory.rerank.qwen"):
-        reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH, torch_compile=True)
+        reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH, torch_compile=True,
+                        compile_budget=1200.0)
+        assert reranker.wait_for_compile(1200), caplog.text
     assert reranker._static.compiled, caplog.text
     assert "static steps compiled in" in caplog.text
+    assert "compiled static steps serve from now on" in caplog.text
     for query in QUERIES:
         assert_close(reranker.score(query, DOCS), eager[query], tol=FP32_TOL)
 
@@ -146,3 +151,103 @@ def test_compiled_steps_score_searches_together(parts, config, eager):
         assert overflow == []
         assert_close([found[i] for i in range(len(DOCS))], eager[query], tol=FP32_TOL)
     assert len(calls) == at_load
+
+
+# -- second round: one shared layer graph, compiled in the background within a budget ----
+
+
+def sized_backend(nodes: list[int]):
+    """A backend recording the size (fx nodes) of every graph it is given."""
+
+    def backend(graph_module: torch.fx.GraphModule, example_inputs: list) -> object:
+        nodes.append(len(graph_module.graph.nodes))
+        return graph_module.forward
+
+    return backend
+
+
+def deeper(tiny_dir, layers: int):
+    """The tiny model with ``layers`` decoder layers (random weights, same vocabulary)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_config = AutoConfig.from_pretrained(tiny_dir)
+    model_config.num_hidden_layers = layers
+    model_config.layer_types = ["full_attention"] * layers
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(model_config, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("layers, buckets", [(4, BUCKETS), (2, ((4, 32), (8, 16), (2, 64)))])
+def test_what_compiles_does_not_grow_with_depth_or_buckets(parts, config, tiny_dir, layers,
+                                                           buckets):
+    # Issue 33 on the H100: compiling the whole forward traced all 28 layers into each
+    # graph and did not finish in 200 s.  One layer function, shared by every layer and
+    # shape, keeps both the number and the size of the compiled graphs fixed.
+    def compiled_graphs(model, shapes) -> list[int]:
+        nodes: list[int] = []
+        reranker = wrap((model, parts[1]), config, buckets=shapes, max_length=MAX_LENGTH)
+        assert qwen.compiled(reranker._static, backend=sized_backend(nodes))
+        return nodes
+
+    torch._dynamo.reset()  # graphs compiled by earlier tests are not counted here
+    base = compiled_graphs(parts[0], BUCKETS)
+    torch._dynamo.reset()
+    other = compiled_graphs(deeper(tiny_dir, layers) if layers != 2 else parts[0], buckets)
+    assert sorted(other) == sorted(base)
+    assert len(base) <= 4  # head and tail step, and a batch of one
+
+
+def slow_backend(seconds: float):
+    def backend(graph_module: torch.fx.GraphModule, example_inputs: list) -> object:
+        time.sleep(seconds)
+        return graph_module.forward
+
+    return backend
+
+
+def test_a_compile_past_its_budget_is_given_up_and_eager_keeps_serving(
+    parts, config, eager, caplog, monkeypatch, cuda_forbidden
+):
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": slow_backend(3)})
+    )
+    with caplog.at_level(logging.INFO, logger="memory.rerank.qwen"):
+        started = time.monotonic()
+        reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH,
+                        torch_compile=True, cuda_graphs=True, compile_budget=1.0)
+        loaded = time.monotonic() - started
+        eager_static = reranker._static
+        during = reranker.score(QUERY, DOCS)  # served while the compile runs
+        assert not reranker.wait_for_compile(60)
+        reranker._compile_thread.join(120)  # the late result comes, and is dropped
+        after = [reranker.score(q, DOCS) for q in QUERIES]
+    assert loaded < 3  # the load did not wait for the compile
+    assert caplog.text.count("did not finish within reranker.compile_budget = 1 s") == 1
+    assert "serve from now on" not in caplog.text
+    assert reranker._static is eager_static and not eager_static.compiled
+    assert_close(during, eager[QUERY], tol=0.0)
+    for query, got in zip(QUERIES, after, strict=True):
+        assert_close(got, eager[query], tol=0.0)
+
+
+def test_a_background_compile_swaps_in_compiled_steps_with_equal_scores(
+    parts, config, eager, caplog, monkeypatch, cuda_forbidden
+):
+    calls: list[str] = []
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile",
+        lambda fn, **kw: real_compile(fn, **{**kw, "backend": recording_backend(calls)}),
+    )
+    with caplog.at_level(logging.INFO, logger="memory.rerank.qwen"):
+        reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH,
+                        torch_compile=True, cuda_graphs=True)
+        eager_static = reranker._static
+        assert reranker.wait_for_compile(120), caplog.text
+    assert reranker._static is not eager_static and reranker._static.compiled
+    assert caplog.text.count("compiled static steps serve from now on") == 1
+    compiled_at_load = len(calls)
+    for query in QUERIES:
+        assert_close(reranker.score(query, DOCS), eager[query], tol=FP32_TOL)
+    assert len(calls) == compiled_at_load  # no search compiled

@@ -272,7 +272,7 @@ def test_heads_of_two_sizes_share_a_capacity_without_carry_over(parts, config, d
     assert_close(reranker.score(QUERY, ALL_DOCS), dynamic, tol=FP32_TOL)
     assert_close(reranker.score(longer, DOCS[:4]), expected, tol=FP32_TOL)
     assert list(reranker._static.heads) == [128]
-    assert sorted(reranker._static.heads[128].ids) == [96, 128]
+    assert sorted(size for _, size in reranker._static.heads[128].ids) == [96, 128]
 
 
 def test_head_longer_than_every_capacity_takes_dynamic_path(parts, config):

@@ -171,3 +171,75 @@ def test_bfloat16_together_within_issue_bar_of_bfloat16_eager(parts, config):
         expected = bf16.score(query, TEXTS[query])  # the dynamic bf16 path
         got = [found.get(i, expected[i]) for i in range(len(encoded.tails))]
         assert_close(got, expected, tol=1e-2)  # issue 33: within 0.01 of same-dtype eager
+
+
+# -- a group of 16 searches, as many servers search at once (issue 33, second round) -----
+
+CUDA_BUCKETS = load_profile_file(Path(__file__).parents[2] / "profiles" / "cuda.toml").reranker.buckets
+GROUP = 16
+THIRTY = [DOCS[i % len(DOCS)] + f" #{i}" for i in range(30)]  # 30 candidates, as the bench
+
+
+def group_queries() -> list[str]:
+    return [f"{QUERY} ({server})" for server in range(GROUP)]
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(parts, config):
+    """Each of the 16 searches scored alone on the static path, and the steps one ran."""
+    reranker = wrap(parts, config, buckets=CUDA_BUCKETS, bucket_run_cost=640)
+    scores = {q: reranker.score(q, THIRTY) for q in group_queries()}
+    stats = reranker._static.stats
+    return scores, (stats.head_steps + stats.tail_steps) / stats.searches
+
+
+def score_sixteen_at_once(reranker, call) -> tuple[dict[str, list[float]], list[BaseException]]:
+    """16 searches call ``call`` while a search is being scored (the lock held); then go."""
+    got: dict[str, list[float]] = {}
+    errors: list[BaseException] = []
+
+    def search(query: str) -> None:
+        try:
+            got[query] = call(query, THIRTY)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=search, args=(q,)) for q in group_queries()]
+    with reranker._lock:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 20
+        while len(reranker._waiting) < GROUP and time.monotonic() < deadline:
+            time.sleep(0.01)
+        queued = len(reranker._waiting)
+    for thread in threads:
+        thread.join(timeout=120)
+    assert queued == GROUP, f"{queued} of {GROUP} searches queued while one was scored"
+    return got, errors
+
+
+@pytest.mark.parametrize("through", ["reranker", "service"])
+def test_sixteen_searches_at_once_run_in_one_group_of_few_steps(
+    parts, config, one_at_a_time, through
+):
+    # Before: a search tokenized under the scoring lock, so the others could not even
+    # queue while one was scored, and the service called a local model from one worker;
+    # each head ran as a step of its own.  Now all 16 queue, and run as one head step
+    # and a few full tail steps, each score as alone.
+    from memory.rerank.service import RerankerService
+
+    reranker = wrap(parts, config, buckets=CUDA_BUCKETS, bucket_run_cost=640, concurrent=GROUP)
+    service = RerankerService(reranker.config, backend=reranker)
+    stats = reranker._static.stats  # closing the service drops the static path
+    call = reranker.score if through == "reranker" else service.score
+    try:
+        got, errors = score_sixteen_at_once(reranker, call)
+    finally:
+        service.close()
+    assert errors == []
+    alone, steps_alone = one_at_a_time
+    for query in group_queries():
+        assert_close(got[query], alone[query], tol=FP32_TOL)
+    assert (stats.groups, stats.searches, stats.head_steps) == (1, GROUP, 1)
+    assert stats.head_steps + stats.tail_steps <= GROUP * steps_alone / 4
+    assert stats.tail_rows / stats.tail_steps >= 4 * 30 / steps_alone  # fuller steps
