@@ -168,6 +168,56 @@ def merge_queries(per_query: Sequence[dict[int, Candidate]], config: SearchConfi
     return list(merged.values())
 
 
+# -- the second pass: beside the first hits ----------------------------------------------
+
+
+def neighbour_seeds(pool: Sequence[Candidate], count: int) -> list[int]:
+    """The ids of the ``count`` best fused candidates, best first (ties: lower id)."""
+    return [c.id for c in sorted(pool, key=lambda c: (-c.fused, c.id))[:count]]
+
+
+def neighbour_list(
+    seeds: Sequence[int], beside: Mapping[int, Sequence[int]]
+) -> list[tuple[int, float]]:
+    """The messages beside the seeds as one ranked list: each ranked by its best seed.
+
+    Args:
+        seeds: The seeds' ids, best first.
+        beside: Each seed's neighbours (the seed itself left out or not: it is
+            never listed as its own neighbour).
+
+    Returns:
+        ``(message id, -seed rank)`` pairs, best first: the neighbours of one seed
+        share its rank.
+    """
+    best: dict[int, int] = {}
+    for rank, seed in enumerate(seeds, start=1):
+        for mid in beside.get(seed, ()):
+            if mid != seed and mid not in best:
+                best[mid] = rank
+    return sorted(((mid, -float(rank)) for mid, rank in best.items()), key=lambda p: (-p[1], p[0]))
+
+
+def add_neighbours(
+    pool: list[Candidate], ranked: RankedList, config: SearchConfig
+) -> list[Candidate]:
+    """The pool with the neighbour list fused in (RRF, weight ``neighbour_weight``).
+
+    A neighbour already in the pool gains the list's share; one that is not joins
+    with that share alone (the threshold has run: it judged the first pass only).
+    """
+    by_id = {c.id: c for c in pool}
+    extra: dict[int, Candidate] = {}
+    add_list(extra, "neighbour", ranked, 0)
+    for mid, found in extra.items():
+        cand = by_id.get(mid)
+        if cand is None:
+            cand = by_id[mid] = Candidate(mid, queries=set())
+        cand.ranks["neighbour"] = found.ranks["neighbour"]
+        cand.fused += config.neighbour_weight / (config.rrf_k + found.ranks["neighbour"])
+    return list(by_id.values())
+
+
 # -- the similarity threshold ------------------------------------------------------------
 
 
