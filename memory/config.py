@@ -166,6 +166,9 @@ class RerankerConfig:
 
     ``blend`` mixes the normalised retrieval score with the reranker's:
     ``blend_weight`` is the reranker's share (0.6 by default; retrieval gets the rest).
+    ``keep_margin`` guards recall: a candidate from beyond retrieval's top ``limit``
+    enters the returned page only by beating the weakest of them by more than this
+    (in final score); 0 lets the reranker's order decide alone.
     """
 
     backend: str = field(
@@ -188,6 +191,7 @@ class RerankerConfig:
     blend: bool = False
     blend_weight: float = field(default=0.6, metadata=_range(0.0, 1.0))
     min_score: float = field(default=0.0, metadata=_range(0.0, 1.0))
+    keep_margin: float = field(default=0.2, metadata=_range(0.0, 1.0))
     url: str = ""
     endpoint: str = field(
         default="completion", metadata=_choice("completion", "chat", "rerank")

@@ -428,9 +428,10 @@ def _final_hits(
         trace.rerank_fallback = outcome.fallback
         return ranking.final_hits(scored)
     config = reranker.config
-    hits = ranking.final_hits(
-        scored, RerankScores(outcome.ranked, config.blend, config.min_score, config.blend_weight)
-    )
+    hits = ranking.final_hits(scored, RerankScores(
+        outcome.ranked, config.blend, config.min_score, config.blend_weight,
+        keep=limit, keep_margin=config.keep_margin,
+    ))
     trace.reranked = True
     trace.post_rerank = [h.id for h in hits if h.rerank_score is not None]
     return hits
