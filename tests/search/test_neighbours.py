@@ -1,6 +1,7 @@
 """The second retrieval pass: messages beside the first pass's best hits.
 
-Real temporary SQLite with sqlite-vec and the hashing embedder (texts that share no
+Real temporary SQLite with sqlite-vec (the privacy tests also on the real PostgreSQL)
+and the hashing embedder (texts that share no
 word are near-orthogonal), so the answer beside a hit is found by neither its own
 words nor its own vector: only by where it sits.  The window lists are off in these
 engines so that nothing but the second pass can bring it in.
@@ -98,11 +99,12 @@ def test_only_hybrid_searches_look_beside_their_hits(
 
 
 @pytest.fixture
-def interleaved(make_engine: MakeEngine, make_record: MakeRecord
+def interleaved(make_engine: MakeEngine, make_record: MakeRecord, db_location: str
                 ) -> tuple[MemoryEngine, dict[str, MessageRecord]]:
     """One scene in the readable channel, with a thread and a private channel whose
-    messages are written at the same minutes (beside the hit in time, not in place)."""
-    engine = make_engine(neighbour_seeds=5, neighbour_span=3,
+    messages are written at the same minutes (beside the hit in time, not in place);
+    on each storage engine (SQLite and PostgreSQL)."""
+    engine = make_engine(db_location, neighbour_seeds=5, neighbour_span=3,
                          **{**NO_WINDOWS, "neighbour_weight": 0.5})
     scene = _scene(make_record)
     at = scene["hit"].created_at
@@ -153,9 +155,9 @@ def test_with_the_private_channel_allowed_its_neighbours_come_too(
     ],
 )
 def test_the_second_pass_honours_the_search_filters(
-    make_engine: MakeEngine, make_record: MakeRecord, options: dict
+    make_engine: MakeEngine, make_record: MakeRecord, db_location: str, options: dict
 ) -> None:
-    engine = make_engine(neighbour_seeds=3, **NO_WINDOWS)
+    engine = make_engine(db_location, neighbour_seeds=3, **NO_WINDOWS)
     scene = _scene(make_record)
     answer = scene["answer"]
     if "has_attachment" in options:
