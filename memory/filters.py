@@ -7,6 +7,10 @@ Engine-neutral: each storage engine turns them into its own query conditions (SQ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memory.records import StoredMessage
 
 
 @dataclass(frozen=True)
@@ -29,3 +33,18 @@ class Filters:
         for name in ("channel_ids", "author_ids"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def admits(self, message: StoredMessage) -> bool:
+        """Whether a stored message lies where these filters let a search look.
+
+        For candidates a search reaches by another way than the storage's filtered
+        queries (the messages beside a hit): the same rules, checked on the row.
+        """
+        return (
+            (self.guild_id is None or message.guild_id == self.guild_id)
+            and (self.channel_ids is None or message.channel_id in self.channel_ids)
+            and (self.author_ids is None or message.author_id in self.author_ids)
+            and (self.after_ms is None or message.created_at > self.after_ms)
+            and (self.before_ms is None or message.created_at < self.before_ms)
+            and (self.has_attachment is None or bool(message.attachments) == self.has_attachment)
+        )

@@ -200,7 +200,10 @@ class RerankerConfig:
     ``timeout`` of one search's call, and ``blend``, which mixes the normalised
     retrieval score with the reranker's (``blend_weight`` is the reranker's share,
     0.6 by default; retrieval gets the rest); reranked hits whose final score
-    is below ``min_score`` are dropped.
+    is below ``min_score`` are dropped.  ``keep_margin`` guards recall: a candidate
+    from beyond retrieval's top ``limit`` enters the returned page only by beating
+    the weakest of them by more than this (in final score); 0 lets the reranker's
+    order decide alone.
 
     The profile file keeps one flat ``[reranker]`` table: :meth:`from_table` gives
     each key to every backend that reads it, and :meth:`table` writes it back.
@@ -213,6 +216,7 @@ class RerankerConfig:
     blend: bool = False
     blend_weight: float = field(default=0.6, metadata=bounds(0.0, 1.0))
     min_score: float = field(default=0.0, metadata=bounds(0.0, 1.0))
+    keep_margin: float = field(default=0.2, metadata=bounds(0.0, 1.0))
     qwen: QwenConfig = QwenConfig()
     llama_server: LlamaServerConfig = LlamaServerConfig()
     cross_encoder: CrossEncoderConfig = CrossEncoderConfig()

@@ -50,6 +50,11 @@ class SearchConfig:
     grows in proportion to the guild (twice the vectors, twice the candidates), so
     a guild of 1M is searched as closely as one of ``rescore_step``; 0 keeps it
     fixed.  A guild of at most 4,096 vectors is searched exactly whatever they say.
+
+    A second pass looks beside the first one's hits: the ``neighbour_span``
+    messages before and after each of the ``neighbour_seeds`` best fused candidates
+    in its channel join the candidates as one more RRF list (weight
+    ``neighbour_weight``, ranked by their seed's rank); 0 seeds turns it off.
     """
 
     oversample: int = field(default=5, metadata=bounds(1, 100))
@@ -71,6 +76,9 @@ class SearchConfig:
     recency_decay_days: float = field(default=30.0, metadata=bounds(0.001, None))
     time_weight: float = field(default=1.0, metadata=bounds(0.0, 10.0))
     multi_query_bonus: float = field(default=0.1, metadata=bounds(0.0, 10.0))
+    neighbour_seeds: int = field(default=0, metadata=bounds(0, 100))
+    neighbour_span: int = field(default=1, metadata=bounds(1, 10))
+    neighbour_weight: float = field(default=0.5, metadata=bounds(0.0, 10.0))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ reads the inputs (ranked lists, message rows, the reranker's scores) and calls:
 6. :func:`order`: fused + bonus, best first.
 7. :func:`final_hits`: the reranked head first (its reranker score, or a blend of
    0.4 × the normalised retrieval score and 0.6 × the reranker's), then the rest;
-   ``min_score`` drops weak reranked hits.  The only place a
+   ``min_score`` drops weak reranked hits; retrieval's top ``limit`` hold the
+   returned page unless a candidate from further down beats the weakest of them
+   by ``keep_margin``.  The only place a
    :class:`~memory.records.Hit`'s ``score`` is set.
 """
 
@@ -166,6 +168,56 @@ def merge_queries(per_query: Sequence[dict[int, Candidate]], config: SearchConfi
     for cand in merged.values():
         cand.fused *= 1.0 + config.multi_query_bonus * (len(cand.queries) - 1)
     return list(merged.values())
+
+
+# -- the second pass: beside the first hits ----------------------------------------------
+
+
+def neighbour_seeds(pool: Sequence[Candidate], count: int) -> list[int]:
+    """The ids of the ``count`` best fused candidates, best first (ties: lower id)."""
+    return [c.id for c in sorted(pool, key=lambda c: (-c.fused, c.id))[:count]]
+
+
+def neighbour_list(
+    seeds: Sequence[int], beside: Mapping[int, Sequence[int]]
+) -> list[tuple[int, float]]:
+    """The messages beside the seeds as one ranked list: each ranked by its best seed.
+
+    Args:
+        seeds: The seeds' ids, best first.
+        beside: Each seed's neighbours (the seed itself left out or not: it is
+            never listed as its own neighbour).
+
+    Returns:
+        ``(message id, -seed rank)`` pairs, best first: the neighbours of one seed
+        share its rank.
+    """
+    best: dict[int, int] = {}
+    for rank, seed in enumerate(seeds, start=1):
+        for mid in beside.get(seed, ()):
+            if mid != seed and mid not in best:
+                best[mid] = rank
+    return sorted(((mid, -float(rank)) for mid, rank in best.items()), key=lambda p: (-p[1], p[0]))
+
+
+def add_neighbours(
+    pool: list[Candidate], ranked: RankedList, config: SearchConfig
+) -> list[Candidate]:
+    """The pool with the neighbour list fused in (RRF, weight ``neighbour_weight``).
+
+    A neighbour already in the pool gains the list's share; one that is not joins
+    with that share alone (the threshold has run: it judged the first pass only).
+    """
+    by_id = {c.id: c for c in pool}
+    extra: dict[int, Candidate] = {}
+    add_list(extra, "neighbour", ranked, 0)
+    for mid, found in extra.items():
+        cand = by_id.get(mid)
+        if cand is None:
+            cand = by_id[mid] = Candidate(mid, queries=set())
+        cand.ranks["neighbour"] = found.ranks["neighbour"]
+        cand.fused += config.neighbour_weight / (config.rrf_k + found.ranks["neighbour"])
+    return list(by_id.values())
 
 
 # -- the similarity threshold ------------------------------------------------------------
@@ -401,12 +453,19 @@ class RerankScores:
         min_score: Reranked hits below this final score are dropped (0: none), and
             then the candidates after the head are dropped too.
         blend_weight: The reranker's share of a blend (retrieval gets the rest).
+        keep: How many of retrieval's best the search returns (its limit); 0: the
+            head is simply sorted by final score.
+        keep_margin: With ``keep``, a candidate from beyond retrieval's top ``keep``
+            takes the place of the weakest of them only when its final score is
+            higher by more than this (see :func:`final_hits`).
     """
 
     ranked: Sequence[Ranked]
     blend: bool = False
     min_score: float = 0.0
     blend_weight: float = BLEND_RERANK
+    keep: int = 0
+    keep_margin: float = 0.0
 
 
 def final_hits(scored: Sequence[Scored], rerank: RerankScores | None = None) -> list[Hit]:
@@ -417,6 +476,14 @@ def final_hits(scored: Sequence[Scored], rerank: RerankScores | None = None) -> 
     ``(1 - w) × normalised retrieval + w × reranker`` with ``blend``, ``w`` the
     ``blend_weight``, 0.6 by default), then the rest in retrieval order with their
     retrieval scores.
+
+    Which candidates make the first ``rerank.keep`` places (the page a search
+    returns) is guarded: retrieval's own top ``keep`` hold them, and a candidate
+    from further down the head takes the place of the weakest of them (by final
+    score) only while it beats it by more than ``keep_margin``.  A small margin
+    lets a clear find in; a reranker unsure between two candidates cannot push a
+    retrieval hit off the page, so recall at ``keep`` is not traded for order.
+    Within the page, and after it, the order is the final score's.
 
     Args:
         scored: The candidates from :func:`order`, best first.
@@ -462,12 +529,44 @@ def _reranked(scored: Sequence[Scored], rerank: RerankScores) -> list[_Placed]:
         ]
     else:
         finals = [value for _, value in head]
-    placed: list[_Placed] = [(item, value, final) for (item, value), final in zip(head, finals)]
+    # each with whether retrieval had it in its top ``keep`` (the page's guards)
+    entries: list[tuple[_Placed, bool]] = [
+        ((item, value, final), r.item < rerank.keep)
+        for r, (item, value), final in zip(rerank.ranked, head, finals)
+    ]
     if rerank.blend:
-        placed.sort(key=lambda p: -p[2])  # stable: equal blends keep the reranker's order
+        entries.sort(key=lambda e: -e[0][2])  # stable: equal blends keep the reranker's order
+    placed = [p for p, _ in entries]
+    if rerank.keep:
+        placed = _guard_page(placed, [k for _, k in entries], rerank.keep, rerank.keep_margin)
     if rerank.min_score:
         return [p for p in placed if p[2] >= rerank.min_score]
     return placed + _retrieval_order(scored[len(head):])
+
+
+def _guard_page(placed: list[_Placed], kept: list[bool], keep: int,
+                margin: float) -> list[_Placed]:
+    """``placed`` (best final score first) with retrieval's top ``keep`` guarding the page.
+
+    ``kept[i]`` says whether ``placed[i]`` was in retrieval's top ``keep``.  The
+    newcomers, best first, each replace the weakest guard while they beat it by more
+    than ``margin``; the page and the rest each stay in final-score order.
+    """
+    guards = [i for i, k in enumerate(kept) if k]
+    newcomers = [i for i, k in enumerate(kept) if not k]
+    page = guards[:keep]
+    for i in newcomers:
+        if len(page) < keep:
+            page.append(i)
+            continue
+        weakest = max(page)  # ``placed`` is best first: the highest index is the weakest
+        if placed[i][2] <= placed[weakest][2] + margin:
+            break
+        page.remove(weakest)
+        page.append(i)
+    chosen = set(page)
+    return ([placed[i] for i in sorted(chosen)]
+            + [p for i, p in enumerate(placed) if i not in chosen])
 
 
 def _normaliser(values: list[float]) -> Callable[[float], float]:

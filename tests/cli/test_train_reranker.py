@@ -67,7 +67,8 @@ def test_trains_a_cross_encoder_folder_a_profile_loads_and_scores_with(
     assert len(config["id2label"]) == 1  # one relevance logit
     profile = load_profile(str(folder / "profile.toml"))
     assert (profile.reranker.backend, profile.reranker.cross_encoder.model) == ("cross-encoder", str(folder))
-    assert (profile.reranker.blend, profile.reranker.blend_weight) == (True, 0.6)
+    assert (profile.reranker.blend, profile.reranker.blend_weight) == (True, 0.7)
+    assert (profile.reranker.oversample, profile.reranker.keep_margin) == (2, 0.2)
     scores = scores_with_profile(folder)
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
     assert "not allow redistributing" in err

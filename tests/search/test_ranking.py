@@ -380,3 +380,54 @@ def test_a_large_guild_looks_wider(vectors: int, rescore: int) -> None:
     assert ranking.rescore_for(vectors, CONFIG) == rescore
     assert ranking.rescore_for(vectors, replace(CONFIG, rescore_step=0)) == CONFIG.rescore
     assert ranking.rescore_for(vectors, replace(CONFIG, rescore=32)) == max(32, rescore * 8)
+
+
+# -- the page guard: the reranker cannot trade retrieval's top `keep` for order -----------------
+
+
+def _guarded(reranker: list[float], keep: int, margin: float, *, blend: bool = False
+             ) -> list[int]:
+    items = scored([1.0 - 0.1 * i for i in range(len(reranker))])
+    ranked = sorted((Ranked(i, s) for i, s in enumerate(reranker)), key=lambda r: -r.score)
+    rerank = RerankScores(ranked, blend=blend, keep=keep, keep_margin=margin)
+    return [h.id for h in ranking.final_hits(items, rerank)]
+
+
+@pytest.mark.parametrize("reranker, keep, margin, page", [
+    # retrieval's top 2 are ids 0 and 1; id 3 is a newcomer
+    pytest.param([0.5, 0.4, 0.1, 0.55], 2, 0.2, [0, 1], id="unsure-newcomer-stays-out"),
+    pytest.param([0.5, 0.4, 0.1, 0.65], 2, 0.2, [3, 0], id="clear-newcomer-replaces-weakest"),
+    pytest.param([0.5, 0.4, 0.1, 0.6], 2, 0.2, [0, 1], id="equal-to-the-margin-stays-out"),
+    pytest.param([0.5, 0.4, 0.1, 0.55], 2, 0.0, [3, 0], id="no-margin-is-the-plain-order"),
+    pytest.param([0.1, 0.2, 0.9, 0.8], 2, 0.2, [2, 3], id="two-clear-newcomers"),
+    pytest.param([0.1, 0.2, 0.9, 0.35], 2, 0.2, [2, 1], id="second-newcomer-not-clear"),
+    pytest.param([0.3, 0.9, 0.1, 0.2], 2, 0.2, [1, 0], id="guards-reordered-freely"),
+    pytest.param([0.3, 0.9, 0.1, 0.2], 9, 0.2, [1, 0, 3, 2], id="keep-past-the-head"),
+    pytest.param([0.5, 0.5, 0.5, 0.5], 2, 0.0, [0, 1], id="all-equal"),
+])
+def test_a_newcomer_enters_the_page_only_by_a_clear_margin(reranker, keep, margin, page) -> None:
+    ids = _guarded(reranker, keep, margin)
+    assert ids[:len(page)] == page
+    assert sorted(ids) == list(range(len(reranker)))  # nothing lost, nothing doubled
+
+
+def test_a_guard_leaves_the_page_only_for_a_newcomer_clearly_above_it() -> None:
+    """Random reranker scores, blended: every guard (retrieval's top 5) missing from the
+    page was out-scored by more than the margin by a newcomer on it."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        items = scored([1.0 - 0.05 * i for i in range(12)])
+        ranked = sorted((Ranked(i, s) for i, s in enumerate(rng.random(12).round(2).tolist())),
+                        key=lambda r: -r.score)
+        hits = ranking.final_hits(items, RerankScores(ranked, blend=True, keep=5,
+                                                      keep_margin=0.2))
+        score = {h.id: h.score for h in hits}
+        page = [h.id for h in hits[:5]]
+        newcomers = [score[i] for i in page if i >= 5]
+        for lost in set(range(5)) - set(page):
+            assert any(s > score[lost] + 0.2 for s in newcomers)
+        assert [score[i] for i in page] == sorted((score[i] for i in page), reverse=True)
+
+
+def test_without_keep_the_head_is_simply_sorted() -> None:
+    assert _guarded([0.5, 0.4, 0.1, 0.55], 0, 0.9) == [3, 0, 1, 2]
