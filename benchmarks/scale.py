@@ -405,7 +405,8 @@ def _time_searches(engines: dict[str, MemoryEngine],
     modes.update({mode: RETRIEVAL_MODES["hybrid"] for mode in wider})
     latencies: dict[str, dict[str, list[float]]] = {name: {m: [] for m in modes} for name in engines}
     for engine in engines.values():
-        engine.search("warm up", guild_id=SCALE_GUILD)
+        # no timed search reranks: the warm-up must not load (or miss) the profile's reranker
+        engine.search("warm up", guild_id=SCALE_GUILD, rerank=False)
     configs = {name: engine.searcher.config for name, engine in engines.items()}
     order = list(modes.items())
     names = list(engines)

@@ -48,7 +48,7 @@ def open_storage(
             cannot write the database.
         erase_deleted: Remove deleted text from the database's files.  ``False`` only
             measures what that costs (``bench secure-delete``).  SQLite only: on
-            PostgreSQL, VACUUM decides (see the README's privacy section).
+            PostgreSQL, VACUUM decides (see docs/privacy.md, "On PostgreSQL").
 
     Raises:
         ExtensionLoadError: sqlite-vec cannot be loaded.

@@ -9,6 +9,7 @@ kept small (after the first, loading the model again takes a fraction of a secon
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BENCH_MINI = FIXTURES / "bench-mini"  # 3 files, 11 messages (1 system), 5 labelled queries
 MINI_GUILD = 930000000000000001
 PROFILE = ["--profile", "cpu-fast"]
+CPU_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu.toml"
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -553,6 +555,22 @@ def test_bench_search_scale_runs(tmp_path: Path, capsys: pytest.CaptureFixture) 
         assert 0 <= measured["exact_top10_overlap"] <= 1
     assert result["knn"]["16"]["exact_top10_overlap"] == 1.0
     assert result["knn"]["16"]["exact_top50_overlap"] == 1.0
+
+
+def test_bench_search_scale_never_loads_the_reranker_it_does_not_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 34.5: no timed search of search-scale reranks, yet its warm-up search loaded the
+    profile's reranker, and each engine said it was missing (twice with --postgres)."""
+    missing = tmp_path / "no-such-reranker"
+    profile = tmp_path / "missing-reranker.toml"
+    profile.write_text(CPU_PROFILE.read_text(encoding="utf-8").replace(
+        'model = "Qwen/Qwen3-Reranker-0.6B"', f'model = "{missing}"'), encoding="utf-8")
+    caplog.set_level(logging.WARNING)
+    code, _, err = run_cli(capsys, "--profile", profile, "bench", "search-scale",
+                           "--messages", "300", "--queries", "2", "--json", tmp_path / "out.json")
+    assert code == 0, err
+    assert [r.getMessage() for r in caplog.records if "rerank" in r.getMessage()] == []
 
 
 def test_demo_runs_on_a_temporary_database(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

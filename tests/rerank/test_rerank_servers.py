@@ -13,6 +13,8 @@ Each skips with the reason when its server is not installed.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,9 +32,10 @@ from memory.rerank.llama_server import RERANK_INSTRUCTION
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.rerank_api import RerankApiBackend
 from memory.rerank.service import RerankerService
-from tests.support.infinity import SERVED_NAME, infinity_server
+from tests.support.infinity import INFINITY_ROOT, SERVED_NAME, infinity_server
 from tests.support.infinity import missing_reason as infinity_missing
 from tests.support.rerank import falling, rerank_texts
+from tests.support.servers import free_port, serving
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +50,7 @@ DOCS = [
     "ok",
     "remember to bring snacks to the meetup next week",
 ]
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "infinity.sh"
 MAX_DIFF = 1e-3  # torch on both sides (Infinity)
 # llama.cpp's f32 kernels against torch's: up to 0.0045 on /v1/rerank over 600 pairs
 # (BENCHMARKS.md, "Agreement — bench remote"); the backend itself adds nothing to it.
@@ -170,3 +174,28 @@ def test_infinity_through_the_service_reranks_and_splits(infinity, tiny_cross_en
     assert sorted(h.id for h in ranked) == list(range(1, len(DOCS) + 1))
     assert service.backend.requests_sent == 3
     service.close()
+
+
+@pytest.mark.infinity
+def test_the_script_serves_a_model_without_leaving_a_cache_where_it_starts(
+    tiny_cross_encoder: Path, tmp_path: Path,
+) -> None:
+    """Issue 34.5: ``infinity_emb`` writes ``.infinity_cache/`` into the folder it starts in
+    (the checkout, for a user following the docs); ``scripts/infinity.sh serve`` keeps it in
+    the install folder."""
+    if subprocess.run(["bash", str(SCRIPT), "--path"], capture_output=True).returncode != 0:
+        pytest.skip("Infinity is not installed: run `bash scripts/infinity.sh` (a few minutes)")
+    started_in = tmp_path / "checkout"
+    started_in.mkdir()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("INFINITY_HOME", "HF_HOME")}
+    args = ["bash", str(SCRIPT), "serve", str(tiny_cross_encoder), "--served-model-name", SERVED_NAME,
+            "--host", "127.0.0.1", "--port", str(port), "--engine", "torch", "--device", "cpu",
+            "--no-bettertransformer", "--no-model-warmup"]
+    with serving("infinity.sh serve", args, f"http://127.0.0.1:{port}", tmp_path / "infinity.log",
+                 startup_s=180.0, poll_s=0.5, stop_s=15, env=dict(env, HF_HUB_OFFLINE="1"),
+                 cwd=started_in) as url:
+        scores = api(url, "infinity", model=SERVED_NAME).score(QUERY, DOCS[:2])
+    assert len(scores) == 2
+    assert list(started_in.iterdir()) == []
+    assert (INFINITY_ROOT / ".infinity_cache").is_dir()

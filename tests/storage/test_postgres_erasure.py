@@ -1,11 +1,11 @@
-"""Forgotten text leaves a PostgreSQL server's files when the operator runs the README's steps.
+"""Forgotten text leaves a PostgreSQL server's files when the operator runs the documented steps.
 
 The bot deletes rows; their bytes stay in the table files until ``VACUUM FULL``
 rewrites them, and in the write-ahead log until its segments go.  A checkpoint
 lets old segments go, but by default PostgreSQL *recycles* them (renames them for
 reuse, contents and all), so the text stays under ``pg_wal/`` until overwritten.
-With ``wal_recycle = off`` they are deleted instead.  The test runs the README's
-commands, as written there, on the test session's real server, then reads every
+With ``wal_recycle = off`` they are deleted instead.  The test runs the commands of
+docs/privacy.md, as written there, on the test session's real server, then reads every
 file under its data directory (issue 30.6).
 """
 
@@ -26,7 +26,7 @@ from tests.support.postgres import PostgresServer, database_name
 
 pytestmark = pytest.mark.postgres
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PRIVACY_DOC = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
 SECRET = "the quokka smuggler hides under zanzibarwharf"
 NAME = "marmaladequeen"  # the forgotten member's name
 ONCE = "ALTER SYSTEM SET wal_recycle = off;\nSELECT pg_reload_conf();"
@@ -35,14 +35,14 @@ AFTER_A_FORGET = ("VACUUM FULL messages, search_text, message_postings, window_p
 
 
 def statements(block: str) -> list[str]:
-    """The SQL statements of a README block, as psql sends them (comments dropped)."""
+    """The SQL statements of a documented block, as psql sends them (comments dropped)."""
     text = " ".join(line.split("--")[0].strip() for line in block.splitlines())
     return [sql.strip() for sql in text.split(";") if sql.strip()]
 
 
-def readme_blocks() -> str:
-    """Every ```sql block of the README, joined."""
-    return "\n".join(re.findall(r"```sql\n(.*?)```", README.read_text(encoding="utf-8"), re.S))
+def documented_blocks() -> str:
+    """Every ```sql block of docs/privacy.md, joined."""
+    return "\n".join(re.findall(r"```sql\n(.*?)```", PRIVACY_DOC.read_text(encoding="utf-8"), re.S))
 
 
 def files_holding(folder: Path, database_oid: int, needles: set[bytes]) -> list[str]:
@@ -88,8 +88,8 @@ def settled(server: PostgresServer, timeout_s: float = 10.0) -> None:
     raise AssertionError("the server did not take wal_recycle = off in")
 
 
-def test_the_readme_names_the_steps_this_test_runs() -> None:
-    blocks = readme_blocks()
+def test_the_privacy_doc_names_the_steps_this_test_runs() -> None:
+    blocks = documented_blocks()
     assert ONCE in blocks and AFTER_A_FORGET in blocks
 
 
@@ -97,7 +97,7 @@ def test_forgotten_text_leaves_the_table_files_and_the_wal(
     server: PostgresServer, postgres_url: Callable[..., str]
 ) -> None:
     url = postgres_url()
-    with server.connect("postgres") as admin:  # the README's "once", done before any forget
+    with server.connect("postgres") as admin:  # the documented "once", done before any forget
         for sql in statements(ONCE):
             admin.execute(sql)
     settled(server)

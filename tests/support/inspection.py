@@ -86,8 +86,8 @@ class Inspector(Protocol):
         SQLite: the file and its write-ahead log as they are on disk, free pages and
         old frames included.  PostgreSQL: every row of every table the bot owns, as
         text — what any query, replica or dump could read; a deleted row's bytes stay
-        on the server's disk until VACUUM and later writes reclaim them (README,
-        Privacy), which no client can look at.
+        on the server's disk until VACUUM and later writes reclaim them (docs/privacy.md,
+        "On PostgreSQL"), which no client can look at.
         """
         ...
 

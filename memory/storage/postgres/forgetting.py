@@ -10,7 +10,7 @@ deleted) or waits for it (and finds the tombstones).
 Deleted text leaves what any query can read at once.  On disk, PostgreSQL keeps a
 deleted row's bytes until VACUUM reclaims the page and a later write reuses it, and
 in the write-ahead log until its segment is recycled (and in backups and replicas
-for as long as those keep them): the README's privacy section says what to run.
+for as long as those keep them): docs/privacy.md, "On PostgreSQL", says what to run.
 """
 
 from __future__ import annotations
