@@ -16,6 +16,7 @@ import numpy as np
 
 from memory.storage.postgres import PostgresStorage, keywords, vectors, windows
 from memory.storage.transfer import BOOLEANS, BY_NAME, Table
+from memory.storage.windows import WindowRow
 
 
 class PostgresEndpoint:
@@ -158,7 +159,7 @@ def _index_documents(conn: Any, rows: Sequence[tuple]) -> None:
         if row[0] not in places:
             continue
         channel, created, reply, guild, author, attachments = places[row[0]]
-        message = windows._Row(row[0], channel, created, "", "", row[2], attachments, reply,
+        message = WindowRow(row[0], channel, created, "", "", row[2], attachments, reply,
                                guild, author)
         changed.append(((row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6])), message))
-    windows._write_documents(conn, changed)
+    windows.write_documents(conn, changed)

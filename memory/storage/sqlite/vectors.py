@@ -243,44 +243,6 @@ def upgrade_float_table(conn: Any) -> None:
     conn.execute("DROP TABLE temp.vectors_copy")
 
 
-def write_window_vectors(conn: Any, windows: dict[int, list[int]]) -> None:
-    """Store the window vector of each message in ``windows`` (drop it where there is none).
-
-    Args:
-        conn: A connection inside the caller's write transaction.
-        windows: Each message's window members (message ids); a window vector is the
-            normalised mean of its embedded members' vectors, and a message with no
-            window here, or none of whose members has a vector yet, has none.
-    """
-    means = _window_means(conn, windows)
-    conn.execute(f"DELETE FROM window_vectors WHERE id {IN_IDS}", (id_list(windows),))
-    conn.executemany(
-        "INSERT INTO window_vectors(id, vector) VALUES (?, ?)",
-        [(mid, vector.astype(np.float16).tobytes()) for mid, vector in means.items()],
-    )
-
-
-def _window_means(conn: Any, windows: dict[int, list[int]]) -> dict[int, np.ndarray]:
-    if not table_columns(conn):  # no embedding model bound yet: no vectors
-        return {}
-
-    def query(sql: str, params: Sequence[Any]) -> list[tuple]:
-        return conn.execute(sql, params).fetchall()
-    floats = read_floats(query, {m for members in windows.values() for m in members},
-                         auxiliary=shadow_table_readable(query))
-    owners, rows = [], []
-    for mid, members in windows.items():
-        found = [floats[m] for m in members if m in floats]
-        if found:
-            owners.append(mid)
-            rows.append(np.sum(found, axis=0))
-    if not owners:
-        return {}
-    sums = np.stack(rows)
-    sums /= np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
-    return dict(zip(owners, sums))
-
-
 def read_window_vectors(query: Query, ids: Sequence[int]) -> dict[int, np.ndarray]:
     """The stored window vectors of those of ``ids`` that have one, as float32."""
     if not ids:
