@@ -29,7 +29,7 @@ Selected by a ``postgresql://`` URL (:func:`memory.storage.open_storage`); needs
 
 from __future__ import annotations
 
-from memory.storage.contract import StoreStats, vector_index_state
+from memory.storage.contract import StoreStats, store_stats
 from memory.storage.postgres.backlog import PostgresBacklog
 from memory.storage.postgres.database import PostgresDatabase
 from memory.storage.postgres.forgetting import PostgresForgetting
@@ -69,18 +69,7 @@ class PostgresStorage:
 
     def stats(self) -> StoreStats:
         """Counts and metadata for the ``stats`` command."""
-        model = self.meta.embedding_model()
-        return StoreStats(
-            **self.messages.table_counts(),
-            pending_embeddings=self.backlog.pending_count(),
-            set_aside_embeddings=self.backlog.set_aside_count(),
-            embedding_model=model[0] if model else None,
-            embedding_dim=model[1] if model else None,
-            active_profile=self.meta.active_profile,
-            schema_version=self.database.schema_version(),
-            path=self.database.location,
-            vector_index=vector_index_state(model is not None, self.vectors.damage()),
-        )
+        return store_stats(self, self.messages.table_counts())
 
     def close(self) -> None:
         """End the claim owners' sessions and close the pool."""

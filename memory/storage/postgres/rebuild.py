@@ -21,10 +21,11 @@ import numpy as np
 
 from memory.errors import DatabaseFileError
 from memory.records import PendingMessage
+from memory.storage.meta import BUILDING_KEY
 from memory.storage.postgres import vectors, windows
 from memory.storage.postgres.backlog import PostgresBacklog
 from memory.storage.postgres.database import PostgresDatabase, lock_guilds
-from memory.storage.postgres.meta import BUILDING_KEY, INDEX_KEY, PostgresMeta, set_value
+from memory.storage.postgres.meta import INDEX_KEY, PostgresMeta, set_value
 from memory.storage.postgres.migrations import MIGRATE_LOCK
 
 log = logging.getLogger(__name__)

@@ -22,10 +22,11 @@ import numpy as np
 
 from memory.errors import DatabaseFileError
 from memory.records import PendingMessage
+from memory.storage.meta import BUILDING_KEY as BUILDING
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.backlog import SQLiteBacklog
 from memory.storage.sqlite.database import SQLiteDatabase
-from memory.storage.sqlite.meta import BUILDING, SQLiteMeta, set_meta
+from memory.storage.sqlite.meta import SQLiteMeta, set_meta
 from memory.storage.sqlite.vectors import (
     NEXT,
     VECTOR_FIELDS,
