@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["Dialect"]
+__all__ = ["Dialect", "DialectNoun"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +61,24 @@ def _format_style(text: str) -> str:
     """``?`` markers as ``%s`` (psycopg's), a literal ``%`` doubled (shared SQL has no
     ``?`` other than markers)."""
     return text.replace("%", "%%").replace("?", "%s")
+
+
+class DialectNoun:
+    """A storage noun written once for both engines: its database and its dialect.
+
+    Args:
+        database: The engine's database (``read``, ``write``, ``location``, ``read_only``).
+        dialect: How the engine's SQL differs from the shared SQL.
+    """
+
+    def __init__(self, database: Any, dialect: Dialect) -> None:
+        self._db = database
+        self._dialect = dialect
+
+    def _read(self, sql: str, params: Any = ()) -> list[tuple]:
+        """Run shared SQL (``?`` markers) on the database and return its rows."""
+        return self._db.read(self._dialect.sql(sql), params)
+
+    def _execute(self, conn: Any, sql: str, params: Any = ()) -> Any:
+        """Run shared SQL on ``conn`` (inside the caller's write transaction)."""
+        return conn.execute(self._dialect.sql(sql), params)

@@ -25,7 +25,7 @@ from memory.errors import SettingsError
 from memory.retention import retention_now
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 from memory.storage.contract import BackfillCursor, ReconcileCursor
-from memory.storage.dialect import Dialect
+from memory.storage.dialect import Dialect, DialectNoun
 
 __all__ = ["DAY_MS", "SETTINGS_VERSION", "BaseGuilds", "settings_changed"]
 
@@ -52,17 +52,8 @@ def settings_changed(conn: Any, dialect: Dialect) -> None:
         "DO UPDATE SET value = CAST(CAST(meta.value AS BIGINT) + 1 AS TEXT)"), (SETTINGS_VERSION,))
 
 
-class BaseGuilds:
-    """The contract's ``Guilds`` over one engine's database (``read`` and ``write``).
-
-    Args:
-        database: The engine's database.
-        dialect: How its SQL differs from the shared SQL.
-    """
-
-    def __init__(self, database: Any, dialect: Dialect) -> None:
-        self._db = database
-        self._dialect = dialect
+class BaseGuilds(DialectNoun):
+    """The contract's ``Guilds`` over one engine's database (``read`` and ``write``)."""
 
     def lock(self, conn: Any, guild_id: int) -> None:
         """Inside a settings change, before it reads or writes: what keeps a concurrent
@@ -70,12 +61,6 @@ class BaseGuilds:
 
     def changed(self, conn: Any, guild_id: int) -> None:
         """Inside a settings change, once it is applied (by default nothing more)."""
-
-    def _read(self, sql: str, params: Any = ()) -> list[tuple]:
-        return self._db.read(self._dialect.sql(sql), params)
-
-    def _execute(self, conn: Any, sql: str, params: Any) -> Any:
-        return conn.execute(self._dialect.sql(sql), params)
 
     # -- settings -----------------------------------------------------------------------
 

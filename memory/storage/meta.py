@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from memory.errors import DatabaseFileError, EmbeddingModelChanged, EmbeddingModelMismatch
-from memory.storage.dialect import Dialect
+from memory.storage.dialect import Dialect, DialectNoun
 
 __all__ = ["BUILDING_KEY", "DIMENSION_KEY", "MODEL_KEY", "PROFILE_KEY", "BaseMeta", "set_meta"]
 
@@ -37,7 +37,7 @@ def set_meta(conn: Any, dialect: Dialect, key: str, value: str) -> None:
                              "ON CONFLICT (key) DO UPDATE SET value = excluded.value"), (key, value))
 
 
-class BaseMeta:
+class BaseMeta(DialectNoun):
     """The contract's ``Meta`` over one engine's database (``read``, ``write``, ``location``).
 
     Args:
@@ -46,8 +46,7 @@ class BaseMeta:
     """
 
     def __init__(self, database: Any, dialect: Dialect) -> None:
-        self._db = database
-        self._dialect = dialect
+        super().__init__(database, dialect)
         self.model: str | None = None
         """The embedding model this process writes and searches with (its engine sets
         it): see :meth:`model_changed`."""
@@ -68,7 +67,7 @@ class BaseMeta:
 
     def get(self, key: str) -> str | None:
         """Return a value from the ``meta`` table, or ``None`` when unset."""
-        rows = self._db.read(self._dialect.sql("SELECT value FROM meta WHERE key = ?"), (key,))
+        rows = self._read("SELECT value FROM meta WHERE key = ?", (key,))
         return rows[0][0] if rows else None
 
     def set(self, key: str, value: str) -> None:
@@ -94,8 +93,8 @@ class BaseMeta:
             DatabaseFileError: The stored dimension is not a positive whole number (the
                 file was edited or damaged); ``reembed`` rewrites it.
         """
-        rows = dict(self._db.read(self._dialect.sql(
-            "SELECT key, value FROM meta WHERE key IN (?, ?)"), (MODEL_KEY, DIMENSION_KEY)))
+        rows = dict(self._read("SELECT key, value FROM meta WHERE key IN (?, ?)",
+                               (MODEL_KEY, DIMENSION_KEY)))
         model, dim = rows.get(MODEL_KEY), rows.get(DIMENSION_KEY)
         if not (model and dim):
             return None

@@ -48,7 +48,8 @@ from memory.storage.dialect import Dialect
 from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAMES
 from memory.text import EMBED_CHARS, content_words
 
-__all__ = ["AFTER", "BEFORE", "GAP_MS", "WindowIndex", "WindowRow", "window_means"]
+__all__ = ["AFTER", "BEFORE", "GAP_MS", "WindowIndex", "WindowRow", "stored_window_vectors",
+           "window_means"]
 
 BEFORE = 2
 AFTER = 2
@@ -118,6 +119,15 @@ def window_means(
     sums = np.stack(rows)
     sums /= np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
     return dict(zip(owners, sums))
+
+
+def stored_window_vectors(rows: Sequence[tuple[int, Any]]) -> dict[int, np.ndarray]:
+    """``window_vectors`` rows ``(id, float16 bytes)`` as float32 vectors by id."""
+    if not rows:
+        return {}
+    # one conversion for all rows: per-row numpy calls cost more than the query
+    matrix = np.frombuffer(b"".join(bytes(row[1]) for row in rows), dtype=np.float16)
+    return dict(zip((row[0] for row in rows), matrix.reshape(len(rows), -1).astype(np.float32)))
 
 
 class WindowIndex:

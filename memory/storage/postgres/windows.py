@@ -11,7 +11,7 @@ one window from snapshots that miss each other's rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -55,23 +55,10 @@ class PostgresWindows(WindowIndex):
 
 WINDOWS = PostgresWindows()
 
+reindex = WINDOWS.reindex
+vectors_changed = WINDOWS.vectors_changed
+refresh_vectors = WINDOWS.refresh_vectors  # the shared algorithm's entry points, as functions
 
-def reindex(conn: Any, touched: Iterable[tuple[int, int]]) -> None:
-    """Rewrite the index rows of messages whose window includes a touched message
-    (:meth:`memory.storage.windows.WindowIndex.reindex`)."""
-    WINDOWS.reindex(conn, touched)
-
-
-def vectors_changed(conn: Any, ids: Sequence[int]) -> None:
-    """Recompute the window vectors of every window holding one of ``ids``
-    (:meth:`memory.storage.windows.WindowIndex.vectors_changed`)."""
-    WINDOWS.vectors_changed(conn, ids)
-
-
-def refresh_vectors(conn: Any, ids: Iterable[int]) -> None:
-    """Store the window vector of each of ``ids``, drop it where there is none
-    (:meth:`memory.storage.windows.WindowIndex.refresh_vectors`)."""
-    WINDOWS.refresh_vectors(conn, ids)
 
 
 def drop_rows(conn: Any, ids: Sequence[int]) -> None:

@@ -7,7 +7,7 @@ table's vectors; plus the migrations that first indexed older files.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -49,23 +49,10 @@ class SQLiteWindows(WindowIndex):
 
 WINDOWS = SQLiteWindows()
 
+reindex = WINDOWS.reindex
+vectors_changed = WINDOWS.vectors_changed
+refresh_vectors = WINDOWS.refresh_vectors  # the shared algorithm's entry points, as functions
 
-def reindex(conn: Any, touched: Iterable[tuple[int, int]]) -> None:
-    """Rewrite the index rows of messages whose window includes a touched message
-    (:meth:`memory.storage.windows.WindowIndex.reindex`)."""
-    WINDOWS.reindex(conn, touched)
-
-
-def vectors_changed(conn: Any, ids: Sequence[int]) -> None:
-    """Recompute the window vectors of every window holding one of ``ids``
-    (:meth:`memory.storage.windows.WindowIndex.vectors_changed`)."""
-    WINDOWS.vectors_changed(conn, ids)
-
-
-def refresh_vectors(conn: Any, ids: Iterable[int]) -> None:
-    """Store the window vector of each of ``ids``, drop it where there is none
-    (:meth:`memory.storage.windows.WindowIndex.refresh_vectors`)."""
-    WINDOWS.refresh_vectors(conn, ids)
 
 
 def index_all_window_vectors(conn: Any) -> None:
