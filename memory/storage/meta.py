@@ -22,7 +22,8 @@ from typing import Any
 from memory.errors import DatabaseFileError, EmbeddingModelChanged, EmbeddingModelMismatch
 from memory.storage.dialect import Dialect, DialectNoun
 
-__all__ = ["BUILDING_KEY", "DIMENSION_KEY", "MODEL_KEY", "PROFILE_KEY", "BaseMeta", "set_meta"]
+__all__ = ["BUILDING_KEY", "DIMENSION_KEY", "MODEL_KEY", "PROFILE_KEY", "BaseMeta", "forget_vector_facts",
+           "set_meta"]
 
 MODEL_KEY = "embedding_model"
 DIMENSION_KEY = "embedding_dim"
@@ -35,6 +36,13 @@ def set_meta(conn: Any, dialect: Dialect, key: str, value: str) -> None:
     """Store ``key`` = ``value`` inside the caller's transaction."""
     conn.execute(dialect.sql("INSERT INTO meta(key, value) VALUES (?, ?) "
                              "ON CONFLICT (key) DO UPDATE SET value = excluded.value"), (key, value))
+
+
+def forget_vector_facts(conn: Any, dialect: Dialect, *keys: str) -> None:
+    """Inside the caller's transaction, delete ``keys`` and every cached similarity floor
+    (they describe the vectors being replaced)."""
+    conn.execute(dialect.sql(f"DELETE FROM meta WHERE key IN ({', '.join('?' * len(keys))}) "
+                             "OR key LIKE 'similarity_floor:%'"), keys)
 
 
 class BaseMeta(DialectNoun):

@@ -13,7 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from memory.storage import meta
-from memory.storage.meta import BUILDING_KEY, DIMENSION_KEY, MODEL_KEY, BaseMeta
+from memory.storage.meta import (
+    BUILDING_KEY,
+    DIMENSION_KEY,
+    MODEL_KEY,
+    BaseMeta,
+    forget_vector_facts,
+)
 from memory.storage.postgres import vectors
 from memory.storage.postgres.connection import DIALECT
 from memory.storage.postgres.database import PostgresDatabase
@@ -49,8 +55,7 @@ class PostgresMeta(BaseMeta):
             conn.execute(f"DROP TABLE IF EXISTS {vectors.NEXT}")
             conn.execute("DELETE FROM window_vectors")
             conn.execute("UPDATE index_stats SET vectors = 0")
-            conn.execute("DELETE FROM meta WHERE key IN (%s, %s, %s) "
-                         "OR key LIKE 'similarity_floor:%%'", (MODEL_KEY, DIMENSION_KEY, BUILDING_KEY))
+            forget_vector_facts(conn, DIALECT, MODEL_KEY, DIMENSION_KEY, BUILDING_KEY)
             conn.execute("UPDATE messages SET embedded = false WHERE embedded")
             self.bind(conn, model_id, dimension)
         self.model = model_id

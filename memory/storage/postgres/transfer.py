@@ -125,14 +125,9 @@ class PostgresEndpoint:
 
 
 def _insert(table: Table, replace: bool) -> str:
-    """The INSERT of ``table``'s rows: keys already there kept, or overwritten."""
-    values = ", ".join("%s::int::boolean" if c in BOOLEANS else "%s" for c in table.columns)
-    head = f"INSERT INTO {table.name}({', '.join(table.columns)}) VALUES ({values})"
-    others = [c for c in table.columns if c not in table.key]
-    if not replace or not others:
-        return f"{head} ON CONFLICT DO NOTHING"
-    updates = ", ".join(f"{c} = excluded.{c}" for c in others)
-    return f"{head} ON CONFLICT ({', '.join(table.key)}) DO UPDATE SET {updates}"
+    """The INSERT of ``table``'s rows (:meth:`Table.insert_sql`; flags travel as 0/1)."""
+    return table.insert_sql(", ".join("%s::int::boolean" if c in BOOLEANS else "%s"
+                                      for c in table.columns), replace=replace)
 
 
 def _delete_vectors(conn: Any, ids: Sequence[int]) -> None:

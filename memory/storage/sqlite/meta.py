@@ -13,7 +13,13 @@ from typing import Any
 
 from memory.errors import DatabaseFileError
 from memory.storage import meta
-from memory.storage.meta import BUILDING_KEY, DIMENSION_KEY, MODEL_KEY, BaseMeta
+from memory.storage.meta import (
+    BUILDING_KEY,
+    DIMENSION_KEY,
+    MODEL_KEY,
+    BaseMeta,
+    forget_vector_facts,
+)
 from memory.storage.sqlite.connection import DIALECT
 from memory.storage.sqlite.database import SQLiteDatabase
 from memory.storage.sqlite.vectors import Vec0Table
@@ -43,8 +49,7 @@ class SQLiteMeta(BaseMeta):
         with self._db.write() as conn:
             self._table.drop(conn)
             # the cached similarity floors describe the old model's vectors
-            conn.execute("DELETE FROM meta WHERE key IN (?, ?, ?) OR key LIKE 'similarity_floor:%'",
-                         (MODEL_KEY, DIMENSION_KEY, BUILDING_KEY))
+            forget_vector_facts(conn, DIALECT, MODEL_KEY, DIMENSION_KEY, BUILDING_KEY)
             conn.execute("UPDATE messages SET embedded = 0")
             self.bind(conn, model_id, dimension)
         self.model = model_id  # from now on, a reembed by another process is noticed
