@@ -22,14 +22,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from memory.errors import SettingsError
-from memory.retention import retention_now
+from memory.retention import DAY_MS, retention_now
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 from memory.storage.contract import BackfillCursor, ReconcileCursor
 from memory.storage.dialect import Dialect, DialectNoun
 
-__all__ = ["DAY_MS", "SETTINGS_VERSION", "BaseGuilds", "settings_changed"]
+__all__ = ["SETTINGS_VERSION", "BaseGuilds", "settings_changed"]
 
-DAY_MS = 86_400_000
 SETTINGS_VERSION = "settings_version"  # meta: moved by every settings or opt-out change
 
 _LISTS = {

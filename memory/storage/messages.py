@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.records import MessageRecord, StoredMessage
+from memory.retention import DAY_MS
 from memory.storage.contract import GuildStats, UpsertStats
 from memory.storage.dialect import Dialect, DialectNoun
-from memory.storage.guilds import DAY_MS
 from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAME
 
 __all__ = [

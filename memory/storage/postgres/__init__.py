@@ -16,12 +16,17 @@ FTS5's own words for the keywords, any number of processes on one database.
                     with their process, ``write_vectors``
 ``meta``            the embedding model binding, the vector table's life
 ``rebuild``         ``reembed``: a new vector table built beside the live one, swapped in
-``keywords``        FTS5's tokenizer, keyword postings, BM25 in SQL
+``keywords``        keyword postings over FTS5's words (:mod:`memory.storage.tokens`),
+                    BM25 in SQL
 ``vectors``         pgvector HNSW with iterative scans, window vectors, the
                     similarity floor
 ``windows``         the conversational windows both keyword fields share
 ``filters``         a search's filters as SQL conditions
 ==================  ===========================================================
+
+What both engines do alike is written once in :mod:`memory.storage` (over the
+:mod:`~memory.storage.dialect` seam); the modules here hold PostgreSQL's own SQL,
+locks and types.  Nothing here imports :mod:`memory.storage.sqlite`.
 
 Selected by a ``postgresql://`` URL (:func:`memory.storage.open_storage`); needs the
 ``[postgres]`` extra and a server with pgvector 0.8 or newer.

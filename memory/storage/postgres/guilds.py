@@ -11,18 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from memory.storage import guilds
 from memory.storage.guilds import BaseGuilds
 from memory.storage.postgres.connection import DIALECT
 from memory.storage.postgres.database import PostgresDatabase, lock_guilds
 
-__all__ = ["PostgresGuilds", "settings_changed"]
-
-
-def settings_changed(conn: Any) -> None:
-    """Move the database's settings version inside the caller's transaction (run it last:
-    :func:`memory.storage.guilds.settings_changed`)."""
-    guilds.settings_changed(conn, DIALECT)
+__all__ = ["PostgresGuilds"]
 
 
 class PostgresGuilds(BaseGuilds):

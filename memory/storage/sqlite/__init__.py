@@ -18,9 +18,14 @@
 ``rebuild``         ``reembed``: a new vector table built beside the live one, swapped in
 ``keywords``        the FTS5 indexes (``ranked``, ``term_counts``)
 ``vectors``         vec0: the 1-bit KNN, window vectors, the similarity floor
-``windows``         the conversational windows both indexes share
+``windows``         the shared window algorithm over FTS5 triggers and vec0
 ``filters``         a search's filters as SQL conditions
 ==================  ===========================================================
+
+What both engines do alike is written once in :mod:`memory.storage` (``windows``,
+``guilds``, ``meta``, ``messages``, ``backlog``, ``forgetting``, ``rebuild``,
+``filters``, ``similarity``, over the :mod:`~memory.storage.dialect` seam); the
+modules here subclass it with SQLite's own SQL.
 
 Nouns call each other inside one transaction through package-internal methods that
 take the open connection (an upsert forgets an opted-out member's edited message and

@@ -5,20 +5,11 @@ the opt-outs an upsert reads inside its transaction.
 
 from __future__ import annotations
 
-from typing import Any
-
-from memory.storage import guilds
 from memory.storage.guilds import BaseGuilds
 from memory.storage.sqlite.connection import DIALECT
 from memory.storage.sqlite.database import SQLiteDatabase
 
-__all__ = ["SQLiteGuilds", "settings_changed"]
-
-
-def settings_changed(conn: Any) -> None:
-    """Move the database's settings version inside the caller's (write) transaction
-    (:func:`memory.storage.guilds.settings_changed`)."""
-    guilds.settings_changed(conn, DIALECT)
+__all__ = ["SQLiteGuilds"]
 
 
 class SQLiteGuilds(BaseGuilds):
