@@ -144,6 +144,32 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
+def _imported_names(path: Path) -> set[str]:
+    """Every dotted name ``path`` imports, wherever the import stands (a function body,
+    ``if TYPE_CHECKING:``): ``from a.b import c`` gives ``a.b`` and ``a.b.c``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return names
+
+
+@pytest.mark.parametrize("engine, other", [("sqlite", "postgres"), ("postgres", "sqlite")])
+def test_neither_storage_engine_imports_the_other(engine: str, other: str) -> None:
+    """What both storage engines need lives once in memory/storage/ (house style 27);
+    memory/storage/<engine>/ holds only that engine's own code and never reaches into
+    the other engine's package."""
+    offenders = sorted(
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in (ROOT / "memory" / "storage" / engine).glob("**/*.py")
+        for name in _imported_names(path)
+        if name == f"memory.storage.{other}" or name.startswith(f"memory.storage.{other}.")
+    )
+    assert offenders == []
+
+
 @pytest.mark.parametrize("package", ["memory", "cogs"])
 def test_nothing_above_storage_writes_sql(package: str) -> None:
     """SQL lives in memory/storage/ (each engine's own package), nowhere else in the bot."""

@@ -7,6 +7,14 @@ one SQLite file, :mod:`memory.storage.postgres` on a PostgreSQL server with pgve
 :func:`open_storage` picks the engine from the location (a path, or a
 ``postgresql://`` URL).  Nothing
 above this package writes SQL.
+
+What both engines need is written once here, engine-neutral, over a small seam
+(:mod:`.dialect`: the parameter marker, "one of these ids"): :mod:`.windows` (the
+conversational windows), :mod:`.guilds`, :mod:`.meta`, :mod:`.messages` (every read,
+what an upsert may store), :mod:`.backlog`, :mod:`.forgetting`, :mod:`.rebuild`,
+:mod:`.filters`, :mod:`.similarity`, :mod:`.tokens` (FTS5's words), :mod:`.migrations`;
+each engine package subclasses them with only the SQL that really differs, and
+neither engine imports the other.
 """
 
 from __future__ import annotations

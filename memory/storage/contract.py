@@ -53,7 +53,7 @@ from memory.settings import GuildSettings
 __all__ = [
     "EXACT_KNN_MAX", "BackfillCursor", "Backlog", "Database", "Forgetting", "GuildStats", "Guilds",
     "KeywordIndex", "Messages", "Meta", "ReconcileCursor", "Storage", "StoreStats",
-    "UpsertStats", "VectorIndex",
+    "UpsertStats", "VectorIndex", "store_stats",
 ]
 
 
@@ -792,3 +792,25 @@ class Storage(Protocol):
     def close(self) -> None:
         """Close the database."""
         ...
+
+
+def store_stats(storage: Storage, table_counts: Mapping[str, int]) -> StoreStats:
+    """What the ``stats`` command shows of ``storage``, the same way on every engine.
+
+    Args:
+        storage: The database.
+        table_counts: How many guilds, channels, authors and messages it holds
+            (the engine's ``messages.table_counts()``).
+    """
+    model = storage.meta.embedding_model()
+    return StoreStats(
+        **table_counts,
+        pending_embeddings=storage.backlog.pending_count(),
+        set_aside_embeddings=storage.backlog.set_aside_count(),
+        embedding_model=model[0] if model else None,
+        embedding_dim=model[1] if model else None,
+        active_profile=storage.meta.active_profile,
+        schema_version=storage.database.schema_version(),
+        path=storage.database.location,
+        vector_index=vector_index_state(model is not None, storage.vectors.damage()),
+    )

@@ -44,6 +44,21 @@ class Table:
     key: tuple[str, ...]
     columns: tuple[str, ...]
 
+    def insert_sql(self, values: str, *, replace: bool) -> str:
+        """The INSERT of this table's rows: keys already there kept, or with ``replace``
+        overwritten (an UPDATE, so that SQLite's ``search_text`` trigger re-indexes the row).
+
+        Args:
+            values: The engine's ``VALUES`` list, one marker per column.
+            replace: Overwrite a row whose key is there already.
+        """
+        head = f"INSERT INTO {self.name}({', '.join(self.columns)}) VALUES ({values})"
+        others = [c for c in self.columns if c not in self.key]
+        if not replace or not others:
+            return f"{head} ON CONFLICT DO NOTHING"
+        updates = ", ".join(f"{c} = excluded.{c}" for c in others)
+        return f"{head} ON CONFLICT ({', '.join(self.key)}) DO UPDATE SET {updates}"
+
 
 TABLES: tuple[Table, ...] = (
     Table("meta", ("key",), ("key", "value")),

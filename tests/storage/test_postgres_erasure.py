@@ -20,7 +20,7 @@ import pytest
 
 from memory.records import MessageRecord
 from memory.storage.postgres import PostgresStorage
-from memory.storage.postgres.keywords import tokenizer
+from memory.storage.tokens import tokenizer
 from tests.support.builders import BASE_MS, CHANNEL, GUILD, snowflake
 from tests.support.postgres import PostgresServer, database_name
 

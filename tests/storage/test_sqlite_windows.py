@@ -13,7 +13,7 @@ from memory.records import MessageRecord
 from memory.storage import open_storage
 from memory.storage.sqlite.connection import connect
 from memory.storage.sqlite.migrations import MIGRATIONS, statements
-from memory.storage.sqlite.windows import GAP_MS
+from memory.storage.windows import GAP_MS
 from tests.storage.test_windows import LINES, assert_window_vectors_fresh, conversation
 from tests.support.builders import CHANNEL, GUILD
 from tests.support.inspection import SQLiteInspector

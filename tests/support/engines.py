@@ -78,7 +78,7 @@ def holds_text(storage: Storage, text: str) -> bool:
     """Whether the database holds ``text``, or a word the keyword index makes of it (an
     FTS5 stem), anywhere :meth:`Inspector.contents` looks: SQLite's file and WAL bytes,
     PostgreSQL's rows."""
-    from memory.storage.postgres.keywords import tokenizer
+    from memory.storage.tokens import tokenizer
 
     contents = inspect(storage).contents()
     needles = {text, *(word for word in tokenizer().words(text) if len(word) >= 6)}

@@ -16,12 +16,17 @@ FTS5's own words for the keywords, any number of processes on one database.
                     with their process, ``write_vectors``
 ``meta``            the embedding model binding, the vector table's life
 ``rebuild``         ``reembed``: a new vector table built beside the live one, swapped in
-``keywords``        FTS5's tokenizer, keyword postings, BM25 in SQL
+``keywords``        keyword postings over FTS5's words (:mod:`memory.storage.tokens`),
+                    BM25 in SQL
 ``vectors``         pgvector HNSW with iterative scans, window vectors, the
                     similarity floor
 ``windows``         the conversational windows both keyword fields share
 ``filters``         a search's filters as SQL conditions
 ==================  ===========================================================
+
+What both engines do alike is written once in :mod:`memory.storage` (over the
+:mod:`~memory.storage.dialect` seam); the modules here hold PostgreSQL's own SQL,
+locks and types.  Nothing here imports :mod:`memory.storage.sqlite`.
 
 Selected by a ``postgresql://`` URL (:func:`memory.storage.open_storage`); needs the
 ``[postgres]`` extra and a server with pgvector 0.8 or newer.
@@ -29,7 +34,7 @@ Selected by a ``postgresql://`` URL (:func:`memory.storage.open_storage`); needs
 
 from __future__ import annotations
 
-from memory.storage.contract import StoreStats, vector_index_state
+from memory.storage.contract import StoreStats, store_stats
 from memory.storage.postgres.backlog import PostgresBacklog
 from memory.storage.postgres.database import PostgresDatabase
 from memory.storage.postgres.forgetting import PostgresForgetting
@@ -69,18 +74,7 @@ class PostgresStorage:
 
     def stats(self) -> StoreStats:
         """Counts and metadata for the ``stats`` command."""
-        model = self.meta.embedding_model()
-        return StoreStats(
-            **self.messages.table_counts(),
-            pending_embeddings=self.backlog.pending_count(),
-            set_aside_embeddings=self.backlog.set_aside_count(),
-            embedding_model=model[0] if model else None,
-            embedding_dim=model[1] if model else None,
-            active_profile=self.meta.active_profile,
-            schema_version=self.database.schema_version(),
-            path=self.database.location,
-            vector_index=vector_index_state(model is not None, self.vectors.damage()),
-        )
+        return store_stats(self, self.messages.table_counts())
 
     def close(self) -> None:
         """End the claim owners' sessions and close the pool."""

@@ -24,22 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from memory.records import PendingMessage, SetAside
-from memory.storage.pending import pending_message, still_current
+from memory.records import PendingMessage
+from memory.storage.backlog import KEPT, BaseBacklog
+from memory.storage.pending import still_current
 from memory.storage.postgres import connection, vectors
+from memory.storage.postgres.connection import DIALECT
 from memory.storage.postgres.database import PostgresDatabase, lock_guilds, now_ms
-from memory.storage.postgres.messages import AUTHOR_JOIN, AUTHOR_NAME, message_fields
-from memory.text import EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
 # what an embedder reads of a message: a few thousand characters at most, whatever it
 # holds (memory.text.EMBED_CHARS), so one huge message cannot fill the memory
-_COLUMNS = (f"m.id, m.guild_id, m.channel_id, m.author_id, {AUTHOR_NAME}, "
-            f"substr(m.content, 1, {EMBED_CHARS}), m.created_at, c.name, m.reply_to_id, "
-            f"substr(m.attachments, 1, {EMBED_CHARS})")
-# not set aside after the embedder failed on it (SetAside)
-_KEPT = "NOT EXISTS (SELECT 1 FROM embedding_set_aside s WHERE s.message_id = m.id)"
 
 
 def owner_key(owner: str) -> int:
@@ -48,11 +43,11 @@ def owner_key(owner: str) -> int:
                           signed=True)
 
 
-class PostgresBacklog:
+class PostgresBacklog(BaseBacklog):
     """The contract's ``Backlog`` on PostgreSQL (see the module)."""
 
     def __init__(self, database: PostgresDatabase, meta: Any) -> None:
-        self._db = database
+        super().__init__(database, DIALECT)
         self._meta = meta
         self._owners: dict[str, Any] = {}  # owner -> the session holding its advisory lock
         self._owners_lock = threading.Lock()
@@ -60,12 +55,12 @@ class PostgresBacklog:
     def pending_count(self) -> int:
         """How many stored messages have no vector yet."""
         return int(self._db.read(
-            f"SELECT count(*) FROM messages m WHERE NOT m.embedded AND {_KEPT}")[0][0])
+            f"SELECT count(*) FROM messages m WHERE NOT m.embedded AND {KEPT}")[0][0])
 
     def pending(self, limit: int) -> list[PendingMessage]:
         """Up to ``limit`` unembedded messages, oldest first, with their antecedent
         (same channel only); nothing is claimed."""
-        return self._pending_where(f"NOT m.embedded AND {_KEPT} ORDER BY m.id LIMIT %s",
+        return self._pending_where(f"NOT m.embedded AND {KEPT} ORDER BY m.id LIMIT ?",
                                    (int(limit),))
 
     def claim(self, limit: int, *, owner: str, ttl_s: float = 600.0) -> list[PendingMessage]:
@@ -75,14 +70,14 @@ class PostgresBacklog:
         with self._db.write() as conn:
             self._take_back(conn, now)
             candidates = [row[0] for row in conn.execute(
-                f"SELECT m.id FROM messages m WHERE NOT m.embedded AND {_KEPT} AND NOT EXISTS "
+                f"SELECT m.id FROM messages m WHERE NOT m.embedded AND {KEPT} AND NOT EXISTS "
                 "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
                 "ORDER BY m.id LIMIT %s FOR UPDATE OF m SKIP LOCKED", (int(limit),))]
             ids = [row[0] for row in conn.execute(
                 "INSERT INTO embedding_claims(message_id, owner, lock_key, expires_at) "
                 "SELECT unnest(%s::bigint[]), %s, %s, %s ON CONFLICT DO NOTHING "
                 "RETURNING message_id", (candidates, owner, key, now + int(ttl_s * 1000)))]
-        return self._pending_where("m.id = ANY(%s) ORDER BY m.id", (sorted(ids),))
+        return self.messages(ids)
 
     def _hold(self, owner: str) -> int:
         """Open ``owner``'s session and take its advisory lock (once per owner)."""
@@ -132,37 +127,12 @@ class PostgresBacklog:
                 (model, now_ms(), ids, [failures[i] for i in ids]))
             conn.execute("DELETE FROM embedding_claims WHERE message_id = ANY(%s)", (ids,))
 
-    def set_aside_messages(self, limit: int = 100) -> list[SetAside]:
-        """The messages set aside, oldest first (see the contract)."""
-        return [SetAside(*row) for row in self._db.read(
-            "SELECT message_id, model, reason, set_at FROM embedding_set_aside "
-            "ORDER BY set_at, message_id LIMIT %s", (int(limit),))]
-
-    def set_aside_count(self) -> int:
-        """How many messages are set aside."""
-        return int(self._db.read("SELECT count(*) FROM embedding_set_aside")[0][0])
-
-    def retry_set_aside(self, *, keep_model: str | None = None) -> int:
-        """Put set-aside messages back in the backlog (see the contract)."""
-        where, params = ("model <> %s", (keep_model,)) if keep_model else ("true", ())
-        if self._db.read_only or not self._db.read(
-                f"SELECT 1 FROM embedding_set_aside WHERE {where} LIMIT 1", params):
-            return 0
-        with self._db.write() as conn:
-            return int(conn.execute(f"DELETE FROM embedding_set_aside WHERE {where}",
-                                    params).rowcount)
-
     def close(self) -> None:
         """End every owner's session (their claims are taken back by the next claim)."""
         with self._owners_lock:
             sessions, self._owners = list(self._owners.values()), {}
         for session in sessions:
             session.close()
-
-    def messages(self, ids: Sequence[int]) -> list[PendingMessage]:
-        """``ids`` as an embedder reads them (with their antecedent), oldest first,
-        embedded or not (``reembed`` embeds them again)."""
-        return self._pending_where("m.id = ANY(%s) ORDER BY m.id", (list(ids),))
 
     def write_vectors(
         self, messages: Sequence[PendingMessage], vectors_: np.ndarray, *, owner: str | None = None
@@ -178,7 +148,7 @@ class PostgresBacklog:
             self._meta.check_model_unchanged()  # inside: no reembed can slip in before the write
             current = still_current(messages, self._reread(messages))
             if owner is not None:
-                current -= _claimed_by_others(conn, messages, owner)
+                current -= self._claimed_by_others(conn, messages, owner, now_ms())
             rows = [(m.id, m.guild_id, m.channel_id, m.author_id, m.created_at,
                      bool(m.attachments), v) for m, v in zip(messages, matrix) if m.id in current]
             vectors.write(conn, rows)
@@ -187,36 +157,3 @@ class PostgresBacklog:
             if owner is not None:
                 conn.execute("DELETE FROM embedding_claims WHERE owner = %s AND message_id = ANY(%s)",
                              (owner, [m.id for m in messages]))
-
-    def _reread(self, messages: Sequence[PendingMessage]) -> list[PendingMessage]:
-        """``messages`` as stored now (inside a write: as that transaction sees them)."""
-        return self._pending_where("m.id = ANY(%s)", ([m.id for m in messages],))
-
-    def _pending_where(self, where: str, params: Sequence[Any]) -> list[PendingMessage]:
-        rows = self._db.read(
-            f"""SELECT {_COLUMNS},
-                      COALESCE(
-                        (SELECT r.id FROM messages r WHERE r.id = m.reply_to_id
-                           AND r.channel_id = m.channel_id),
-                        (SELECT p.id FROM messages p WHERE p.channel_id = m.channel_id
-                           AND p.id < m.id ORDER BY p.id DESC LIMIT 1))
-               FROM messages m {AUTHOR_JOIN}
-               JOIN channels c ON c.id = m.channel_id
-               WHERE {where}""", params)
-        antecedents = self._antecedents([row[10] for row in rows if row[10] is not None])
-        return [pending_message(message_fields(row), antecedents.get(row[10])) for row in rows]
-
-    def _antecedents(self, ids: list[int]) -> dict[int, tuple[int, str, str]]:
-        if not ids:
-            return {}
-        rows = self._db.read(f"SELECT m.id, {AUTHOR_NAME}, substr(m.content, 1, {EMBED_CHARS}) "
-                             "FROM messages m "
-                             f"{AUTHOR_JOIN} WHERE m.id = ANY(%s)", (ids,))
-        return {row[0]: (row[0], row[1], row[2]) for row in rows}
-
-
-def _claimed_by_others(conn: Any, messages: Sequence[PendingMessage], owner: str) -> set[int]:
-    return {row[0] for row in conn.execute(
-        "SELECT message_id FROM embedding_claims WHERE owner <> %s AND expires_at > %s "
-        "AND message_id = ANY(%s)", (owner, now_ms(), [m.id for m in messages]))}
-

@@ -16,15 +16,26 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from memory.errors import DatabaseFileError, DiskFullError, StorageBusy
+from memory.storage.dialect import Dialect
 
 log = logging.getLogger(__name__)
+
+
+def id_array(ids: Iterable[int]) -> list[int]:
+    """The ``bigint[]`` parameter of ``= ANY(%s::bigint[])``: the ids, distinct and ascending."""
+    return sorted({int(i) for i in ids})
+
+
+DIALECT = Dialect(name="postgres", placeholder="%s", one_of_ids="= ANY(?::bigint[])",
+                  id_param=id_array)
+"""How PostgreSQL spells what the engine-neutral SQL leaves open (:mod:`memory.storage.dialect`)."""
 
 URL_SCHEMES = ("postgresql", "postgres")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")

@@ -37,7 +37,6 @@ from memory.storage.postgres.migrations import migrate, schema_version
 
 log = logging.getLogger(__name__)
 
-DAY_MS = 86_400_000
 GUILD_LOCKS = 0x6D656D  # advisory lock namespace (first key) of the per-guild write locks
 POOL_SIZE = 8  # connections: a search's four lists run side by side, writes beside them
 

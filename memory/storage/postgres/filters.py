@@ -1,4 +1,5 @@
-"""How a search's :class:`~memory.filters.Filters` become PostgreSQL conditions.
+"""How a search's :class:`~memory.filters.Filters` become PostgreSQL conditions
+(:mod:`memory.storage.filters` decides which).
 
 The keyword tables and the vector table carry the message's guild, channel, author,
 creation time and ``has_attachment`` beside each row, under the same names, so a
@@ -9,39 +10,23 @@ their top ``k``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from memory.errors import SearchInputError
-from memory.filters import Filters
+from memory.storage.filters import FilterSQL
+
+__all__ = ["filter_sql"]
 
 
-def filter_sql(f: Filters, prefix: str, clauses: list[str], params: list[Any]) -> None:
-    """Append ``%s``-style WHERE clauses for ``f`` to ``clauses`` and values to ``params``.
+class _PostgresFilters(FilterSQL):
+    def one_of(self, column: str, values: Sequence[int], params: list[Any]) -> str:
+        params.append(list(values))
+        return f"{column} = ANY(%s::bigint[])"
 
-    Args:
-        f: The filters.
-        prefix: The table alias with its dot (``"k."``), or ``""``.
-        clauses: Receives SQL conditions, to be joined with AND.
-        params: Receives the bound values, in order.
+    def has_attachment(self, prefix: str, wanted: bool, params: list[Any]) -> str:
+        params.append(bool(wanted))
+        return f"{prefix}has_attachment = %s"
 
-    Raises:
-        SearchInputError: An id filter is an empty list (it could match nothing).
-    """
-    if f.guild_id is not None:
-        clauses.append(f"{prefix}guild_id = %s")
-        params.append(f.guild_id)
-    for column, values in (("channel_id", f.channel_ids), ("author_id", f.author_ids)):
-        if values is not None:
-            if not values:
-                raise SearchInputError(f"empty {column} filter")
-            clauses.append(f"{prefix}{column} = ANY(%s::bigint[])")
-            params.append(list(values))
-    if f.after_ms is not None:
-        clauses.append(f"{prefix}created_at > %s")
-        params.append(f.after_ms)
-    if f.before_ms is not None:
-        clauses.append(f"{prefix}created_at < %s")
-        params.append(f.before_ms)
-    if f.has_attachment is not None:
-        clauses.append(f"{prefix}has_attachment = %s")
-        params.append(bool(f.has_attachment))
+
+filter_sql = _PostgresFilters("%s")
+"""``filter_sql(f, prefix, clauses, params)``: ``%s``-style, see :meth:`FilterSQL.__call__`."""

@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from memory.storage.forgetting import drop_guild_rows, drop_member_names
 from memory.storage.postgres import vectors, windows
+from memory.storage.postgres.connection import DIALECT
 from memory.storage.postgres.database import (
     PostgresDatabase,
     lock_guilds,
@@ -26,7 +28,6 @@ from memory.storage.postgres.database import (
     now_ms,
     unlock_ids,
 )
-from memory.storage.postgres.guilds import settings_changed
 
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
                  "missed_messages",
@@ -85,14 +86,7 @@ class PostgresForgetting:
         with self._db.write() as conn:
             lock_guilds(conn, [guild_id])
             removed = self._forget_where(conn, "guild_id = %s", (guild_id,))
-            named = [row[0] for row in conn.execute(
-                "SELECT author_id FROM member_names WHERE guild_id = %s", (guild_id,))]
-            for table in _GUILD_TABLES:
-                conn.execute(f"DELETE FROM {table} WHERE guild_id = %s", (guild_id,))
-            conn.execute("DELETE FROM channels WHERE guild_id = %s", (guild_id,))
-            conn.execute("DELETE FROM guilds WHERE id = %s", (guild_id,))
-            _drop_unknown_authors(conn, named)
-            settings_changed(conn)
+            drop_guild_rows(conn, DIALECT, guild_id, _GUILD_TABLES)
         return removed
 
     def forget_member(self, guild_id: int, author_id: int) -> int:
@@ -110,10 +104,7 @@ class PostgresForgetting:
                          "DO UPDATE SET version = guild_settings.version + 1", (guild_id,))
             removed = self._forget_where(conn, "guild_id = %s AND author_id = %s",
                                          (guild_id, author_id))
-            conn.execute("DELETE FROM member_names WHERE guild_id = %s AND author_id = %s",
-                         (guild_id, author_id))
-            _drop_unknown_authors(conn, [author_id])
-            settings_changed(conn)  # the member is opted out now
+            drop_member_names(conn, DIALECT, guild_id, author_id)
         return removed
 
     def forget_older_than(self, guild_id: int, cutoff_ms: int) -> int:
@@ -172,14 +163,3 @@ class PostgresForgetting:
         """Forget every message matching a WHERE clause over ``messages``."""
         ids = [row[0] for row in conn.execute(f"SELECT id FROM messages WHERE {where}", params)]
         return self.forget_in(conn, ids)
-
-
-def _drop_unknown_authors(conn: Any, author_ids: Sequence[int]) -> None:
-    """Delete the ``authors`` rows of those of ``author_ids`` that no guild names any more
-    and no stored message refers to (one pass over the messages, only if any is left)."""
-    unnamed = [row[0] for row in conn.execute(
-        "SELECT id FROM authors WHERE id = ANY(%s) AND NOT EXISTS "
-        "(SELECT 1 FROM member_names n WHERE n.author_id = authors.id)", (list(author_ids),))]
-    if unnamed:
-        conn.execute("DELETE FROM authors WHERE id = ANY(%s) AND id NOT IN "
-                     "(SELECT author_id FROM messages)", (unnamed,))

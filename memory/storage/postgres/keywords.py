@@ -8,7 +8,7 @@ path, and the bundled servers have no ``unaccent``), and ``ts_rank`` has no
 document frequency in it, so it ranks a common word as high as a rare one.  So:
 
 * **Words** come from FTS5's own tokenizer, run in this process on an in-memory
-  SQLite table (:class:`Tokenizer`; SQLite is a dependency of the bot anyway):
+  SQLite table (:class:`memory.storage.tokens.Tokenizer`; SQLite is a dependency of the bot anyway):
   the same case folding, accent removal, Porter stems and CJK runs, by construction.
 * **Documents** are a message's author names, text and attachment names (the
   message field, each column weighted as SQLite's ``bm25(search_fts, 1.0, 1.0,
@@ -38,7 +38,6 @@ A word no document holds any more leaves ``keyword_terms`` in the same transacti
 
 from __future__ import annotations
 
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -47,8 +46,8 @@ from typing import Any
 from memory.filters import Filters
 from memory.storage.postgres.database import PostgresDatabase
 from memory.storage.postgres.filters import filter_sql
+from memory.storage.tokens import tokenizer
 
-TOKENIZE = "porter unicode61 remove_diacritics 2"  # SQLite's search_fts and window_fts
 K1, B = 1.2, 0.75  # FTS5's bm25() constants
 MESSAGE_WEIGHTS = (1.0, 1.0, 0.5)  # author, content, attachments: as SQLite's bm25() call
 
@@ -85,64 +84,6 @@ class Document:
     has_attachment: bool
     contentful: bool  # a window of a message without content of its own is not searched
     texts: tuple[str, str, str, str]
-
-
-class Tokenizer:
-    """SQLite FTS5's tokenizer, run on an in-memory table (``fts5vocab`` instances).
-
-    Thread-safe; one per process is enough (:func:`tokenizer`).
-    """
-
-    def __init__(self) -> None:
-        from memory.storage.sqlite.connection import sqlite_driver
-
-        self._conn = sqlite_driver().connect(":memory:", check_same_thread=False,
-                                             isolation_level=None)
-        self._conn.execute(f"CREATE VIRTUAL TABLE doc USING fts5(c0, c1, c2, c3, "
-                           f"tokenize='{TOKENIZE}', detail=full)")
-        self._conn.execute("CREATE VIRTUAL TABLE words USING fts5vocab(doc, instance)")
-        self._lock = threading.Lock()
-
-    def columns(self, docs: Sequence[Sequence[str]]) -> list[list[list[str]]]:
-        """The tokens of each document's columns (up to four), in order.
-
-        Returns:
-            ``result[doc][column]``: that column's tokens, in text order.
-        """
-        out: list[list[list[str]]] = [[[] for _ in range(4)] for _ in docs]
-        if not docs:
-            return out
-        with self._lock:
-            self._conn.execute("BEGIN")
-            try:
-                self._conn.executemany(
-                    "INSERT INTO doc(rowid, c0, c1, c2, c3) VALUES (?, ?, ?, ?, ?)",
-                    [(i, *(list(doc) + [""] * 4)[:4]) for i, doc in enumerate(docs)])
-                rows = self._conn.execute(
-                    "SELECT doc, col, term FROM words ORDER BY doc, col, offset").fetchall()
-                self._conn.execute("DELETE FROM doc")
-            finally:
-                self._conn.execute("ROLLBACK")  # the table is only ever a scratch pad
-        for doc, column, term in rows:
-            out[doc][int(column[1])].append(term)
-        return out
-
-    def words(self, text: str) -> list[str]:
-        """The tokens of one piece of text (a query term may give none, or several)."""
-        return self.columns([(text,)])[0][0]
-
-
-_tokenizer: Tokenizer | None = None
-_tokenizer_lock = threading.Lock()
-
-
-def tokenizer() -> Tokenizer:
-    """This process's :class:`Tokenizer`."""
-    global _tokenizer
-    with _tokenizer_lock:
-        if _tokenizer is None:
-            _tokenizer = Tokenizer()
-        return _tokenizer
 
 
 def term_frequencies(

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memory.errors import DatabaseFileError
+from memory.storage import migrations as shared
 from memory.storage.postgres.connection import one_line
 
 log = logging.getLogger(__name__)
@@ -68,36 +69,13 @@ def denser_vector_graph(conn: Any) -> None:
 
 
 def names_per_guild(conn: Any) -> None:
-    """Move each member's one ``authors`` name row to a row per guild they wrote in.
-
-    A nickname is a fact about one server (issue 30): the global row let the name a
-    member has in one guild label their messages in every other.  Each guild the
-    member has stored messages in gets a copy of the row they had (it is the name that
-    guild's members saw); a guild with none of their messages gets nothing.  The
-    global columns go: ``authors`` keeps the id and whether the account is a bot.
-    """
-    conn.execute("""
-        CREATE TABLE IF NOT EXISTS member_names (
-            guild_id bigint NOT NULL,
-            author_id bigint NOT NULL,
-            name text NOT NULL DEFAULT '',
-            display_name text NOT NULL DEFAULT '',
-            PRIMARY KEY (guild_id, author_id)
-        )""")
-    conn.execute("CREATE INDEX IF NOT EXISTS member_names_by_author ON member_names(author_id)")
-    columns = {row[0] for row in conn.execute(
-        "SELECT column_name FROM information_schema.columns "
-        "WHERE table_schema = current_schema() AND table_name = 'authors'")}
-    if "display_name" not in columns:
-        return  # a schema that has had them moved already
-    moved = conn.execute(
-        "INSERT INTO member_names(guild_id, author_id, name, display_name) "
-        "SELECT p.guild_id, a.id, a.name, a.display_name "
-        "FROM (SELECT DISTINCT guild_id, author_id FROM messages) p "
-        "JOIN authors a ON a.id = p.author_id").rowcount
-    members = conn.execute("SELECT count(*) FROM authors").fetchone()[0]
-    conn.execute("ALTER TABLE authors DROP COLUMN name, DROP COLUMN display_name")
-    log.info("the names of %d members are now kept per server: %d rows", members, moved)
+    """A member's names per guild (:func:`memory.storage.migrations.names_per_guild`)."""
+    shared.names_per_guild(
+        conn, integer="bigint", text="text",
+        author_columns={row[0] for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = 'authors'")},
+        drop_names=("ALTER TABLE authors DROP COLUMN name, DROP COLUMN display_name",))
 
 
 MIGRATIONS: list[Migration] = [

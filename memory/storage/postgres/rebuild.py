@@ -17,22 +17,22 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from memory.errors import DatabaseFileError
 from memory.records import PendingMessage
+from memory.storage.meta import BUILDING_KEY
 from memory.storage.postgres import vectors, windows
 from memory.storage.postgres.backlog import PostgresBacklog
+from memory.storage.postgres.connection import DIALECT
 from memory.storage.postgres.database import PostgresDatabase, lock_guilds
-from memory.storage.postgres.meta import BUILDING_KEY, INDEX_KEY, PostgresMeta, set_value
+from memory.storage.postgres.meta import INDEX_KEY, PostgresMeta, set_value
 from memory.storage.postgres.migrations import MIGRATE_LOCK
+from memory.storage.rebuild import BaseRebuild, not_building
 
 log = logging.getLogger(__name__)
 
 NEXT = vectors.NEXT
 
 
-class PostgresRebuild:
+class PostgresRebuild(BaseRebuild):
     """The contract's ``VectorRebuild`` on PostgreSQL.
 
     Args:
@@ -43,9 +43,7 @@ class PostgresRebuild:
 
     def __init__(self, database: PostgresDatabase, meta: PostgresMeta,
                  backlog: PostgresBacklog) -> None:
-        self._db = database
-        self._meta = meta
-        self._backlog = backlog
+        super().__init__(database, DIALECT, meta, backlog, NEXT)
 
     def start(self, model_id: str, dimension: int) -> bool:
         """Begin the new table for ``model_id``, or go on with a stopped run's.
@@ -67,35 +65,16 @@ class PostgresRebuild:
             set_value(conn, BUILDING_KEY, building)
         return False
 
-    def pending(self, after_id: int, limit: int) -> list[PendingMessage]:
-        """Up to ``limit`` messages after ``after_id`` the new table has no vector for."""
-        ids = [row[0] for row in self._db.read(
-            f"SELECT id FROM messages m WHERE id > %s AND NOT EXISTS "
-            f"(SELECT 1 FROM {NEXT} v WHERE v.message_id = m.id) ORDER BY id LIMIT %s",
-            (int(after_id), int(limit)))]
-        return self._backlog.messages(ids) if ids else []
+    def _check_building(self, conn: Any, messages: Sequence[PendingMessage]) -> None:
+        lock_guilds(conn, {m.guild_id for m in messages})
+        if _building(conn) is None:
+            raise not_building()
 
-    def write(self, messages: Sequence[PendingMessage], vectors_: np.ndarray) -> int:
-        """Store the new vectors of ``messages``; returns how many were stored.
-
-        A message deleted or changed since it was read (its text, attachments,
-        name or antecedent) is skipped: it is embedded again later.
-        """
-        if len(messages) != len(vectors_):
-            raise ValueError("one vector per message is required")
-        with self._db.write() as conn:
-            lock_guilds(conn, {m.guild_id for m in messages})
-            if _building(conn) is None:
-                raise _not_building()
-            current = {m.id: m for m in self._backlog.messages([m.id for m in messages])}
-            rows = [(m.id, m.guild_id, m.channel_id, m.author_id, m.created_at,
-                     bool(m.attachments), np.ascontiguousarray(v, dtype=np.float32))
-                    for m, v in zip(messages, vectors_) if current.get(m.id) == m]
-            conn.cursor().executemany(
-                f"INSERT INTO {NEXT}(message_id, guild_id, channel_id, author_id, created_at, "
-                "has_attachment, embedding) VALUES (%s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (message_id) DO UPDATE SET embedding = excluded.embedding", rows)
-        return len(rows)
+    def _store(self, conn: Any, rows: list[tuple]) -> None:
+        conn.cursor().executemany(
+            f"INSERT INTO {NEXT}(message_id, guild_id, channel_id, author_id, created_at, "
+            "has_attachment, embedding) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (message_id) DO UPDATE SET embedding = excluded.embedding", rows)
 
     def finish(self, model_id: str, dimension: int) -> int:
         """Swap the new table in and bind ``model_id``, in one transaction.
@@ -109,15 +88,13 @@ class PostgresRebuild:
         with self._db.write() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
             if _building(conn) != f"{model_id}\n{int(dimension)}":
-                raise _not_building()
+                raise not_building()
             index = self._meta.get(INDEX_KEY) or vectors.DEFAULT_INDEX
             vectors.create_indexes(conn, dimension, index, NEXT)
             conn.execute("DROP TABLE IF EXISTS message_vectors")
             _rename(conn, index)
             _recount(conn)
-            conn.execute("DELETE FROM meta WHERE key = %s OR key LIKE 'similarity_floor:%%'",
-                         (BUILDING_KEY,))
-            self._meta.bind(conn, model_id, dimension)
+            self._swapped(conn, model_id, dimension)
             # only the rows whose flag changes: an UPDATE of every message rewrites them all
             conn.execute("UPDATE messages m SET embedded = false WHERE embedded AND NOT EXISTS "
                          "(SELECT 1 FROM message_vectors v WHERE v.message_id = m.id)")
@@ -134,11 +111,6 @@ def _building(conn: Any) -> str | None:
     row = conn.execute("SELECT value FROM meta WHERE key = %s", (BUILDING_KEY,)).fetchone()
     exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (NEXT,)).fetchone()[0]
     return row[0] if row is not None and exists else None
-
-
-def _not_building() -> DatabaseFileError:
-    return DatabaseFileError("no re-embedding is in progress for this model (another "
-                             "`reembed` replaced it?); run `python bot.py reembed` again")
 
 
 def _rename(conn: Any, index: str) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from memory.storage.postgres import PostgresStorage, keywords, vectors, windows
 from memory.storage.transfer import BOOLEANS, BY_NAME, Table
+from memory.storage.windows import WindowRow
 
 
 class PostgresEndpoint:
@@ -124,14 +125,9 @@ class PostgresEndpoint:
 
 
 def _insert(table: Table, replace: bool) -> str:
-    """The INSERT of ``table``'s rows: keys already there kept, or overwritten."""
-    values = ", ".join("%s::int::boolean" if c in BOOLEANS else "%s" for c in table.columns)
-    head = f"INSERT INTO {table.name}({', '.join(table.columns)}) VALUES ({values})"
-    others = [c for c in table.columns if c not in table.key]
-    if not replace or not others:
-        return f"{head} ON CONFLICT DO NOTHING"
-    updates = ", ".join(f"{c} = excluded.{c}" for c in others)
-    return f"{head} ON CONFLICT ({', '.join(table.key)}) DO UPDATE SET {updates}"
+    """The INSERT of ``table``'s rows (:meth:`Table.insert_sql`; flags travel as 0/1)."""
+    return table.insert_sql(", ".join("%s::int::boolean" if c in BOOLEANS else "%s"
+                                      for c in table.columns), replace=replace)
 
 
 def _delete_vectors(conn: Any, ids: Sequence[int]) -> None:
@@ -158,7 +154,7 @@ def _index_documents(conn: Any, rows: Sequence[tuple]) -> None:
         if row[0] not in places:
             continue
         channel, created, reply, guild, author, attachments = places[row[0]]
-        message = windows._Row(row[0], channel, created, "", "", row[2], attachments, reply,
+        message = WindowRow(row[0], channel, created, "", "", row[2], attachments, reply,
                                guild, author)
         changed.append(((row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6])), message))
-    windows._write_documents(conn, changed)
+    windows.write_documents(conn, changed)

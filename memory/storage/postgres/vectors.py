@@ -19,7 +19,6 @@ vectors, as SQLite's 1-bit vec0 search does.
 
 from __future__ import annotations
 
-import json
 import logging
 import weakref
 from collections.abc import Iterable, Sequence
@@ -30,9 +29,12 @@ import numpy as np
 
 from memory.filters import Filters
 from memory.storage.contract import EXACT_KNN_MAX
+from memory.storage.postgres.connection import DIALECT
 from memory.storage.postgres.database import PostgresDatabase
 from memory.storage.postgres.filters import filter_sql
 from memory.storage.postgres.windows import vector_table_exists, vectors_changed
+from memory.storage.similarity import similarity_floor
+from memory.storage.windows import stored_window_vectors
 
 log = logging.getLogger(__name__)
 
@@ -261,13 +263,8 @@ class PostgresVectorIndex:
         """The window vector of each of ``ids`` that has one: its window's mean, unit length."""
         if not ids:
             return {}
-        rows = self._db.read_beside("SELECT id, vector FROM window_vectors WHERE id = ANY(%s)",
-                                    (list(ids),))
-        if not rows:
-            return {}
-        matrix = np.frombuffer(b"".join(bytes(row[1]) for row in rows), dtype=np.float16)
-        return dict(zip((row[0] for row in rows),
-                        matrix.reshape(len(rows), -1).astype(np.float32)))
+        return stored_window_vectors(self._db.read_beside(
+            "SELECT id, vector FROM window_vectors WHERE id = ANY(%s)", (list(ids),)))
 
     def floats(self, ids: Iterable[int]) -> dict[int, np.ndarray]:
         """The stored vectors of those of ``ids`` that have one, as float32."""
@@ -294,29 +291,7 @@ class PostgresVectorIndex:
                                  params)[0][0])
 
     def similarity_floor(self, guild_id: int | None, quantile: float) -> float | None:
-        """The cosine similarity that random pairs of a guild's messages reach at ``quantile``.
-
-        Computed from up to 400 stored vectors spread evenly over the guild's
-        history, kept in ``meta`` and computed again when the guild's vectors have
-        grown by half; ``None`` while fewer than 20 are stored.
-        """
-        key = f"similarity_floor:{guild_id if guild_id is not None else 'all'}"
-        count = self.count(guild_id)
-        if count < 20:
-            return None
-        cached = json.loads(self._meta.get(key) or "{}")
-        if cached.get("quantile") == quantile and cached.get("vectors", 0) * 1.5 >= count:
-            return float(cached["floor"])
-        where, params = ("guild_id = %s AND ", [guild_id]) if guild_id is not None else ("", [])
-        sample = [row[0] for row in self._db.read(
-            f"SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM messages "
-            f"WHERE {where}embedded) s WHERE n %% %s = 0 LIMIT 400",
-            [*params, max(1, count // 400)])]
-        found = self.floats(sample)
-        vectors = np.array([found[i] for i in sample if i in found], dtype=np.float32)
-        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        pairs = (vectors @ vectors.T)[np.triu_indices(len(vectors), k=1)]
-        floor = round(float(np.quantile(pairs, quantile)), 4)
-        if not self._db.read_only:
-            self._meta.set(key, json.dumps({"quantile": quantile, "vectors": count, "floor": floor}))
-        return floor
+        """The cosine similarity that random pairs of a guild's messages reach at ``quantile``
+        (:func:`memory.storage.similarity.similarity_floor`; cached in ``meta``)."""
+        return similarity_floor(self._db, self._meta, DIALECT, guild_id=guild_id,
+                                quantile=quantile, count=self.count(guild_id), floats=self.floats)

@@ -18,9 +18,14 @@
 ``rebuild``         ``reembed``: a new vector table built beside the live one, swapped in
 ``keywords``        the FTS5 indexes (``ranked``, ``term_counts``)
 ``vectors``         vec0: the 1-bit KNN, window vectors, the similarity floor
-``windows``         the conversational windows both indexes share
+``windows``         the shared window algorithm over FTS5 triggers and vec0
 ``filters``         a search's filters as SQL conditions
 ==================  ===========================================================
+
+What both engines do alike is written once in :mod:`memory.storage` (``windows``,
+``guilds``, ``meta``, ``messages``, ``backlog``, ``forgetting``, ``rebuild``,
+``filters``, ``similarity``, over the :mod:`~memory.storage.dialect` seam); the
+modules here subclass it with SQLite's own SQL.
 
 Nouns call each other inside one transaction through package-internal methods that
 take the open connection (an upsert forgets an opted-out member's edited message and
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memory.storage.contract import StoreStats, vector_index_state
+from memory.storage.contract import StoreStats, store_stats
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.backlog import SQLiteBacklog
 from memory.storage.sqlite.connection import as_disk_full
@@ -94,18 +99,7 @@ class SQLiteStorage:
 
     def stats(self) -> StoreStats:
         """Counts and metadata for the ``stats`` command."""
-        model = self.meta.embedding_model()
-        return StoreStats(
-            **self.messages.table_counts(),
-            pending_embeddings=self.backlog.pending_count(),
-            set_aside_embeddings=self.backlog.set_aside_count(),
-            embedding_model=model[0] if model else None,
-            embedding_dim=model[1] if model else None,
-            active_profile=self.meta.active_profile,
-            schema_version=self.database.schema_version(),
-            path=self.database.location,
-            vector_index=vector_index_state(model is not None, self.vectors.damage()),
-        )
+        return store_stats(self, self.messages.table_counts())
 
     def close(self) -> None:
         """Let go of the claim owners' locks and close the database's connections."""

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from memory.errors import DatabaseFileError, DiskFullError, ExtensionLoadError, StorageBusy
+from memory.storage.dialect import Dialect
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ def as_disk_full(exc: BaseException, path: str | Path) -> DiskFullError | None:
 def id_list(ids: Iterable[int]) -> str:
     """The parameter for :data:`IN_IDS`: the ids as a JSON array (SQLite reads them as int64)."""
     return json.dumps([int(i) for i in ids])
+
+
+DIALECT = Dialect(name="sqlite", placeholder="?", one_of_ids=IN_IDS, id_param=id_list)
+"""How SQLite spells what the engine-neutral SQL leaves open (:mod:`memory.storage.dialect`)."""
 
 
 def _can_load_extensions(module: ModuleType) -> bool:

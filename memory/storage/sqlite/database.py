@@ -38,7 +38,6 @@ from memory.storage.sqlite.migrations import migrate, schema_version
 
 log = logging.getLogger(__name__)
 
-DAY_MS = 86_400_000
 _SCRUBBED = "deleted_text_scrubbed"  # meta key: the file holds no pre-secure_delete leftovers
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from memory.storage.forgetting import drop_guild_rows, drop_member_names
 from memory.storage.sqlite import windows
-from memory.storage.sqlite.connection import IN_IDS, id_list
+from memory.storage.sqlite.connection import DIALECT, IN_IDS, id_list
 from memory.storage.sqlite.database import SQLiteDatabase, now_ms
-from memory.storage.sqlite.guilds import settings_changed
 from memory.storage.sqlite.vectors import Vec0Table
 
 # what forgetting a guild removes besides its messages, channels and name
@@ -88,14 +88,7 @@ class SQLiteForgetting:
         removed = self._forget_where("guild_id = ?", (guild_id,))
         with self._db.write() as conn:
             self._db.erased()  # the guild's, its channels' and its members' names go too
-            named = [row[0] for row in conn.execute(
-                "SELECT author_id FROM member_names WHERE guild_id = ?", (guild_id,))]
-            for table in _GUILD_TABLES:
-                conn.execute(f"DELETE FROM {table} WHERE guild_id = ?", (guild_id,))
-            conn.execute("DELETE FROM channels WHERE guild_id = ?", (guild_id,))
-            conn.execute("DELETE FROM guilds WHERE id = ?", (guild_id,))
-            _drop_unknown_authors(conn, named)
-            settings_changed(conn)
+            drop_guild_rows(conn, DIALECT, guild_id, _GUILD_TABLES)
         return removed
 
     def forget_member(self, guild_id: int, author_id: int) -> int:
@@ -117,10 +110,7 @@ class SQLiteForgetting:
                 "SELECT id FROM messages WHERE guild_id = ? AND author_id = ?", (guild_id, author_id))]
             removed = self.forget_in(conn, ids)
             self._db.erased()  # their name leaves the file too
-            conn.execute("DELETE FROM member_names WHERE guild_id = ? AND author_id = ?",
-                         (guild_id, author_id))
-            _drop_unknown_authors(conn, [author_id])
-            settings_changed(conn)  # the member is opted out now
+            drop_member_names(conn, DIALECT, guild_id, author_id)
         return removed
 
     def forget_older_than(self, guild_id: int, cutoff_ms: int) -> int:
@@ -197,14 +187,3 @@ class SQLiteForgetting:
             ids = [row[0] for row in conn.execute(f"SELECT id FROM messages WHERE {where}", params)]
             with self._db.erasing(conn, len(ids)):
                 return self.forget_in(conn, ids)
-
-
-def _drop_unknown_authors(conn: Any, author_ids: Sequence[int]) -> None:
-    """Delete the ``authors`` rows of those of ``author_ids`` that no guild names any more
-    and no stored message refers to (one pass over the messages, only if any is left)."""
-    unnamed = [row[0] for row in conn.execute(
-        f"SELECT id FROM authors WHERE id {IN_IDS} AND NOT EXISTS "
-        "(SELECT 1 FROM member_names n WHERE n.author_id = authors.id)", (id_list(author_ids),))]
-    if unnamed:
-        conn.execute(f"DELETE FROM authors WHERE id {IN_IDS} AND id NOT IN "
-                     "(SELECT author_id FROM messages)", (id_list(unnamed),))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from memory.errors import DatabaseFileError
+from memory.storage import migrations as shared
 from memory.storage.sqlite.connection import IN_IDS, id_list, sqlite_driver
 from memory.storage.sqlite.vectors import Vec0Table, upgrade_float_table
 from memory.storage.sqlite.windows import index_all_window_vectors, index_all_windows, vectors_changed
@@ -48,35 +49,12 @@ def reembed_cross_channel_replies(conn: Any) -> None:
 
 
 def names_per_guild(conn: Any) -> None:
-    """Move each member's one ``authors`` name row to a row per guild they wrote in.
-
-    A nickname is a fact about one server (issue 30): the global row let the name a
-    member has in one guild label their messages in every other.  Each guild the
-    member has stored messages in gets a copy of the row they had (it is the name that
-    guild's members saw); a guild with none of their messages gets nothing.  The
-    global columns go: ``authors`` keeps the id and whether the account is a bot.
-    """
-    conn.execute("""
-        CREATE TABLE IF NOT EXISTS member_names (
-            guild_id INTEGER NOT NULL,
-            author_id INTEGER NOT NULL,
-            name TEXT NOT NULL DEFAULT '',
-            display_name TEXT NOT NULL DEFAULT '',
-            PRIMARY KEY (guild_id, author_id)
-        )""")
-    conn.execute("CREATE INDEX IF NOT EXISTS member_names_by_author ON member_names(author_id)")
-    if "display_name" not in {row[0] for row in conn.execute(
-            "SELECT name FROM pragma_table_info('authors')")}:
-        return  # a schema that has had them moved already
-    moved = conn.execute(
-        "INSERT INTO member_names(guild_id, author_id, name, display_name) "
-        "SELECT p.guild_id, a.id, a.name, a.display_name "
-        "FROM (SELECT DISTINCT guild_id, author_id FROM messages) p "
-        "JOIN authors a ON a.id = p.author_id").rowcount
-    members = conn.execute("SELECT count(*) FROM authors").fetchone()[0]
-    conn.execute("ALTER TABLE authors DROP COLUMN name")
-    conn.execute("ALTER TABLE authors DROP COLUMN display_name")
-    log.info("the names of %d members are now kept per server: %d rows", members, moved)
+    """Migration 11: a member's names per guild (:func:`memory.storage.migrations.names_per_guild`)."""
+    shared.names_per_guild(
+        conn, integer="INTEGER", text="TEXT",
+        author_columns={row[0] for row in conn.execute("SELECT name FROM pragma_table_info('authors')")},
+        drop_names=("ALTER TABLE authors DROP COLUMN name",
+                    "ALTER TABLE authors DROP COLUMN display_name"))
 
 
 MIGRATIONS: list[Migration] = [

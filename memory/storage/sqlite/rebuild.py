@@ -20,12 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from memory.errors import DatabaseFileError
 from memory.records import PendingMessage
+from memory.storage.meta import BUILDING_KEY as BUILDING
+from memory.storage.rebuild import BaseRebuild, not_building
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.backlog import SQLiteBacklog
+from memory.storage.sqlite.connection import DIALECT
 from memory.storage.sqlite.database import SQLiteDatabase
-from memory.storage.sqlite.meta import BUILDING, SQLiteMeta, set_meta
+from memory.storage.sqlite.meta import SQLiteMeta, set_meta
 from memory.storage.sqlite.vectors import (
     NEXT,
     VECTOR_FIELDS,
@@ -39,7 +41,7 @@ from memory.storage.sqlite.vectors import (
 log = logging.getLogger(__name__)
 
 
-class SQLiteRebuild:
+class SQLiteRebuild(BaseRebuild):
     """The contract's ``VectorRebuild`` on one database.
 
     Args:
@@ -52,10 +54,8 @@ class SQLiteRebuild:
     def __init__(
         self, database: SQLiteDatabase, meta: SQLiteMeta, table: Vec0Table, backlog: SQLiteBacklog
     ) -> None:
-        self._db = database
-        self._meta = meta
+        super().__init__(database, DIALECT, meta, backlog, NEXT)
         self._table = table
-        self._backlog = backlog
 
     def start(self, model_id: str, dimension: int) -> bool:
         """Begin building the new table for ``model_id``, or go on with one a stopped
@@ -79,31 +79,12 @@ class SQLiteRebuild:
             set_meta(conn, BUILDING, building)
         return False
 
-    def pending(self, after_id: int, limit: int) -> list[PendingMessage]:
-        """Up to ``limit`` messages after ``after_id`` the new table has no vector for."""
-        ids = [row[0] for row in self._db.read(
-            f"SELECT id FROM messages m WHERE id > ? AND NOT EXISTS "
-            f"(SELECT 1 FROM {NEXT} v WHERE v.message_id = m.id) ORDER BY id LIMIT ?",
-            (int(after_id), int(limit)))]
-        return self._backlog.messages(ids)
+    def _check_building(self, conn: Any, messages: Sequence[PendingMessage]) -> None:
+        _require_building(conn)
 
-    def write(self, messages: Sequence[PendingMessage], vectors: np.ndarray) -> int:
-        """Store the new vectors of ``messages``; returns how many were stored.
-
-        A message deleted or changed since it was read (its text, attachments,
-        name or antecedent) is skipped: it is embedded again later.
-        """
-        if len(messages) != len(vectors):
-            raise ValueError("one vector per message is required")
-        with self._db.write() as conn:
-            _require_building(conn)
-            current = {m.id: m for m in self._backlog.messages([m.id for m in messages])}
-            rows = [(m.id, m.guild_id, m.channel_id, m.author_id, m.created_at,
-                     bool(m.attachments), np.asarray(v, dtype=np.float32))
-                    for m, v in zip(messages, vectors) if current.get(m.id) == m]
-            conn.executemany(f"DELETE FROM {NEXT} WHERE message_id = ?", [(r[0],) for r in rows])
-            insert_vectors(conn, NEXT, rows)
-        return len(rows)
+    def _store(self, conn: Any, rows: list[tuple]) -> None:
+        conn.executemany(f"DELETE FROM {NEXT} WHERE message_id = ?", [(r[0],) for r in rows])
+        insert_vectors(conn, NEXT, rows)
 
     def finish(self, model_id: str, dimension: int) -> int:
         """Swap the new table in and bind ``model_id``, in one transaction.
@@ -124,9 +105,7 @@ class SQLiteRebuild:
                          "WHERE message_id IN (SELECT id FROM messages)")
             drop_vector_table(conn, NEXT)
             _recount(conn)
-            conn.execute("DELETE FROM meta WHERE key = ? OR key LIKE 'similarity_floor:%'",
-                         (BUILDING,))
-            self._meta.bind(conn, model_id, dimension)
+            self._swapped(conn, model_id, dimension)
             left = _mark_embedded(conn)
         self._meta.model = model_id
         log.info("swapped in the vectors of %s; %d messages left to embed", model_id, left)
@@ -147,8 +126,7 @@ def _require_building(conn: Any, building: str | None = None) -> None:
     stored = conn.execute("SELECT value FROM meta WHERE key = ?", (BUILDING,)).fetchone()
     exists = conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (NEXT,)).fetchone()
     if not exists or stored is None or (building is not None and stored[0] != building):
-        raise DatabaseFileError("no re-embedding is in progress for this model (another "
-                                "`reembed` replaced it?); run `python bot.py reembed` again")
+        raise not_building()
 
 
 def _recount(conn: Any) -> None:

@@ -112,15 +112,8 @@ _KEYS = {"search_text": "id", "window_vectors": "id", "embedding_claims": "messa
 
 
 def _insert(table: Table, replace: bool) -> str:
-    """The INSERT of ``table``'s rows: keys already there kept, or overwritten (an
-    UPDATE, so that ``search_text``'s trigger re-indexes the row)."""
-    values = ", ".join("?" * len(table.columns))
-    head = f"INSERT INTO {table.name}({', '.join(table.columns)}) VALUES ({values})"
-    others = [c for c in table.columns if c not in table.key]
-    if not replace or not others:
-        return f"{head} ON CONFLICT DO NOTHING"
-    updates = ", ".join(f"{c} = excluded.{c}" for c in others)
-    return f"{head} ON CONFLICT({', '.join(table.key)}) DO UPDATE SET {updates}"
+    """The INSERT of ``table``'s rows (:meth:`Table.insert_sql`)."""
+    return table.insert_sql(", ".join("?" * len(table.columns)), replace=replace)
 
 
 def _ints(table: Table, row: tuple) -> tuple:

@@ -35,7 +35,9 @@ import numpy as np
 from memory.errors import VectorIndexDamaged
 from memory.filters import Filters
 from memory.storage.contract import EXACT_KNN_MAX
+from memory.storage.similarity import similarity_floor
 from memory.storage.sqlite.connection import (
+    DIALECT,
     IN_IDS,
     as_busy,
     as_disk_full,
@@ -44,6 +46,7 @@ from memory.storage.sqlite.connection import (
     sqlite_driver,
 )
 from memory.storage.sqlite.filters import filter_sql
+from memory.storage.windows import stored_window_vectors
 
 if TYPE_CHECKING:
     from memory.storage.sqlite.database import SQLiteDatabase
@@ -243,54 +246,12 @@ def upgrade_float_table(conn: Any) -> None:
     conn.execute("DROP TABLE temp.vectors_copy")
 
 
-def write_window_vectors(conn: Any, windows: dict[int, list[int]]) -> None:
-    """Store the window vector of each message in ``windows`` (drop it where there is none).
-
-    Args:
-        conn: A connection inside the caller's write transaction.
-        windows: Each message's window members (message ids); a window vector is the
-            normalised mean of its embedded members' vectors, and a message with no
-            window here, or none of whose members has a vector yet, has none.
-    """
-    means = _window_means(conn, windows)
-    conn.execute(f"DELETE FROM window_vectors WHERE id {IN_IDS}", (id_list(windows),))
-    conn.executemany(
-        "INSERT INTO window_vectors(id, vector) VALUES (?, ?)",
-        [(mid, vector.astype(np.float16).tobytes()) for mid, vector in means.items()],
-    )
-
-
-def _window_means(conn: Any, windows: dict[int, list[int]]) -> dict[int, np.ndarray]:
-    if not table_columns(conn):  # no embedding model bound yet: no vectors
-        return {}
-
-    def query(sql: str, params: Sequence[Any]) -> list[tuple]:
-        return conn.execute(sql, params).fetchall()
-    floats = read_floats(query, {m for members in windows.values() for m in members},
-                         auxiliary=shadow_table_readable(query))
-    owners, rows = [], []
-    for mid, members in windows.items():
-        found = [floats[m] for m in members if m in floats]
-        if found:
-            owners.append(mid)
-            rows.append(np.sum(found, axis=0))
-    if not owners:
-        return {}
-    sums = np.stack(rows)
-    sums /= np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
-    return dict(zip(owners, sums))
-
-
 def read_window_vectors(query: Query, ids: Sequence[int]) -> dict[int, np.ndarray]:
     """The stored window vectors of those of ``ids`` that have one, as float32."""
     if not ids:
         return {}
-    rows = query(f"SELECT id, vector FROM window_vectors WHERE id {IN_IDS}", (id_list(ids),))
-    if not rows:
-        return {}
-    # one conversion for all rows: per-row numpy calls cost more than the query
-    matrix = np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float16)
-    return dict(zip((row[0] for row in rows), matrix.reshape(len(rows), -1).astype(np.float32)))
+    return stored_window_vectors(
+        query(f"SELECT id, vector FROM window_vectors WHERE id {IN_IDS}", (id_list(ids),)))
 
 
 class _RadiusMemory:
@@ -663,31 +624,10 @@ class SQLiteVectorIndex:
         return read_window_vectors(self._db.read_beside if beside else self._db.read, ids)
 
     def similarity_floor(self, guild_id: int | None, quantile: float) -> float | None:
-        """The cosine similarity that random pairs of a guild's messages reach at ``quantile``.
-
-        See the contract; cached in ``meta`` under ``similarity_floor:<guild>``.
-        """
-        key = f"similarity_floor:{guild_id if guild_id is not None else 'all'}"
-        count = self.count(guild_id)
-        if count < 20:
-            return None
-        cached = json.loads(self._meta.get(key) or "{}")
-        if cached.get("quantile") == quantile and cached.get("vectors", 0) * 1.5 >= count:
-            return float(cached["floor"])
-        where, params = ("guild_id = ? AND ", [guild_id]) if guild_id is not None else ("", [])
-        # evenly spaced over the guild's history: the same floor for the same messages
-        sample = [row[0] for row in self._db.read(
-            f"SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM messages "
-            f"WHERE {where}embedded = 1) WHERE n % ? = 0 LIMIT 400",
-            [*params, max(1, count // 400)])]
-        with self._readable():
-            vectors = np.array(list(self.table.floats(sample).values()), dtype=np.float32)
-        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        pairs = (vectors @ vectors.T)[np.triu_indices(len(vectors), k=1)]
-        floor = round(float(np.quantile(pairs, quantile)), 4)
-        if not self._db.read_only:
-            self._meta.set(key, json.dumps({"quantile": quantile, "vectors": count, "floor": floor}))
-        return floor
+        """The cosine similarity that random pairs of a guild's messages reach at ``quantile``
+        (:func:`memory.storage.similarity.similarity_floor`; cached in ``meta``)."""
+        return similarity_floor(self._db, self._meta, DIALECT, guild_id=guild_id,
+                                quantile=quantile, count=self.count(guild_id), floats=self.floats)
 
     def floats(self, ids: Iterable[int]) -> dict[int, np.ndarray]:
         """The stored float vectors of ``ids`` (those that have one)."""

@@ -1,0 +1,59 @@
+"""What both engines' ``Forgetting`` do alike once a guild's or a member's messages are
+gone: their other rows leave, and an author nobody names any more leaves with them.
+
+Each engine's ``forget_*`` takes its own locks (PostgreSQL) or marks its transaction
+as erasing (SQLite) and deletes the messages its own way (tombstones, vectors, the
+keyword index); then it calls these, inside the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from memory.storage.dialect import Dialect
+from memory.storage.guilds import settings_changed
+
+__all__ = ["drop_guild_rows", "drop_member_names", "drop_unknown_authors"]
+
+
+def drop_guild_rows(conn: Any, dialect: Dialect, guild_id: int, tables: Sequence[str]) -> None:
+    """Delete a guild's rows from ``tables`` (each has a ``guild_id``), its channels and its
+    name, and the authors only it named; move the settings version.
+
+    Args:
+        conn: A connection inside the caller's write transaction.
+        dialect: How the engine's SQL differs from the shared SQL.
+        guild_id: The guild being forgotten (its messages are gone already).
+        tables: The engine's tables that hold the guild's settings, cursors and names.
+    """
+    named = [row[0] for row in conn.execute(
+        dialect.sql("SELECT author_id FROM member_names WHERE guild_id = ?"), (guild_id,))]
+    for table in tables:
+        conn.execute(dialect.sql(f"DELETE FROM {table} WHERE guild_id = ?"), (guild_id,))
+    conn.execute(dialect.sql("DELETE FROM channels WHERE guild_id = ?"), (guild_id,))
+    conn.execute(dialect.sql("DELETE FROM guilds WHERE id = ?"), (guild_id,))
+    drop_unknown_authors(conn, dialect, named)
+    settings_changed(conn, dialect)
+
+
+def drop_member_names(conn: Any, dialect: Dialect, guild_id: int, author_id: int) -> None:
+    """Delete the names a forgotten member has in one guild (not those they have in
+    others), their ``authors`` row once nothing names them, and move the settings
+    version (they are opted out now).  Inside the caller's write transaction."""
+    conn.execute(dialect.sql("DELETE FROM member_names WHERE guild_id = ? AND author_id = ?"),
+                 (guild_id, author_id))
+    drop_unknown_authors(conn, dialect, [author_id])
+    settings_changed(conn, dialect)
+
+
+def drop_unknown_authors(conn: Any, dialect: Dialect, author_ids: Sequence[int]) -> None:
+    """Delete the ``authors`` rows of those of ``author_ids`` that no guild names any more
+    and no stored message refers to (one pass over the messages, only if any is left)."""
+    unnamed = [row[0] for row in conn.execute(dialect.sql(
+        f"SELECT id FROM authors WHERE {dialect.in_ids('id')} AND NOT EXISTS "
+        "(SELECT 1 FROM member_names n WHERE n.author_id = authors.id)"),
+        (dialect.ids(author_ids),))]
+    if unnamed:
+        conn.execute(dialect.sql(f"DELETE FROM authors WHERE {dialect.in_ids('id')} AND id NOT IN "
+                                 "(SELECT author_id FROM messages)"), (dialect.ids(unnamed),))
