@@ -76,3 +76,19 @@ def test_another_process_sees_the_change(storage: Storage, tmp_db: str) -> None:
         assert 9 in other.guilds.settings(GUILD).opted_out
     finally:
         other.close()
+
+
+def test_forgetting_a_guild_drops_its_reconcile_progress(
+    storage: Storage, make_record: Callable[..., MessageRecord]
+) -> None:
+    """A guild the bot left keeps no trace, reconcile's run and cursors included: SQLite's
+    table list lacked them while PostgreSQL's had them (drift found in issue 34's refactor)."""
+    channel = OTHER_GUILD + 1
+    storage.messages.upsert([make_record("elsewhere", guild_id=OTHER_GUILD, channel_id=channel)])
+    storage.guilds.begin_reconcile_run(OTHER_GUILD, 1_000)
+    storage.guilds.save_reconcile_cursor(OTHER_GUILD, channel, 1_000, 123)
+    storage.guilds.begin_reconcile_run(GUILD, 2_000)  # another guild's run stays
+    storage.forgetting.forget_guild(OTHER_GUILD)
+    assert storage.guilds.reconcile_run(OTHER_GUILD) is None
+    assert storage.guilds.reconcile_cursor(channel) is None
+    assert storage.guilds.reconcile_run(GUILD) == 2_000

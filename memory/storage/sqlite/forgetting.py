@@ -24,7 +24,7 @@ from memory.storage.sqlite.vectors import Vec0Table
 
 # what forgetting a guild removes besides its messages, channels and name
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
-                 "missed_messages",
+                 "missed_messages", "reconcile_cursors", "reconcile_runs",
                  "guild_settings", "code_stats", "member_names")
 
 
