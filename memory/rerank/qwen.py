@@ -43,7 +43,6 @@ from typing import Any
 import torch
 
 from memory.config import RerankerConfig, detect_accelerator, missing_device
-from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.rerank import deadline
 from memory.rerank.kv_cache import (
@@ -56,6 +55,7 @@ from memory.rerank.kv_cache import (
 from memory.rerank.prompt import SUFFIX, document_text, head_text
 from memory.rerank.qwen_static import StaticScorer, plan_runs
 from memory.rerank.tokenizer_process import TokenizerProcess
+from memory.torch_threads import settle_cpu_threads
 
 log = logging.getLogger(__name__)
 
