@@ -151,7 +151,7 @@ MEMORY_LAYERS: list[tuple[str, ...]] = [
     ("records", "text", "filters", "settings", "metrics", "torch_threads"),  # data, helpers
     ("config", "retention", "importer"),  # profiles, the retention clock, export readers
     ("storage",),  # the database: the contract and one package per engine
-    ("embedder", "llm", "ingest"),  # the embedding model, the chat client, imports stored
+    ("embedder", "llm", "ingest", "embedding"),  # the models; imports and vectors stored
     ("rerank",),  # second-stage scoring (the LLM judge uses the chat client)
     ("search",),  # one search: embed, read the ranked lists, rank, rerank
     ("context",),  # a search's hits as excerpts, and the chat model's prompt
