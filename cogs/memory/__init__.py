@@ -19,11 +19,12 @@ the cogs that share it:
                     (``ShardedMemoryBot`` when the process runs some of the shards)
 ==================  ============================================================
 
-and their helpers: ``capture`` (messages become records; the write queue),
-``permissions`` (who may read what), ``answers`` (grounded answers), ``render``
-(embeds), ``errors`` (every failure answered with a trace id), ``guild_only``,
-``shards`` (which guilds this process answers for, when the bot's shards are spread
-over several processes sharing one database).
+and their helpers: ``capture`` (messages become records), ``write_queue`` (the
+ordered, retrying write queue), ``follow`` (other processes' settings and profile
+changes), ``permissions`` (who may read what), ``answers`` (grounded answers),
+``render`` (embeds), ``errors`` (every failure answered with a trace id),
+``guild_only``, ``shards`` (which guilds this process answers for, when the bot's
+shards are spread over several processes sharing one database).
 
 Three rules hold everywhere:
 
@@ -31,7 +32,7 @@ Three rules hold everywhere:
   (:mod:`cogs.memory.permissions`), and a reply others will read only quotes sources
   everyone in the reply channel can read.
 * Every engine call runs on the runtime's worker threads: writes on one thread
-  behind a retrying queue (:mod:`cogs.memory.capture`), searches on a small capped pool,
+  behind a retrying queue (:mod:`cogs.memory.write_queue`), searches on a small capped pool,
   embedding on its own, so a slow rerank never delays storing a message and the
   event loop never waits on SQLite, torch or HTTP.
 * Errors reach the member as one short line, never silence; unexpected ones are

@@ -4,7 +4,7 @@
 it and hands it to every memory cog; ``teardown`` stops it after the cogs are gone.
 
 * **Threads.**  Every engine call runs off the event loop, each kind on its own
-  workers: writes on one thread behind the retrying queue (:mod:`cogs.memory.capture`),
+  workers: writes on one thread behind the retrying queue (:mod:`cogs.memory.write_queue`),
   quick reads (settings, counts) on two, searches on a small capped pool, embedding
   on its own, so a slow rerank never delays storing a message.
 * **Order.**  Deletions (forget-me, purges, retention) run in the same queue as the
@@ -38,9 +38,9 @@ import discord
 from discord.ext import commands, tasks
 
 from cogs.memory.answers import make_chat_client
-from cogs.memory.capture import Write, WriteQueue, describe
 from cogs.memory.follow import Follower
 from cogs.memory.shards import Shards
+from cogs.memory.write_queue import Write, WriteQueue, describe
 from memory.config import Profile
 from memory.errors import (
     DiskFullError,

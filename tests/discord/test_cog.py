@@ -20,7 +20,8 @@ import discord
 import pytest
 
 from cogs.memory.answers import make_chat_client
-from cogs.memory.capture import WriteQueue, record_from_message
+from cogs.memory.capture import record_from_message
+from cogs.memory.write_queue import WriteQueue
 from memory.config import LLMConfig, Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
@@ -486,13 +487,13 @@ async def test_a_long_busy_spell_is_a_warning_with_the_writes_waiting(
     how many writes wait, then only every BUSY_WARN_EVERY_S; a short spell stays INFO."""
     h = harness
     # the module the loaded extension runs (discord.py re-imports it per load)
-    capture = sys.modules["cogs.memory.capture"]
-    monkeypatch.setattr(capture, "BUSY_WARN_AFTER_S", warn_after_s)
-    monkeypatch.setattr(capture, "BUSY_WARN_EVERY_S", 3600.0)
+    queue = sys.modules["cogs.memory.write_queue"]
+    monkeypatch.setattr(queue, "BUSY_WARN_AFTER_S", warn_after_s)
+    monkeypatch.setattr(queue, "BUSY_WARN_EVERY_S", 3600.0)
     other = connect(h.engine.storage.database.location)
     other.execute("PRAGMA busy_timeout = 0")
     h.engine.storage.database.set_busy_timeout(0.05)
-    with caplog.at_level(logging.INFO, logger="cogs.memory.capture"):
+    with caplog.at_level(logging.INFO, logger="cogs.memory.write_queue"):
         other.execute("BEGIN IMMEDIATE")
         sent = [await say(h, f"message number {i}") for i in range(5)]
         await until(lambda: sum("database busy" in r.getMessage() for r in caplog.records) >= 3)
@@ -501,7 +502,7 @@ async def test_a_long_busy_spell_is_a_warning_with_the_writes_waiting(
         await settle(h, embed=False)
     assert h.engine.storage.messages.count() == len(sent)  # nothing was lost
     warnings = [r.getMessage() for r in caplog.records
-                if r.name == "cogs.memory.capture" and r.levelno >= logging.WARNING]
+                if r.name == "cogs.memory.write_queue" and r.levelno >= logging.WARNING]
     if warn_after_s:
         assert warnings == []
         return
