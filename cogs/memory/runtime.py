@@ -100,7 +100,11 @@ class MemoryRuntime:
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # set at start
-        self.follower = Follower(self)  # other processes' settings and profile changes
+        self.follower = Follower(  # other processes' settings and profile changes
+            engine.storage, read=self.read, profile_name=lambda: engine.rerankers.profile_name,
+            drop_settings=self.drop_all_settings, spawn=self.spawn,
+            switch_profile=functools.partial(self.switch_profile, remember=False),
+        )
         self.chat: ChatClient | None = make_chat_client(engine.profile)  # None without [llm]
 
     # -- life cycle ------------------------------------------------------------------------
