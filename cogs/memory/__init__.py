@@ -8,7 +8,7 @@ the cogs that share it:
 ``runtime``         :class:`MemoryRuntime` (not a cog): worker threads, the ordered
                     write queue, the embedding and retention loops, the settings cache
 ``listeners``       :class:`MemoryListeners`: capture and forget gateway events
-``search``          :class:`SearchCog`, registered as ``"MemoryCog"``: ``/search``, *Find
+``search``          :class:`MemoryCog` (``bot.get_cog("MemoryCog")``): ``/search``, *Find
                     related messages*, mention answers, and ``context_for`` for other cogs
 ``member``          :class:`MemberCommands`: ``/memory …``
 ``admin``           :class:`AdminCommands`: ``/memory-admin …`` (``channels`` subgroup)
@@ -58,11 +58,11 @@ from cogs.memory.member import MemberCommands
 from cogs.memory.owner import OwnerCommands
 from cogs.memory.reconcile import Reconciler
 from cogs.memory.runtime import MemoryRuntime
-from cogs.memory.search import SearchCog
+from cogs.memory.search import MemoryCog
 
 __all__ = [
-    "AdminCommands", "Backfiller", "MemberCommands", "MemoryBot", "MemoryListeners",
-    "MemoryRuntime", "OwnerCommands", "Reconciler", "SearchCog", "setup", "teardown",
+    "AdminCommands", "Backfiller", "MemberCommands", "MemoryBot", "MemoryCog", "MemoryListeners",
+    "MemoryRuntime", "OwnerCommands", "Reconciler", "setup", "teardown",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ async def setup(bot: commands.Bot) -> None:
     runtime.start()
     backfill = Backfiller(bot, engine, runtime)
     reconciler = Reconciler(bot, engine, runtime)
-    search = SearchCog(runtime)
+    search = MemoryCog(runtime)
     for cog in (
         MemoryListeners(runtime, backfill, reconciler),
         search,

@@ -4,7 +4,7 @@ Every event becomes a write in the runtime's ordered queue: a new or edited mess
 is stored (or its stored copy updated), a deleted message, channel, thread or guild
 is forgotten.  When the bot is ready it starts the hourly retention job and catches
 up on what was said, then deleted, while it was away.  Mentions are answered by
-:class:`cogs.memory.search.SearchCog`, which listens to the same messages.
+:class:`cogs.memory.search.MemoryCog`, which listens to the same messages.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from discord.ext import commands
 from cogs.memory.guild_only import guild_id_of, member_of
 from cogs.memory.render import inert
 from cogs.memory.runtime import MemoryRuntime
-from cogs.memory.search import SearchCog
+from cogs.memory.search import MemoryCog
 from memory.config import LLMConfig
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class MemberCommands(
         search: Whose allow-list says which channels the member's counts cover.
     """
 
-    def __init__(self, runtime: MemoryRuntime, search: SearchCog) -> None:
+    def __init__(self, runtime: MemoryRuntime, search: MemoryCog) -> None:
         self.runtime = runtime
         self.engine = runtime.engine
         self.search = search

@@ -100,6 +100,14 @@ def ids_for(h: Harness, query: str, **options) -> list[int]:
     return [hit.id for hit in h.engine.search(query, guild_id=G, limit=20, **options).hits]
 
 
+async def test_each_memory_cog_is_registered_under_its_class_name(harness):
+    """``bot.get_cog`` finds a cog by the name a reader sees on its class."""
+    cogs = harness.bot.cogs
+    assert {name: type(cog).__name__ for name, cog in cogs.items()} == {n: n for n in cogs}
+    assert {"MemoryCog", "MemoryListeners"} <= set(cogs)
+    assert harness.search is cogs["MemoryCog"]
+
+
 # -- capture -------------------------------------------------------------------------------
 
 def test_record_from_a_gateway_message(tmp_path):
