@@ -7,6 +7,7 @@ the cogs that share it:
 ==================  ============================================================
 ``runtime``         :class:`MemoryRuntime` (not a cog): worker threads, the ordered
                     write queue, the embedding and retention loops, the settings cache
+                    (``settings_cache``) and Discord's clock (``discord_clock``)
 ``listeners``       :class:`MemoryListeners`: capture and forget gateway events
 ``search``          :class:`MemoryCog` (``bot.get_cog("MemoryCog")``): ``/search``, *Find
                     related messages*, mention answers, and ``context_for`` for other cogs

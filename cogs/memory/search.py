@@ -125,7 +125,7 @@ class MemoryCog(commands.Cog):
             return
         if message.author.bot or not _mentions_bot(message, me.id):
             return
-        settings = await self.runtime.settings(message.guild.id)
+        settings = await self.runtime.guild_settings.get(message.guild.id)
         channel = message.channel
         parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
         if not settings.answers_in(channel.id, parent_id):
