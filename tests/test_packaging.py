@@ -195,6 +195,19 @@ def test_memory_imports_only_downwards() -> None:
     assert upward == []
 
 
+# The first-party packages, lowest first: the engine, its Discord glue, the command
+# line, the benchmarks (source checkout only), the entry point.
+PACKAGE_LAYERS = ["memory", "cogs", "cli", "benchmarks", "bot"]
+
+
+@pytest.mark.parametrize("package", PACKAGE_LAYERS[:-1])  # bot.py is the top: it may import all
+def test_packages_import_only_downwards(package: str) -> None:
+    """No package imports one above it (cogs never imports cli, cli never the benchmarks)."""
+    files = list(ROOT.glob(f"{package}/**/*.py"))
+    above = set(PACKAGE_LAYERS[PACKAGE_LAYERS.index(package) + 1:])
+    assert _all_imports(files) & above == set()
+
+
 @pytest.mark.parametrize("package", ["memory", "cogs"])
 def test_nothing_above_storage_writes_sql(package: str) -> None:
     """SQL lives in memory/storage/ (each engine's own package), nowhere else in the bot."""
