@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeGuard
 
 from memory.errors import DiskFullError, StorageBusy
 from memory.records import MessageRecord
@@ -26,6 +27,7 @@ from memory.storage.contract import Guilds
 log = logging.getLogger(__name__)
 
 SETTINGS_TTL_S = 60.0
+_Cached = tuple[float, GuildSettings]  # when it was kept (monotonic), the settings
 
 
 class SettingsCache:
@@ -39,7 +41,7 @@ class SettingsCache:
     def __init__(self, guilds: Guilds, read: Callable[..., Awaitable[GuildSettings]]) -> None:
         self._guilds = guilds
         self._read = read
-        self._cached: dict[int, tuple[float, GuildSettings]] = {}
+        self._cached: dict[int, _Cached] = {}
         self._epoch = 0  # moves when the cache is dropped: reads begun before are not kept
         self._loop: asyncio.AbstractEventLoop | None = None  # set at start
 
@@ -53,14 +55,14 @@ class SettingsCache:
 
     async def get(self, guild_id: int) -> GuildSettings:
         """This guild's settings: the cached ones while fresh, else read now and kept."""
-        cached = self._fresh(guild_id)
-        if cached is not None:
-            return cached
+        cached = self._cached.get(guild_id)
+        if _fresh(cached):
+            return cached[1]
         epoch = self._epoch
         try:
             settings = await self._read(self._guilds.settings, guild_id)
         except Exception as exc:  # never drop a message over a settings read
-            return self._last_known(guild_id, exc)
+            return _last_known(guild_id, cached, exc)
         if epoch == self._epoch:  # else a change was seen meanwhile: read again next time
             self.keep(guild_id, settings)
         return settings
@@ -73,16 +75,16 @@ class SettingsCache:
             StorageBusy: The database is busy (the write queue retries the batch).
             DiskFullError: The disk is full (likewise).
         """
-        cached = self._fresh(guild_id)
-        if cached is not None:
-            return cached
+        cached = self._cached.get(guild_id)
+        if _fresh(cached):
+            return cached[1]
         epoch = self._epoch
         try:
             settings = self._guilds.settings(guild_id)
         except (StorageBusy, DiskFullError):
             raise  # the queue retries the batch: its writes would meet the same
         except Exception as exc:  # never drop a message over a settings read
-            return self._last_known(guild_id, exc)
+            return _last_known(guild_id, cached, exc)
         try:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._keep_if_current, guild_id, settings, epoch)
@@ -119,18 +121,18 @@ class SettingsCache:
         self._epoch += 1
         self._cached.clear()
 
-    def _fresh(self, guild_id: int) -> GuildSettings | None:
-        cached = self._cached.get(guild_id)
-        if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
-            return cached[1]
-        return None
-
-    def _last_known(self, guild_id: int, exc: Exception) -> GuildSettings:
-        log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
-        # opt-outs are enforced again where messages are written
-        cached = self._cached.get(guild_id)
-        return cached[1] if cached is not None else GuildSettings(guild_id)
-
     def _keep_if_current(self, guild_id: int, settings: GuildSettings, epoch: int) -> None:
         if epoch == self._epoch:  # else a change was seen since they were read
             self.keep(guild_id, settings)
+
+
+def _fresh(cached: _Cached | None) -> TypeGuard[_Cached]:
+    """Whether a cache entry exists and is younger than :data:`SETTINGS_TTL_S`."""
+    return cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S
+
+
+def _last_known(guild_id: int, cached: _Cached | None, exc: Exception) -> GuildSettings:
+    """The settings to use when reading them failed: the cached ones, stale or not."""
+    log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
+    # opt-outs are enforced again where messages are written
+    return cached[1] if cached is not None else GuildSettings(guild_id)
