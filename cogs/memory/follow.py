@@ -62,7 +62,8 @@ class Follower:
         read: Runs a read off the event loop (the runtime's read threads).
         profile_name: The name of the profile this process runs now.
         drop_settings: Drops every cached guild setting (the settings version moved).
-        switch_profile: Loads a profile and swaps it in, without storing the choice.
+        switch_profile: Swaps in the profile another process chose, without storing the
+            choice again.
         spawn: Runs a switch in the background, so that stopping the bot cancels it.
     """
 
