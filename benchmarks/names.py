@@ -1,7 +1,7 @@
 """``bench member-names``: finding the members a query names, as a server grows.
 
 Every search with bonuses on checks its text for member names
-(:mod:`memory.names`).  This times that index against the plain definition it
+(:mod:`memory.search.names`).  This times that index against the plain definition it
 replaced (a case-blind regular expression per name and display name, and
 ``difflib`` over every name for misspellings, patterns compiled once), side by
 side in one run on synthetic members, and counts the queries on which the two
@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.common import machine_description, percentile
 from benchmarks.scale import _vocabulary, _words
-from memory.names import MemberNames
+from memory.search.names import MemberNames
 
 PLAIN_FUZZY_LIMIT = 5000  # the plain definition skipped misspellings above this many names
 

@@ -42,10 +42,10 @@ from cli.demo import demo_dir, demo_queries
 from cli.scoring import load_queries
 from memory.config import LlamaServerConfig, QwenConfig
 from memory.errors import RerankerUnavailable
-from memory.rerank.llama_answers import sigmoid, yes_probability
 from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
 from memory.rerank.prompt import DEFAULT_INSTRUCTION, SYSTEM_PROMPT, user_turn
 from memory.rerank.qwen import QwenReranker
+from memory.rerank.score_parsing import sigmoid, yes_probability
 
 log = logging.getLogger(__name__)
 

@@ -123,7 +123,7 @@ async def _burst(db: Path, profile: Profile, payload: dict, count: int) -> dict:
     # the gateway's payloads, parsed on the loop as discord.py does on MESSAGE_CREATE
     payloads = _message_payloads([
         f"burst message {i} about the printer and its filament" for i in range(count)])
-    await runtime.settings(GUILD)  # as on a running bot, the guild's settings are cached
+    await runtime.guild_settings.get(GUILD)  # as on a running bot, the guild's settings are cached
 
     async def deliver() -> int:
         for data in payloads:

@@ -11,11 +11,13 @@ of several processes sharing one database, each running some of the bot's shards
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import aiohttp
 import click
@@ -71,60 +73,118 @@ def run_bot(
         log.info("running %s: this process answers for their servers only", shards.describe())
     log.info("loading models before connecting")
     engine.preload()
-
-    async def serve() -> None:
-        stop = asyncio.Event()
-        bots: list[MemoryBot] = []
-        closing: set[asyncio.Task] = set()
-
-        def on_signal() -> None:
-            stop.set()
-            if bots:
-                closing.add(asyncio.ensure_future(bots[-1].close()))
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, on_signal)
-            except (NotImplementedError, RuntimeError):  # e.g. Windows, or not the main thread
-                pass
-        for attempt, pause in enumerate([*retry_delays, None], start=1):
-            bot = memory_bot(engine, shards=shards, sync=sync, owner_ids=owner_ids,
-                             owns_engine=False)
-            bots.append(bot)
-            try:
-                async with bot:  # a fresh bot each time: a failed login leaves half-set-up state
-                    await bot.start(token)
-                return
-            except Exception as exc:
-                if stop.is_set():  # closed mid-(re)connect: what it raises is the close's doing
-                    log.debug("the connection ended while stopping: %r", exc)
-                    return
-                if pause is None or not isinstance(exc, TRANSIENT):
-                    raise
-                log.warning("starting failed (%s); trying again in %g s (try %d of %d; "
-                            "%g s of waiting left before giving up)", _describe(exc), pause,
-                            attempt + 1, len(retry_delays) + 1, sum(retry_delays[attempt - 1:]))
-            try:
-                await asyncio.wait_for(stop.wait(), pause)
-                return  # stopped while waiting
-            except TimeoutError:
-                pass
-
-    problem = None
-    try:
-        asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
-    except Exception as exc:  # every failure is one line; the traceback only at DEBUG
-        log.debug("the bot stopped on an error", exc_info=True)
-        problem = _startup_problem(exc)
-    finally:
-        engine.close()
+    new_bot = functools.partial(memory_bot, engine, shards=shards, sync=sync,
+                                owner_ids=owner_ids, owns_engine=False)
+    problem = _run_until_stopped(_serve(new_bot, token, retry_delays), engine)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     return 0
+
+
+async def _serve(new_bot: Callable[[], MemoryBot], token: str,
+                 retry_delays: Sequence[float]) -> None:
+    """Serve in the running event loop (where the stop signal's event must be made)."""
+    await _Serving(new_bot, token, retry_delays).serve()
+
+
+def _run_until_stopped(serving: Coroutine[Any, Any, None], engine: MemoryEngine) -> str | None:
+    """Run ``serving`` in a new event loop, then close the engine.
+
+    Returns:
+        Why the bot stopped for good, as the one line to show; ``None`` for a clean
+        stop (a signal, Ctrl-C, or the connection closed by the bot itself).
+    """
+    try:
+        asyncio.run(serving)
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # every failure is one line; the traceback only at DEBUG
+        log.debug("the bot stopped on an error", exc_info=True)
+        return _startup_problem(exc)
+    finally:
+        engine.close()
+    return None
+
+
+class _Serving:
+    """One run of the bot: start-up attempts with pauses between them, until stopped.
+
+    A fresh bot is made for every attempt (a failed login leaves half-set-up state);
+    SIGTERM and SIGINT close the latest one, or end a pause between attempts.
+
+    Args:
+        new_bot: Makes the bot for one attempt.
+        token: The bot token.
+        retry_delays: Pauses after attempts that failed for a passing reason.
+    """
+
+    def __init__(self, new_bot: Callable[[], MemoryBot], token: str,
+                 retry_delays: Sequence[float]) -> None:
+        self.new_bot = new_bot
+        self.token = token
+        self.retry_delays = retry_delays
+        self.stop = asyncio.Event()
+        self.bots: list[MemoryBot] = []
+        self.closing: set[asyncio.Task] = set()  # close() tasks, kept until they are done
+
+    async def serve(self) -> None:
+        """Start the bot and serve; after a passing failure pause, then try again.
+
+        Raises:
+            Exception: What stopped the last attempt, or a failure that is not passing.
+        """
+        self._handle_signals()
+        for attempt, pause in enumerate([*self.retry_delays, None], start=1):
+            if await self._attempt(attempt, pause) or pause is None:
+                return
+            if await self._stopped_within(pause):
+                return
+
+    def _handle_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal)
+            except (NotImplementedError, RuntimeError):  # e.g. Windows, or not the main thread
+                pass
+
+    def _on_signal(self) -> None:
+        self.stop.set()
+        if self.bots:
+            self.closing.add(asyncio.ensure_future(self.bots[-1].close()))
+
+    async def _attempt(self, attempt: int, pause: float | None) -> bool:
+        """Run one bot until it ends: ``True`` when serving is over, ``False`` to try again.
+
+        Raises:
+            Exception: A failure that is not passing, or any failure of the last attempt.
+        """
+        bot = self.new_bot()
+        self.bots.append(bot)
+        try:
+            async with bot:  # a fresh bot each time: a failed login leaves half-set-up state
+                await bot.start(self.token)
+            return True
+        except Exception as exc:
+            if self.stop.is_set():  # closed mid-(re)connect: what it raises is the close's doing
+                log.debug("the connection ended while stopping: %r", exc)
+                return True
+            if pause is None or not isinstance(exc, TRANSIENT):
+                raise
+            delays = self.retry_delays
+            log.warning("starting failed (%s); trying again in %g s (try %d of %d; "
+                        "%g s of waiting left before giving up)", _describe(exc), pause,
+                        attempt + 1, len(delays) + 1, sum(delays[attempt - 1:]))
+            return False
+
+    async def _stopped_within(self, pause: float) -> bool:
+        """Wait ``pause`` seconds; ``True`` when a signal stopped the bot meanwhile."""
+        try:
+            await asyncio.wait_for(self.stop.wait(), pause)
+            return True
+        except TimeoutError:
+            return False
 
 
 def _describe(exc: BaseException) -> str:

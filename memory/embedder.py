@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -22,6 +21,7 @@ import numpy as np
 from memory.config import DEFAULT_EMBEDDER, EmbedderConfig
 from memory.errors import ConfigError
 from memory.hardware import detect_accelerator, missing_device
+from memory.torch_threads import settle_cpu_threads
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,6 @@ _DIRECT_MAX = 32  # up to this many texts skip encode()'s per-call set-up
 QUERY_LENGTHS = (16, 32, 64, 128, 256, 512)
 _WARM_RUNS = 3  # TorchScript's profiling executor optimises a shape after its first runs
 _TRACING = threading.Lock()
-_ONE_THREAD = threading.Lock()
-_SETTLED = threading.local()  # .done: this thread has its torch thread count
 
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -53,55 +51,6 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Return an ``(len(texts), dimension)`` float32 array of unit vectors."""
         ...
-
-
-@contextmanager
-def one_cpu_thread() -> Iterator[None]:
-    """Run this thread's torch CPU work inside the block on one thread, for work
-    running beside it.
-
-    A hybrid search reads its keyword lists on another thread while its query is
-    embedded.  On two cores torch's second thread and that reader took turns on one
-    core, and a 100k-message search took 34.9 ms p50; with the embedding on one
-    thread (alone a little slower than on two: one short query 10.6 vs 9.4 ms), 31.0
-    ms (BENCHMARKS.md).  With OpenMP each thread keeps its own count, but
-    ``set_num_threads`` also sets the default that a thread takes at its first torch
-    work: blocks run one at a time (so each finds and restores the default), and
-    :func:`settle_cpu_threads` keeps other threads from starting inside one.  A
-    no-op until torch is imported, and with torch's own thread pool instead of
-    OpenMP (it cannot be resized once used).
-    """
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.backends.openmp.is_available():
-        yield
-        return
-    with _ONE_THREAD:
-        before = torch.get_num_threads()
-        _SETTLED.done = True
-        torch.set_num_threads(1)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-
-
-def settle_cpu_threads() -> None:
-    """Give this thread torch's default CPU thread count, if it has no count yet.
-
-    torch gives a thread its count at its first torch work, from a default that a
-    :func:`one_cpu_thread` block lowers to one while it runs; a thread that began
-    inside such a block (an import's first batch, a reranker's first scoring) would
-    stay on one thread for good.  Called before torch work by the embedder and the
-    reranker; cheap after the first call in a thread.
-    """
-    if getattr(_SETTLED, "done", False):
-        return
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    with _ONE_THREAD:  # no block is open: the default is the real one
-        torch.get_num_threads()  # this fixes the thread's count
-    _SETTLED.done = True
 
 
 def resolve_model(name: str) -> tuple[str, str]:

@@ -2,9 +2,10 @@
 
 It composes the storage (:mod:`memory.storage`), the embedder, the searcher and the
 active reranker, and does what takes more than one of them: ingest and import (store,
-then embed), embed the backlog, re-embed, search, retrieve context for a chat model,
-forget, and switch hardware profile.  What needs the storage alone is asked of it
-directly: ``engine.storage.<noun>.<method>`` (``engine.storage.guilds.settings(g)``).
+then embed), embed the backlog and re-embed (:mod:`memory.embedding`), search,
+retrieve context for a chat model, forget, and switch hardware profile.  What needs
+the storage alone is asked of it directly: ``engine.storage.<noun>.<method>``
+(``engine.storage.guilds.settings(g)``).
 Every deletion goes through the engine's ``forget_*`` methods.  Everything here is
 synchronous; the cog crosses into a worker thread once, at its boundary.
 """
@@ -20,24 +21,20 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
-
 from memory import retention
 from memory.config import Profile
 from memory.context import Context, TokenCounter, assemble_context, token_counter_for
 from memory.embedder import Embedder, SentenceTransformerEmbedder
+from memory.embedding import MessageEmbedder
 from memory.errors import EmbeddingModelMismatch
 from memory.ingest import ImportSummary, IngestStats, Progress, store_exports
 from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms, ms_to_datetime
 from memory.rerank.manager import RerankerManager
 from memory.rerank.service import RerankerStatus
 from memory.search import Searcher, SearchRequest
-from memory.storage import Storage, claims, open_storage
-from memory.text import embedding_text, needs_antecedent
+from memory.storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
-
-EMBED_CHUNK = 256  # messages fetched, encoded and written per step of the backlog
 
 
 class MemoryEngine:
@@ -70,6 +67,7 @@ class MemoryEngine:
         self.profile = profile
         self.storage: Storage = open_storage(db_path)
         self.embedder = embedder or SentenceTransformerEmbedder(profile.embedder)
+        self.embedding = MessageEmbedder(self.storage, self.embedder, profile.embedder)
         if check_model:
             self._check_model()
             self.storage.meta.model = self.embedder.model_id  # a reembed elsewhere is noticed
@@ -214,133 +212,27 @@ class MemoryEngine:
         self, *, progress: Progress | None = None, stop: threading.Event | None = None,
         chunk: int = 0,
     ) -> int:
-        """Embed every stored message that has no vector yet, in chunks.
-
-        Each chunk is written in its own transaction, so an interrupted run keeps
-        what it finished and the next run continues with the rest.
+        """Embed every stored message that has no vector yet, in chunks, each in its own
+        transaction (:meth:`memory.embedding.MessageEmbedder.embed_pending`).
 
         Args:
             progress: Called with the size of each chunk written.
-            stop: Once set, the run ends after the chunk it is on (a shutdown waits
-                for one chunk, not the whole backlog); the rest stays pending.
-            chunk: Messages per step; 0 is :data:`EMBED_CHUNK`.  A caller that may
-                have to stop soon (the bot) takes smaller steps.
+            stop: Once set, the run ends after the chunk it is on; the rest stays pending.
+            chunk: Messages per step; 0 is :data:`memory.embedding.EMBED_CHUNK`.
 
         Returns:
-            How many messages were embedded (a message the embedder failed on is set
-            aside instead: :meth:`_embed_batch`).
+            How many messages were embedded (those the embedder failed on are set aside).
         """
-        backlog = self.storage.backlog
-        backlog.retry_set_aside(keep_model=self.embedder.model_id)  # another model failed
-        if backlog.pending_count() == 0:
-            return 0
-        self.storage.meta.bind_model(self.embedder.model_id, self.embedder.dimension)
-        owner = claims.process_owner()  # concurrent embedders stay off each other's batches
-        done = 0
-        try:
-            while not (stop is not None and stop.is_set()) and (
-                batch := backlog.claim(chunk or EMBED_CHUNK, owner=owner)
-            ):
-                embedded, vectors = self._embed_batch(batch)
-                backlog.write_vectors(embedded, vectors, owner=owner)
-                done += len(embedded)  # not those set aside
-                if progress:
-                    progress(len(batch))
-        finally:
-            backlog.release(owner)
-        log.info("embedded %d messages", done)
-        return done
-
-    def _embed_batch(
-        self, batch: list[PendingMessage]
-    ) -> tuple[list[PendingMessage], np.ndarray]:
-        """Embed a claimed batch; the messages the embedder fails on are set aside.
-
-        When the batch fails, each message is tried alone, so one message the
-        embedder cannot take never blocks the backlog (issue 31, item 2).  When all
-        fail alone and a plain probe sentence fails too, the embedder itself is
-        broken: the batch's error is raised and nothing is set aside.
-
-        Returns:
-            The messages embedded and their vectors, in the same order.
-        """
-        texts = [self.embedding_text(m) for m in batch]
-        try:
-            return batch, self.embedder.embed(texts)
-        except Exception as error:  # a poison message or a broken embedder: see which
-            kept, vectors, failures = self._embed_one_by_one(batch, texts)
-            if not kept and not self._embedder_works():
-                raise error
-        if not failures:  # the batch failed as a whole (its size, say), its messages did not
-            return kept, vectors
-        for message_id, reason in failures.items():
-            log.warning("message %d set aside from embedding: %s (it stays stored and "
-                        "keyword-searchable; an edit, another model or `reembed` tries it "
-                        "again)", message_id, reason)
-        self.storage.backlog.set_aside(failures, model=self.embedder.model_id)
-        return kept, vectors
-
-    def _embed_one_by_one(
-        self, batch: list[PendingMessage], texts: list[str]
-    ) -> tuple[list[PendingMessage], np.ndarray, dict[int, str]]:
-        kept: list[PendingMessage] = []
-        rows: list[np.ndarray] = []
-        failures: dict[int, str] = {}
-        for message, text in zip(batch, texts):
-            try:
-                rows.append(self.embedder.embed([text])[0])
-                kept.append(message)
-            except Exception as exc:  # recorded as the reason it is set aside
-                failures[message.id] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        vectors = np.stack(rows) if rows else np.zeros((0, self.embedder.dimension), np.float32)
-        return kept, vectors, failures
-
-    def _embedder_works(self) -> bool:
-        try:
-            self.embedder.embed(["a plain sentence to check the embedder"])
-        except Exception:  # the caller raises the batch's own error
-            return False
-        return True
+        return self.embedding.embed_pending(progress=progress, stop=stop, chunk=chunk)
 
     def embedding_text(self, message: PendingMessage) -> str:
         """The text embedded for a message, per the profile's ``[embedder] context`` setting."""
-        cfg = self.profile.embedder
-        with_antecedent = needs_antecedent(message.content, cfg.context, cfg.short_words)
-        return embedding_text(
-            message.author_name,
-            message.content,
-            message.attachments,
-            message.antecedent_author if with_antecedent else None,
-            message.antecedent_content if with_antecedent else None,
-        )
+        return self.embedding.embedding_text(message)
 
     def reembed(self, *, progress: Progress | None = None) -> int:
-        """Embed every message again with the current embedder, then swap the vectors in.
-
-        The new vectors fill a table beside the live one, which searches keep using
-        until the swap (:class:`~memory.storage.contract.VectorRebuild`); a run that
-        stops before it is carried on by the next.  It also rebuilds a damaged vector
-        table from the stored text, and tries again every message set aside earlier.
-        Returns how many messages were embedded.
-        """
-        model, dimension = self.embedder.model_id, self.embedder.dimension
-        self.storage.backlog.retry_set_aside()  # every message gets another chance
-        rebuild = self.storage.rebuild
-        if rebuild.start(model, dimension):
-            log.info("carrying on the re-embedding an earlier run began")
-        done = 0
-        for _ in range(2):  # the second pass: messages changed while the first ran
-            after = 0
-            while batch := rebuild.pending(after, EMBED_CHUNK):
-                embedded, vectors = self._embed_batch(batch)  # failures are set aside
-                done += rebuild.write(embedded, vectors)
-                after = batch[-1].id
-                if progress:
-                    progress(len(batch))
-        rebuild.finish(model, dimension)
-        self.storage.meta.model = model
-        return done + self.embed_pending(progress=progress)
-
+        """Embed every message again with the current embedder, then swap the vectors in
+        (:meth:`memory.embedding.MessageEmbedder.reembed`); how many were embedded."""
+        return self.embedding.reembed(progress=progress)
     # -- reads ------------------------------------------------------------------------
 
     def search(self, request: SearchRequest | str, **options) -> SearchResult:

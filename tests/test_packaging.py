@@ -170,6 +170,70 @@ def test_neither_storage_engine_imports_the_other(engine: str, other: str) -> No
     assert offenders == []
 
 
+# The layers of memory/, lowest first: a module imports from its own layer and the
+# layers below, never from one above (STYLE.md 20).  A new module joins a layer here.
+MEMORY_LAYERS: list[tuple[str, ...]] = [
+    ("errors",),  # the typed errors everything raises
+    ("records", "text", "filters", "settings", "metrics", "torch_threads"),  # data, helpers
+    ("config", "hardware", "urls", "retention", "importer"),  # profiles, devices, URLs, the retention clock, export readers
+    ("storage",),  # the database: the contract and one package per engine
+    ("embedder", "llm", "ingest", "embedding"),  # the models; imports and vectors stored
+    ("rerank",),  # second-stage scoring (the LLM judge uses the chat client)
+    ("search",),  # one search: embed, read the ranked lists, rank, rerank
+    ("context",),  # a search's hits as excerpts, and the chat model's prompt
+    ("engine",),  # composes all of the above
+    ("__init__",),  # memory itself: the public API, names from anywhere below
+]
+
+
+def _memory_imports(path: Path) -> set[str]:
+    """Every ``memory`` module ``path`` imports, annotation-only imports included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {f"{node.module}.{alias.name}" if node.module == "memory" else node.module
+                      for alias in node.names}
+    return {name for name in found if name.split(".")[0] == "memory"}
+
+
+def _layer_of(module: str) -> int | None:
+    """The index in :data:`MEMORY_LAYERS` of a dotted ``memory`` module, ``None`` if unplaced."""
+    part = module.split(".")[1] if "." in module else "__init__"
+    return next((i for i, layer in enumerate(MEMORY_LAYERS) if part in layer), None)
+
+
+def test_memory_imports_only_downwards() -> None:
+    """Each module of memory/ imports only from its own layer or a lower one."""
+    unplaced, upward = [], []
+    for path in ROOT.glob("memory/**/*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        layer = _layer_of(module)
+        if layer is None:
+            unplaced.append(module)
+            continue
+        for imported in sorted(_memory_imports(path)):
+            target = _layer_of(imported)
+            if target is None or target > layer:
+                upward.append(f"{module} (layer {layer}) imports {imported} (layer {target})")
+    assert unplaced == [], "add these modules to MEMORY_LAYERS"
+    assert upward == []
+
+
+# The first-party packages, lowest first: the engine, its Discord glue, the command
+# line, the benchmarks (source checkout only), the entry point.
+PACKAGE_LAYERS = ["memory", "cogs", "cli", "benchmarks", "bot"]
+
+
+@pytest.mark.parametrize("package", PACKAGE_LAYERS[:-1])  # bot.py is the top: it may import all
+def test_packages_import_only_downwards(package: str) -> None:
+    """No package imports one above it (cogs never imports cli, cli never the benchmarks)."""
+    files = list(ROOT.glob(f"{package}/**/*.py"))
+    above = set(PACKAGE_LAYERS[PACKAGE_LAYERS.index(package) + 1:])
+    assert _all_imports(files) & above == set()
+
+
 @pytest.mark.parametrize("package", ["memory", "cogs"])
 def test_nothing_above_storage_writes_sql(package: str) -> None:
     """SQL lives in memory/storage/ (each engine's own package), nowhere else in the bot."""

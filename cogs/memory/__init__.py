@@ -7,8 +7,9 @@ the cogs that share it:
 ==================  ============================================================
 ``runtime``         :class:`MemoryRuntime` (not a cog): worker threads, the ordered
                     write queue, the embedding and retention loops, the settings cache
+                    (``settings_cache``) and Discord's clock (``discord_clock``)
 ``listeners``       :class:`MemoryListeners`: capture and forget gateway events
-``search``          :class:`SearchCog`, registered as ``"MemoryCog"``: ``/search``, *Find
+``search``          :class:`MemoryCog` (``bot.get_cog("MemoryCog")``): ``/search``, *Find
                     related messages*, mention answers, and ``context_for`` for other cogs
 ``member``          :class:`MemberCommands`: ``/memory …``
 ``admin``           :class:`AdminCommands`: ``/memory-admin …`` (``channels`` subgroup)
@@ -19,11 +20,12 @@ the cogs that share it:
                     (``ShardedMemoryBot`` when the process runs some of the shards)
 ==================  ============================================================
 
-and their helpers: ``capture`` (messages become records; the write queue),
-``permissions`` (who may read what), ``answers`` (grounded answers), ``render``
-(embeds), ``errors`` (every failure answered with a trace id), ``guild_only``,
-``shards`` (which guilds this process answers for, when the bot's shards are spread
-over several processes sharing one database).
+and their helpers: ``capture`` (messages become records), ``write_queue`` (the
+ordered, retrying write queue), ``follow`` (other processes' settings and profile
+changes), ``permissions`` (who may read what), ``answers`` (grounded answers),
+``render`` (embeds), ``errors`` (every failure answered with a trace id),
+``guild_only``, ``shards`` (which guilds this process answers for, when the bot's
+shards are spread over several processes sharing one database).
 
 Three rules hold everywhere:
 
@@ -31,7 +33,7 @@ Three rules hold everywhere:
   (:mod:`cogs.memory.permissions`), and a reply others will read only quotes sources
   everyone in the reply channel can read.
 * Every engine call runs on the runtime's worker threads: writes on one thread
-  behind a retrying queue (:mod:`cogs.memory.capture`), searches on a small capped pool,
+  behind a retrying queue (:mod:`cogs.memory.write_queue`), searches on a small capped pool,
   embedding on its own, so a slow rerank never delays storing a message and the
   event loop never waits on SQLite, torch or HTTP.
 * Errors reach the member as one short line, never silence; unexpected ones are
@@ -57,11 +59,11 @@ from cogs.memory.member import MemberCommands
 from cogs.memory.owner import OwnerCommands
 from cogs.memory.reconcile import Reconciler
 from cogs.memory.runtime import MemoryRuntime
-from cogs.memory.search import SearchCog
+from cogs.memory.search import MemoryCog
 
 __all__ = [
-    "AdminCommands", "Backfiller", "MemberCommands", "MemoryBot", "MemoryListeners",
-    "MemoryRuntime", "OwnerCommands", "Reconciler", "SearchCog", "setup", "teardown",
+    "AdminCommands", "Backfiller", "MemberCommands", "MemoryBot", "MemoryCog", "MemoryListeners",
+    "MemoryRuntime", "OwnerCommands", "Reconciler", "setup", "teardown",
 ]
 
 log = logging.getLogger(__name__)
@@ -85,7 +87,7 @@ async def setup(bot: commands.Bot) -> None:
     runtime.start()
     backfill = Backfiller(bot, engine, runtime)
     reconciler = Reconciler(bot, engine, runtime)
-    search = SearchCog(runtime)
+    search = MemoryCog(runtime)
     for cog in (
         MemoryListeners(runtime, backfill, reconciler),
         search,

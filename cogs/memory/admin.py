@@ -111,7 +111,7 @@ class AdminCommands(
     @app_commands.checks.has_permissions(manage_guild=True)
     async def channels_show(self, interaction: discord.Interaction) -> None:
         """Show the channel mode and list."""
-        settings = await self.runtime.settings(guild_id_of(interaction))
+        settings = await self.runtime.guild_settings.get(guild_id_of(interaction))
         await interaction.response.send_message(describe_channels(settings), ephemeral=True)
 
     @channels.command(name="mode", description="Remember all, only listed, or all but listed channels")

@@ -30,7 +30,7 @@ import discord
 
 from cogs.memory.render import render_hits
 from memory.config import Profile
-from memory.context import Context
+from memory.context import Context, build_messages
 from memory.errors import (
     ChatModelError,
     ChatModelTimeout,
@@ -38,7 +38,7 @@ from memory.errors import (
     MemoryBotError,
     SearchInputError,
 )
-from memory.llm import ChatAnswer, ChatClient, build_messages, visible_text
+from memory.llm import ChatAnswer, ChatClient, visible_text
 from memory.records import SearchResult
 from memory.search import SearchRequest
 

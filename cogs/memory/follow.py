@@ -6,22 +6,27 @@ two small values: the storage's settings version (when it moved, the runtime dro
 every cached guild setting) and the stored profile choice (when another process
 switched it, this one loads the same profile and swaps it in, without storing the
 choice again).
+
+A follower is handed only what it uses: the storage it reads, a way to run a read
+off the event loop, and what to call when something changed (the runtime passes
+its own methods), so it can be built and tested without a runtime.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 from discord.ext import tasks
 
-from memory.config import load_profile
-
-if TYPE_CHECKING:
-    from cogs.memory.runtime import MemoryRuntime
+from memory.config import Profile, load_profile
+from memory.storage.contract import Storage
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 FOLLOW_INTERVAL_S = 2.0  # how often other processes' settings and profile changes are read
 
@@ -33,15 +38,51 @@ class _Unread:
 UNREAD = _Unread()
 
 
+class Read(Protocol):
+    """Runs a blocking call off the event loop and returns what it returned."""
+
+    def __call__(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        """Run ``fn(*args)`` on a worker thread."""
+        ...
+
+
+class Spawn(Protocol):
+    """Runs a coroutine in the background until it ends or the bot stops."""
+
+    def __call__(self, work: Coroutine[Any, Any, None], *, name: str | None = None) -> object:
+        """Start ``work``."""
+        ...
+
+
 class Follower:
     """Follows the settings and profile changes other processes store.
 
     Args:
-        runtime: The runtime whose settings cache and profile follow the changes.
+        storage: The shared database, where the changes are read.
+        read: Runs a read off the event loop (the runtime's read threads).
+        profile_name: The name of the profile this process runs now.
+        drop_settings: Drops every cached guild setting (the settings version moved).
+        switch_profile: Swaps in the profile another process chose, without storing the
+            choice again.
+        spawn: Runs a switch in the background, so that stopping the bot cancels it.
     """
 
-    def __init__(self, runtime: MemoryRuntime) -> None:
-        self.runtime = runtime
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        read: Read,
+        profile_name: Callable[[], str],
+        drop_settings: Callable[[], None],
+        switch_profile: Callable[[Profile], Awaitable[None]],
+        spawn: Spawn,
+    ) -> None:
+        self._storage = storage
+        self._read = read
+        self._profile_name = profile_name
+        self._drop_settings = drop_settings
+        self._switch_profile = switch_profile
+        self._spawn = spawn
         self._settings_version: int | None = None  # the storage's, when last read
         self._stored_profile: str | _Unread | None = UNREAD  # meta.active_profile, when last read
         self._failures = 0
@@ -67,15 +108,14 @@ class Follower:
         Any process's change moves it (this one's too), so one read covers every
         guild; the first read only learns it, and drops what was cached before it.
         """
-        runtime = self.runtime
-        version = await runtime.read(runtime.engine.storage.guilds.settings_version)
+        version = await self._read(self._storage.guilds.settings_version)
         if version == self._settings_version:
             return
         if self._settings_version is not None:
             log.debug("guild settings changed (version %d -> %d); cached settings dropped",
                       self._settings_version, version)
         self._settings_version = version
-        runtime.drop_all_settings()
+        self._drop_settings()
 
     async def follow_profile(self) -> None:
         """Switch to the profile another process chose, once each time the choice changes.
@@ -84,26 +124,24 @@ class Follower:
         process started with ``--profile`` keeps that profile until an owner
         switches again.  The choice is loaded by name from this process's profiles.
         """
-        runtime = self.runtime
-        stored = await runtime.read(lambda: runtime.engine.storage.meta.active_profile)
+        stored = await self._read(lambda: self._storage.meta.active_profile)
         seen, self._stored_profile = self._stored_profile, stored
         if isinstance(seen, _Unread) or stored is None or stored == seen:
             return
-        if stored != runtime.engine.rerankers.profile_name:
+        if stored != self._profile_name():
             log.info("another process switched the hardware profile to %s; loading it", stored)
-            runtime.spawn(self._take_profile(stored), name="memory-follow-profile")
+            self._spawn(self._take_profile(stored), name="memory-follow-profile")
 
     async def _take_profile(self, name: str) -> None:
-        runtime = self.runtime
         async with self._switching:
             if self._stored_profile != name:
                 return  # chosen again since: that switch follows
             try:
-                profile = await runtime.read(load_profile, name)
-                await runtime.switch_profile(profile, remember=False)
+                profile = await self._read(load_profile, name)
+                await self._switch_profile(profile)
             except Exception as exc:  # this process keeps its profile; the next switch tries again
                 log.error("another process switched the hardware profile to %s, but it cannot "
                           "be used here (%s); this process keeps %s", name, exc,
-                          runtime.engine.rerankers.profile_name)
+                          self._profile_name())
                 return
         log.info("hardware profile is now %s, as another process chose", name)

@@ -4,7 +4,7 @@ Every event becomes a write in the runtime's ordered queue: a new or edited mess
 is stored (or its stored copy updated), a deleted message, channel, thread or guild
 is forgotten.  When the bot is ready it starts the hourly retention job and catches
 up on what was said, then deleted, while it was away.  Mentions are answered by
-:class:`cogs.memory.search.SearchCog`, which listens to the same messages.
+:class:`cogs.memory.search.MemoryCog`, which listens to the same messages.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class MemoryListeners(commands.Cog):
         """Store a new guild message the guild's settings let the bot remember."""
         if message.guild is None:
             return
-        self.runtime.seen(message)  # its snowflake is Discord's clock, which retention trusts
+        self.runtime.clock.seen(message)  # its snowflake is Discord's clock, which retention trusts
         if self._is_mine(message):
             return
         record = record_from_message(message)
@@ -89,7 +89,7 @@ class MemoryListeners(commands.Cog):
     @commands.Cog.listener()
     async def on_guild_remove(self, guild: discord.Guild) -> None:
         """The bot left (or was removed from) a guild: forget everything from it."""
-        self.runtime.drop_settings(guild.id)
+        self.runtime.guild_settings.drop(guild.id)
         self.runtime.writes.put(self.runtime.forget_guilds, [guild.id])
 
     @commands.Cog.listener()

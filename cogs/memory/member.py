@@ -12,7 +12,7 @@ from discord.ext import commands
 from cogs.memory.guild_only import guild_id_of, member_of
 from cogs.memory.render import inert
 from cogs.memory.runtime import MemoryRuntime
-from cogs.memory.search import SearchCog
+from cogs.memory.search import MemoryCog
 from memory.config import LLMConfig
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class MemberCommands(
         search: Whose allow-list says which channels the member's counts cover.
     """
 
-    def __init__(self, runtime: MemoryRuntime, search: SearchCog) -> None:
+    def __init__(self, runtime: MemoryRuntime, search: MemoryCog) -> None:
         self.runtime = runtime
         self.engine = runtime.engine
         self.search = search
@@ -67,7 +67,7 @@ class MemberCommands(
         readable = await self.search.allowed_channels(member_of(interaction))
         stats = await self.runtime.read(self.engine.storage.messages.guild_stats, guild_id,
                                         interaction.user.id, readable)
-        settings = await self.runtime.settings(guild_id)
+        settings = await self.runtime.guild_settings.get(guild_id)
         lines = [
             f"Messages you can search here: **{stats.messages}** in {stats.channels} channels and threads",
             f"Your messages: **{stats.member_messages}**"
@@ -87,7 +87,7 @@ class MemberCommands(
         await interaction.response.defer(ephemeral=True, thinking=True)
         guild_id = guild_id_of(interaction)
         removed = await self.runtime.forget(self.engine.forget_member, guild_id, interaction.user.id)
-        self.runtime.drop_settings(guild_id)  # the member is opted out now
+        self.runtime.guild_settings.drop(guild_id)  # the member is opted out now
         await interaction.followup.send(
             f"Deleted {removed} of your messages from my memory of this server. Your new "
             "messages here are not stored either until you use `/memory opt-in`.", ephemeral=True)

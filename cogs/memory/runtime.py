@@ -4,7 +4,7 @@
 it and hands it to every memory cog; ``teardown`` stops it after the cogs are gone.
 
 * **Threads.**  Every engine call runs off the event loop, each kind on its own
-  workers: writes on one thread behind the retrying queue (:mod:`cogs.memory.capture`),
+  workers: writes on one thread behind the retrying queue (:mod:`cogs.memory.write_queue`),
   quick reads (settings, counts) on two, searches on a small capped pool, embedding
   on its own, so a slow rerank never delays storing a message.
 * **Order.**  Deletions (forget-me, purges, retention) run in the same queue as the
@@ -20,6 +20,9 @@ it and hands it to every memory cog; ``teardown`` stops it after the cogs are go
   storage's claims keep embedders apart.
 * **Background work** (backfills, catch-up, reconciles) is started with
   :meth:`MemoryRuntime.spawn`, so stopping the runtime cancels it before the queue drains.
+* **Settings and time.**  Each guild's settings are cached a minute
+  (:mod:`cogs.memory.settings_cache`); retention counts from Discord's clock as the
+  gateway shows it (:mod:`cogs.memory.discord_clock`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import functools
 import gc
 import logging
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,9 +40,11 @@ import discord
 from discord.ext import commands, tasks
 
 from cogs.memory.answers import make_chat_client
-from cogs.memory.capture import Write, WriteQueue, describe
+from cogs.memory.discord_clock import DiscordClock
 from cogs.memory.follow import Follower
+from cogs.memory.settings_cache import SettingsCache
 from cogs.memory.shards import Shards
+from cogs.memory.write_queue import Write, WriteQueue, describe
 from memory.config import Profile
 from memory.errors import (
     DiskFullError,
@@ -65,7 +69,6 @@ T = TypeVar("T")
 EMBED_INTERVAL_S = 5.0
 EMBED_BACKOFF_MAX_S = 300.0
 RETENTION_INTERVAL_H = 1.0
-SETTINGS_TTL_S = 60.0
 SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the event loop
 SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
 SHUTDOWN_WRITES_S = 3.0  # queued writes get this long at stop: the whole stop stays under 5 s
@@ -93,14 +96,16 @@ class MemoryRuntime:
         self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
         self.writes = WriteQueue(self._write)
         self.shards = Shards.of(bot)
-        self._settings: dict[int, tuple[float, GuildSettings]] = {}
-        self._settings_epoch = 0  # moves when the cache is dropped: reads begun before are not kept
+        self.guild_settings = SettingsCache(engine.storage.guilds, self.read)
+        self.clock = DiscordClock()  # Discord's time, measured from the gateway
         self._embed_failures = 0
-        self._discord_clock: tuple[int, float] | None = None  # newest message seen, monotonic then
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None  # set at start
-        self.follower = Follower(self)  # other processes' settings and profile changes
+        self.follower = Follower(  # other processes' settings and profile changes
+            engine.storage, read=self.read, profile_name=lambda: engine.rerankers.profile_name,
+            drop_settings=self.guild_settings.drop_all, spawn=self.spawn,
+            switch_profile=functools.partial(self.switch_profile, remember=False),
+        )
         self.chat: ChatClient | None = make_chat_client(engine.profile)  # None without [llm]
 
     # -- life cycle ------------------------------------------------------------------------
@@ -108,7 +113,7 @@ class MemoryRuntime:
     def start(self) -> None:
         """Start the write queue, the embedding loop and the loop that follows other
         processes' changes (retention starts when the bot is ready)."""
-        self._loop = asyncio.get_running_loop()
+        self.guild_settings.start()
         # What is alive now (modules, the loaded models) lives as long as the process:
         # frozen, the collector's full passes no longer walk it.  A full pass over it
         # holds the GIL 0.6-1 s, and one falling on a reranker's loading thread stalled
@@ -241,59 +246,17 @@ class MemoryRuntime:
 
         Runs on the write thread, so the listener queues a message the moment its event
         arrives, with nothing awaited first that a stop could cut short.  The settings
-        are those the listener would have read (:meth:`_settings_now`).
+        are those the listener would have read (:meth:`SettingsCache.read_now`).
         """
-        remembered, _ = self._remembered(records)
+        remembered, _ = self.guild_settings.remembered(records)
         self.engine.storage.messages.upsert(remembered)
 
     def store_edits(self, records: list[MessageRecord]) -> None:
         """Apply edits: a message the settings let the bot remember is (re)stored; one
         they do not is only updated where stored (or forgotten, if its author opted out)."""
-        remembered, others = self._remembered(records)
+        remembered, others = self.guild_settings.remembered(records)
         self.engine.storage.messages.upsert(remembered)
         self.apply_edits(others)
-
-    def _remembered(self, records: list[MessageRecord]
-                    ) -> tuple[list[MessageRecord], list[MessageRecord]]:
-        """Split ``records`` by whether their guild's settings (read now) remember them."""
-        settings: dict[int, GuildSettings] = {}
-        kept: list[MessageRecord] = []
-        others: list[MessageRecord] = []
-        for record in records:
-            if record.guild_id not in settings:
-                settings[record.guild_id] = self._settings_now(record.guild_id)
-            rules = settings[record.guild_id]
-            keep = (rules.remembers_channel(record.channel_id, record.parent_id)
-                    and rules.remembers_author(record.author_id))
-            (kept if keep else others).append(record)
-        return kept, others
-
-    def _settings_now(self, guild_id: int) -> GuildSettings:
-        """A guild's settings for the write thread: the cached ones while fresh (what
-        :meth:`settings` answers), else read now and handed to the event loop, which
-        owns the cache, to keep."""
-        cached = self._settings.get(guild_id)
-        if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
-            return cached[1]
-        epoch = self._settings_epoch
-        try:
-            settings = self.engine.storage.guilds.settings(guild_id)
-        except (StorageBusy, DiskFullError):
-            raise  # the queue retries the batch: its writes would meet the same
-        except Exception as exc:  # never drop a message over a settings read
-            log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
-            # opt-outs are enforced again where messages are written
-            return cached[1] if cached is not None else GuildSettings(guild_id)
-        try:
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._keep_settings, guild_id, settings, epoch)
-        except RuntimeError:  # the loop closed (a write finishing after the bot stopped)
-            pass
-        return settings
-
-    def _keep_settings(self, guild_id: int, settings: GuildSettings, epoch: int) -> None:
-        if epoch == self._settings_epoch:  # else a change was seen since they were read
-            self._settings[guild_id] = (time.monotonic(), settings)
 
     def apply_edits(self, records: list[MessageRecord]) -> None:
         """Apply edits to stored messages only (an edit in a channel no longer remembered).
@@ -347,64 +310,20 @@ class MemoryRuntime:
 
     # -- settings --------------------------------------------------------------------------
 
-    async def settings(self, guild_id: int) -> GuildSettings:
-        """This guild's settings, cached for a minute.
-
-        Changes made here apply at once; changes another process made apply once
-        :class:`~cogs.memory.follow.Follower` sees the settings version move (within seconds).
-        """
-        cached = self._settings.get(guild_id)
-        if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
-            return cached[1]
-        epoch = self._settings_epoch
-        try:
-            settings = await self.read(self.engine.storage.guilds.settings, guild_id)
-        except Exception as exc:  # never drop a message over a settings read
-            log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
-            # opt-outs are enforced again where messages are written
-            return cached[1] if cached is not None else GuildSettings(guild_id)
-        if epoch == self._settings_epoch:  # else a change was seen meanwhile: read again next time
-            self._settings[guild_id] = (time.monotonic(), settings)
-        return settings
-
     async def update_settings(self, guild_id: int, **changes: Any) -> GuildSettings:
-        """Change a guild's settings in the write queue (retried while the database is busy)."""
+        """Change a guild's settings in the write queue (retried while the database is busy)
+        and cache the result (:attr:`guild_settings`)."""
         settings = (await self.in_order(
             lambda: self.engine.storage.guilds.update_settings(guild_id, **changes)))[-1]
-        self._settings[guild_id] = (time.monotonic(), settings)
+        self.guild_settings.keep(guild_id, settings)
         return settings
-
-    def drop_settings(self, guild_id: int) -> None:
-        """Forget the cached settings of a guild (they changed elsewhere, or the guild is gone)."""
-        self._settings.pop(guild_id, None)
-
-    def drop_all_settings(self) -> None:
-        """Forget every cached guild setting; reads already under way are not kept either."""
-        self._settings_epoch += 1
-        self._settings.clear()
-
-    def seen(self, message: discord.Message) -> None:
-        """Note a message that arrived from the gateway: its snowflake is Discord's clock,
-        which retention trusts over the host's (:mod:`memory.retention`)."""
-        created = int(message.created_at.timestamp() * 1000)
-        now = self.discord_now_ms()
-        if now is None or created > now:  # an edit of an old message says nothing new
-            self._discord_clock = (created, time.monotonic())
-
-    def discord_now_ms(self) -> int | None:
-        """Discord's clock now: the newest message seen, moved on by the monotonic time
-        since (no wall clock involved); ``None`` before the first message."""
-        if self._discord_clock is None:
-            return None
-        created, at = self._discord_clock
-        return created + int((time.monotonic() - at) * 1000)
 
     async def remembers(self, message: discord.Message) -> bool:
         """Whether this guild's settings let the bot store ``message``."""
         if message.guild is None:
             return False
-        self.seen(message)
-        settings = await self.settings(message.guild.id)
+        self.clock.seen(message)
+        settings = await self.guild_settings.get(message.guild.id)
         channel = message.channel
         parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
         return settings.remembers_channel(channel.id, parent_id) and settings.remembers_author(
@@ -437,7 +356,7 @@ class MemoryRuntime:
         """
         for guild in list(self.bot.guilds):
             try:
-                settings = await self.settings(guild.id)
+                settings = await self.guild_settings.get(guild.id)
                 if settings.retention_days:
                     removed = await self.forget_older_than(guild.id, settings.retention_days)
                     if removed:
@@ -449,10 +368,10 @@ class MemoryRuntime:
         """Forget a guild's messages older than ``days``, in order with the queued writes.
 
         Counted from Discord's clock as measured from the gateway where a message was
-        seen (:meth:`discord_now_ms`), never from a host clock ahead of it.
+        seen (:attr:`clock`), never from a host clock ahead of it.
         """
         expire = functools.partial(self.engine.forget_expired,
-                                   discord_now_ms=self.discord_now_ms())
+                                   discord_now_ms=self.clock.now_ms())
         return await self.forget(expire, guild_id, days)
 
 

@@ -1,12 +1,13 @@
 """Searching memory for members and for other cogs.
 
 ``/search``, the "Find related messages" context menu, the reply to a mention and
-:meth:`SearchCog.context_for` (the coroutine other cogs call) all search through
-:meth:`SearchCog.member_search` or the same allow-lists: only channels the member
+:meth:`MemoryCog.context_for` (the coroutine other cogs call) all search through
+:meth:`MemoryCog.member_search` or the same allow-lists: only channels the member
 can read now (:mod:`cogs.memory.permissions`), and for a reply others will read,
 only sources everyone who can read the reply's channel can read.
 
-The cog is registered as ``"MemoryCog"``, the name other cogs look it up by::
+:class:`MemoryCog` is the memory's face to other cogs, which look it up by its class
+name (discord.py's cog name)::
 
     context = await bot.get_cog("MemoryCog").context_for(message, question)
 """
@@ -39,7 +40,7 @@ MENTION_COOLDOWN_S = 10.0
 Place = discord.abc.GuildChannel | discord.Thread
 
 
-class SearchCog(commands.Cog, name="MemoryCog"):
+class MemoryCog(commands.Cog):
     """Finds what was said, within what the asking member may read.
 
     Args:
@@ -124,7 +125,7 @@ class SearchCog(commands.Cog, name="MemoryCog"):
             return
         if message.author.bot or not _mentions_bot(message, me.id):
             return
-        settings = await self.runtime.settings(message.guild.id)
+        settings = await self.runtime.guild_settings.get(message.guild.id)
         channel = message.channel
         parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
         if not settings.answers_in(channel.id, parent_id):

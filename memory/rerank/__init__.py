@@ -8,7 +8,8 @@
 * :mod:`~memory.rerank.manager`: the active service, swapped on a profile switch;
   :mod:`~memory.rerank.backends`: which backend a profile names.
 * Backends: :mod:`~memory.rerank.qwen` (in-process Qwen3-Reranker) and
-  :mod:`~memory.rerank.llama_server` (a llama.cpp server).
+  :mod:`~memory.rerank.llama_server` (a llama.cpp server), with the parsers of
+  what scoring servers answer in :mod:`~memory.rerank.score_parsing`.
 
 How a reranker's score becomes a hit's score (the blend, the minimum score) is
 decided in :mod:`memory.search.ranking`.

@@ -273,7 +273,7 @@ class TorchCrossEncoder:
         """Raw logits through ``CrossEncoder.predict`` (one batch: the caller batches)."""
         import torch
 
-        from memory.embedder import settle_cpu_threads
+        from memory.torch_threads import settle_cpu_threads
 
         settle_cpu_threads()
         scores = self.model.predict(list(pairs), batch_size=len(pairs), apply_softmax=False,

@@ -22,7 +22,7 @@ import httpx
 
 from memory.config import DEFAULT_RERANK_TIMEOUT, LlamaServerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
-from memory.rerank.llama_answers import typed_field
+from memory.rerank.score_parsing import typed_field
 from memory.urls import public_url, refuse_url_credentials
 
 log = logging.getLogger(__name__)

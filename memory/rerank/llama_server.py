@@ -41,7 +41,7 @@ still loading) whose message names the URL; its ``kind`` is the label counted in
 
 This module holds the backend: what each endpoint is sent, truncation, and the
 shared worker pool.  :mod:`memory.rerank.llama_http` talks HTTP (health, requests
-within a deadline, token ids); :mod:`memory.rerank.llama_answers` reads the answers.
+within a deadline, token ids); :mod:`memory.rerank.score_parsing` reads the answers.
 """
 
 from __future__ import annotations
@@ -56,12 +56,6 @@ from memory.config import DEFAULT_INSTRUCTION, DEFAULT_RERANK_TIMEOUT, LlamaServ
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.metrics import RERANK_SERVER_ERRORS
 from memory.rerank import deadline
-from memory.rerank.llama_answers import (
-    clean_text,
-    parse_chat_score,
-    parse_completion_score,
-    parse_rerank_scores,
-)
 from memory.rerank.llama_http import HEALTH_TIMEOUT_CAP, Call, LlamaServerClient, describe
 from memory.rerank.llama_slots import RequestSlots
 from memory.rerank.prompt import (
@@ -70,6 +64,12 @@ from memory.rerank.prompt import (
     document_text,
     full_prompt,
     head_text,
+)
+from memory.rerank.score_parsing import (
+    clean_text,
+    parse_chat_score,
+    parse_completion_score,
+    parse_rerank_scores,
 )
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from memory.config import DEFAULT_RERANK_TIMEOUT, LLMConfig, LlmJudgeConfig
 from memory.errors import ChatModelError, ConfigError, RerankerError, RerankerUnavailable
 from memory.llm import ChatClient, ChatMessages, chat_completions_url, visible_text
 from memory.rerank import deadline
-from memory.rerank.llama_answers import clean_text
+from memory.rerank.score_parsing import clean_text
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,6 @@ from typing import Any
 import torch
 
 from memory.config import QwenConfig
-from memory.embedder import settle_cpu_threads
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.hardware import detect_accelerator, missing_device
 from memory.rerank import deadline
@@ -59,6 +58,7 @@ from memory.rerank.kv_cache import (
 from memory.rerank.prompt import SUFFIX, document_text, head_text
 from memory.rerank.qwen_static import StaticScorer, plan_runs
 from memory.rerank.tokenizer_process import TokenizerProcess
+from memory.torch_threads import settle_cpu_threads
 
 log = logging.getLogger(__name__)
 

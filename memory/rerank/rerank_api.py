@@ -57,7 +57,7 @@ from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.llm import error_message, retry_after
 from memory.metrics import RERANK_SERVER_ERRORS
 from memory.rerank import deadline
-from memory.rerank.llama_answers import clean_text, sigmoid
+from memory.rerank.score_parsing import clean_text, sigmoid
 from memory.urls import public_url, refuse_url_credentials
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,9 @@
   blend).  "How is a result scored?" is answered there and by the profile's
   ``[search]`` and ``[reranker]`` sections.
 * :mod:`~memory.search.members`: the member names a query may name, kept indexed.
+* :mod:`~memory.search.names`: how members are named in a query (mentions, names,
+  first names, misspellings).
+* :mod:`~memory.search.when`: the time spans a query names ("last week", "in May").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The member names a searcher keeps indexed, per guild, for the named-member bonus.
 
-Indexing a guild's names (:class:`memory.names.MemberNames`) takes 46 ms for 2,500
+Indexing a guild's names (:class:`memory.search.names.MemberNames`) takes 46 ms for 2,500
 members and 200 ms for 5,000, so it is kept between searches and built again only
 when a name, or who the guild's members are, has changed.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from memory.names import MemberNames
+from memory.search.names import MemberNames
 from memory.storage.contract import Storage
 
 GUILDS = 64  # guilds whose member names a searcher keeps indexed
@@ -30,7 +30,7 @@ class MemberIndex:
         self._lock = threading.Lock()  # searches run on several threads
 
     def named(self, queries: Sequence[str], guild_id: int | None) -> set[int]:
-        """Ids of the guild's members the queries name (:mod:`memory.names`)."""
+        """Ids of the guild's members the queries name (:mod:`memory.search.names`)."""
         return self.names(guild_id).named_in("\n".join(queries))
 
     def names(self, guild_id: int | None) -> MemberNames:

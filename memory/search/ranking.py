@@ -42,8 +42,8 @@ import numpy as np
 from memory.config import RerankerConfig, SearchConfig
 from memory.records import Hit, StoredMessage, datetime_to_ms
 from memory.rerank.base import Ranked
+from memory.search.when import TimeSpan, asks_recent, parse_when
 from memory.text import content_words
-from memory.when import TimeSpan, asks_recent, parse_when
 
 # The default blend: retrieval's and the reranker's shares (``reranker.blend_weight``).
 BLEND_ORIGINAL, BLEND_RERANK = 0.4, 0.6
@@ -331,7 +331,7 @@ def bonuses_for(
     Args:
         queries: The search's queries.
         now: The search's "now": recency and time spans count from it.
-        named: The members the queries name (:mod:`memory.names`).
+        named: The members the queries name (:mod:`memory.search.names`).
         config: The profile's ``[search]`` section.
     """
     return Bonuses(

@@ -27,7 +27,7 @@ import numpy as np
 
 from memory import metrics
 from memory.config import SearchConfig
-from memory.embedder import Embedder, one_cpu_thread
+from memory.embedder import Embedder
 from memory.errors import EmbeddingModelChanged, VectorIndexDamaged
 from memory.filters import Filters
 from memory.records import Hit, SearchResult, Trace, datetime_to_ms
@@ -38,6 +38,7 @@ from memory.search.ranking import Candidate, RankedList, RerankScores, Scored
 from memory.search.request import SearchRequest, validate
 from memory.storage.contract import Storage, VectorIndex
 from memory.text import query_terms
+from memory.torch_threads import one_cpu_thread
 
 log = logging.getLogger(__name__)
 

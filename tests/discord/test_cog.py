@@ -20,7 +20,8 @@ import discord
 import pytest
 
 from cogs.memory.answers import make_chat_client
-from cogs.memory.capture import WriteQueue, record_from_message
+from cogs.memory.capture import record_from_message
+from cogs.memory.write_queue import WriteQueue
 from memory.config import LLMConfig, Profile
 from memory.engine import MemoryEngine
 from memory.records import datetime_to_ms
@@ -97,6 +98,14 @@ async def until(condition, timeout: float = 30.0) -> None:
 
 def ids_for(h: Harness, query: str, **options) -> list[int]:
     return [hit.id for hit in h.engine.search(query, guild_id=G, limit=20, **options).hits]
+
+
+async def test_each_memory_cog_is_registered_under_its_class_name(harness):
+    """``bot.get_cog`` finds a cog by the name a reader sees on its class."""
+    cogs = harness.bot.cogs
+    assert {name: type(cog).__name__ for name, cog in cogs.items()} == {n: n for n in cogs}
+    assert {"MemoryCog", "MemoryListeners"} <= set(cogs)
+    assert harness.search is cogs["MemoryCog"]
 
 
 # -- capture -------------------------------------------------------------------------------
@@ -278,7 +287,7 @@ async def test_the_hourly_retention_pass_with_a_host_clock_far_ahead(harness, mo
     await say(h, "a new message")
     await settle(h)
     h.engine.storage.guilds.update_settings(G, retention_days=30)
-    h.runtime.drop_all_settings()
+    h.runtime.guild_settings.drop_all()
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 7300 * 86_400)
     # every reader of the host clock sees it ahead (the starting commit's pass read this one)
@@ -288,7 +297,7 @@ async def test_the_hourly_retention_pass_with_a_host_clock_far_ahead(harness, mo
         await h.runtime.enforce_retention()
 
     assert h.engine.storage.messages.count() == 1  # the 40-day-old one went, the new one stays
-    assert h.runtime.discord_now_ms() is not None  # measured from the gateway message
+    assert h.runtime.clock.now_ms() is not None  # measured from the gateway message
     assert "not from the host clock" in caplog.text
 
 
@@ -486,13 +495,13 @@ async def test_a_long_busy_spell_is_a_warning_with_the_writes_waiting(
     how many writes wait, then only every BUSY_WARN_EVERY_S; a short spell stays INFO."""
     h = harness
     # the module the loaded extension runs (discord.py re-imports it per load)
-    capture = sys.modules["cogs.memory.capture"]
-    monkeypatch.setattr(capture, "BUSY_WARN_AFTER_S", warn_after_s)
-    monkeypatch.setattr(capture, "BUSY_WARN_EVERY_S", 3600.0)
+    queue = sys.modules["cogs.memory.write_queue"]
+    monkeypatch.setattr(queue, "BUSY_WARN_AFTER_S", warn_after_s)
+    monkeypatch.setattr(queue, "BUSY_WARN_EVERY_S", 3600.0)
     other = connect(h.engine.storage.database.location)
     other.execute("PRAGMA busy_timeout = 0")
     h.engine.storage.database.set_busy_timeout(0.05)
-    with caplog.at_level(logging.INFO, logger="cogs.memory.capture"):
+    with caplog.at_level(logging.INFO, logger="cogs.memory.write_queue"):
         other.execute("BEGIN IMMEDIATE")
         sent = [await say(h, f"message number {i}") for i in range(5)]
         await until(lambda: sum("database busy" in r.getMessage() for r in caplog.records) >= 3)
@@ -501,7 +510,7 @@ async def test_a_long_busy_spell_is_a_warning_with_the_writes_waiting(
         await settle(h, embed=False)
     assert h.engine.storage.messages.count() == len(sent)  # nothing was lost
     warnings = [r.getMessage() for r in caplog.records
-                if r.name == "cogs.memory.capture" and r.levelno >= logging.WARNING]
+                if r.name == "cogs.memory.write_queue" and r.levelno >= logging.WARNING]
     if warn_after_s:
         assert warnings == []
         return

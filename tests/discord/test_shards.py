@@ -272,15 +272,15 @@ async def test_the_cache_stays_while_the_version_does_not_move(harness):
     h = harness
     another_process(h, lambda s: s.guilds.update_settings(G0, autoresponse="channels"))
     await h.runtime.follower.follow_settings()
-    assert (await h.runtime.settings(G0)).autoresponse == "channels"  # cached now
+    assert (await h.runtime.guild_settings.get(G0)).autoresponse == "channels"  # cached now
     # a write that does not move the version (a hand edit, or an older bot version)
     sql_write(h.engine.storage.database.location,
               f"UPDATE guild_settings SET autoresponse = 'off' WHERE guild_id = {G0}")
     await h.runtime.follower.follow_settings()
-    assert (await h.runtime.settings(G0)).autoresponse == "channels", "nothing said it moved"
+    assert (await h.runtime.guild_settings.get(G0)).autoresponse == "channels", "nothing said it moved"
     another_process(h, lambda s: s.forgetting.forget_member(G0, ALICE))  # forget-me elsewhere
     await h.runtime.follower.follow_settings()
-    settings = await h.runtime.settings(G0)
+    settings = await h.runtime.guild_settings.get(G0)
     assert ALICE in settings.opted_out and settings.autoresponse == "off"
 
 
@@ -361,4 +361,4 @@ async def test_following_survives_a_database_error_that_is_not_ours(harness, cap
     sql_write(location, "ALTER TABLE meta_away RENAME TO meta")
     another_process(h, lambda s: s.guilds.update_settings(G0, autoresponse="off"))
     await h.runtime.follower.follow_changes()
-    assert (await h.runtime.settings(G0)).autoresponse == "off"
+    assert (await h.runtime.guild_settings.get(G0)).autoresponse == "off"

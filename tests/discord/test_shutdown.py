@@ -15,7 +15,8 @@ import numpy as np
 
 from cogs.memory.capture import record_from_message
 from memory.config import Profile
-from memory.engine import EMBED_CHUNK, MemoryEngine
+from memory.embedding import EMBED_CHUNK
+from memory.engine import MemoryEngine
 from tests.discord.test_bot_run import fake_api  # noqa: F401  (the stand-in for Discord's API)
 from tests.support.builders import HashEmbedder, record_factory
 from tests.support.discord_harness import READ, Harness, channel, guild, member, role

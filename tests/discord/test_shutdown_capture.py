@@ -71,7 +71,7 @@ async def test_messages_in_flight_at_close_with_a_cold_settings_cache_are_stored
     forget_secret(db_location)
     h = Harness(open_engine(db_location), [server()])
     await h.start()
-    assert not h.runtime._settings, "the guild's settings are not cached yet"
+    assert not len(h.runtime.guild_settings), "the guild's settings are not cached yet"
     live = [h.message(f"sent as the bot stops {i}", author=(ALICE, "alice"), channel=GENERAL)
             for i in range(50)]
     hidden = h.message("in a channel the guild does not remember", author=(ALICE, "alice"),

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from memory.config import LLMConfig, parse_profile
+from memory.context import SYSTEM_PROMPT, build_messages, cited_numbers
 from memory.errors import (
     ChatModelAuthError,
     ChatModelError,
@@ -20,15 +21,7 @@ from memory.errors import (
     ChatModelUnavailable,
     ConfigError,
 )
-from memory.llm import (
-    SYSTEM_PROMPT,
-    ChatClient,
-    build_messages,
-    chat_completions_url,
-    cited_numbers,
-    retry_after,
-    visible_text,
-)
+from memory.llm import ChatClient, chat_completions_url, retry_after, visible_text
 from tests.support.openai_standin import ANSWER, OpenAIStandIn
 from tests.support.servers import free_port
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from memory.config import LLMConfig
-from memory.context import QwenTokens
+from memory.context import QwenTokens, build_messages, cited_numbers
 from memory.errors import ChatModelAuthError, ChatModelTimeout
-from memory.llm import ChatClient, build_messages, cited_numbers
+from memory.llm import ChatClient
 from tests.support.llama import (
     CHAT_MODEL,
     chat_server,

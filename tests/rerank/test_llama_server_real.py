@@ -24,9 +24,9 @@ from benchmarks.qwen_gguf import convert, save_checkpoint
 from benchmarks.remote import spearman
 from memory.config import LlamaServerConfig, QwenConfig, RerankerConfig
 from memory.rerank.base import Ranking
-from memory.rerank.llama_answers import clean_text
 from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
 from memory.rerank.qwen import QwenReranker
+from memory.rerank.score_parsing import clean_text
 from memory.rerank.service import RerankerService
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]

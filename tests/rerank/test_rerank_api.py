@@ -22,8 +22,8 @@ from memory.config import RerankerConfig, load_profile_file
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.records import Hit
 from memory.rerank.base import Ranking
-from memory.rerank.llama_answers import sigmoid
 from memory.rerank.rerank_api import DIALECTS, RerankApiBackend, endpoint_url, parse_scores
+from memory.rerank.score_parsing import sigmoid
 from memory.rerank.service import RerankerService
 from tests.support.http_stub import Request, StubServer
 from tests.support.rerank import engine_search, falling, rerank_texts

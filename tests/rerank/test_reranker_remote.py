@@ -19,15 +19,15 @@ from memory.config import LlamaServerConfig, RerankerConfig
 from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.metrics import REGISTRY
 from memory.rerank.base import RerankerBackend
-from memory.rerank.llama_answers import (
+from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
+from memory.rerank.prompt import SYSTEM_PROMPT, chat_messages, full_prompt
+from memory.rerank.score_parsing import (
     clean_text,
     parse_chat_score,
     parse_completion_score,
     parse_rerank_scores,
     yes_probability,
 )
-from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
-from memory.rerank.prompt import SYSTEM_PROMPT, chat_messages, full_prompt
 from memory.rerank.service import RerankerService
 from tests.support.llama_standin import FakeLlamaServer, relevance
 

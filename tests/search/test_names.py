@@ -15,7 +15,7 @@ import re
 import pytest
 
 from benchmarks.names import PlainNames
-from memory.names import MAX_FUZZY_NAMES, MemberNames, _bounded_spans, fold
+from memory.search.names import MAX_FUZZY_NAMES, MemberNames, _bounded_spans, fold
 
 MIXED_NAMES = [
     "priya", "Priya Raman", "ollie", "Ollie B", "kariton", "karitton", "user1", "user 1",

@@ -19,13 +19,13 @@ import pytest
 import torch
 
 from memory.config import SearchConfig
-from memory.embedder import one_cpu_thread, settle_cpu_threads
 from memory.engine import MemoryEngine
 from memory.errors import SearchInputError
-from memory.names import MemberNames
 from memory.records import MessageRecord, SearchResult, StoredMessage, ms_to_datetime
 from memory.search import MAX_QUERIES, SearchRequest, ranking
+from memory.search.names import MemberNames
 from memory.search.ranking import adaptive_threshold, recency
+from memory.torch_threads import one_cpu_thread, settle_cpu_threads
 from tests.support.builders import (
     BASE_MS,
     CHANNEL,

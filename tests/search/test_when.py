@@ -10,7 +10,7 @@ import pytest
 from memory.config import SearchConfig
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord, datetime_to_ms
-from memory.when import asks_recent, parse_when
+from memory.search.when import asks_recent, parse_when
 from tests.support.builders import GUILD
 
 NOW = datetime(2026, 11, 23, 15, 30, tzinfo=timezone.utc)  # a Monday

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import memory.engine
+import memory.embedding
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.storage import Storage
@@ -51,7 +51,7 @@ def test_backlog_survives_an_embedder_crash(
     monkeypatch: pytest.MonkeyPatch,
     inspector: Inspect,
 ) -> None:
-    monkeypatch.setattr(memory.engine, "EMBED_CHUNK", 10)
+    monkeypatch.setattr(memory.embedding, "EMBED_CHUNK", 10)
     records = [make_record(f"backlog message {i}") for i in range(25)]
     crashing = make_engine(tmp_db, CrashingEmbedder(good_calls=1))
     with pytest.raises(RuntimeError, match="crashed"):
@@ -376,7 +376,7 @@ def test_a_message_the_embedder_fails_on_is_set_aside_not_retried_for_ever(
     records = [make_record(f"note {i} about the garden", age_days=2 - i / 100) for i in range(20)]
     bad = make_record("a poison pill about the garden shed", age_days=1.5)
     engine.storage.messages.upsert([*records, bad])
-    with caplog.at_level(logging.WARNING, logger="memory.engine"):
+    with caplog.at_level(logging.WARNING, logger="memory.embedding"):
         assert engine.embed_pending() == 20  # the batch went through; one of it set aside
     assert f"message {bad.id} set aside from embedding: MemoryError" in caplog.text
     backlog = engine.storage.backlog

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import memory.engine
+import memory.embedding
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
 from memory.storage import Storage
@@ -43,7 +43,7 @@ class Between(HashEmbedder):
 @pytest.fixture
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ten messages per re-embedding step, so a test can act between steps."""
-    monkeypatch.setattr(memory.engine, "EMBED_CHUNK", 10)
+    monkeypatch.setattr(memory.embedding, "EMBED_CHUNK", 10)
 
 
 def notes(make_record: MakeRecord, n: int = 40) -> list[MessageRecord]:

@@ -101,7 +101,7 @@ QUEUE_SCRIPT = """
 import asyncio, resource, signal, sys
 from memory.config import Profile
 from memory.engine import MemoryEngine
-from cogs.memory.capture import WriteQueue
+from cogs.memory.write_queue import WriteQueue
 from tests.support.builders import record_factory, HashEmbedder
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

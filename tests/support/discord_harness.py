@@ -95,7 +95,7 @@ class Harness:
 
     With ``shards`` it is the sharded bot of one process of several (its guilds should
     then be those of its shards, as Discord would send them).  Once started:
-    ``search`` (the ``"MemoryCog"``), ``listeners`` and their ``runtime``.
+    ``search`` (the ``MemoryCog``), ``listeners`` and their ``runtime``.
     """
 
     def __init__(self, engine: MemoryEngine, guilds: Iterable[dict[str, Any]],

@@ -1,11 +1,16 @@
-"""What llama-server answers, read as relevance scores: pure functions, no HTTP.
+"""What scoring servers answer, read as relevance scores: pure functions, no HTTP.
 
-The three endpoints answer differently (:mod:`memory.rerank.llama_server`):
-``/completion`` and ``/v1/chat/completions`` report the top log-probabilities of
-the one generated token, of which P(yes) over {yes, no} is the score
-(:func:`yes_probability`, exactly what the in-process backend computes from the two
-logits); ``/v1/rerank`` returns P(yes) per document already.  Every malformed
-answer is a :class:`ValueError` naming what is missing.
+Shared by every backend that scores over HTTP.  llama-server's three endpoints
+answer differently (:mod:`memory.rerank.llama_server`): ``/completion`` and
+``/v1/chat/completions`` report the top log-probabilities of the one generated
+token, of which P(yes) over {yes, no} is the score (:func:`yes_probability`,
+exactly what the in-process backend computes from the two logits); ``/v1/rerank``
+returns P(yes) per document already.  The rest is for any server:
+:func:`typed_field` checks a JSON field (:mod:`memory.rerank.llama_http`),
+:func:`sigmoid` turns a logit into a probability (:mod:`memory.rerank.rerank_api`),
+and :func:`clean_text` makes text safe to send as JSON (the rerank API and the
+LLM judge too).  Every malformed answer is a :class:`ValueError` naming what is
+missing.
 """
 
 from __future__ import annotations

@@ -1,0 +1,138 @@
+"""Each guild's settings, cached for a minute, for the event loop and the write thread.
+
+Every message the bot hears is checked against its guild's settings (which channels
+are remembered, who opted out) before it is stored, so they are cached: the event
+loop reads through the cache (:meth:`SettingsCache.get`), and the write thread,
+which decides what a queued batch stores, reads with :meth:`SettingsCache.read_now`
+and hands what it read back to the loop, which owns the cache.  Changes made here
+apply at once (:meth:`SettingsCache.keep`); changes another process made apply once
+:class:`~cogs.memory.follow.Follower` sees the settings version move and drops them
+all (:meth:`SettingsCache.drop_all`).  A failed read never drops a message: the last
+known settings are used (opt-outs are enforced again where messages are written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeGuard
+
+from memory.errors import DiskFullError, StorageBusy
+from memory.records import MessageRecord
+from memory.settings import GuildSettings
+from memory.storage.contract import Guilds
+
+log = logging.getLogger(__name__)
+
+SETTINGS_TTL_S = 60.0
+_Cached = tuple[float, GuildSettings]  # when it was kept (monotonic), the settings
+
+
+class SettingsCache:
+    """Each guild's settings, kept for :data:`SETTINGS_TTL_S` seconds.
+
+    Args:
+        guilds: Where settings are read (the storage's ``guilds``).
+        read: Runs a quick read off the event loop (the runtime's read threads).
+    """
+
+    def __init__(self, guilds: Guilds, read: Callable[..., Awaitable[GuildSettings]]) -> None:
+        self._guilds = guilds
+        self._read = read
+        self._cached: dict[int, _Cached] = {}
+        self._epoch = 0  # moves when the cache is dropped: reads begun before are not kept
+        self._loop: asyncio.AbstractEventLoop | None = None  # set at start
+
+    def start(self) -> None:
+        """Bind the cache to the running event loop, which owns it."""
+        self._loop = asyncio.get_running_loop()
+
+    def __len__(self) -> int:
+        """How many guilds' settings are cached (fresh or not)."""
+        return len(self._cached)
+
+    async def get(self, guild_id: int) -> GuildSettings:
+        """This guild's settings: the cached ones while fresh, else read now and kept."""
+        cached = self._cached.get(guild_id)
+        if _fresh(cached):
+            return cached[1]
+        epoch = self._epoch
+        try:
+            settings = await self._read(self._guilds.settings, guild_id)
+        except Exception as exc:  # never drop a message over a settings read
+            return _last_known(guild_id, cached, exc)
+        if epoch == self._epoch:  # else a change was seen meanwhile: read again next time
+            self.keep(guild_id, settings)
+        return settings
+
+    def read_now(self, guild_id: int) -> GuildSettings:
+        """A guild's settings for the write thread: the cached ones while fresh (what
+        :meth:`get` answers), else read now and handed to the event loop to keep.
+
+        Raises:
+            StorageBusy: The database is busy (the write queue retries the batch).
+            DiskFullError: The disk is full (likewise).
+        """
+        cached = self._cached.get(guild_id)
+        if _fresh(cached):
+            return cached[1]
+        epoch = self._epoch
+        try:
+            settings = self._guilds.settings(guild_id)
+        except (StorageBusy, DiskFullError):
+            raise  # the queue retries the batch: its writes would meet the same
+        except Exception as exc:  # never drop a message over a settings read
+            return _last_known(guild_id, cached, exc)
+        try:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._keep_if_current, guild_id, settings, epoch)
+        except RuntimeError:  # the loop closed (a write finishing after the bot stopped)
+            pass
+        return settings
+
+    def remembered(self, records: list[MessageRecord]
+                   ) -> tuple[list[MessageRecord], list[MessageRecord]]:
+        """Split ``records`` by whether their guild's settings (read now, on the write
+        thread) remember them: ``(remembered, others)``."""
+        settings: dict[int, GuildSettings] = {}
+        kept: list[MessageRecord] = []
+        others: list[MessageRecord] = []
+        for record in records:
+            if record.guild_id not in settings:
+                settings[record.guild_id] = self.read_now(record.guild_id)
+            rules = settings[record.guild_id]
+            keep = (rules.remembers_channel(record.channel_id, record.parent_id)
+                    and rules.remembers_author(record.author_id))
+            (kept if keep else others).append(record)
+        return kept, others
+
+    def keep(self, guild_id: int, settings: GuildSettings) -> None:
+        """Cache ``settings`` as the guild's, from now (a change this process made)."""
+        self._cached[guild_id] = (time.monotonic(), settings)
+
+    def drop(self, guild_id: int) -> None:
+        """Forget a guild's cached settings (they changed elsewhere, or the guild is gone)."""
+        self._cached.pop(guild_id, None)
+
+    def drop_all(self) -> None:
+        """Forget every cached guild setting; reads already under way are not kept either."""
+        self._epoch += 1
+        self._cached.clear()
+
+    def _keep_if_current(self, guild_id: int, settings: GuildSettings, epoch: int) -> None:
+        if epoch == self._epoch:  # else a change was seen since they were read
+            self.keep(guild_id, settings)
+
+
+def _fresh(cached: _Cached | None) -> TypeGuard[_Cached]:
+    """Whether a cache entry exists and is younger than :data:`SETTINGS_TTL_S`."""
+    return cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S
+
+
+def _last_known(guild_id: int, cached: _Cached | None, exc: Exception) -> GuildSettings:
+    """The settings to use when reading them failed: the cached ones, stale or not."""
+    log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
+    # opt-outs are enforced again where messages are written
+    return cached[1] if cached is not None else GuildSettings(guild_id)

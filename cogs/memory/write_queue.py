@@ -1,0 +1,241 @@
+"""The ordered write queue: writes reach the database even when it is busy.
+
+Every store, edit and delete goes through one :class:`WriteQueue`, as the engine
+call that applies it and its items (``writes.put(engine.forget_messages, [id])``).
+A single task drains it in order, batches what has piled up (consecutive writes of
+the same call become one call), and applies the batch in a worker thread.  When the
+database is locked (an import or another process is writing) the batch waits and is
+tried again with backoff, so a member's message is never dropped for being sent at a
+busy moment.  A busy spell that lasts (PostgreSQL down for good reads as busy too) is
+said at WARNING, with how many writes wait, after a minute and then every five.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from memory.errors import DiskFullError, StorageBusy
+from memory.records import MessageRecord
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 200
+RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
+GIVE_UP_AFTER = 8  # tries of a batch that fails for a reason other than a busy database
+# A busy database is retried for ever (nothing a member sends is dropped), but a long
+# run of busy retries is no passing lock: PostgreSQL down for good reads as pool
+# timeouts, i.e. StorageBusy.  Said at WARNING after this long, then this often.
+BUSY_WARN_AFTER_S = 60.0
+BUSY_WARN_EVERY_S = 300.0
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not take the write now (worth retrying
+    at once, without counting towards giving up): :class:`~memory.errors.StorageBusy`,
+    which both storage engines raise for it."""
+    return isinstance(exc, StorageBusy)
+
+
+Apply = Callable[[list], object]
+"""An engine call that takes a list of items: records to store, ids to forget, ..."""
+
+
+@dataclass
+class Write:
+    """One queued write: the engine call that applies it, and its items."""
+
+    apply: Apply
+    items: list
+    done: asyncio.Future | None = field(default=None, repr=False)
+
+
+class WriteQueue:
+    """Applies writes in arrival order, batched, retried while the database is busy.
+
+    Args:
+        run: Runs a blocking callable off the event loop (the runtime's write thread).
+    """
+
+    def __init__(self, run: Callable[[Callable[[], None]], Awaitable[None]]) -> None:
+        self._run = run
+        self._queue: asyncio.Queue[Write] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+        self._applying: list[Write] = []  # the batch on the write thread now
+        self.late: list[Write] = []  # put after the queue stopped: never applied
+
+    def start(self) -> None:
+        """Start the task that drains the queue (once; the running loop's)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain(), name="memory-writes")
+
+    @property
+    def backlog(self) -> int:
+        """How many writes wait in the queue (the batch being applied not counted)."""
+        return self._queue.qsize()
+
+    def put(self, apply: Apply, items: list) -> None:
+        """Queue ``apply(items)``; it runs soon, in order with the other writes.
+
+        Once the queue has stopped nothing runs it: it is logged at ERROR with its ids
+        and kept in :attr:`late`.  (The bot hangs up the gateway before its cogs stop,
+        so no listener should get here.)
+        """
+        if not items:
+            return
+        write = Write(apply, list(items))
+        if self._task is None:
+            log.error("a write arrived after the write queue stopped: %s", describe([write]))
+            self.late.append(write)
+            return
+        self._queue.put_nowait(write)
+
+    async def put_and_wait(self, apply: Apply, items: list) -> None:
+        """Queue ``apply(items)`` and return once it is committed (raises if it was given up)."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(Write(apply, list(items), future))
+        await future
+
+    async def run_and_wait(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the write thread, in order with the queued writes, and wait for it."""
+        await self.put_and_wait(_call_each, [fn])
+
+    async def stop(self, timeout: float = 10.0) -> list[Write]:
+        """Apply what is queued (for at most ``timeout`` seconds), then stop.
+
+        Returns:
+            The writes not known to be applied when the time ran out: those still
+            queued and the batch on the write thread (which may yet commit), in order.
+        """
+        if self._task is None:
+            return []
+        try:
+            await asyncio.wait_for(self._queue.join(), timeout)
+        except TimeoutError:
+            log.error("shutting down with %d writes not applied", self._queue.qsize())
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        self._task = None
+        left, self._applying = self._applying, []
+        while not self._queue.empty():
+            left.append(self._queue.get_nowait())
+            self._queue.task_done()
+        return left
+
+    async def _drain(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < MAX_BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            self._applying = batch
+            try:
+                await self._apply_with_retry(batch)
+                self._applying = []
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _apply_with_retry(self, batch: list[Write]) -> None:
+        delay, failures = RETRY_MIN_S, 0
+        busy = _BusySpell()
+        while True:
+            try:
+                await self._run(lambda: apply_in_order(batch))
+            except asyncio.CancelledError:
+                raise
+            except DiskFullError as exc:  # kept and retried until there is room: never dropped
+                failures += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.error("%d writes wait for disk space: %s", len(batch), exc)
+            except Exception as exc:
+                if not is_busy(exc):
+                    failures += 1
+                    if failures >= GIVE_UP_AFTER:
+                        log.exception("giving up on %d writes after %d tries: %s", len(batch),
+                                      failures, describe(batch))
+                        _settle(batch, exc)
+                        return
+                    log.warning("writing %d changes failed (%s); retrying", len(batch), exc)
+                    busy = _BusySpell()  # another error: no longer one busy spell
+                else:
+                    busy.retrying(len(batch) + self.backlog, delay, exc)
+            else:
+                busy.end()
+                _settle(batch, None)
+                return
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, RETRY_MAX_S)
+
+
+class _BusySpell:
+    """Says how long the database has been busy for a batch: INFO per retry, WARNING
+    once it has lasted :data:`BUSY_WARN_AFTER_S` (then every :data:`BUSY_WARN_EVERY_S`),
+    and WARNING again when a spell that was warned about ends."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.warned_at: float | None = None
+
+    def retrying(self, waiting: int, delay: float, exc: BaseException) -> None:
+        """One more busy retry; ``waiting`` writes (this batch and the queue) wait."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        lasted = now - self.since
+        due = lasted >= BUSY_WARN_AFTER_S and (
+            self.warned_at is None or now - self.warned_at >= BUSY_WARN_EVERY_S)
+        if not due:
+            log.info("database busy; retrying %d writes in %.2f s", waiting, delay)
+            return
+        self.warned_at = now
+        log.warning("database busy for %.0f s (%s): %d writes wait; still retrying, nothing "
+                    "is dropped", lasted, exc, waiting)
+
+    def end(self) -> None:
+        """The batch was written: the busy spell is over."""
+        if self.since is not None and self.warned_at is not None:
+            log.warning("database takes writes again after %.0f s busy",
+                        time.monotonic() - self.since)
+        self.since = self.warned_at = None
+
+
+def apply_in_order(batch: list[Write]) -> None:
+    """Apply a batch in order; consecutive writes of the same call become one call."""
+    run: list[Write] = []
+    for write in [*batch, None]:
+        if run and (write is None or write.apply != run[0].apply):
+            run[0].apply([item for w in run for item in w.items])
+            run = []
+        if write is not None:
+            run.append(write)
+
+
+def describe(writes: list[Write]) -> str:
+    """The writes in a log line: each engine call with its items (message ids for records)."""
+    parts = []
+    for write in writes:
+        name = getattr(write.apply, "__name__", repr(write.apply))
+        items = [item.id if isinstance(item, MessageRecord) else item for item in write.items]
+        parts.append(f"{name}{items}")
+    return ", ".join(parts)
+
+
+def _call_each(calls: list[Callable[[], object]]) -> None:
+    for call in calls:
+        call()
+
+
+def _settle(batch: list[Write], exc: BaseException | None) -> None:
+    for write in batch:
+        if write.done is not None and not write.done.done():
+            if exc is None:
+                write.done.set_result(None)
+            else:
+                write.done.set_exception(exc)
