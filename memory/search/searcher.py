@@ -32,7 +32,7 @@ from memory.errors import EmbeddingModelChanged, VectorIndexDamaged
 from memory.filters import Filters
 from memory.records import Hit, SearchResult, Trace, datetime_to_ms
 from memory.rerank.base import Reranker, RerankerProvider
-from memory.search import ranking
+from memory.search import neighbours, ranking
 from memory.search.members import MemberIndex
 from memory.search.ranking import Candidate, RankedList, RerankScores, Scored
 from memory.search.request import SearchRequest, validate
@@ -132,7 +132,8 @@ class Searcher:
         pool = self._candidates(queries, filters, request, trace, clock)
         pool = self._threshold(pool, request, trace)
         trace.candidates["passed_threshold"] = len(pool)
-        pool = self._beside_hits(pool, filters, request, trace)
+        if request.mode == "hybrid":  # the second pass, beside the best candidates
+            pool = neighbours.add_beside(self.storage.messages, pool, filters, self.config, trace)
         clock.lap("fuse")
         bonuses = self._bonuses(queries, request)
         reranker = self._reranker() if request.rerank else None
@@ -182,38 +183,6 @@ class Searcher:
         pool = ranking.merge_queries(per_query, self.config)
         trace.candidates["fused"] = len(pool)
         return pool
-
-    def _beside_hits(
-        self, pool: list[Candidate], filters: Filters, request: SearchRequest, trace: Trace
-    ) -> list[Candidate]:
-        """The second pass: the messages beside the best candidates join the pool.
-
-        It runs after the threshold: the seeds are candidates that passed it, and
-        what it adds is judged by where it sits, not by its own similarity.  A
-        neighbour is read from its seed's channel only, and one the pool does not
-        hold yet joins only when the search's filters admit it (channel allow-list,
-        author, time, attachments): the same rules as the first pass.
-        """
-        count, span = self.config.neighbour_seeds, self.config.neighbour_span
-        if not count or request.mode != "hybrid" or not pool:
-            return pool
-        seeds = ranking.neighbour_seeds(pool, count)
-        rows = self.storage.messages.hydrate(seeds)
-        beside = {
-            seed: self.storage.messages.neighbours(rows[seed].channel_id, seed, span, span)
-            for seed in seeds if seed in rows and filters.admits(rows[seed])
-        }
-        known = {c.id for c in pool}
-        new = {mid for mids in beside.values() for mid in mids} - known
-        admitted = known | {
-            mid for mid, row in self.storage.messages.hydrate(sorted(new)).items()
-            if filters.admits(row)
-        }
-        ranked = ranking.neighbour_list(
-            seeds, {seed: [m for m in mids if m in admitted] for seed, mids in beside.items()}
-        )
-        trace.candidates["neighbour"] = len(ranked)
-        return ranking.add_neighbours(pool, ranked, self.config)
 
     def _filters(self, request: SearchRequest) -> Filters:
         channels = request.channel_ids
