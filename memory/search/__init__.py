@@ -4,6 +4,10 @@
 * :mod:`~memory.search.searcher`: the :class:`Searcher`, I/O only -- embeds the
   queries, reads the four ranked lists (vector KNN, message keywords, window
   keywords, window vectors) concurrently, reads the rows, calls the reranker.
+* :mod:`~memory.search.scope`: the filters a request applies (its channels with
+  their threads, cut to the allow-list; the guild's retention period).
+* :mod:`~memory.search.neighbours`: the opt-in second pass, I/O only -- reads the
+  messages beside the best candidates for the ranking module to fuse in.
 * :mod:`~memory.search.ranking`: pure functions that decide the order and every
   score (fusion, multi-query merge, adaptive threshold, bonuses, the rerank
   blend).  "How is a result scored?" is answered there and by the profile's

@@ -30,9 +30,9 @@ from memory.config import SearchConfig
 from memory.embedder import Embedder
 from memory.errors import EmbeddingModelChanged, VectorIndexDamaged
 from memory.filters import Filters
-from memory.records import Hit, SearchResult, Trace, datetime_to_ms
+from memory.records import Hit, SearchResult, Trace
 from memory.rerank.base import Reranker, RerankerProvider
-from memory.search import ranking
+from memory.search import neighbours, ranking, scope
 from memory.search.members import MemberIndex
 from memory.search.ranking import Candidate, RankedList, RerankScores, Scored
 from memory.search.request import SearchRequest, validate
@@ -125,14 +125,15 @@ class Searcher:
         queries = validate(request)
         trace = Trace()
         clock = _Clock(trace)
-        filters = self._filters(request)
+        filters = scope.filters_for(self.storage, request)
         if request.allowed_channel_ids is not None and not filters.channel_ids:
             trace.timings_ms["total"] = 0.0
             return SearchResult([], trace, "none of the channels searched are readable here")
         pool = self._candidates(queries, filters, request, trace, clock)
         pool = self._threshold(pool, request, trace)
         trace.candidates["passed_threshold"] = len(pool)
-        pool = self._beside_hits(pool, filters, request, trace)
+        if request.mode == "hybrid":  # the second pass, beside the best candidates
+            pool = neighbours.add_beside(self.storage.messages, pool, filters, self.config, trace)
         clock.lap("fuse")
         bonuses = self._bonuses(queries, request)
         reranker = self._reranker() if request.rerank else None
@@ -182,63 +183,6 @@ class Searcher:
         pool = ranking.merge_queries(per_query, self.config)
         trace.candidates["fused"] = len(pool)
         return pool
-
-    def _beside_hits(
-        self, pool: list[Candidate], filters: Filters, request: SearchRequest, trace: Trace
-    ) -> list[Candidate]:
-        """The second pass: the messages beside the best candidates join the pool.
-
-        It runs after the threshold: the seeds are candidates that passed it, and
-        what it adds is judged by where it sits, not by its own similarity.  A
-        neighbour is read from its seed's channel only, and one the pool does not
-        hold yet joins only when the search's filters admit it (channel allow-list,
-        author, time, attachments): the same rules as the first pass.
-        """
-        count, span = self.config.neighbour_seeds, self.config.neighbour_span
-        if not count or request.mode != "hybrid" or not pool:
-            return pool
-        seeds = ranking.neighbour_seeds(pool, count)
-        rows = self.storage.messages.hydrate(seeds)
-        beside = {
-            seed: self.storage.messages.neighbours(rows[seed].channel_id, seed, span, span)
-            for seed in seeds if seed in rows and filters.admits(rows[seed])
-        }
-        known = {c.id for c in pool}
-        new = {mid for mids in beside.values() for mid in mids} - known
-        admitted = known | {
-            mid for mid, row in self.storage.messages.hydrate(sorted(new)).items()
-            if filters.admits(row)
-        }
-        ranked = ranking.neighbour_list(
-            seeds, {seed: [m for m in mids if m in admitted] for seed, mids in beside.items()}
-        )
-        trace.candidates["neighbour"] = len(ranked)
-        return ranking.add_neighbours(pool, ranked, self.config)
-
-    def _filters(self, request: SearchRequest) -> Filters:
-        channels = request.channel_ids
-        if channels:
-            channels = self.storage.messages.expand_channels(channels)
-        if request.allowed_channel_ids is not None:
-            allowed = frozenset(request.allowed_channel_ids)
-            channels = tuple(sorted(allowed)) if channels is None else tuple(
-                c for c in channels if c in allowed
-            )
-        after_ms = datetime_to_ms(request.after) if request.after else None
-        if request.guild_id is not None:
-            # past the guild's retention period nothing is returned, purged yet or not;
-            # as a filter inside the KNN and keyword queries, not after their top-k
-            cutoff = self.storage.guilds.retention_cutoffs([request.guild_id]).get(request.guild_id)
-            if cutoff is not None:
-                after_ms = max(cutoff - 1, after_ms if after_ms is not None else cutoff - 1)
-        return Filters(
-            guild_id=request.guild_id,
-            channel_ids=channels,
-            author_ids=request.author_ids,
-            after_ms=after_ms,
-            before_ms=datetime_to_ms(request.before) if request.before else None,
-            has_attachment=request.has_attachment,
-        )
 
     def _embed(self, queries: list[str]) -> np.ndarray | None:
         if self.storage.meta.embedding_model() is None:
