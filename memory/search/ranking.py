@@ -2,8 +2,9 @@
 
 Everything that decides a hit's order and its ``score`` is here, with the
 profile's ``[search]`` section (:class:`~memory.config.SearchConfig`) and, for the
-blend, the ``[reranker]`` one.  The searcher (:mod:`memory.search.searcher`) only
-reads the inputs (ranked lists, message rows, the reranker's scores) and calls:
+blend, the ``[reranker]`` one.  The searcher (:mod:`memory.search.searcher`, with
+:mod:`~memory.search.scope` and :mod:`~memory.search.neighbours`) only reads the
+inputs (ranked lists, message rows, the reranker's scores) and calls:
 
 1. :func:`add_list` puts each ranked list (vector KNN, message keywords, window
    keywords, window vectors -- :func:`window_dense_list`) into one query's pool;
