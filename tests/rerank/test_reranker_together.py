@@ -175,7 +175,7 @@ def test_bfloat16_together_within_issue_bar_of_bfloat16_eager(parts, config):
 
 # -- a group of 16 searches, as many servers search at once (issue 33, second round) -----
 
-CUDA_BUCKETS = load_profile_file(Path(__file__).parents[2] / "profiles" / "cuda.toml").reranker.buckets
+CUDA_BUCKETS = load_profile_file(Path(__file__).parents[2] / "profiles" / "cuda.toml").reranker.qwen.buckets
 GROUP = 16
 THIRTY = [DOCS[i % len(DOCS)] + f" #{i}" for i in range(30)]  # 30 candidates, as the bench
 
