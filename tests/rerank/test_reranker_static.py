@@ -346,8 +346,8 @@ def test_static_steps_never_read_device_data_on_the_host(parts, config):
     """The CPU stand-in for "capturable": no op in a step waits for the device."""
     reranker = wrap(parts, config, buckets=BUCKETS)
     static = reranker._static
-    head = static._head_slot(128)
-    tail = static._tail_slot(128, BUCKETS[0])
+    head = static.buffers.head_slot(128)
+    tail = static.buffers.tail_slot(128, BUCKETS[0])
     with OpLog() as steps:
         static._run_head(head)
         static._run_tail(head, tail)
