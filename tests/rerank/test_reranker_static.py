@@ -355,7 +355,7 @@ def test_static_steps_never_read_device_data_on_the_host(parts, config):
     assert not steps.ops & HOST_READS
     encoded = reranker.encode(QUERY, DOCS[:3])
     with OpLog() as dynamic_path:  # the check can fail: the dynamic path does sync
-        reranker._score_batch(encoded.tails, reranker._head_kv(encoded.head))
+        reranker._dynamic.score_batch(encoded.tails, reranker._dynamic.head_kv(encoded.head))
     assert dynamic_path.ops & HOST_READS
 
 
