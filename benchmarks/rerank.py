@@ -52,7 +52,8 @@ from benchmarks.rerank_corpus import CANDIDATES, QUERY
 from memory.config import QwenConfig, load_profile
 from memory.errors import ConfigError
 from memory.rerank.prompt import SUFFIX
-from memory.rerank.qwen import QwenReranker, micro_batches, resolve_device
+from memory.rerank.qwen import QwenReranker, resolve_device
+from memory.rerank.qwen_dynamic import micro_batches
 from memory.rerank.qwen_static import head_size, plan_runs
 
 log = logging.getLogger(__name__)

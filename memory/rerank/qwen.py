@@ -27,6 +27,11 @@ swaps them in, while the eager steps serve; a compile failure, or one past
 ``compile_budget``, keeps the eager steps (logged once).  If
 capture fails, or a static step fails later, the reason is logged once and the
 dynamic path above takes over: a search never sees the error.
+
+:class:`QwenReranker` loads the model and chooses the path; the parts live in their
+own modules: the dynamic path in :mod:`memory.rerank.qwen_dynamic`, the grouping of
+concurrent searches in :mod:`memory.rerank.qwen_groups`, the background compile and
+swap in :mod:`memory.rerank.qwen_compile`.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -47,15 +53,11 @@ import torch
 from memory.config import QwenConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.hardware import detect_accelerator, missing_device
-from memory.rerank import deadline
-from memory.rerank.kv_cache import (
-    LayerKV,
-    cache_argument,
-    layer_states,
-    new_cache,
-    repeated_cache,
-)
+from memory.rerank.kv_cache import cache_argument
 from memory.rerank.prompt import SUFFIX, document_text, head_text
+from memory.rerank.qwen_compile import BackgroundCompile
+from memory.rerank.qwen_dynamic import DynamicScorer
+from memory.rerank.qwen_groups import SearchGroups, Waiting
 from memory.rerank.qwen_static import StaticScorer, plan_runs
 from memory.rerank.tokenizer_process import TokenizerProcess
 from memory.torch_threads import settle_cpu_threads
@@ -85,17 +87,6 @@ class EncodedQuery:
     def tokens(self) -> int:
         """Prompt tokens over all texts, counting the head once per text."""
         return sum(len(self.head) + len(t) for t in self.tails)
-
-
-@dataclass
-class _Waiting:
-    """One search queued to be scored together with others (``reranker.concurrent``)."""
-
-    encoded: EncodedQuery
-    done: threading.Event = field(default_factory=threading.Event)
-    wake: threading.Event = field(default_factory=threading.Event)  # done, or lead now
-    scores: list[float] = field(default_factory=list)
-    error: BaseException | None = None
 
 
 def load_failure(model: str, device: str, exc: BaseException) -> str:
@@ -171,17 +162,11 @@ class QwenReranker:
         self._encode_lock = threading.Lock()  # the tokenizer, apart from scoring
         self._model: Any = None
         self._tokenizer: Any = None
-        self._answer_rows: torch.Tensor | None = None  # float32 [2, hidden]: no, yes
-        self._answer_bias: torch.Tensor | None = None
-        self._pad_id = 0
         self._suffix_ids: list[int] = []
-        self._cache_arg = ""  # forward's KV cache argument (kv_cache.cache_argument)
+        self._dynamic: DynamicScorer | None = None  # the path every model can take
         self._static: StaticScorer | None = None  # the bucketed path, when the profile asks
-        self._compiling: _Compiling | None = None  # a background compile (torch_compile)
-        self._compile_thread: threading.Thread | None = None
-        self._waiting: list[_Waiting] = []  # searches to score together; under _queue_lock
-        self._queue_lock = threading.Lock()
-        self._leading = False  # whether a search is scoring the queue; under _queue_lock
+        self._compile: BackgroundCompile | None = None  # a background compile (torch_compile)
+        self._groups = SearchGroups(self._lock, config.concurrent, self._score_group)
         # A failed load is remembered for a while: retrying a missing model on every
         # search would cost a hub round-trip (or its retries) each time.
         self._load_failure: tuple[float, RerankerUnavailable] | None = None
@@ -261,7 +246,7 @@ class QwenReranker:
             with self._lock:
                 self.load()
                 return self._score_or_raise(encoded)
-        return self._score_together(encoded)
+        return self._groups.score(encoded)
 
     def _score_or_raise(self, encoded: EncodedQuery) -> list[float]:
         """:meth:`_score_encoded` with a torch failure as :class:`RerankerError`; under the lock."""
@@ -273,52 +258,7 @@ class QwenReranker:
                 "lower reranker.batch_size or reranker.max_length"
             ) from exc
 
-    def _score_together(self, encoded: EncodedQuery) -> list[float]:
-        """Queue this search; one searching thread at a time scores every queued one together.
-
-        No search waits for company: the leader (the first to queue while nobody
-        leads) scores what is queued at that moment, itself at least, and searches
-        that arrive meanwhile go into the next group together.  The others wait on
-        their own event, not on the scoring lock, so they are free to return the
-        moment their group is done.  A leader whose own search is done hands the lead
-        to the first search still queued.
-        """
-        waiting = _Waiting(encoded)
-        with self._queue_lock:
-            self._waiting.append(waiting)
-            leads = not self._leading
-            self._leading = True
-        if not leads:
-            waiting.wake.wait()  # our group is done, or the last leader handed us the lead
-            leads = not waiting.done.is_set()
-        if leads:
-            try:
-                while not waiting.done.is_set():
-                    self._score_next_group()
-            finally:
-                self._hand_off_lead()
-        if waiting.error is not None:
-            raise waiting.error
-        return waiting.scores
-
-    def _score_next_group(self) -> None:
-        """Take up to ``concurrent`` queued searches and score them; the leader calls this."""
-        with self._lock:
-            with self._queue_lock:
-                group = self._waiting[: self.config.concurrent]
-                del self._waiting[: self.config.concurrent]
-            if group:
-                self._score_group(group)
-
-    def _hand_off_lead(self) -> None:
-        """Wake the first queued search as the next leader, or leave nobody leading."""
-        with self._queue_lock:
-            if self._waiting:
-                self._waiting[0].wake.set()
-            else:
-                self._leading = False
-
-    def _score_group(self, group: list[_Waiting]) -> None:
+    def _score_group(self, group: list[Waiting[EncodedQuery]]) -> None:
         """Score queued searches in shared static steps; each gets its scores or its error."""
         try:
             self.load()
@@ -345,10 +285,6 @@ class QwenReranker:
                     waiting.scores = self._score_or_raise(waiting.encoded)
                 except Exception as error:  # handed to the search that asked
                     waiting.error = error
-        finally:
-            for waiting in group:
-                waiting.done.set()
-                waiting.wake.set()
 
     def close(self) -> None:
         """Drop the model and tokenizer and return their memory.
@@ -362,8 +298,7 @@ class QwenReranker:
             if self._model is None:
                 return
             on_cuda = torch.device(self.device).type == "cuda"
-            self._model = self._tokenizer = self._static = None
-            self._answer_rows = self._answer_bias = None
+            self._model = self._tokenizer = self._static = self._dynamic = None
             if on_cuda:  # the allocator's cached blocks go back to the device
                 torch.cuda.empty_cache()
             log.info("reranker %s unloaded", self.config.model)
@@ -410,47 +345,21 @@ class QwenReranker:
         return tok, self._suffix_ids
 
     def _from_pretrained(self) -> tuple[Any, Any]:
-        try:
-            from transformers import AutoModelForCausalLM
-        except ImportError as exc:
-            raise RerankerUnavailable(
-                "the transformers reranker needs the transformers package: "
-                "pip install 'transformers>=4.51'"
-            ) from exc
-        missing = missing_device(self.device)
-        if missing:
-            raise RerankerUnavailable(
-                f"reranker.device is {self.device!r} but {missing}: use --profile cpu, "
-                "or --profile auto to pick what this machine has"
-            )
-        name = self.config.model
-        log.info("loading reranker %s on %s as %s", name, self.device, self.dtype)
-        try:
-            # in a child process: parsing tokenizer.json holds the GIL for most of a second
-            tokenizer = TokenizerProcess(name)
-            # device_map puts the weights straight on the device, so an 8B model
-            # never needs a full copy in CPU memory first.
-            model = AutoModelForCausalLM.from_pretrained(
-                name, dtype=self.dtype, device_map=self.device
-            )
-        except Exception as exc:  # any failure here means "no reranker"; the cause is chained
-            raise RerankerUnavailable(load_failure(name, self.device, exc)) from exc
-        return model, tokenizer
+        return from_pretrained(self.config.model, self.device, self.dtype)
 
     def _install(self, model: Any, tokenizer: Any, owned: bool) -> None:
         yes_id, no_id = _answer_token_ids(tokenizer, self.config.model)
-        lm_head = model.get_output_embeddings()
-        rows = lm_head.weight.detach()[[no_id, yes_id]].to(torch.float32)
-        bias = getattr(lm_head, "bias", None)
-        self._answer_bias = None if bias is None else bias.detach()[[no_id, yes_id]].float()
+        rows, bias = _answer_rows(model, yes_id, no_id)
         if self.config.quantize == "int8":
             model = quantized(model if owned else copy.deepcopy(model), self.device, self.dtype)
         model.eval()
-        self._answer_rows = rows.clone()
-        self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else no_id
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else no_id
         self._suffix_ids = list(tokenizer(SUFFIX, add_special_tokens=False)["input_ids"])
-        if self.config.prefix_cache or self.config.buckets:
-            self._cache_arg = cache_argument(model.model)
+        self._dynamic = DynamicScorer(
+            model=model, device=self.device, answer_rows=rows, answer_bias=bias, pad_id=pad_id,
+            cache_arg=_cache_arg(model, self.config), batch_size=self.config.batch_size,
+            prefix_cache=self.config.prefix_cache,
+        )
         self._model, self._tokenizer = model, tokenizer
         self._static = static_scorer(self, model) if self.config.buckets else None
         if self.config.torch_compile and self._static is not None:
@@ -463,18 +372,12 @@ class QwenReranker:
         the eager steps keep serving, and a result that comes later is dropped.  A
         failure is logged once by :func:`compiled` and changes nothing either.
         """
-        state = self._compiling = _Compiling()
-        budget = self.config.compile_budget
-        started = time.monotonic()
-        timer = threading.Timer(budget, self._give_up_compile, args=(state, budget))
-        timer.daemon = True
-        worker = threading.Thread(
-            target=self._compile_worker, args=(model, state, started, timer), daemon=True,
-            name="reranker-compile",
+        self._compile = BackgroundCompile(
+            build=partial(_compile_and_capture, self, model),
+            swap_in=partial(self._swap_in, model),
+            budget=self.config.compile_budget,
         )
-        self._compile_thread = worker
-        timer.start()
-        worker.start()
+        self._compile.start()
 
     def wait_for_compile(self, timeout: float | None = None) -> bool:
         """Wait until a background compile is served, failed or given up.
@@ -482,29 +385,10 @@ class QwenReranker:
         Returns:
             Whether compiled static steps serve the searches now.
         """
-        if self._compiling is not None:
-            self._compiling.settled.wait(timeout)
+        if self._compile is not None:
+            self._compile.wait(timeout)
         static = self._static
         return bool(static is not None and static.compiled)
-
-    def _compile_worker(
-        self, model: Any, state: _Compiling, started: float, timer: threading.Timer
-    ) -> None:
-        try:
-            fresh = _compile_and_capture(self, model)
-        except Exception:  # compiled()/captured() log their own; anything else lands here
-            log.warning("reranker background compile failed; keeping the eager steps",
-                        exc_info=True)
-            fresh = None
-        timer.cancel()
-        with state.lock:  # settled only once the compiled steps serve (or never will)
-            if state.abandoned:
-                log.debug("reranker compile finished after its budget; dropped")
-                return
-            if fresh is not None and self._swap_in(model, fresh):
-                log.info("reranker compiled static steps serve from now on (%.1f s after load)",
-                         time.monotonic() - started)
-            state.settled.set()
 
     def _swap_in(self, model: Any, fresh: StaticScorer) -> bool:
         """Serve ``fresh`` unless the model was closed or the static path dropped meanwhile."""
@@ -514,21 +398,10 @@ class QwenReranker:
             self._static = fresh
             return True
 
-    def _give_up_compile(self, state: _Compiling, budget: float) -> None:
-        with state.lock:
-            if state.settled.is_set():
-                return
-            state.abandoned = True
-            state.settled.set()
-        log.warning(
-            "reranker torch.compile of the static steps did not finish within "
-            "reranker.compile_budget = %g s; keeping the eager steps", budget,
-        )
-
     def answer_head(self) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """The "no"/"yes" rows of the LM head (float32), their bias, and the pad id."""
-        assert self._answer_rows is not None, "_install sets the answer rows first"
-        return self._answer_rows, self._answer_bias, self._pad_id
+        assert self._dynamic is not None, "_install sets the answer rows first"
+        return self._dynamic.answer_rows, self._dynamic.answer_bias, self._dynamic.pad_id
 
     # -- scoring -------------------------------------------------------------------
 
@@ -564,57 +437,8 @@ class QwenReranker:
 
         Returns a list over all tails; entries not in ``indices`` stay 0.0.
         """
-        head_kv = self._head_kv(encoded.head) if self.config.prefix_cache else None
-        scores = [0.0] * len(encoded.tails)
-        lengths = [len(encoded.tails[i]) for i in indices]
-        for local in micro_batches(lengths, self.config.batch_size):
-            _stop_if_late()
-            chunk = [indices[j] for j in local]
-            if head_kv is None:
-                batch = [encoded.head + encoded.tails[i] for i in chunk]
-            else:
-                batch = [encoded.tails[i] for i in chunk]
-            for i, value in zip(chunk, self._score_batch(batch, head_kv), strict=True):
-                scores[i] = value
-        return scores
-
-    def _head_kv(self, head: list[int]) -> list[LayerKV]:
-        """Run the shared head once and return each layer's keys and values."""
-        cache = new_cache()
-        ids = torch.tensor([head], device=self.device)
-        self._model.model(input_ids=ids, use_cache=True, **{self._cache_arg: cache})
-        return layer_states(cache)
-
-    def _score_batch(self, batch: list[list[int]], head_kv: list[LayerKV] | None) -> list[float]:
-        """Score right-padded sequences, on top of the head cache when given."""
-        lengths = torch.tensor([len(s) for s in batch], device=self.device)
-        width = int(lengths.max())
-        ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
-        for row, seq in enumerate(batch):
-            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        ids = ids.to(self.device)
-        mask = (torch.arange(width, device=self.device) < lengths[:, None]).long()
-        kwargs: dict[str, Any] = {}
-        if head_kv is not None:
-            offset = head_kv[0][0].shape[-2]
-            kwargs[self._cache_arg] = repeated_cache(head_kv, len(batch))
-            kwargs["position_ids"] = (
-                torch.arange(offset, offset + width, device=self.device).expand(len(batch), -1)
-            )
-            kwargs["use_cache"] = True
-            mask = torch.cat([mask.new_ones(len(batch), offset), mask], dim=1)
-        out = self._model.model(input_ids=ids, attention_mask=mask, **kwargs)
-        rows = torch.arange(len(batch), device=self.device)
-        last = out.last_hidden_state[rows, lengths - 1]
-        return self._yes_probability(last)
-
-    def _yes_probability(self, hidden: torch.Tensor) -> list[float]:
-        """P(yes) over {no, yes} from final hidden states, computed in float32."""
-        assert self._answer_rows is not None, "load() sets the answer rows"
-        logits = hidden.to(torch.float32) @ self._answer_rows.T
-        if self._answer_bias is not None:
-            logits = logits + self._answer_bias
-        return torch.log_softmax(logits, dim=-1)[:, 1].exp().tolist()
+        assert self._dynamic is not None, "_install builds the dynamic scorer"
+        return self._dynamic.score(encoded.head, encoded.tails, indices)
 
 
 def static_scorer(reranker: QwenReranker, model: Any) -> StaticScorer | None:
@@ -656,15 +480,6 @@ def _new_static(reranker: QwenReranker, model: Any) -> StaticScorer:
         model=model, answer_rows=rows, answer_bias=bias, pad_id=pad_id,
         buckets=config.buckets, max_length=config.max_length, slots=config.concurrent,
     )
-
-
-class _Compiling:
-    """One background compile: settled once it is served or given up; under ``lock``."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.settled = threading.Event()
-        self.abandoned = False
 
 
 def _compile_and_capture(reranker: QwenReranker, model: Any) -> StaticScorer | None:
@@ -757,26 +572,54 @@ class _NoStaticPath(Exception):
     """The static path is gone (an earlier failure); score one search at a time."""
 
 
-def _stop_if_late() -> None:
-    """Stop between micro-batches once the service's deadline has passed.
-
-    The search has stopped waiting by then; the next search's candidates should
-    not queue behind batches nobody reads (:mod:`memory.rerank.deadline`).
+def from_pretrained(name: str, device: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    """Load a Qwen3-Reranker's causal LM onto ``device`` and its tokenizer (in a child process).
 
     Raises:
-        RerankerError: The deadline has passed.
+        RerankerUnavailable: transformers is missing, the device is not there, or the
+            model cannot be found or loaded (one line saying what to do).
     """
-    if deadline.passed():
-        raise RerankerError("the reranker's deadline passed before every batch was scored")
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise RerankerUnavailable(
+            "the transformers reranker needs the transformers package: "
+            "pip install 'transformers>=4.51'"
+        ) from exc
+    missing = missing_device(device)
+    if missing:
+        raise RerankerUnavailable(
+            f"reranker.device is {device!r} but {missing}: use --profile cpu, "
+            "or --profile auto to pick what this machine has"
+        )
+    log.info("loading reranker %s on %s as %s", name, device, dtype)
+    try:
+        # in a child process: parsing tokenizer.json holds the GIL for most of a second
+        tokenizer = TokenizerProcess(name)
+        # device_map puts the weights straight on the device, so an 8B model
+        # never needs a full copy in CPU memory first.
+        model = AutoModelForCausalLM.from_pretrained(
+            name, dtype=dtype, device_map=device
+        )
+    except Exception as exc:  # any failure here means "no reranker"; the cause is chained
+        raise RerankerUnavailable(load_failure(name, device, exc)) from exc
+    return model, tokenizer
 
 
-def micro_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Split indices into micro-batches of similar length, shortest first.
+def _answer_rows(model: Any, yes_id: int, no_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The lm_head rows of "no" and "yes" as a float32 copy, and their bias (or ``None``)."""
+    lm_head = model.get_output_embeddings()
+    rows = lm_head.weight.detach()[[no_id, yes_id]].to(torch.float32)
+    bias = getattr(lm_head, "bias", None)
+    return rows.clone(), None if bias is None else bias.detach()[[no_id, yes_id]].float()
 
-    Sorting by length keeps the padding of each right-padded batch small.
+
+def _cache_arg(model: Any, config: QwenConfig) -> str:
+    """forward's KV cache argument (:func:`kv_cache.cache_argument`), checked at load.
+
+    Only the paths that run on a cache need it: ``prefix_cache`` and the buckets.
     """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    return cache_argument(model.model) if config.prefix_cache or config.buckets else ""
 
 
 def _answer_token_ids(tokenizer: Any, model_name: str) -> tuple[int, int]:

@@ -42,6 +42,10 @@ step is captured once, at
 load time, into one shared memory pool; a search only copies token ids into the
 static input buffers and replays.  Elsewhere the very same step functions run
 eagerly, which is how the path is tested on CPU.
+
+:class:`StaticScorer` plans and runs the steps; the static tensors they read and
+write are :class:`memory.rerank.qwen_buffers.StaticBuffers`, and the forward passes
+themselves :class:`memory.rerank.qwen_steps.StaticForward`.
 """
 
 from __future__ import annotations
@@ -57,20 +61,14 @@ from typing import Any
 import torch
 
 from memory.rerank import qwen_layers
-from memory.rerank.kv_cache import (
-    LayerKV,
-    cache_argument,
-    layer_states,
-    new_cache,
-    prefix_cache,
-    prefix_cache_class,
-)
+from memory.rerank.kv_cache import prefix_cache_class
+from memory.rerank.qwen_buffers import HeadSlot, Shape, StaticBuffers, TailSlot
+from memory.rerank.qwen_steps import StaticForward
 
 log = logging.getLogger(__name__)
 
 HEAD_MIN = 64  # smallest head capacity; the official prompt head alone is ~60 tokens
 HEAD_STEP = 32  # head sizes between capacities: the head step pads to a multiple of this
-Shape = tuple[int, int]  # (batch, tail length)
 
 
 @dataclass(frozen=True)
@@ -220,32 +218,6 @@ def plan_runs(
 
 
 @dataclass
-class _HeadSlot:
-    """Static buffers of one head capacity: token ids in (per head size), each layer's K/V out."""
-
-    keys: list[torch.Tensor]  # per layer [head slots, kv_heads, cap, head_dim]
-    values: list[torch.Tensor]
-    ids: dict[Shape, torch.Tensor] = field(default_factory=dict)  # (heads, size) -> long ids
-    graphs: dict[Shape, Any] = field(default_factory=dict)  # (heads, size) -> its captured step
-
-    @property
-    def capacity(self) -> int:
-        """Head positions the tail steps attend over (padding masked)."""
-        return int(self.keys[0].shape[2])
-
-
-@dataclass
-class _TailSlot:
-    """Static buffers of one (head capacity, bucket) step."""
-
-    ids: torch.Tensor  # [batch, length] long
-    last: torch.Tensor  # [batch] long: each row's last real position
-    heads: torch.Tensor  # [batch] long: each row's head slot
-    out: torch.Tensor | None = None  # [batch] float32 P(yes), set by the step
-    graph: Any = None
-
-
-@dataclass
 class StaticScorer:
     """Scores candidates through fixed (head capacity, bucket) shapes.
 
@@ -274,8 +246,6 @@ class StaticScorer:
     buckets: tuple[Shape, ...]
     max_length: int
     slots: int = 1
-    heads: dict[int, _HeadSlot] = field(default_factory=dict)
-    tails: dict[tuple[int, Shape], _TailSlot] = field(default_factory=dict)
     graphs: bool = False
     compiled: bool = False
     stats: StepStats = field(default_factory=StepStats)
@@ -284,16 +254,23 @@ class StaticScorer:
         param = next(self.model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.base = self.model.model
-        self.cache_arg = cache_argument(self.base)
         self.capacities = head_capacities(self.max_length)
         longest = self.capacities[-1] + max(length for _, length in self.buckets)
-        self.positions = torch.arange(longest, device=self.device)
-        self.head_len = torch.ones(self.slots, dtype=torch.long, device=self.device)
+        self.forward = StaticForward(self.base, self.answer_rows, self.answer_bias,
+                                     self.slots, longest, self.device, self.dtype)
+        self.buffers = StaticBuffers(self.base, self.slots, self.pad_id, self.device, self.dtype)
         self.head_batches = head_batches(self.slots)
-        self._mask_min = torch.finfo(self.dtype).min
         prefix_cache_class()  # built here, outside any compiled step
-        # compile() sets the compiled layer function; None: the model's own forward
-        self._layer_kernel: Callable[..., Any] | None = None
+
+    @property
+    def heads(self) -> dict[int, HeadSlot]:
+        """The head buffers built so far, by capacity."""
+        return self.buffers.heads
+
+    @property
+    def tails(self) -> dict[tuple[int, Shape], TailSlot]:
+        """The tail buffers built so far, by (head capacity, bucket)."""
+        return self.buffers.tails
 
     # -- public --------------------------------------------------------------------
 
@@ -371,7 +348,7 @@ class StaticScorer:
     ) -> dict[int, float]:
         """Heads into slots 0..n-1 (one capacity, one step), then ``runs`` over ``rows``."""
         cap = max(head_size(len(head), self.max_length)[1] for head in heads)
-        head_slot = self._head_slot(cap)
+        head_slot = self.buffers.head_slot(cap)
         self._heads_step(head_slot, heads)
         scores: dict[int, float] = {}
         for run in runs:
@@ -382,13 +359,13 @@ class StaticScorer:
                 scores[i] = value
         return scores
 
-    def _heads_step(self, head_slot: _HeadSlot, heads: list[list[int]]) -> None:
+    def _heads_step(self, head_slot: HeadSlot, heads: list[list[int]]) -> None:
         """Run ``heads`` (at most ``slots``) as the rows of one head step, slot = row."""
         size = max(head_size(len(head), self.max_length)[0] for head in heads)
         batch = next(b for b in self.head_batches if b >= len(heads))
         lengths = [len(head) for head in heads] + [1] * (batch - len(heads))
-        self.head_len[:batch].copy_(torch.tensor(lengths))
-        ids = head_slot.ids.setdefault((batch, size), self._full((batch, size)))
+        self.forward.head_len[:batch].copy_(torch.tensor(lengths))
+        ids = head_slot.ids.setdefault((batch, size), self.buffers.full((batch, size)))
         ids.copy_(_padded(heads, batch, size, self.pad_id))
         self._step(head_slot.graphs.get((batch, size)),
                    partial(self._run_head, head_slot, batch, size))
@@ -397,10 +374,10 @@ class StaticScorer:
         self.stats.head_positions += batch * size
 
     def _tail_step(
-        self, head_slot: _HeadSlot, shape: Shape, picked: list[list[int]], owners: list[int]
+        self, head_slot: HeadSlot, shape: Shape, picked: list[list[int]], owners: list[int]
     ) -> torch.Tensor:
         """One tail step of ``shape`` holding ``picked`` rows, each on its owner's head slot."""
-        slot = self._tail_slot(head_slot.capacity, shape)
+        slot = self.buffers.tail_slot(head_slot.capacity, shape)
         batch, length = shape
         padding = [0] * (batch - len(picked))
         slot.ids.copy_(_padded(picked, batch, length, self.pad_id))
@@ -440,18 +417,18 @@ class StaticScorer:
                 f"{type(self.base).__name__} does not have Qwen3's decoder layers: "
                 "the compiled static steps are for Qwen3-Reranker models"
             )
-        self._layer_kernel = torch.compile(qwen_layers.layer_step, dynamic=True, backend=backend)
+        self.forward.layer_kernel = torch.compile(qwen_layers.layer_step, dynamic=True, backend=backend)
         for batch, size in self._head_shapes():
-            self._run_head(self._head_slot(head_size(size, self.max_length)[1]), batch, size)
+            self._run_head(self.buffers.head_slot(head_size(size, self.max_length)[1]), batch, size)
         for cap in self.capacities:
             for shape in self.buckets:
-                self._run_tail(self._head_slot(cap), self._tail_slot(cap, shape))
+                self._run_tail(self.buffers.head_slot(cap), self.buffers.tail_slot(cap, shape))
         self.compiled = True
         return time.perf_counter() - started
 
     def uncompile(self) -> None:
         """Go back to the eager step functions (after a failed :meth:`compile`)."""
-        self._layer_kernel = None
+        self.forward.layer_kernel = None
         self.compiled = False
 
     @torch.inference_mode()
@@ -472,30 +449,29 @@ class StaticScorer:
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         for batch, size in self._head_shapes():
-            head_slot = self._head_slot(head_size(size, self.max_length)[1])
-            head_slot.ids.setdefault((batch, size), self._full((batch, size)))
-            head_slot.graphs[(batch, size)], _ = self._capture(
-                pool, partial(self._run_head, head_slot, batch, size)
+            head_slot = self.buffers.head_slot(head_size(size, self.max_length)[1])
+            head_slot.ids.setdefault((batch, size), self.buffers.full((batch, size)))
+            head_slot.graphs[(batch, size)], _ = _captured_graph(
+                pool, partial(self._run_head, head_slot, batch, size), self.device
             )
         for cap in self.capacities:
-            head_slot = self._head_slot(cap)
+            head_slot = self.buffers.head_slot(cap)
             for shape in self.buckets:
-                slot = self._tail_slot(cap, shape)
+                slot = self.buffers.tail_slot(cap, shape)
                 step = partial(self._run_tail, head_slot, slot)
-                slot.graph, slot.out = self._capture(pool, step)
+                slot.graph, slot.out = _captured_graph(pool, step, self.device)
         torch.cuda.synchronize(self.device)
         self.graphs = True
         return time.perf_counter() - started
 
     def release(self) -> None:
         """Drop every buffer and graph (after a failed capture); eager steps rebuild them."""
-        self.heads.clear()
-        self.tails.clear()
+        self.buffers.clear()
         self.graphs = False
 
     # -- steps -----------------------------------------------------------------------
 
-    def _step(self, graph: Any, run: Callable[[], Any], slot: _TailSlot | None = None) -> Any:
+    def _step(self, graph: Any, run: Callable[[], Any], slot: TailSlot | None = None) -> Any:
         if graph is None:
             return run()
         graph.replay()
@@ -506,149 +482,30 @@ class StaticScorer:
         return [(batch, size) for size in head_sizes(self.max_length)
                 for batch in self.head_batches]
 
-    def _run_head(self, slot: _HeadSlot, batch: int = 1, size: int | None = None) -> None:
+    def _run_head(self, slot: HeadSlot, batch: int = 1, size: int | None = None) -> None:
         """The head step of ``batch`` heads padded to ``size``: K/V into slots 0..batch-1."""
         size = size or slot.capacity
-        ids = slot.ids.setdefault((batch, size), self._full((batch, size)))
-        self._head_forward(ids, slot.keys, slot.values)
+        ids = slot.ids.setdefault((batch, size), self.buffers.full((batch, size)))
+        self.forward.head(ids, slot.keys, slot.values)
 
-    def _run_tail(self, head: _HeadSlot, slot: _TailSlot) -> torch.Tensor:
-        return self._tail_forward(slot.ids, slot.last, slot.heads, head.keys, head.values)
-
-    def _head_forward(
-        self, ids: torch.Tensor, key_bufs: list[torch.Tensor], value_bufs: list[torch.Tensor]
-    ) -> None:
-        batch, size = ids.shape
-        positions = self.positions[:size][None]
-        causal = positions <= positions.T  # [size, size]: right padding cannot reach back
-        mask, positions = self._additive(causal), positions.expand(batch, -1)
-        if self._layer_kernel is not None:
-            states = self._layers(ids, positions, mask, None)[1]
-        else:
-            cache = new_cache()
-            self._forward(ids, positions, mask, cache)
-            states = layer_states(cache)
-        for (keys, values), key_buf, value_buf in zip(states, key_bufs, value_bufs):
-            # row r into slot r; positions past ``size`` keep an earlier head's values,
-            # which the tail mask hides
-            key_buf[:batch, :, :size].copy_(keys)
-            value_buf[:batch, :, :size].copy_(values)
-
-    def _tail_forward(
-        self, ids: torch.Tensor, last_positions: torch.Tensor, row_heads: torch.Tensor,
-        head_keys: list[torch.Tensor], head_values: list[torch.Tensor],
-    ) -> torch.Tensor:
-        batch, length = ids.shape
-        cap = head_keys[0].shape[2]
-        query = self.positions[:length][:, None]
-        key = self.positions[: cap + length][None]
-        head_len = self.head_len[row_heads][:, None, None]  # [batch, 1, 1]: each row's head
-        sees_head = key[None] < head_len  # its own head's real tokens, not the padding
-        sees_tail = ((key >= cap) & (key - cap <= query))[None]  # causal within the tail
-        mask = self._additive(sees_head | sees_tail)[0, 0][:, None]  # [batch, 1, q, k]
-        positions = head_len[:, 0] + self.positions[:length][None]  # [batch, length]
-        if self._layer_kernel is not None:
-            heads = [(k.index_select(0, row_heads), v.index_select(0, row_heads))
-                     for k, v in zip(head_keys, head_values)]
-            hidden = self._layers(ids, positions, mask, heads)[0]
-        else:
-            cache = prefix_cache(list(zip(head_keys, head_values)), batch, row_heads)
-            hidden = self._forward(ids, positions, mask, cache)
-        last = hidden[self.positions[:batch], last_positions]
-        return self._yes_probability(last)
-
-    def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
-    ) -> torch.Tensor:
-        """The base model's final (normed) hidden states for ``ids`` on top of ``cache``."""
-        out = self.base(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-            **{self.cache_arg: cache},
-        )
-        return out.last_hidden_state
-
-    def _layers(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-        heads: list[LayerKV] | None,
-    ) -> tuple[torch.Tensor, list[LayerKV]]:
-        """The compiled path: every layer through the one compiled layer function.
-
-        Returns the final (normed) hidden states and each layer's own keys and values.
-        """
-        assert self._layer_kernel is not None, "compile() sets the layer function"
-        hidden = self.base.embed_tokens(ids)
-        cos, sin = self.base.rotary_emb(hidden, positions)
-        states: list[LayerKV] = []
-        for index, layer in enumerate(self.base.layers):
-            head_keys, head_values = heads[index] if heads is not None else (None, None)
-            hidden, keys, values = self._layer_kernel(
-                layer, hidden, cos, sin, mask, head_keys, head_values
-            )
-            states.append((keys, values))
-        return self.base.norm(hidden), states
-
-    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
-        """A [1, 1, q, k] additive mask in the model dtype (eager and SDPA accept it)."""
-        zero = torch.zeros((), dtype=self.dtype, device=self.device)
-        return torch.where(allowed, zero, self._mask_min)[None, None]
-
-    def _yes_probability(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = hidden.to(torch.float32) @ self.answer_rows.T
-        if self.answer_bias is not None:
-            logits = logits + self.answer_bias
-        return torch.log_softmax(logits, dim=-1)[:, 1].exp()
-
-    # -- buffers and capture ---------------------------------------------------------
-
-    def _head_slot(self, cap: int) -> _HeadSlot:
-        slot = self.heads.get(cap)
-        if slot is None:
-            config = self.base.config
-            kv_shape = (self.slots, config.num_key_value_heads, cap, _head_dim(config))
-            layers = range(len(self.base.layers))
-            slot = _HeadSlot(
-                keys=[self._zeros(kv_shape) for _ in layers],
-                values=[self._zeros(kv_shape) for _ in layers],
-            )
-            self.heads[cap] = slot
-        return slot
-
-    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.zeros(shape, dtype=self.dtype, device=self.device)
-
-    def _full(self, shape: tuple[int, int]) -> torch.Tensor:
-        """A static id buffer, all padding."""
-        return torch.full(shape, self.pad_id, dtype=torch.long, device=self.device)
-
-    def _tail_slot(self, cap: int, shape: Shape) -> _TailSlot:
-        slot = self.tails.get((cap, shape))
-        if slot is None:
-            batch, length = shape
-            slot = _TailSlot(
-                ids=self._full((batch, length)),
-                last=torch.zeros(batch, dtype=torch.long, device=self.device),
-                heads=torch.zeros(batch, dtype=torch.long, device=self.device),
-            )
-            self.tails[(cap, shape)] = slot
-        return slot
-
-    def _capture(self, pool: Any, run: Callable[[], Any]) -> tuple[Any, Any]:
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a search embedding on the same GPU from another thread while a
-        # profile switch captures here must not invalidate the capture (or fail).
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            out = run()
-        return graph, out
+    def _run_tail(self, head: HeadSlot, slot: TailSlot) -> torch.Tensor:
+        return self.forward.tail(slot.ids, slot.last, slot.heads, head.keys, head.values)
 
 
-def _head_dim(config: Any) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+def _captured_graph(pool: Any, run: Callable[[], Any], device: torch.device) -> tuple[Any, Any]:
+    """Warm ``run`` up twice on a side stream, then capture it into ``pool``: (graph, output)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: a search embedding on the same GPU from another thread while a
+    # profile switch captures here must not invalidate the capture (or fail).
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = run()
+    return graph, out
 
 
 def _padded(rows: Sequence[list[int]], batch: int, length: int, pad_id: int) -> torch.Tensor:

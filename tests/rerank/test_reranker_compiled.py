@@ -102,7 +102,7 @@ def test_the_profile_switch_compiles_at_load_and_a_failure_never_reaches_a_searc
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_inductor_compiled_scores_equal_eager(parts, config, eager, caplog):
     # the real thing: inductor generates and builds C++ kernels here (~2 min on 2 cores)
-    with caplog.at_level(logging.INFO, logger="memory.rerank.qwen"):
+    with caplog.at_level(logging.INFO, logger="memory.rerank"):
         reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH, torch_compile=True,
                         compile_budget=1200.0)
         assert reranker.wait_for_compile(1200), caplog.text
@@ -212,7 +212,7 @@ def test_a_compile_past_its_budget_is_given_up_and_eager_keeps_serving(
     monkeypatch.setattr(
         torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": slow_backend(3)})
     )
-    with caplog.at_level(logging.INFO, logger="memory.rerank.qwen"):
+    with caplog.at_level(logging.INFO, logger="memory.rerank"):
         started = time.monotonic()
         reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH,
                         torch_compile=True, cuda_graphs=True, compile_budget=1.0)
@@ -220,7 +220,7 @@ def test_a_compile_past_its_budget_is_given_up_and_eager_keeps_serving(
         eager_static = reranker._static
         during = reranker.score(QUERY, DOCS)  # served while the compile runs
         assert not reranker.wait_for_compile(60)
-        reranker._compile_thread.join(120)  # the late result comes, and is dropped
+        reranker._compile.thread.join(120)  # the late result comes, and is dropped
         after = [reranker.score(q, DOCS) for q in QUERIES]
     assert loaded < 3  # the load did not wait for the compile
     assert caplog.text.count("did not finish within reranker.compile_budget = 1 s") == 1
@@ -240,7 +240,7 @@ def test_a_background_compile_swaps_in_compiled_steps_with_equal_scores(
         torch, "compile",
         lambda fn, **kw: real_compile(fn, **{**kw, "backend": recording_backend(calls)}),
     )
-    with caplog.at_level(logging.INFO, logger="memory.rerank.qwen"):
+    with caplog.at_level(logging.INFO, logger="memory.rerank"):
         reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH,
                         torch_compile=True, cuda_graphs=True)
         eager_static = reranker._static

@@ -346,8 +346,8 @@ def test_static_steps_never_read_device_data_on_the_host(parts, config):
     """The CPU stand-in for "capturable": no op in a step waits for the device."""
     reranker = wrap(parts, config, buckets=BUCKETS)
     static = reranker._static
-    head = static._head_slot(128)
-    tail = static._tail_slot(128, BUCKETS[0])
+    head = static.buffers.head_slot(128)
+    tail = static.buffers.tail_slot(128, BUCKETS[0])
     with OpLog() as steps:
         static._run_head(head)
         static._run_tail(head, tail)
@@ -355,7 +355,7 @@ def test_static_steps_never_read_device_data_on_the_host(parts, config):
     assert not steps.ops & HOST_READS
     encoded = reranker.encode(QUERY, DOCS[:3])
     with OpLog() as dynamic_path:  # the check can fail: the dynamic path does sync
-        reranker._score_batch(encoded.tails, reranker._head_kv(encoded.head))
+        reranker._dynamic.score_batch(encoded.tails, reranker._dynamic.head_kv(encoded.head))
     assert dynamic_path.ops & HOST_READS
 
 

@@ -88,7 +88,7 @@ def concurrent_scores(reranker, queries) -> tuple[dict[str, list[float]], list[B
 
     def search(query: str) -> None:
         try:
-            got[query] = reranker._score_together(encoded[query])
+            got[query] = reranker._groups.score(encoded[query])
         except BaseException as exc:
             errors.append(exc)
 
@@ -97,9 +97,9 @@ def concurrent_scores(reranker, queries) -> tuple[dict[str, list[float]], list[B
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 60
-        while len(reranker._waiting) < len(queries) and time.monotonic() < deadline:
+        while len(reranker._groups.waiting) < len(queries) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(reranker._waiting) == len(queries)
+        assert len(reranker._groups.waiting) == len(queries)
     for thread in threads:
         thread.join(timeout=120)
     return got, errors
@@ -144,7 +144,7 @@ def test_one_search_alone_takes_the_together_path_unchanged(parts, config, alone
     reranker = wrap(parts, config, buckets=BUCKETS, concurrent=16)
     for query in QUERIES:
         assert_close(reranker.score(query, TEXTS[query]), alone[query], tol=FP32_TOL)
-    assert reranker._waiting == []
+    assert reranker._groups.waiting == []
 
 
 @pytest.mark.parametrize("value", ["0", "257", "1.5", "'many'"])
@@ -209,9 +209,9 @@ def score_sixteen_at_once(reranker, call) -> tuple[dict[str, list[float]], list[
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 20
-        while len(reranker._waiting) < GROUP and time.monotonic() < deadline:
+        while len(reranker._groups.waiting) < GROUP and time.monotonic() < deadline:
             time.sleep(0.01)
-        queued = len(reranker._waiting)
+        queued = len(reranker._groups.waiting)
     for thread in threads:
         thread.join(timeout=120)
     assert queued == GROUP, f"{queued} of {GROUP} searches queued while one was scored"
