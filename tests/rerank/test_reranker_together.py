@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memory.config import ConfigError, load_profile_file
+from memory.config import ConfigError, RerankerConfig, load_profile_file
 from memory.rerank.qwen import QwenReranker
 from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close
 from tests.support.qwen_tiny import wrap
@@ -229,7 +229,8 @@ def test_sixteen_searches_at_once_run_in_one_group_of_few_steps(
     from memory.rerank.service import RerankerService
 
     reranker = wrap(parts, config, buckets=CUDA_BUCKETS, bucket_run_cost=640, concurrent=GROUP)
-    service = RerankerService(reranker.config, backend=reranker)
+    service = RerankerService(RerankerConfig(backend="transformers", qwen=reranker.config),
+                              backend=reranker)
     stats = reranker._static.stats  # closing the service drops the static path
     call = reranker.score if through == "reranker" else service.score
     try:
