@@ -251,3 +251,19 @@ def test_the_shipped_packages_never_import_the_benchmarks() -> None:
     assert "benchmarks" not in _all_imports(shipped)
     packages = PYPROJECT["tool"]["setuptools"]["packages"]
     assert not [p for p in packages if p.startswith("benchmarks")]
+
+
+MAX_CLASS_LINES = 300  # a class a newcomer can read in one sitting (issue 34's class-size count)
+
+
+def test_no_class_is_over_three_hundred_lines() -> None:
+    """A class that grows past this is doing two jobs: move a cohesive part out."""
+    too_long = sorted(
+        f"{path.relative_to(ROOT)}: {node.name} {node.end_lineno - node.lineno + 1} lines"
+        for package in PACKAGE_LAYERS
+        for path in [*ROOT.glob(f"{package}/**/*.py"), ROOT / f"{package}.py"] if path.is_file()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef) and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+    )
+    assert too_long == []
