@@ -31,7 +31,9 @@ SECRET = "the quokka smuggler hides under zanzibarwharf"
 NAME = "marmaladequeen"  # the forgotten member's name
 ONCE = "ALTER SYSTEM SET wal_recycle = off;\nSELECT pg_reload_conf();"
 AFTER_A_FORGET = ("VACUUM FULL messages, search_text, message_postings, window_postings, "
-                  "keyword_terms,\n  member_names, authors, channels, guilds;\nSELECT pg_switch_wal();\nCHECKPOINT;")
+                  "keyword_terms,\n  member_names, authors, channels, guilds;\nSELECT pg_switch_wal();\nCHECKPOINT;\n"
+                  "-- and once more: what other sessions wrote between the switch and that checkpoint\n"
+                  "SELECT pg_switch_wal();\nCHECKPOINT;")
 
 
 def statements(block: str) -> list[str]:
@@ -122,4 +124,8 @@ def test_forgotten_text_leaves_the_table_files_and_the_wal(
 
         for sql in statements(AFTER_A_FORGET):  # as psql -c runs each
             conn.execute(sql)
-    assert files_holding(server.folder, oid, needles) == []
+        # where the WAL stood, should the assertion below ever fail again
+        state = (conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone(),
+                 conn.execute("SELECT redo_wal_file FROM pg_control_checkpoint()").fetchone(),
+                 sorted(p.name for p in (server.folder / "pg_wal").iterdir()))
+    assert files_holding(server.folder, oid, needles) == [], state
