@@ -250,16 +250,20 @@ async def test_admin_commands_check_permissions_at_run_time(harness):
     assert reply["flags"] == 64 and "Manage Server" in reply["content"]
 
 
-async def test_retention_purges_old_messages(harness):
-    h = harness
+async def store_an_old_and_a_new_message(h) -> None:
+    """A message stored 40 days ago (by the host clock) and one said now."""
     old = h.message_payload("an old message", author=(ALICE, "alice"), channel=GENERAL)
     old_record = record_from_message(discord.Message(state=h.state, channel=h.guild.get_channel(
         GENERAL), data=old))
-    from dataclasses import replace
     h.engine.storage.messages.upsert([replace(old_record, created_at=datetime_to_ms(
         datetime.now(timezone.utc) - timedelta(days=40)))])
     await say(h, "a new message")
     await settle(h)
+
+
+async def test_retention_purges_old_messages(harness):
+    h = harness
+    await store_an_old_and_a_new_message(h)
     await h.slash("memory-admin retention", invoker=bob(), where=GENERAL,
                   permissions=discord.Permissions(manage_guild=True), days=30)
     assert "1 older messages forgotten" in h.adapter.followups[-1]["content"]
@@ -279,13 +283,7 @@ async def test_the_hourly_retention_pass_with_a_host_clock_far_ahead(harness, mo
     """Issue 31, item 5: with the host clock 20 years ahead the hourly pass forgot every
     message; it counts from the newest message seen from Discord (its snowflake) now."""
     h = harness
-    old = h.message_payload("an old message", author=(ALICE, "alice"), channel=GENERAL)
-    old_record = record_from_message(discord.Message(state=h.state, channel=h.guild.get_channel(
-        GENERAL), data=old))
-    h.engine.storage.messages.upsert([replace(old_record, created_at=datetime_to_ms(
-        datetime.now(timezone.utc) - timedelta(days=40)))])
-    await say(h, "a new message")
-    await settle(h)
+    await store_an_old_and_a_new_message(h)
     h.engine.storage.guilds.update_settings(G, retention_days=30)
     h.runtime.guild_settings.drop_all()
     real = time.time
