@@ -405,6 +405,41 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
+@bench.command("step-costs")
+@click.option("--model-size", type=click.Choice(("0.6B", "4B", "8B", "tiny")),
+              help="Qwen3-Reranker shape with random weights (default: from reranker.model).")
+@click.option("--device", type=click.Choice(("cpu", "cuda", "mps", "auto")),
+              help="Where to run (default: the profile's reranker.device).")
+@click.option("--repeats", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="Timed rounds over all buckets (after one warm-up round).")
+@click.option("--write-profile", type=OUTPUT_FILE, metavar="OUT.toml",
+              help="Write the profile again with reranker.bucket_costs set to the times.")
+@JSON_OUT
+@click.pass_obj
+def step_costs_command(
+    settings: Settings, model_size: str | None, device: str | None, repeats: int,
+    write_profile: Path | None, json_out: Path | None,
+) -> int:
+    """Time each static bucket of the --profile's reranker, for its planner (bucket_costs)."""
+    from benchmarks.step_costs import run_step_costs
+    from benchmarks.step_costs import write_profile as write_costs
+
+    profile = resolve_profile(settings)
+    update, bar = progress_bar(repeats + 1, "bucket steps", "round")
+    try:
+        result = run_step_costs(profile, model_size=model_size, device=device,
+                                repeats=repeats, progress=update)
+    finally:
+        bar.close()
+    if write_profile is not None:
+        note = (f"measured by `bench step-costs` on {result['device_name']} "
+                f"({result['dtype']}, {result['model']}): ms per step")
+        write_costs(Path(profile.source), write_profile, result["bucket_costs"], note)
+        result["written"] = str(write_profile)
+    emit_json(result, json_out)
+    return 0
+
+
 @bench.command("gpu-summary")
 @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @JSON_OUT

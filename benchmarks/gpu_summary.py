@@ -50,6 +50,7 @@ def summarize(folder: Path) -> list[Row]:
         _concurrent(folder, "concurrent-0.6B.json", "0.6B, 16 concurrent searches", 16),
         _concurrent(folder, "concurrent-8B.json", "8B, 16 concurrent searches", 16),
         _embedder(folder, "embedder-float16.json"),
+        _step_costs(folder, "step-costs-0.6B.json"),
     ]
     return rows
 
@@ -150,3 +151,20 @@ def _embedder(folder: Path, name: str) -> Row:
                f"{data['dtype']}, {data['import_messages_per_s']:.0f} messages/s import", name)
 
 
+
+
+def _step_costs(folder: Path, name: str) -> Row:
+    row, target = "0.6B planner: measured step times vs estimate (30 / 100 candidates)", "faster or equal"
+    data = _load(folder / name)
+    if data is None:
+        return _missing(row, target, name)
+    plans = data["plans"]
+    measured = ", ".join(f"×{p['speedup']:.2f}" for p in plans)
+    detail = "; ".join(
+        f"{p['candidates']}: estimate {p['estimate']['ms']:.1f} ms, measured "
+        f"{p['measured']['ms']:.1f} ms" + (" (same plan)" if p["same_plan"] else "")
+        for p in plans
+    )
+    steps = ", ".join(f"{s['batch']}x{s['length']} {s['ms']:.2f}" for s in data["steps"])
+    return Row(row, measured, target, all(p["speedup"] >= 0.98 for p in plans),
+               f"{detail}; head {data['head_ms']:.2f} ms; steps ms: {steps}", name)

@@ -20,6 +20,8 @@
 #   concurrent-0.6B   60  1/4/16/64 searches at once, grouped (searches/s, p95, steps run)
 #   embedder-float16  30  the embedder's single-query latency (p50, p95)
 #   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
+#   step-costs-0.6B   45  each `cuda` bucket's step time, and the planner with those times
+#                         against its estimate (30, 100 candidates); writes cuda-timed.toml
 #   rerank-0.6B-100   60  100 candidates (compile budget 5 s: the graphs row)
 #   rerank-8B         75  the 8B at 30 candidates (compile budget 5 s)
 #   concurrent-8B     45  1/4/16 searches at once on the 8B
@@ -72,25 +74,26 @@ run() {
         profile=/tmp/gpu-bench-embedder.toml
         printf '[embedder]\nmodel = "%s"\nbatch_size = 256\n' "$PWD/.minilm" >"$profile"
     fi
-    local rerank=("$py" bot.py bench rerank --device "$device" --dtype "$dtype")
+    local rerank=("$py" bot.py bench rerank --device "$device" --dtype "$dtype") raw=$out/raw
     declare -A steps=(
         [rerank-0.6B]="${rerank[*]} --model-size $small --quick --candidates $n --repeats $repeats --compile-budget 60"
         [concurrent-0.6B]="${rerank[*]} --model-size $small --concurrent $levels --candidates $n --repeats 2"
         [embedder-float16]="$py bot.py --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
         [peer-0.6B]="${rerank[*]} --model-size $small --peer --candidates $n --repeats $repeats"
+        [step-costs-0.6B]="$py bot.py --profile cuda bench step-costs --model-size $small --device $device --repeats $((repeats * 2)) --write-profile $raw/cuda-timed.toml"
         [rerank-0.6B-100]="${rerank[*]} --model-size $small --quick --candidates $n100 --repeats $repeats --compile-budget 5"
         [rerank-8B]="${rerank[*]} --model-size $big --quick --candidates $n --repeats $repeats --compile-budget 5"
         [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
     )
     declare -A limits=([rerank-0.6B]=150 [concurrent-0.6B]=60 [embedder-float16]=30
-        [peer-0.6B]=30 [rerank-0.6B-100]=60 [rerank-8B]=75 [concurrent-8B]=45)
-    local total=330 raw=$out/raw step limit
+        [peer-0.6B]=30 [step-costs-0.6B]=45 [rerank-0.6B-100]=60 [rerank-8B]=75 [concurrent-8B]=45)
+    local total=330 step limit
     if [ "$smoke" = --smoke ]; then
         total=2400
         for step in "${!limits[@]}"; do limits[$step]=300; done
     fi
     mkdir -p "$raw"
-    for step in ${STEPS:-rerank-0.6B concurrent-0.6B embedder-float16 peer-0.6B rerank-0.6B-100 rerank-8B concurrent-8B}; do
+    for step in ${STEPS:-rerank-0.6B concurrent-0.6B embedder-float16 peer-0.6B step-costs-0.6B rerank-0.6B-100 rerank-8B concurrent-8B}; do
         [ -n "${steps[$step]:-}" ] || { echo "unknown step $step" >&2; exit 2; }
         limit=${limits[$step]}
         if [ $((SECONDS + limit)) -gt "$total" ]; then

@@ -1,7 +1,8 @@
 """How a profile key is specified and checked: type, choices, range, bucket shapes.
 
 Each section is a frozen dataclass whose fields carry their checks in ``metadata``
-(:func:`choices`, :func:`bounds`, ``{"shapes": True}``); :func:`check_value` applies
+(:func:`choices`, :func:`bounds`, ``{"shapes": True}``, ``{"costs": True}``);
+:func:`check_value` applies
 them to one TOML value and names the file and the key when it is wrong.
 """
 
@@ -56,6 +57,32 @@ def check_shapes(source: str, key: str, value: Any) -> tuple[tuple[int, int], ..
     return tuple(sorted(shapes, key=lambda s: (s[1], s[0])))
 
 
+def check_costs(source: str, key: str, value: Any) -> tuple[tuple[int, int, float], ...]:
+    """Validate a list of ``[batch, length, milliseconds]`` step times; return it as tuples.
+
+    The shapes are checked as :func:`check_shapes` checks buckets; each time must be a
+    positive, finite number of milliseconds.
+    """
+    example = "e.g. [[32, 64, 1.8], [8, 512, 4.1]], as `bench step-costs` writes them"
+    if not isinstance(value, list) or not all(
+        isinstance(entry, list) and len(entry) == 3 for entry in value
+    ):
+        raise ConfigError(
+            f"{source}: {key} must be a list of [batch, length, milliseconds] ({example}), "
+            f"got {value!r}"
+        )
+    shapes = check_shapes(source, key, [entry[:2] for entry in value])
+    times: dict[tuple[int, int], float] = {}
+    for batch, length, ms in value:
+        if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 < ms < math.inf:
+            raise ConfigError(
+                f"{source}: {key} times must be positive milliseconds ({example}), "
+                f"got {ms!r} for [{batch}, {length}]"
+            )
+        times[(batch, length)] = float(ms)
+    return tuple((batch, length, times[(batch, length)]) for batch, length in shapes)
+
+
 def check_value(source: str, key: str, f: dataclasses.Field[Any], value: Any) -> Any:
     """Check one TOML value against its field; return it as the field's type.
 
@@ -65,6 +92,8 @@ def check_value(source: str, key: str, f: dataclasses.Field[Any], value: Any) ->
     """
     if f.metadata.get("shapes"):
         return check_shapes(source, key, value)
+    if f.metadata.get("costs"):
+        return check_costs(source, key, value)
     expected = type(f.default)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)

@@ -80,7 +80,10 @@ class QwenConfig:
     Empty ``buckets`` keeps the dynamic-shape path.  ``bucket_run_cost`` is what one
     more forward pass costs, in token positions: the candidates are packed to
     minimise padded positions plus runs times this (high where launches dominate, a
-    small model; low where compute does, the 8B).
+    small model; low where compute does, the 8B).  ``bucket_costs``, measured by
+    ``bench step-costs`` on the machine that runs the profile (``[batch, length,
+    milliseconds]`` for every bucket), replaces that estimate: the candidates are
+    then packed to minimise the measured time of the steps.
     """
 
     model: str = _model()
@@ -95,6 +98,7 @@ class QwenConfig:
     prefix_cache: bool = True
     buckets: tuple[tuple[int, int], ...] = field(default=(), metadata={"shapes": True})
     bucket_run_cost: int = field(default=512, metadata=bounds(0, 1_000_000))
+    bucket_costs: tuple[tuple[int, int, float], ...] = field(default=(), metadata={"costs": True})
     cuda_graphs: bool = False
     torch_compile: bool = False
     compile_budget: float = field(default=90.0, metadata=bounds(1.0, 3600.0))
@@ -340,6 +344,23 @@ def _validate_rerank_api(source: str, a: RerankApiConfig) -> None:
         )
 
 
+def _validate_bucket_costs(source: str, q: QwenConfig) -> None:
+    """``bucket_costs`` times exactly the buckets: a plan needs every shape's time."""
+    if not q.bucket_costs:
+        return
+    timed = {(batch, length) for batch, length, _ in q.bucket_costs}
+    missing = [list(b) for b in q.buckets if b not in timed]
+    extra = sorted(list(b) for b in timed - set(q.buckets))
+    if missing or extra:
+        said = (f"has no time for {missing[0]}" if missing
+                else f"times {extra[0]}, which is not in reranker.buckets")
+        raise ConfigError(
+            f"{source}: reranker.bucket_costs {said}: measure the buckets again "
+            "(python bot.py --profile PROFILE bench step-costs --write-profile OUT.toml) "
+            "or remove bucket_costs"
+        )
+
+
 def _validate_qwen(source: str, q: QwenConfig) -> None:
     if q.buckets and q.quantize == "int8":
         raise ConfigError(
@@ -352,6 +373,7 @@ def _validate_qwen(source: str, q: QwenConfig) -> None:
             f"{source}: reranker.torch_compile compiles the static-shape steps, so "
             "it needs reranker.buckets: add buckets or set torch_compile = false"
         )
+    _validate_bucket_costs(source, q)
     too_long = [b for b in q.buckets if b[1] > q.max_length]
     if too_long:
         raise ConfigError(

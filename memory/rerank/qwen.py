@@ -425,7 +425,7 @@ class QwenReranker:
     def _score_static(self, static: StaticScorer, encoded: EncodedQuery) -> list[float]:
         """Bucketed scoring; tails longer than every bucket take the dynamic path."""
         lengths = [len(t) for t in encoded.tails]
-        runs, overflow = plan_runs(lengths, static.buckets, self.config.bucket_run_cost)
+        runs, overflow = plan_runs(lengths, static.buckets, self.config.bucket_run_cost, static.measured)
         found = static.score(encoded.head, encoded.tails, runs)
         if overflow:
             rest = self._score_dynamic(encoded, overflow)
@@ -479,6 +479,7 @@ def _new_static(reranker: QwenReranker, model: Any) -> StaticScorer:
     return StaticScorer(
         model=model, answer_rows=rows, answer_bias=bias, pad_id=pad_id,
         buckets=config.buckets, max_length=config.max_length, slots=config.concurrent,
+        measured={(b, n): ms for b, n, ms in config.bucket_costs} or None,
     )
 
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -172,22 +172,26 @@ class StepStats:
 
 
 def plan_runs(
-    lengths: Sequence[int], buckets: Sequence[Shape], run_cost: int = 512
+    lengths: Sequence[int], buckets: Sequence[Shape], run_cost: int = 512,
+    measured: Mapping[Shape, float] | None = None,
 ) -> tuple[list[Run], list[int]]:
-    """Pack candidates into bucket shapes at the least padded cost.
+    """Pack candidates into bucket shapes at the least cost.
 
-    A run of shape ``(batch, length)`` costs ``batch * length`` token positions
-    (padding included: a static shape computes all of them) plus ``run_cost``, the
-    fixed price of one more forward pass or graph replay in token positions.  With
-    the candidates sorted by tail length, the cheapest plan cuts them into
-    consecutive runs, and each run may as well take every following candidate its
-    shape holds; a dynamic programme over the start of each run then finds the
+    Without ``measured``, a run of shape ``(batch, length)`` costs ``batch * length``
+    token positions (padding included: a static shape computes all of them) plus
+    ``run_cost``, the fixed price of one more forward pass or graph replay in token
+    positions.  With ``measured`` (``reranker.bucket_costs``: each bucket's step time
+    on this machine), a run costs its shape's measured time, which already holds
+    both.  With the candidates sorted by tail length, the cheapest plan cuts them
+    into consecutive runs, and each run may as well take every following candidate
+    its shape holds; a dynamic programme over the start of each run then finds the
     cheapest plan in O(candidates x buckets x log candidates).
 
     Args:
         lengths: Tail length of each candidate.
         buckets: The profile's ``(batch, length)`` shapes.
         run_cost: Token positions one more run is worth (``reranker.bucket_run_cost``).
+        measured: Each bucket's step time (any unit), replacing the token estimate.
 
     Returns:
         The runs, shortest tails first, and the indices of candidates longer than
@@ -198,7 +202,9 @@ def plan_runs(
     longest = max((length for _, length in buckets), default=0)
     fits = bisect.bisect_right(ordered, longest)
     # cost[i]: cheapest plan for ordered[i:fits]; step[i]: its first run's shape and size
-    cost = [0] * (fits + 1)
+    price = {shape: measured[shape] if measured else shape[0] * shape[1] + run_cost
+             for shape in buckets}
+    cost = [0.0] * (fits + 1)
     step: list[tuple[Shape, int]] = [((0, 0), 0)] * fits
     for i in range(fits - 1, -1, -1):
         cost[i] = -1
@@ -206,7 +212,7 @@ def plan_runs(
             if ordered[i] > length:
                 continue
             take = min(batch, bisect.bisect_right(ordered, length, i, fits) - i)
-            total = batch * length + run_cost + cost[i + take]
+            total = price[(batch, length)] + cost[i + take]
             if cost[i] < 0 or total < cost[i]:
                 cost[i], step[i] = total, ((batch, length), take)
     runs, i = [], 0
@@ -237,6 +243,8 @@ class StaticScorer:
         max_length: The profile's ``max_length``; bounds the head capacities.
         slots: Searches one step can hold (``reranker.concurrent``): head buffers
             per capacity.
+        measured: Each bucket's measured step time (``reranker.bucket_costs``), which
+            the plans then minimise; ``None``: padded positions and run cost.
     """
 
     model: Any
@@ -246,6 +254,7 @@ class StaticScorer:
     buckets: tuple[Shape, ...]
     max_length: int
     slots: int = 1
+    measured: dict[Shape, float] | None = None
     graphs: bool = False
     compiled: bool = False
     stats: StepStats = field(default_factory=StepStats)
@@ -332,7 +341,7 @@ class StaticScorer:
         for search, (_, tails) in enumerate(searches):
             rows += tails
             owners += [(search, i) for i in range(len(tails))]
-        runs, overflow = plan_runs([len(r) for r in rows], self.buckets, run_cost)
+        runs, overflow = plan_runs([len(r) for r in rows], self.buckets, run_cost, self.measured)
         found = self._score_rows([head for head, _ in searches], rows,
                                  [search for search, _ in owners], runs)
         for row, value in found.items():

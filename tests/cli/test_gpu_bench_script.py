@@ -20,7 +20,7 @@ import bot
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-bench.sh"
-ROWS = 7
+ROWS = 8
 
 
 def variant(name: str, seconds: float, buckets: bool = False, eager_diff: float | None = None):
@@ -49,6 +49,9 @@ def test_summary_reads_every_row_and_says_what_is_missing(tmp_path, capsys):
         {"concurrent": 16, "searches_per_s": 150.0, "p95_ms": 45.0, "speedup": 5.0}]})
     write(tmp_path, "embedder-float16.json", {"query_ms": {"p50": 3.1, "p95": 52.5},
                                               "dtype": "float16", "import_messages_per_s": 9000})
+    write(tmp_path, "step-costs-0.6B.json", {
+        "head_ms": 4.0, "steps": [{"batch": 8, "length": 48, "ms": 3.5}],
+        "plans": [step_plan(30, 26.0, 21.0), step_plan(100, 60.0, 60.1, same=True)]})
     (tmp_path / "concurrent-8B.json").write_text("{not json", encoding="utf-8")  # a failed step
     assert bot.main(["bench", "gpu-summary", str(tmp_path)]) == 0
     capsys.readouterr()
@@ -60,10 +63,18 @@ def test_summary_reads_every_row_and_says_what_is_missing(tmp_path, capsys):
     assert rows["peer-0.6B.json"]["met"] is True  # 7.5 ms is ahead of 49.5
     assert rows["concurrent-0.6B.json"]["met"] is True
     assert rows["embedder-float16.json"]["met"] is False  # issue 33's p95 52.5 vs p50 3.1
+    assert rows["step-costs-0.6B.json"]["measured"] == "×1.24, ×1.00"
+    assert rows["step-costs-0.6B.json"]["met"] is True  # 60.1 against 60.0 is noise, one plan
+    assert "30: estimate 26.0 ms, measured 21.0 ms" in rows["step-costs-0.6B.json"]["detail"]
     for name in ("rerank-0.6B-100.json", "concurrent-8B.json"):
         assert rows[name]["measured"] == "not measured" and rows[name]["met"] is None
     table = (tmp_path / "summary.md").read_text(encoding="utf-8").splitlines()
     assert table[0].startswith("| row | measured | target |") and len(table) == 2 + ROWS
+
+
+def step_plan(candidates: int, estimate_ms: float, measured_ms: float, same: bool = False) -> dict:
+    return {"candidates": candidates, "same_plan": same, "estimate": {"ms": estimate_ms},
+            "measured": {"ms": measured_ms}, "speedup": round(estimate_ms / measured_ms, 3)}
 
 
 def run_script(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -97,3 +108,4 @@ def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
         packed = {Path(name).name for name in archive.getnames()}
     steps = {r["source"].removesuffix(".json") for r in rows}
     assert {f"{s}.json" for s in steps} | {f"{s}.log" for s in steps} <= packed
+    assert "cuda-timed.toml" in packed  # the `cuda` profile with the times it measured
