@@ -349,7 +349,12 @@ def run(storage: Storage, gateway: FakeGateway, world: World, procs: list[BotPro
     for shard in range(1, SHARDS):
         commands.until(LIVE[shard], ["memory", "stats"], "Hardware profile: cpu-fast", procs)
 
-    # another process (here: the test) excludes #talk of shard 1's guild; its process follows
+    # another process (here: the test) excludes #talk of shard 1's guild; its process follows.
+    # The live traffic is stored first: a message still queued when the exclusion reaches
+    # its process is judged by the new settings (the write thread applies them), so
+    # changing them earlier would make this test race its own traffic.
+    wait_until(lambda: stored(storage, sorted(world.kept)) == world.kept,
+               "the live traffic stored before the settings change", procs)
     gid = LIVE[1]
     storage.guilds.update_settings(gid, channel_mode="exclude", add_channel=gid + TALK)
     commands.until(gid, ["memory-admin", "channels", "show"], "Mode **exclude**", procs)
