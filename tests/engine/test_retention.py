@@ -214,3 +214,23 @@ def test_a_quiet_guild_still_expires_by_the_host_clock(
     guild was quiet (a bot whose servers fell silent for over a year still forgets)."""
     engine.ingest([aged("heron note", quiet_days), aged("older heron note", quiet_days + 10)])
     assert engine.forget_expired(GUILD, 30) == 2
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "keyword"])
+def test_a_page_stays_full_when_most_matches_aged_past_retention(
+    engine: MemoryEngine, aged: Callable[..., MessageRecord], mode: str
+) -> None:
+    """The cutoff is a filter inside the vector and keyword queries, not a cut after them:
+    200 closer matches past the period must not crowd the kept ones off the page."""
+    expired = [aged(f"walrus fund blue tin ledger {n}", 20 + n / 100) for n in range(200)]
+    kept = [aged(f"walrus fund note {n}", 1 + n / 10) for n in range(6)]
+    engine.ingest(expired + kept)
+    engine.storage.guilds.update_settings(GUILD, retention_days=10)  # no purge has run yet
+
+    result = engine.search("walrus fund blue tin ledger", guild_id=GUILD, mode=mode, limit=5)
+
+    assert len(result.hits) == 5, [h.content for h in result.hits]
+    assert {h.id for h in result.hits} <= {r.id for r in kept}
+    # neither query brought back an expired row to be dropped later
+    assert result.trace.candidates["dense"] <= len(kept)
+    assert result.trace.candidates["keyword"] <= len(kept)
