@@ -73,7 +73,8 @@ def with_settings(profile: Profile, settings: Sequence[str]) -> Profile:
         except tomllib.TOMLDecodeError:
             value = raw.strip()
         tables[section][key] = value
-    tables["reranker"]["buckets"] = [list(b) for b in tables["reranker"].get("buckets", ())]
+    for key in ("buckets", "bucket_costs"):  # tuples in the config, lists in a profile file
+        tables["reranker"][key] = [list(b) for b in tables["reranker"].get(key, ())]
     return parse_profile(profile.name, tables, f"{profile.source} with --set")
 
 

@@ -190,9 +190,9 @@ def test_a_profile_with_multi_query_boost_reads_it_as_multi_query_bonus(
 FLAT_RERANKER_KEYS = {
     "backend", "model", "device", "dtype", "quantize", "batch_size", "max_length", "instruction",
     "prefix_cache", "oversample", "max_candidates", "timeout", "blend", "blend_weight",
-    "min_score", "keep_margin", "url", "endpoint", "parallel", "buckets", "bucket_run_cost", "cuda_graphs",
-    "torch_compile", "compile_budget", "concurrent", "runtime", "onnx_file", "dialect", "api_key_env",
-    "max_documents", "score_scale",
+    "min_score", "keep_margin", "url", "endpoint", "parallel", "buckets", "bucket_run_cost",
+    "bucket_costs", "cuda_graphs", "torch_compile", "compile_budget", "concurrent", "runtime",
+    "onnx_file", "dialect", "api_key_env", "max_documents", "score_scale",
 }
 BACKEND_SETTINGS = [QwenConfig, LlamaServerConfig, CrossEncoderConfig, RerankApiConfig,
                     LlmJudgeConfig]

@@ -230,3 +230,16 @@ def test_bench_step_costs_refuses_clearly(tmp_path, capsys, profile, extra, mess
     err = capsys.readouterr().err
     assert code != 0
     assert message in err and "Traceback" not in err
+
+
+def test_set_gives_a_profile_measured_times_for_one_run():
+    from benchmarks.retrieval import with_settings
+    from memory.config import load_profile
+
+    cuda = load_profile("cuda").reranker.qwen
+    times = [[b, n, float(b * n) / 1000] for b, n in cuda.buckets]
+    profile = with_settings(load_profile("cuda"), [f"reranker.bucket_costs={times}"])
+    assert [list(c) for c in profile.reranker.qwen.bucket_costs] == times
+    # and a later --set on a profile that has them keeps them
+    again = with_settings(profile, ["reranker.blend=false"])
+    assert again.reranker.qwen.bucket_costs == profile.reranker.qwen.bucket_costs
