@@ -17,11 +17,14 @@ import string
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from memory.filters import Filters
 from memory.records import MessageRecord
-from memory.storage.postgres import PostgresStorage
+from memory.storage.postgres import PostgresStorage, migrations
+from memory.storage.postgres.migrations import TEXT_COLUMNS
 from memory.storage.tokens import tokenizer
 from tests.support.builders import BASE_MS, CHANNEL, GUILD, snowflake
 from tests.support.postgres import PostgresServer, database_name
@@ -38,7 +41,8 @@ SECRET = f"the {_RUN}quokka smuggler hides under {_RUN}wharf"
 NAME = f"{_RUN}queen"  # the forgotten member's name
 ONCE = "ALTER SYSTEM SET wal_recycle = off;\nSELECT pg_reload_conf();"
 AFTER_A_FORGET = ("VACUUM FULL messages, search_text, message_postings, window_postings, "
-                  "keyword_terms,\n  member_names, authors, channels, guilds;\nSELECT pg_switch_wal();\nCHECKPOINT;")
+                  "keyword_terms,\n  member_names, authors, channels, guilds, pg_statistic;\n"
+                  "SELECT pg_switch_wal();\nCHECKPOINT;")
 
 
 def statements(block: str) -> list[str]:
@@ -115,6 +119,9 @@ def test_forgotten_text_leaves_the_table_files_and_the_wal(
         channel_name="general") for i in range(40)]
     storage.messages.upsert(records)
     with server.connect(database_name(url)) as conn:
+        # what autovacuum does on its own on a live server, at a moment of its choosing
+        # (in the long CI session it did, and the text stayed in pg_statistic)
+        conn.execute("ANALYZE")
         conn.execute("CHECKPOINT")  # the rows reach the table files, as on any server later
         oid = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()"
                            ).fetchone()[0]
@@ -133,3 +140,65 @@ def test_forgotten_text_leaves_the_table_files_and_the_wal(
         state = (conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone(),
                  sorted(p.name for p in (server.folder / "pg_wal").iterdir()))
     assert files_holding(server.folder, oid, needles) == [], state
+
+
+def analyzed_columns(conn: Any) -> set[tuple[str, str]]:
+    """The (table, column) pairs of this database that pg_statistic holds values of."""
+    return {tuple(row) for row in conn.execute(
+        "SELECT tablename, attname FROM pg_stats WHERE schemaname = current_schema() "
+        "AND (most_common_vals IS NOT NULL OR histogram_bounds IS NOT NULL)").fetchall()}
+
+
+TEXT = {(table, column) for table, columns in TEXT_COLUMNS.items() for column in columns}
+
+
+@pytest.mark.parametrize("clear_function", [True, False], ids=["pg18-clear", "older-alter-type"])
+def test_migration_8_takes_text_out_of_the_statistics(
+    server: PostgresServer, postgres_url: Callable[..., str], clear_function: bool
+) -> None:
+    """A database an older version analyzed: its text columns' statistics are removed and
+    never gathered again; the other columns keep theirs."""
+    url = postgres_url()
+    storage = PostgresStorage(url)
+    storage.messages.upsert([MessageRecord(
+        id=snowflake(BASE_MS + i, i), guild_id=GUILD, channel_id=CHANNEL, author_id=70 + i % 5,
+        created_at=BASE_MS + i, content=f"{_RUN} note {i} " + "word " * (i % 7),
+        author_name=f"{_RUN}member{i % 5}", channel_name="general") for i in range(300)])
+    storage.close()
+    with server.connect(database_name(url)) as conn:  # as an older version left it
+        for table, column in TEXT:
+            conn.execute(f"ALTER TABLE {table} ALTER COLUMN {column} SET STATISTICS -1")
+        conn.execute("ANALYZE")
+        assert TEXT & analyzed_columns(conn)  # the test reads the right catalog
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 8")
+        if not clear_function:  # PostgreSQL before 18 has no pg_clear_attribute_stats
+            migrations.text_out_of_statistics(WithoutClearFunction(conn))
+            conn.execute("INSERT INTO schema_migrations(version) VALUES (8)")
+    again = PostgresStorage(url)
+    try:
+        assert again.database.schema_version() >= 8
+        with server.connect(database_name(url)) as conn:
+            assert not TEXT & analyzed_columns(conn)
+            conn.execute("ANALYZE")
+            left = analyzed_columns(conn)
+            assert not TEXT & left and ("messages", "created_at") in left
+            # the set-aside trigger is back (the older path drops it around the change)
+            assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = "
+                                "'embedding_set_aside_au'").fetchone() == (1,)
+        assert len(again.keywords.ranked([_RUN], 5, Filters(guild_id=GUILD))) == 5
+    finally:
+        again.close()
+
+
+class WithoutClearFunction:
+    """A connection to a real server that answers as one before PostgreSQL 18 would:
+    no ``pg_clear_attribute_stats`` (nothing else differs for this migration)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        if "to_regproc('pg_clear_attribute_stats')" in sql:
+            return self.conn.execute("SELECT NULL::regproc")
+        assert "pg_clear_attribute_stats(" not in sql
+        return self.conn.execute(sql, params)

@@ -78,6 +78,44 @@ def names_per_guild(conn: Any) -> None:
         drop_names=("ALTER TABLE authors DROP COLUMN name, DROP COLUMN display_name",))
 
 
+# Every column that holds a message's text, a word of it or a name.  ANALYZE (run by
+# autovacuum on its own) copies sample values of a column into pg_statistic; a
+# forgotten message's text then stays in that catalog, where no DELETE of ours
+# reaches it, and an ANALYZE of an emptied table leaves it there.
+TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "guilds": ("name",), "channels": ("name",), "member_names": ("name", "display_name"),
+    "messages": ("content", "attachments"),
+    "search_text": ("author", "content", "attachments", "context"),
+    "keyword_terms": ("term",), "message_postings": ("term",), "window_postings": ("term",),
+}
+_SET_ASIDE_TRIGGER = "DROP TRIGGER IF EXISTS embedding_set_aside_au ON messages"
+
+
+def text_out_of_statistics(conn: Any) -> None:
+    """No text, word or name in the planner's statistics, now or after any ANALYZE.
+
+    Each column's statistics target goes to 0 (ANALYZE skips it) and what an earlier
+    ANALYZE stored for it is removed: with ``pg_clear_attribute_stats`` (PostgreSQL 18,
+    the table owner may call it), else by altering the column to its own type, which
+    drops its statistics without rewriting the table (the set-aside trigger names two
+    of messages' columns, so it is dropped and created again around that).
+    """
+    clear = conn.execute("SELECT to_regproc('pg_clear_attribute_stats')").fetchone()[0]
+    if clear is None:
+        conn.execute(_SET_ASIDE_TRIGGER)
+    for table, columns in TEXT_COLUMNS.items():
+        for column in columns:
+            if clear is not None:
+                conn.execute("SELECT pg_clear_attribute_stats(current_schema(), %s, %s, false)",
+                             (table, column))
+            else:
+                collation = ' COLLATE "C"' if column == "term" else ""
+                conn.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE text{collation}")
+            conn.execute(f"ALTER TABLE {table} ALTER COLUMN {column} SET STATISTICS 0")
+    if clear is None:
+        conn.execute(MIGRATIONS[5])  # the set-aside table's migration runs again: the trigger
+
+
 MIGRATIONS: list[Migration] = [
     # 1: pgvector (created by the database owner beforehand where this role may not).
     create_vector_extension,
@@ -315,6 +353,8 @@ MIGRATIONS: list[Migration] = [
         PRIMARY KEY (channel_id, message_id)
     );
     """,
+    # 8: no message text, word or name in pg_statistic (docs/privacy.md).
+    text_out_of_statistics,
 ]
 
 
