@@ -341,8 +341,8 @@ def secure_delete_command(
                    "profile (the --profile's reranker) or any profile name.")
 @click.option("--concurrent", metavar="N,N,...",
               help="Searches/s and p95 latency with N searches reranking at once on one "
-                   "reranker (the GPU profile's static shapes), e.g. 1,4,16,64; --repeats "
-                   "is searches per thread.")
+                   "reranker (the GPU profile's static shapes, or those of a --profile that "
+                   "has reranker.buckets), e.g. 1,4,16,64; --repeats is searches per thread.")
 @click.option("--one-at-a-time", is_flag=True,
               help="With --concurrent: score one search at a time (reranker.concurrent = 1), "
                    "as before issue 33.")
@@ -366,9 +366,12 @@ def rerank_command(
     if concurrent:
         from benchmarks.rerank_concurrent import run_concurrent_bench
 
+        chosen = resolve_profile(settings).reranker if settings.profile else None
+        static = chosen.qwen if chosen is not None and chosen.qwen.buckets else None
         emit_json(run_concurrent_bench(_levels(concurrent), candidates=candidates,
                                        device=device, dtype=dtype, model_size=model_size,
-                                       rounds=repeats, one_at_a_time=one_at_a_time), json_out)
+                                       rounds=repeats, one_at_a_time=one_at_a_time,
+                                       static=static), json_out)
         return 0
     if backends:
         from benchmarks.rerank_backends import run_backends_bench

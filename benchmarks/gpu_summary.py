@@ -49,6 +49,8 @@ def summarize(folder: Path) -> list[Row]:
         _peer(folder, rows_best=_best_ms(folder / "rerank-0.6B.json")),
         _concurrent(folder, "concurrent-0.6B.json", "0.6B, 16 concurrent searches", 16),
         _concurrent(folder, "concurrent-8B.json", "8B, 16 concurrent searches", 16),
+        _concurrent(folder, "concurrent-0.6B-timed.json",
+                    "0.6B, 16 concurrent searches, measured step times", 16),
         _embedder(folder, "embedder-float16.json"),
         _step_costs(folder, "step-costs-0.6B.json"),
     ]

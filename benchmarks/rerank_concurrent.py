@@ -70,6 +70,7 @@ def run_concurrent_bench(
     rounds: int = 2,
     seed: int = 0,
     one_at_a_time: bool = False,
+    static: QwenConfig | None = None,
 ) -> dict[str, Any]:
     """Rerank ``candidates`` messages from ``N`` threads at once, for each ``N`` in ``levels``.
 
@@ -83,6 +84,9 @@ def run_concurrent_bench(
         seed: Seed of the random weights.
         one_at_a_time: Score one search at a time (``concurrent = 1``) instead of the
             profile's grouping.
+        static: Static-shape settings to use (buckets, run cost, measured
+            ``bucket_costs``, ``concurrent``), e.g. a profile ``bench step-costs``
+            wrote; default the shipped GPU profile's for ``model_size``.
 
     Returns:
         A JSON-ready dict: device, model, the reranker settings, and ``levels``:
@@ -100,7 +104,7 @@ def run_concurrent_bench(
     require_device(device)
     torch_dtype = resolve_dtype(dtype or "auto", device)
     model = random_qwen3(MODEL_SHAPES[model_size], device=device, dtype=torch_dtype, seed=seed)
-    config = _config(device, model_size)
+    config = _config(device, model_size, static)
     if one_at_a_time:
         config = dataclasses.replace(config, concurrent=1)
     reranker = QwenReranker.from_model(model, qwen_tokenizer(), config)
@@ -112,7 +116,7 @@ def run_concurrent_bench(
         done = results[-1]
         log.info("concurrent %d: %.1f searches/s, p95 %.0f ms; ran %s", level,
                  done.searches_per_s, done.p95_ms, done.executed)
-    static = reranker._static
+    scorer = reranker._static
     reranker.close()
     return {
         "model": f"Qwen3-Reranker-{model_size} architecture, random weights",
@@ -123,18 +127,23 @@ def run_concurrent_bench(
         "candidates": candidates,
         "rounds": rounds,
         "concurrent_setting": config.concurrent,
-        "graphs_live": bool(static is not None and static.graphs),
+        "buckets": [list(b) for b in config.buckets],
+        "measured_step_times": bool(config.bucket_costs),
+        "graphs_live": bool(scorer is not None and scorer.graphs),
         "levels": [dataclasses.asdict(r) for r in results],
     }
 
 
-def _config(device: str, model_size: str) -> QwenConfig:
-    """The shipped GPU profile's static-shape settings; graphs where CUDA is."""
+def _config(device: str, model_size: str, chosen: QwenConfig | None = None) -> QwenConfig:
+    """The static-shape settings chosen, else the shipped GPU profile's; graphs where CUDA is."""
+    graphs = torch.device(device).type == "cuda"
+    if chosen is not None:
+        return dataclasses.replace(chosen, device=device, cuda_graphs=graphs, torch_compile=False)
     static = _profile_static(model_size)
     return QwenConfig(
         device=device, max_length=512, batch_size=32,
         buckets=static.buckets, bucket_run_cost=static.run_cost, concurrent=static.concurrent,
-        cuda_graphs=torch.device(device).type == "cuda",
+        cuda_graphs=graphs,
     )
 
 

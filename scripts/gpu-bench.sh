@@ -25,6 +25,8 @@
 #   rerank-0.6B-100   60  100 candidates (compile budget 5 s: the graphs row)
 #   rerank-8B         75  the 8B at 30 candidates (compile budget 5 s)
 #   concurrent-8B     45  1/4/16 searches at once on the 8B
+#   concurrent-0.6B-timed 60  the 0.6B concurrent row again, planning with cuda-timed.toml's
+#                         measured step times (after the rows issue 33 names)
 #
 # and stops starting steps once fewer seconds than a step's limit are left of TOTAL
 # (330 s; the rest is install and packing).  A step that fails, is killed at its limit
@@ -81,19 +83,20 @@ run() {
         [embedder-float16]="$py bot.py --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
         [peer-0.6B]="${rerank[*]} --model-size $small --peer --candidates $n --repeats $repeats"
         [step-costs-0.6B]="$py bot.py --profile cuda bench step-costs --model-size $small --device $device --repeats $((repeats * 2)) --write-profile $raw/cuda-timed.toml"
+        [concurrent-0.6B-timed]="$py bot.py --profile $raw/cuda-timed.toml bench rerank --device $device --dtype $dtype --model-size $small --concurrent $levels --candidates $n --repeats 2"
         [rerank-0.6B-100]="${rerank[*]} --model-size $small --quick --candidates $n100 --repeats $repeats --compile-budget 5"
         [rerank-8B]="${rerank[*]} --model-size $big --quick --candidates $n --repeats $repeats --compile-budget 5"
         [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
     )
     declare -A limits=([rerank-0.6B]=150 [concurrent-0.6B]=60 [embedder-float16]=30
-        [peer-0.6B]=30 [step-costs-0.6B]=45 [rerank-0.6B-100]=60 [rerank-8B]=75 [concurrent-8B]=45)
+        [peer-0.6B]=30 [step-costs-0.6B]=45 [concurrent-0.6B-timed]=60 [rerank-0.6B-100]=60 [rerank-8B]=75 [concurrent-8B]=45)
     local total=330 step limit
     if [ "$smoke" = --smoke ]; then
         total=2400
         for step in "${!limits[@]}"; do limits[$step]=300; done
     fi
     mkdir -p "$raw"
-    for step in ${STEPS:-rerank-0.6B concurrent-0.6B embedder-float16 peer-0.6B step-costs-0.6B rerank-0.6B-100 rerank-8B concurrent-8B}; do
+    for step in ${STEPS:-rerank-0.6B concurrent-0.6B embedder-float16 peer-0.6B step-costs-0.6B rerank-0.6B-100 rerank-8B concurrent-8B concurrent-0.6B-timed}; do
         [ -n "${steps[$step]:-}" ] || { echo "unknown step $step" >&2; exit 2; }
         limit=${limits[$step]}
         if [ $((SECONDS + limit)) -gt "$total" ]; then

@@ -12,6 +12,7 @@ import json
 import pytest
 
 import bot
+from memory.config import load_profile
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -31,6 +32,26 @@ def test_concurrent_levels_report_rate_and_latency(capsys, tmp_path, cuda_forbid
     for level in levels.values():
         assert level["searches_per_s"] > 0 and level["p95_ms"] >= level["p50_ms"] > 0
     assert levels[1]["speedup"] == 1.0
+    assert not result["measured_step_times"]  # the shipped cuda profile's estimate
+    assert [tuple(b) for b in result["buckets"]] == list(load_profile("cuda").reranker.qwen.buckets)
+
+
+def test_a_profiles_buckets_and_measured_times_are_the_ones_run(capsys, tmp_path, cuda_forbidden):
+    # what scripts/gpu-bench.sh does with the profile `bench step-costs` wrote
+    profile = tmp_path / "timed.toml"
+    profile.write_text('[reranker]\nbackend = "transformers"\nbuckets = [[4, 48], [16, 48], '
+                       '[4, 128]]\nbucket_costs = [[4, 48, 1.0], [16, 48, 1.5], [4, 128, 2.0]]\n'
+                       "concurrent = 4\n", encoding="utf-8")
+    out = tmp_path / "concurrent.json"
+    code = bot.main(["--profile", str(profile), "bench", "rerank", "--model-size", "tiny",
+                     "--concurrent", "1,2", "--candidates", "5", "--repeats", "1",
+                     "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["buckets"] == [[4, 48], [16, 48], [4, 128]]
+    assert result["measured_step_times"] and result["concurrent_setting"] == 4
+    assert [level["searches"] for level in result["levels"]] == [1, 2]
+    assert all(level["executed"]["tail_steps"] > 0 for level in result["levels"])
 
 
 @pytest.mark.parametrize("value", ["0", "abc", ",", "1,-4", "2000"])

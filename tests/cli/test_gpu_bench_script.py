@@ -20,7 +20,7 @@ import bot
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-bench.sh"
-ROWS = 8
+ROWS = 9
 
 
 def variant(name: str, seconds: float, buckets: bool = False, eager_diff: float | None = None):
@@ -66,7 +66,7 @@ def test_summary_reads_every_row_and_says_what_is_missing(tmp_path, capsys):
     assert rows["step-costs-0.6B.json"]["measured"] == "×1.24, ×1.00"
     assert rows["step-costs-0.6B.json"]["met"] is True  # 60.1 against 60.0 is noise, one plan
     assert "30: estimate 26.0 ms, measured 21.0 ms" in rows["step-costs-0.6B.json"]["detail"]
-    for name in ("rerank-0.6B-100.json", "concurrent-8B.json"):
+    for name in ("rerank-0.6B-100.json", "concurrent-8B.json", "concurrent-0.6B-timed.json"):
         assert rows[name]["measured"] == "not measured" and rows[name]["met"] is None
     table = (tmp_path / "summary.md").read_text(encoding="utf-8").splitlines()
     assert table[0].startswith("| row | measured | target |") and len(table) == 2 + ROWS
