@@ -153,8 +153,6 @@ def _embedder(folder: Path, name: str) -> Row:
                f"{data['dtype']}, {data['import_messages_per_s']:.0f} messages/s import", name)
 
 
-
-
 def _step_costs(folder: Path, name: str) -> Row:
     row, target = "0.6B planner: measured step times vs estimate (30 / 100 candidates)", "faster or equal"
     data = _load(folder / name)

@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import cpu_model, require_device
+from benchmarks.common import require_device
 from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
+from benchmarks.rerank import _device_name, _synchronize
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
 from memory.config import Profile, QwenConfig, load_profile_file
 from memory.errors import ConfigError
@@ -110,20 +111,18 @@ def run_step_costs(
         if static is None:
             raise ConfigError("the static path did not load (see the log): nothing to time")
         timer = _Timer(static, config.device)
-        head = reranker.encode(QUERY, CANDIDATES[:1]).head
-        steps, head_ms = timer.steps(head, reranker.encode(QUERY, CANDIDATES).tails,
-                                     repeats, progress)
+        chat = reranker.encode(QUERY, CANDIDATES)
+        head = chat.head
+        steps, head_ms = timer.steps(head, chat.tails, repeats, progress)
         costs = {shape: max(0.001, round(ms, 3)) for shape, ms in steps.items()}
-        plans = [timer.compare(reranker, head, n, config.bucket_run_cost, costs, repeats)
-                 for n in plan_sizes]
+        plans = [timer.compare(reranker, head, n, costs, repeats) for n in plan_sizes]
     finally:
         reranker.close()
     return {
         "model": f"Qwen3-Reranker-{size} architecture, random weights",
         "profile": profile.name,
         "device": config.device,
-        "device_name": torch.cuda.get_device_name(config.device)
-        if torch.device(config.device).type == "cuda" else cpu_model(),
+        "device_name": _device_name(config.device),
         "dtype": str(dtype).removeprefix("torch."),
         "torch_threads": torch.get_num_threads(),
         "graphs": bool(static.graphs),
@@ -135,7 +134,7 @@ def run_step_costs(
         "steps": [
             {"batch": b, "length": n, "ms": round(ms, 3), "positions": b * n,
              "us_per_position": round(1000 * ms / (b * n), 3)}
-            for (b, n), ms in sorted(steps.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+            for (b, n), ms in steps.items()
         ],
         "bucket_costs": bucket_costs(costs),
         "run_cost": config.bucket_run_cost,
@@ -144,8 +143,8 @@ def run_step_costs(
 
 
 def bucket_costs(costs: dict[Shape, float]) -> list[list[int | float]]:
-    """The ``reranker.bucket_costs`` value for step times in ms, shortest buckets first."""
-    return [[b, n, ms] for (b, n), ms in sorted(costs.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+    """The ``reranker.bucket_costs`` value for step times in ms, in the buckets' order."""
+    return [[b, n, ms] for (b, n), ms in costs.items()]
 
 
 def write_profile(source: Path, out: Path, costs: list[list[int | float]], note: str) -> None:
@@ -194,24 +193,24 @@ class _Timer:
 
     def __init__(self, static: StaticScorer, device: str) -> None:
         self.static = static
-        self.cuda = torch.device(device).type == "cuda"
         self.device = device
 
     def seconds(self, head: list[int], tails: Sequence[list[int]], runs: list[Run]) -> float:
         """Wall time of one ``score`` call (head step plus ``runs``)."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        _synchronize(self.device)
         began = time.perf_counter()
         self.static.score(head, tails, runs)
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        _synchronize(self.device)
         return time.perf_counter() - began
 
     def steps(
         self, head: list[int], real_tails: Sequence[list[int]], repeats: int,
         progress: ProgressFn | None,
     ) -> tuple[dict[Shape, float], float]:
-        """Each bucket's step time in ms (full step minus head alone), and the head's."""
+        """Each bucket's step time in ms (full step minus head alone), and the head's.
+
+        In the buckets' order (a profile's are sorted by length, then batch).
+        """
         base = [token for tail in real_tails for token in tail]
         full = {shape: ([(base * (1 + shape[1] // len(base)))[: shape[1]]] * shape[0],
                         [Run(shape, list(range(shape[0])))])
@@ -232,16 +231,15 @@ class _Timer:
                  for shape, times in with_step.items()}, head_ms)
 
     def compare(
-        self, reranker: QwenReranker, head: list[int], count: int, run_cost: int,
-        costs: dict[Shape, float], repeats: int,
+        self, reranker: QwenReranker, head: list[int], count: int, costs: dict[Shape, float],
+        repeats: int,
     ) -> dict[str, Any]:
         """Plan ``count`` chat candidates by estimate and by measurement; time both."""
         docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(count)]
         tails = reranker.encode(QUERY, docs).tails
         lengths = [len(t) for t in tails]
-        buckets = self.static.buckets
-        plans = {"estimate": plan_runs(lengths, buckets, run_cost)[0],
-                 "measured": plan_runs(lengths, buckets, run_cost, costs)[0]}
+        plans = {"estimate": self.static.plan(lengths)[0],
+                 "measured": plan_runs(lengths, self.static.buckets, measured=costs)[0]}
         timed: dict[str, list[float]] = {name: [] for name in plans}
         for turn in range(repeats + 1):
             for name, runs in plans.items():

@@ -58,7 +58,7 @@ from memory.rerank.prompt import SUFFIX, document_text, head_text
 from memory.rerank.qwen_compile import BackgroundCompile
 from memory.rerank.qwen_dynamic import DynamicScorer
 from memory.rerank.qwen_groups import SearchGroups, Waiting
-from memory.rerank.qwen_static import StaticScorer, plan_runs
+from memory.rerank.qwen_static import StaticScorer
 from memory.rerank.tokenizer_process import TokenizerProcess
 from memory.torch_threads import settle_cpu_threads
 
@@ -265,9 +265,7 @@ class QwenReranker:
             static = self._static
             if static is None:  # dropped after a failure, or closed and reloaded
                 raise _NoStaticPath
-            results = static.score_together(
-                [(w.encoded.head, w.encoded.tails) for w in group], self.config.bucket_run_cost
-            )
+            results = static.score_together([(w.encoded.head, w.encoded.tails) for w in group])
             for waiting, (found, overflow) in zip(group, results, strict=True):
                 if overflow:
                     rest = self._score_dynamic(waiting.encoded, overflow)
@@ -424,8 +422,7 @@ class QwenReranker:
 
     def _score_static(self, static: StaticScorer, encoded: EncodedQuery) -> list[float]:
         """Bucketed scoring; tails longer than every bucket take the dynamic path."""
-        lengths = [len(t) for t in encoded.tails]
-        runs, overflow = plan_runs(lengths, static.buckets, self.config.bucket_run_cost, static.measured)
+        runs, overflow = static.plan([len(t) for t in encoded.tails])
         found = static.score(encoded.head, encoded.tails, runs)
         if overflow:
             rest = self._score_dynamic(encoded, overflow)
@@ -479,6 +476,7 @@ def _new_static(reranker: QwenReranker, model: Any) -> StaticScorer:
     return StaticScorer(
         model=model, answer_rows=rows, answer_bias=bias, pad_id=pad_id,
         buckets=config.buckets, max_length=config.max_length, slots=config.concurrent,
+        run_cost=config.bucket_run_cost,
         measured={(b, n): ms for b, n, ms in config.bucket_costs} or None,
     )
 

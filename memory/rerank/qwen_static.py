@@ -243,8 +243,9 @@ class StaticScorer:
         max_length: The profile's ``max_length``; bounds the head capacities.
         slots: Searches one step can hold (``reranker.concurrent``): head buffers
             per capacity.
+        run_cost: Token positions one more run is worth (``reranker.bucket_run_cost``).
         measured: Each bucket's measured step time (``reranker.bucket_costs``), which
-            the plans then minimise; ``None``: padded positions and run cost.
+            the plans then minimise instead; ``None``: padded positions and run cost.
     """
 
     model: Any
@@ -254,6 +255,7 @@ class StaticScorer:
     buckets: tuple[Shape, ...]
     max_length: int
     slots: int = 1
+    run_cost: int = 512
     measured: dict[Shape, float] | None = None
     graphs: bool = False
     compiled: bool = False
@@ -287,6 +289,10 @@ class StaticScorer:
         """Whether a head of ``head_len`` tokens fits the largest head buffer."""
         return head_len <= self.capacities[-1]
 
+    def plan(self, lengths: Sequence[int]) -> tuple[list[Run], list[int]]:
+        """:func:`plan_runs` for tails of ``lengths`` with this scorer's buckets and prices."""
+        return plan_runs(lengths, self.buckets, self.run_cost, self.measured)
+
     @torch.inference_mode()
     def score(
         self, head: list[int], tails: Sequence[list[int]], runs: list[Run]
@@ -302,7 +308,7 @@ class StaticScorer:
 
     @torch.inference_mode()
     def score_together(
-        self, searches: Sequence[tuple[list[int], Sequence[list[int]]]], run_cost: int
+        self, searches: Sequence[tuple[list[int], Sequence[list[int]]]]
     ) -> list[tuple[dict[int, float], list[int]]]:
         """Score several searches' ``(head, tails)`` in shared steps.
 
@@ -325,13 +331,12 @@ class StaticScorer:
         for members in by_cap.values():
             for start in range(0, len(members), self.slots):
                 group = members[start : start + self.slots]
-                self._score_group([searches[i] for i in group], [results[i] for i in group],
-                                  run_cost)
+                self._score_group([searches[i] for i in group], [results[i] for i in group])
         return results
 
     def _score_group(
         self, searches: list[tuple[list[int], Sequence[list[int]]]],
-        results: list[tuple[dict[int, float], list[int]]], run_cost: int,
+        results: list[tuple[dict[int, float], list[int]]],
     ) -> None:
         """One group of at most ``slots`` searches with heads of one capacity."""
         self.stats.groups += 1
@@ -341,7 +346,7 @@ class StaticScorer:
         for search, (_, tails) in enumerate(searches):
             rows += tails
             owners += [(search, i) for i in range(len(tails))]
-        runs, overflow = plan_runs([len(r) for r in rows], self.buckets, run_cost, self.measured)
+        runs, overflow = self.plan([len(r) for r in rows])
         found = self._score_rows([head for head, _ in searches], rows,
                                  [search for search, _ in owners], runs)
         for row, value in found.items():

@@ -146,7 +146,7 @@ def test_compiled_steps_score_searches_together(parts, config, eager):
     assert qwen.compiled(reranker._static, backend=recording_backend(calls))
     at_load = len(calls)
     searches = [reranker.encode(q, DOCS) for q in QUERIES]
-    results = reranker._static.score_together([(e.head, e.tails) for e in searches], 512)
+    results = reranker._static.score_together([(e.head, e.tails) for e in searches])
     for query, (found, overflow) in zip(QUERIES, results, strict=True):
         assert overflow == []
         assert_close([found[i] for i in range(len(DOCS))], eager[query], tol=FP32_TOL)

@@ -48,7 +48,7 @@ def test_searches_scored_together_equal_each_alone(parts, config, alone, slots):
     reranker = wrap(parts, config, buckets=BUCKETS, concurrent=slots)
     static = reranker._static
     searches = [reranker.encode(q, TEXTS[q]) for q in QUERIES]
-    results = static.score_together([(e.head, e.tails) for e in searches], 512)
+    results = static.score_together([(e.head, e.tails) for e in searches])
     for query, encoded, (found, overflow) in zip(QUERIES, searches, results, strict=True):
         if overflow:  # tails past every bucket go to the dynamic path, as alone
             rest = reranker._score_dynamic(encoded, overflow)
@@ -62,7 +62,7 @@ def test_a_row_never_sees_another_search_s_head(parts, config, alone):
     doc = DOCS[0]
     first, second = (reranker.encode(q, [doc]) for q in (QUERY, "bot down?"))
     results = reranker._static.score_together(
-        [(first.head, first.tails), (second.head, second.tails)], 512
+        [(first.head, first.tails), (second.head, second.tails)]
     )
     assert_close([results[0][0][0]], alone[QUERY][:1], tol=FP32_TOL)
     expected = wrap(parts, config, batch_size=8).score("bot down?", [doc])
@@ -165,7 +165,7 @@ def test_bfloat16_together_within_issue_bar_of_bfloat16_eager(parts, config):
     )
     queries = (QUERY, "", "bot down?")
     searches = [bf16.encode(q, TEXTS[q]) for q in queries]
-    results = bf16._static.score_together([(e.head, e.tails) for e in searches], 512)
+    results = bf16._static.score_together([(e.head, e.tails) for e in searches])
     bf16._static = None
     for query, encoded, (found, overflow) in zip(queries, searches, results, strict=True):
         expected = bf16.score(query, TEXTS[query])  # the dynamic bf16 path
