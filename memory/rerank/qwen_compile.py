@@ -40,8 +40,12 @@ class BackgroundCompile:
         self._lock = threading.Lock()
         # Only the thread holds build and swap_in (and through them the model), and
         # only while it runs: a closed reranker's weights must not outlive the compile.
+        # A compile cannot be interrupted, and a process that exits under a running
+        # inductor compile aborts (SIGABRT, "terminate called without an active
+        # exception": the H200 run of scripts/gpu-bench.sh), so closing the reranker
+        # waits for it (:meth:`join`) and, should nobody close it, so does Python's exit.
         self.thread = threading.Thread(
-            target=self._work, args=(build, swap_in), daemon=True, name="reranker-compile"
+            target=self._work, args=(build, swap_in), daemon=False, name="reranker-compile"
         )
         self._timer = threading.Timer(budget, self._give_up)
         self._timer.daemon = True
@@ -56,6 +60,14 @@ class BackgroundCompile:
     def wait(self, timeout: float | None = None) -> None:
         """Wait until the compile is served, failed or given up (or ``timeout`` passes)."""
         self.settled.wait(timeout)
+
+    def join(self) -> None:
+        """Wait for the compile thread to end (a compile cannot be interrupted)."""
+        if self.thread.is_alive():
+            log.info("reranker waits for its background compile to end before unloading "
+                     "(%.0f s since load; a compile cannot be interrupted)",
+                     time.monotonic() - self._started)
+        self.thread.join()
 
     def _work(
         self, build: Callable[[], StaticScorer | None], swap_in: Callable[[StaticScorer], bool]

@@ -12,6 +12,9 @@ the device check keeps every CUDA-only call away (``cuda_forbidden``).
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import torch
 
 from memory.config import ConfigError, load_profile_file
 from memory.rerank import qwen
-from tests.rerank.test_reranker_qwen import DOCS, QUERY, assert_close
+from tests.rerank.test_reranker_qwen import DOCS, QUERY, ROOT, assert_close
 from tests.support.qwen_tiny import wrap
 
 FP32_TOL = 1e-5
@@ -111,6 +114,40 @@ def test_inductor_compiled_scores_equal_eager(parts, config, eager, caplog):
     assert "compiled static steps serve from now on" in caplog.text
     for query in QUERIES:
         assert_close(reranker.score(query, DOCS), eager[query], tol=FP32_TOL)
+
+
+EXIT_UNDER_COMPILE = """
+import logging, sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from memory.config import QwenConfig
+from tests.support.qwen_tiny import wrap
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+folder = sys.argv[1]
+parts = (AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(),
+         AutoTokenizer.from_pretrained(folder))
+reranker = wrap(parts, QwenConfig(model=folder, dtype="float32"), buckets=((4, 32),),
+                max_length=96, torch_compile=True, compile_budget=1.0)
+reranker.score("bot down?", ["yes", "no"])
+assert not reranker.wait_for_compile(60)  # given up: inductor is still compiling
+reranker.close()
+print("closed")
+"""
+
+
+@pytest.mark.slow
+def test_closing_during_a_compile_waits_for_it_and_the_process_exits_cleanly(tiny_dir, tmp_path):
+    # The H200 run: `bench rerank` past its compile budget ended in SIGABRT ("terminate
+    # called without an active exception"), the interpreter exiting under inductor.
+    # A fresh inductor cache makes the compile real and slow (~25 s here).
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
+    done = subprocess.run([sys.executable, "-c", EXIT_UNDER_COMPILE, str(tiny_dir)], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = done.stdout
+    assert "waits for its background compile to end" in log
+    assert log.index("static steps compiled in") < log.index("unloaded") < log.index("closed")
+    assert "terminate called" not in done.stderr
 
 
 def write(tmp_path: Path, text: str) -> Path:
