@@ -346,6 +346,9 @@ def secure_delete_command(
 @click.option("--one-at-a-time", is_flag=True,
               help="With --concurrent: score one search at a time (reranker.concurrent = 1), "
                    "as before issue 33.")
+@click.option("--compiled", is_flag=True,
+              help="With --concurrent: time torch.compile'd static steps (compiled in the "
+                   "background at load within --compile-budget, waited for first).")
 @click.option("--peer", is_flag=True,
               help="Time the peer instead: sentence-transformers' CrossEncoder on a Qwen3 "
                    "classifier of --model-size's shape, the same pairs.")
@@ -354,7 +357,8 @@ def secure_delete_command(
 def rerank_command(
     settings: Settings, candidates: int, repeats: int, device: str, model_size: str,
     dtype: str | None, quick: bool, compile_budget: float, backends: str | None,
-    concurrent: str | None, one_at_a_time: bool, peer: bool, json_out: Path | None,
+    concurrent: str | None, one_at_a_time: bool, compiled: bool, peer: bool,
+    json_out: Path | None,
 ) -> int:
     """Qwen3-Reranker-shaped model: per-pair vs batched vs shared prefix vs static shapes."""
     if peer:
@@ -371,7 +375,9 @@ def rerank_command(
         emit_json(run_concurrent_bench(_levels(concurrent), candidates=candidates,
                                        device=device, dtype=dtype, model_size=model_size,
                                        rounds=repeats, one_at_a_time=one_at_a_time,
-                                       static=static), json_out)
+                                       static=static,
+                                       compile_budget=compile_budget if compiled else None),
+                  json_out)
         return 0
     if backends:
         from benchmarks.rerank_backends import run_backends_bench
@@ -434,12 +440,14 @@ def step_costs_command(
                                 repeats=repeats, progress=update)
     finally:
         bar.close()
-    if write_profile is not None:
-        note = (f"measured by `bench step-costs` on {result['device_name']} "
-                f"({result['dtype']}, {result['model']}): ms per step")
-        write_costs(Path(profile.source), write_profile, result["bucket_costs"], note)
-        result["written"] = str(write_profile)
-    emit_json(result, json_out)
+    try:
+        if write_profile is not None:
+            note = (f"measured by `bench step-costs` on {result['device_name']} "
+                    f"({result['dtype']}, {result['model']}): ms per step")
+            write_costs(Path(profile.source), write_profile, result["bucket_costs"], note)
+            result["written"] = str(write_profile)
+    finally:  # the times are kept even when the profile cannot be written
+        emit_json(result, json_out)
     return 0
 
 

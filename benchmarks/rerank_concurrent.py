@@ -71,6 +71,7 @@ def run_concurrent_bench(
     seed: int = 0,
     one_at_a_time: bool = False,
     static: QwenConfig | None = None,
+    compile_budget: float | None = None,
 ) -> dict[str, Any]:
     """Rerank ``candidates`` messages from ``N`` threads at once, for each ``N`` in ``levels``.
 
@@ -87,6 +88,10 @@ def run_concurrent_bench(
         static: Static-shape settings to use (buckets, run cost, measured
             ``bucket_costs``, ``concurrent``), e.g. a profile ``bench step-costs``
             wrote; default the shipped GPU profile's for ``model_size``.
+        compile_budget: Time torch.compile'd static steps instead of the eager ones:
+            compiled (and on CUDA captured) in the background at load within this many
+            seconds (``reranker.compile_budget``), waited for before the first level;
+            past it the eager steps are timed and ``compiled`` says so.
 
     Returns:
         A JSON-ready dict: device, model, the reranker settings, and ``levels``:
@@ -107,7 +112,10 @@ def run_concurrent_bench(
     config = _config(device, model_size, static)
     if one_at_a_time:
         config = dataclasses.replace(config, concurrent=1)
+    if compile_budget is not None:
+        config = dataclasses.replace(config, torch_compile=True, compile_budget=compile_budget)
     reranker = QwenReranker.from_model(model, qwen_tokenizer(), config)
+    reranker.wait_for_compile()  # settled within the budget; no-op without torch_compile
     docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
     reranker.score(QUERY, docs)  # warm-up: allocator, kernels, every graph already captured
     results: list[ConcurrencyResult] = []
@@ -130,6 +138,7 @@ def run_concurrent_bench(
         "buckets": [list(b) for b in config.buckets],
         "measured_step_times": bool(config.bucket_costs),
         "graphs_live": bool(scorer is not None and scorer.graphs),
+        "compiled": bool(scorer is not None and scorer.compiled),
         "levels": [dataclasses.asdict(r) for r in results],
     }
 

