@@ -392,30 +392,41 @@ def judge(
     return Judgement(name, acceptable, baseline.name, baseline_diff, reference_diff, overlap)
 
 
-def same_dtype_baseline(result: VariantResult, results: list[VariantResult]) -> VariantResult:
-    """The dynamic-shape, unquantised variant in ``result``'s dtype (a prefix one first).
+def _eager(result: VariantResult) -> bool:
+    """Whether ``result`` ran eager kernels: no CUDA graph replayed, nothing compiled."""
+    return result.quantize == "none" and not result.graphs_live and not result.compiled
 
-    float32 and int8 (a quantisation of the float32 weights) answer to the float32
-    reference, ``results[0]``; so does a dtype with no dynamic-shape variant.
+
+def same_dtype_baseline(result: VariantResult, results: list[VariantResult]) -> VariantResult:
+    """The eager variant in ``result``'s dtype that ``result`` must reproduce.
+
+    A static path replayed as CUDA graphs or compiled answers to the eager static
+    path (the same bucketed arithmetic, run op by op); any other variant to the
+    dynamic-shape one, a prefix one first (the static path computes the head once
+    just as it does).  float32 and int8 (a quantisation of the float32 weights)
+    answer to the float32 reference, ``results[0]``; so does a dtype with neither.
     """
     reference = results[0]
     if result.quantize != "none" or result.dtype == reference.dtype:
         return reference
-    same = [r for r in results if r.dtype == result.dtype and r.quantize == "none" and not r.buckets]
-    # the prefix path first: the static path computes the head once just as it does
-    return min(same, key=lambda r: not r.prefix_cache) if same else reference
+    same = [r for r in results if r.dtype == result.dtype and _eager(r)]
+    if result.buckets and not _eager(result):
+        static = [r for r in same if r.buckets]
+        if static:
+            return static[0]
+    dynamic = [r for r in same if not r.buckets]
+    return min(dynamic, key=lambda r: not r.prefix_cache) if dynamic else reference
 
 
 def eager_spread(dtype: str, results: list[VariantResult]) -> float:
-    """How far apart ``dtype``'s own eager dynamic-shape variants score (0 with fewer than two).
+    """How far apart ``dtype``'s own eager variants score (0 with fewer than two).
 
-    Batched and prefix are the same arithmetic in another order; what separates them
-    is the dtype's rounding.  On the H200 the 8B's bfloat16 pair differed by 0.033
-    (the 0.6B's by 0.005-0.007), so a static path 0.030 from the prefix path is
-    within bfloat16's own noise there, not wrong.
+    Batched, prefix and eager bucketed are the same arithmetic in another order;
+    what separates them is the dtype's rounding.  On the H200 the 8B's bfloat16
+    eager variants differed by up to 0.033 (the 0.6B's by 0.005-0.007), so a fast
+    path 0.028 from its eager sibling is within bfloat16's own noise there.
     """
-    same = [r.scores for r in results if r.dtype == dtype and r.quantize == "none"
-            and not r.buckets]
+    same = [r.scores for r in results if r.dtype == dtype and _eager(r)]
     return max((_max_diff(a, b) for i, a in enumerate(same) for b in same[i + 1:]), default=0.0)
 
 

@@ -138,6 +138,7 @@ def run_concurrent_bench(
         "buckets": [list(b) for b in config.buckets],
         "measured_step_times": bool(config.bucket_costs),
         "graphs_live": bool(scorer is not None and scorer.graphs),
+        "torch_compile": config.torch_compile,
         "compiled": bool(scorer is not None and scorer.compiled),
         "levels": [dataclasses.asdict(r) for r in results],
     }

@@ -3,9 +3,9 @@
 On an H100 the 8B's bfloat16 variants all differed from the float32 reference by
 0.057-0.077, over the old 0.02 tolerance, so the bench recommended per-pair float32
 (2.04 s a search), which no GPU user would run.  A variant is now judged against the
-eager path of its own dtype (within 0.01, or the dtype's own spread between its two
-eager paths where that is wider: 0.033 for the 8B on the H200) and by rank agreement
-with float32.
+eager path of its own dtype -- a replayed or compiled static path against the eager
+static path -- within 0.01, or the dtype's own spread between its eager paths where
+that is wider (0.033 for the 8B on the H200), and by rank agreement with float32.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def row(name: str, scores: list[float], seconds: float, dtype: str = "bfloat16",
         seconds=seconds, speedup=1.0, cpu_seconds=seconds, cpu_speedup=1.0,
         max_abs_diff=max(abs(a - b) for a, b in zip(scores, REFERENCE, strict=True)),
         tokens=0, scores=scores, buckets=[[8, 32]] if buckets else [],
+        graphs_live=buckets and "graphs" in name, compiled=buckets and "compiled" in name,
     )
 
 
@@ -77,6 +78,20 @@ CASES = [
       row("prefix bfloat16 bs32", SHIFTED, 0.107),
       row("bucketed bfloat16 graphs", off(SHIFTED, -0.045), 0.088, buckets=True)],
      "prefix bfloat16 bs32"),
+    ("8B compiled on the H200: 0.028 off the eager bucketed path, 0.041 off prefix -> compiled",
+     [row("batched bfloat16 bs32", off(SHIFTED, 0.0326), 0.155, prefix=False),
+      row("prefix bfloat16 bs32", SHIFTED, 0.099),
+      row("bucketed bfloat16 eager", off(SHIFTED, 0.0126), 0.143, buckets=True),
+      row("bucketed bfloat16 graphs", off(SHIFTED, 0.0126), 0.088, buckets=True),
+      row("bucketed bfloat16 compiled graphs", off(SHIFTED, 0.0406), 0.060, buckets=True)],
+     "bucketed bfloat16 compiled graphs"),
+    ("compiled 0.028 off the eager bucketed path where bf16's spread is 0.005 -> the graphs",
+     [row("batched bfloat16 bs32", off(SHIFTED, 0.005), 0.155, prefix=False),
+      row("prefix bfloat16 bs32", SHIFTED, 0.099),
+      row("bucketed bfloat16 eager", off(SHIFTED, 0.004), 0.143, buckets=True),
+      row("bucketed bfloat16 graphs", off(SHIFTED, 0.004), 0.088, buckets=True),
+      row("bucketed bfloat16 compiled graphs", off(SHIFTED, 0.032), 0.060, buckets=True)],
+     "bucketed bfloat16 graphs"),
     ("bf16 swaps one of the top ten (0.9 overlap) -> bf16",
      [row("prefix bfloat16 bs32", [*SHIFTED[:9], SHIFTED[10], SHIFTED[9], *SHIFTED[11:]], 0.125)],
      "prefix bfloat16 bs32"),
@@ -110,6 +125,18 @@ def test_each_dtype_s_eager_tolerance_is_its_own_spread_at_least_0_01():
                row("prefix float32 bs8", off(REFERENCE, 1e-6), 0.9, "float32")]
     assert recommend(results, candidates=30)["eager_tolerances"] == pytest.approx(
         {"float32": 0.01, "bfloat16": 0.033})  # the static row is no eager path
+
+
+def test_a_replayed_or_compiled_static_path_answers_to_the_eager_static_path():
+    prefix = row("prefix bfloat16 bs32", SHIFTED, 0.125)
+    eager = row("bucketed bfloat16 eager", SHIFTED, 0.143, buckets=True)
+    graphs = row("bucketed bfloat16 graphs", SHIFTED, 0.088, buckets=True)
+    compiled = row("bucketed bfloat16 compiled graphs", SHIFTED, 0.06, buckets=True)
+    results = [FP32, prefix, eager, graphs, compiled]
+    assert same_dtype_baseline(graphs, results) is eager
+    assert same_dtype_baseline(compiled, results) is eager
+    assert same_dtype_baseline(eager, results) is prefix  # the eager static path: dynamic
+    assert same_dtype_baseline(compiled, [FP32, prefix, compiled]) is prefix  # no eager static
 
 
 def test_the_prefix_path_is_preferred_as_a_dtype_s_baseline():

@@ -112,10 +112,15 @@ def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
     assert "cuda-timed.toml" in packed  # the `cuda` profile with the times it measured
 
 
-@pytest.mark.parametrize("compiled, says", [(True, "; compiled steps"),
-                                            (False, "; eager steps (compile given up)")])
-def test_the_compiled_concurrent_row_says_which_steps_it_timed(tmp_path, capsys, compiled, says):
-    write(tmp_path, "concurrent-0.6B-compiled.json", {"compiled": compiled, "levels": [
+@pytest.mark.parametrize("asked, compiled, says", [
+    (True, True, "p95 110 ms; compiled steps"),
+    (True, False, "p95 110 ms; eager steps (compile given up)"),
+    (False, False, "p95 110 ms"),
+])
+def test_the_compiled_concurrent_row_says_which_steps_it_timed(tmp_path, capsys, asked, compiled,
+                                                               says):
+    write(tmp_path, "concurrent-0.6B-compiled.json", {
+        "torch_compile": asked, "compiled": compiled, "levels": [
         {"concurrent": 1, "searches_per_s": 70.0, "p95_ms": 14.0, "speedup": 1.0},
         {"concurrent": 16, "searches_per_s": 150.0, "p95_ms": 110.0, "speedup": 2.14}]})
     assert bot.main(["bench", "gpu-summary", str(tmp_path)]) == 0
