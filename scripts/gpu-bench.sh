@@ -17,17 +17,20 @@
 #   rerank-0.6B      150  the static path at 30 candidates: eager, CUDA graphs, compiled
 #                         graphs (compile + capture in the background, given up after
 #                         --compile-budget 60 s), against batched and prefix bf16
-#   concurrent-0.6B   60  1/4/16/64 searches at once, grouped (searches/s, p95, steps run)
+#   concurrent-0.6B   60  1/4/16/64 searches at once, grouped (searches/s, p95, steps run),
+#                         eager graphs
 #   embedder-float16  30  the embedder's single-query latency (p50, p95)
 #   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
-#   step-costs-0.6B   45  each `cuda` bucket's step time, and the planner with those times
-#                         against its estimate (30, 100 candidates); writes cuda-timed.toml
+#   step-costs-0.6B   75  each `cuda` bucket's step time (compiled, as the profile runs
+#                         them), and the planner with those times against its estimate
+#                         (30, 100 candidates); writes cuda-timed.toml
 #   concurrent-0.6B-compiled 90  the concurrent row with torch.compile'd steps (budget 60 s)
 #   rerank-0.6B-100   90  100 candidates (compile budget 30 s: inductor's cache is warm)
 #   rerank-8B        120  the 8B at 30 candidates (compile budget 45 s)
 #   concurrent-8B     45  1/4/16 searches at once on the 8B
-#   concurrent-0.6B-timed 60  the 0.6B concurrent row again, planning with cuda-timed.toml's
-#                         measured step times (after the rows issue 33 names)
+#   concurrent-0.6B-timed 60  the compiled concurrent row again, planning with
+#                         cuda-timed.toml's measured step times (after the rows issue 33
+#                         names)
 #
 # and stops starting steps once fewer seconds than a step's limit are left of TOTAL
 # (330 s, or $TOTAL; the rest is install and packing).  A step that fails, is killed at its limit
@@ -85,13 +88,13 @@ run() {
         [embedder-float16]="$py bot.py --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
         [peer-0.6B]="${rerank[*]} --model-size $small --peer --candidates $n --repeats $repeats"
         [step-costs-0.6B]="$py bot.py --profile cuda bench step-costs --model-size $small --device $device --repeats $((repeats * 2)) --write-profile $raw/cuda-timed.toml"
-        [concurrent-0.6B-timed]="$py bot.py --profile $raw/cuda-timed.toml bench rerank --device $device --dtype $dtype --model-size $small --concurrent $levels --candidates $n --repeats 2"
+        [concurrent-0.6B-timed]="$py bot.py --profile $raw/cuda-timed.toml bench rerank --device $device --dtype $dtype --model-size $small --concurrent $levels --candidates $n --repeats 2 --compiled --compile-budget 60"
         [rerank-0.6B-100]="${rerank[*]} --model-size $small --quick --candidates $n100 --repeats $repeats --compile-budget 30"
         [rerank-8B]="${rerank[*]} --model-size $big --quick --candidates $n --repeats $repeats --compile-budget 45"
         [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
     )
     declare -A limits=([rerank-0.6B]=150 [concurrent-0.6B]=60 [concurrent-0.6B-compiled]=90
-        [embedder-float16]=30 [peer-0.6B]=30 [step-costs-0.6B]=45 [concurrent-0.6B-timed]=60
+        [embedder-float16]=30 [peer-0.6B]=30 [step-costs-0.6B]=75 [concurrent-0.6B-timed]=60
         [rerank-0.6B-100]=90 [rerank-8B]=120 [concurrent-8B]=45)
     local total=${TOTAL:-330} step limit
     if [ "$smoke" = --smoke ]; then

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import bot
 from memory.config import load_profile
@@ -52,6 +53,30 @@ def test_a_profiles_buckets_and_measured_times_are_the_ones_run(capsys, tmp_path
     assert result["measured_step_times"] and result["concurrent_setting"] == 4
     assert [level["searches"] for level in result["levels"]] == [1, 2]
     assert all(level["executed"]["tail_steps"] > 0 for level in result["levels"])
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_compiled_times_the_compiled_steps(capsys, tmp_path, monkeypatch, cuda_forbidden, asked):
+    # a recording backend stands in for inductor (whose real compile the slow smoke run
+    # of scripts/gpu-bench.sh does): what matters is that the levels ran compiled steps
+    graphs: list[int] = []
+
+    def recording(graph_module: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(len(graph_module.graph.nodes))
+        return graph_module.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile",
+                        lambda fn, **kw: real_compile(fn, **{**kw, "backend": recording}))
+    out = tmp_path / "concurrent.json"
+    code = bot.main(["bench", "rerank", "--model-size", "tiny", "--concurrent", "1,2",
+                     "--candidates", "5", "--repeats", "1", "--json", str(out),
+                     *(["--compiled", "--compile-budget", "120"] if asked else [])])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["torch_compile"] is asked and result["compiled"] is asked
+    assert bool(graphs) is asked
+    assert [level["searches"] for level in result["levels"]] == [1, 2]
 
 
 @pytest.mark.parametrize("value", ["0", "abc", ",", "1,-4", "2000"])
