@@ -17,25 +17,26 @@
 #   rerank-0.6B      150  the static path at 30 candidates: eager, CUDA graphs, compiled
 #                         graphs (compile + capture in the background, given up after
 #                         --compile-budget 60 s), against batched and prefix bf16
-#   concurrent-0.6B   60  1/4/16/64 searches at once, grouped (searches/s, p95, steps run),
-#                         eager graphs
+#   concurrent-0.6B-compiled 90  1/4/16/64 searches at once, grouped (searches/s, p95,
+#                         steps run), the compiled steps the `cuda` profile ships
 #   embedder-float16  30  the embedder's single-query latency (p50, p95)
 #   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
+#   rerank-8B        120  the 8B at 30 candidates (compile budget 45 s)
+#   rerank-0.6B-100   90  100 candidates (compile budget 30 s: inductor's cache is warm)
 #   step-costs-0.6B   75  each `cuda` bucket's step time (compiled, as the profile runs
 #                         them), and the planner with those times against its estimate
 #                         (30, 100 candidates); writes cuda-timed.toml
-#   concurrent-0.6B-compiled 90  the concurrent row with torch.compile'd steps (budget 60 s)
-#   rerank-0.6B-100   90  100 candidates (compile budget 30 s: inductor's cache is warm)
-#   rerank-8B        120  the 8B at 30 candidates (compile budget 45 s)
 #   concurrent-8B     45  1/4/16 searches at once on the 8B
 #   concurrent-0.6B-timed 60  the compiled concurrent row again, planning with
-#                         cuda-timed.toml's measured step times (after the rows issue 33
-#                         names)
+#                         cuda-timed.toml's measured step times
+#   concurrent-0.6B   60  the concurrent row on eager graphs (what compiling buys)
 #
 # and stops starting steps once fewer seconds than a step's limit are left of TOTAL
-# (330 s, or $TOTAL; the rest is install and packing).  A step that fails, is killed at its limit
-# or is skipped is logged to <step>.log and the others still run; the rerank steps write
-# their JSON after every variant, so a killed one keeps what it measured, and the
+# (330 s, or $TOTAL; the rest is install and packing).  On the H200 the first five
+# steps took 74 + 72 + 22 + 23 + 73 s and the next 71 s, so one call measures about
+# five rows and a second (STEPS=...) the rest.  A step that fails, is killed at its
+# limit or is skipped is logged to <step>.log and the others still run; the rerank
+# steps write their JSON after every variant, so a killed one keeps what it measured, and the
 # summary says "not measured" for the rest.  `bench gpu-summary` writes summary.md and
 # summary.json; OUT then holds three files: summary.md, summary.json and raw.tar.gz
 # (every step's JSON and log), so one device call returns everything.  --smoke runs
@@ -102,7 +103,7 @@ run() {
         for step in "${!limits[@]}"; do limits[$step]=300; done
     fi
     mkdir -p "$raw"
-    for step in ${STEPS:-rerank-0.6B concurrent-0.6B embedder-float16 peer-0.6B step-costs-0.6B concurrent-0.6B-compiled rerank-0.6B-100 rerank-8B concurrent-8B concurrent-0.6B-timed}; do
+    for step in ${STEPS:-rerank-0.6B concurrent-0.6B-compiled embedder-float16 peer-0.6B rerank-8B rerank-0.6B-100 step-costs-0.6B concurrent-8B concurrent-0.6B-timed concurrent-0.6B}; do
         [ -n "${steps[$step]:-}" ] || { echo "unknown step $step" >&2; exit 2; }
         limit=${limits[$step]}
         if [ $((SECONDS + limit)) -gt "$total" ]; then
