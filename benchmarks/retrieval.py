@@ -236,6 +236,8 @@ def run_retrieval_bench(
                 if "rerank" in modes and (reason := _reranker_missing(engine)):
                     modes.remove("rerank")
                     report["rerank_skipped"] = reason
+                if "rerank_skipped" in report and progress:
+                    progress(len(queries))  # the searches it will not run are done too
                 if "rerank" in modes and rerank_cache is not None:
                     rerank_cache.wrap(engine)
                     report["rerank_cache"] = True

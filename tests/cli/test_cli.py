@@ -503,6 +503,21 @@ def test_bench_retrieval_lists_rerank_only_when_a_reranker_ran(
     assert "missing-qwen" in result["rerank_skipped"]
 
 
+def test_bench_retrieval_progress_counts_a_skipped_rerank_as_done(tmp_path: Path) -> None:
+    from benchmarks.retrieval import load_queries, run_retrieval_bench
+    from memory.config import load_profile_file
+
+    path = tmp_path / "no-weights.toml"
+    path.write_text(f'[reranker]\nbackend = "transformers"\nmodel = "{tmp_path / "none"}"\n',
+                    encoding="utf-8")
+    done: list[int] = []
+    result = run_retrieval_bench([BENCH_MINI, BENCH_MINI], load_profile_file(path),
+                                 modes=["hybrid", "rerank"], progress=done.append)
+    assert "rerank_skipped" in result
+    # the bar's total, as `bench retrieval` sets it: every query of every set, both modes
+    assert sum(done) == 2 * 2 * len(load_queries(BENCH_MINI / "queries.jsonl"))
+
+
 def test_bench_remote_without_llama_server_is_one_line(
     capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
