@@ -291,8 +291,7 @@ class QwenReranker:
         model holds no reference cycle); no ``gc.collect()``: a full collection walks
         every object of the process holding the GIL, and stalled the bot's event loop
         0.46-1.7 s on every switch away from a loaded 0.6B model (issue 30, item 5).
-        A background compile still running is waited for: it cannot be interrupted,
-        and a process that exits under one aborts.
+        Waits for a background compile still running (see :class:`BackgroundCompile`).
         """
         with self._lock:
             if self._model is None:
@@ -300,7 +299,7 @@ class QwenReranker:
             on_cuda = torch.device(self.device).type == "cuda"
             self._model = self._tokenizer = self._static = self._dynamic = None
             running, self._compile = self._compile, None
-        if running is not None:  # outside the lock: its swap_in takes it, and then declines
+        if running is not None:  # outside the lock: its swap_in takes it (and declines)
             running.join()
         if on_cuda:  # the allocator's cached blocks go back to the device
             torch.cuda.empty_cache()

@@ -34,6 +34,15 @@ QUERIES = (QUERY, "", "bot down?")  # heads of 79, 70 and 72 tokens: both head s
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch: dynamo caches the layer function's compiled code
+    across tests (and test files), so a backend used earlier would answer for another."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
 @pytest.fixture(scope="module")
 def eager(parts, config):
     """The eager static path's scores, per query."""
@@ -226,9 +235,8 @@ def test_what_compiles_does_not_grow_with_depth_or_buckets(parts, config, tiny_d
         assert qwen.compiled(reranker._static, backend=sized_backend(nodes))
         return nodes
 
-    torch._dynamo.reset()  # graphs compiled by earlier tests are not counted here
     base = compiled_graphs(parts[0], BUCKETS)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     other = compiled_graphs(deeper(tiny_dir, layers) if layers != 2 else parts[0], buckets)
     assert sorted(other) == sorted(base)
     assert len(base) <= 4  # head and tail step, and a batch of one

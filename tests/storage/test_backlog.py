@@ -134,16 +134,25 @@ def test_pending_uses_reply_target_or_previous_message_as_antecedent(
 
 
 class CountingEmbedder(HashEmbedder):
-    """Counts every text it embeds; pauses a moment per batch so embedders interleave."""
+    """Counts every text it embeds; pauses a moment per batch so embedders interleave.
 
-    def __init__(self) -> None:
+    With ``meet``, its first batch waits there until every embedder sharing the
+    barrier holds a batch too: under load one thread could otherwise claim the whole
+    backlog before the other starts (the CI flake "both embedders took part").
+    """
+
+    def __init__(self, meet: threading.Barrier | None = None) -> None:
         super().__init__()
         self.texts: list[str] = []
         self._lock = threading.Lock()
+        self._meet = meet
 
     def embed(self, texts):
         with self._lock:
             self.texts.extend(texts)
+        if self._meet is not None:
+            meet, self._meet = self._meet, None
+            meet.wait(timeout=120)  # a broken barrier fails the test, never hangs it
         time.sleep(0.005)
         return super().embed(texts)
 
@@ -191,7 +200,8 @@ def test_two_embedders_never_embed_the_same_message(
     records = [make_record(f"message {i} about the garden") for i in range(1500)]
     records += [make_record(f"other guild {i}", guild_id=GUILD + 1) for i in range(300)]
     make_engine(db).storage.messages.upsert(records)
-    embedders = [CountingEmbedder(), CountingEmbedder()]
+    meet = threading.Barrier(2)
+    embedders = [CountingEmbedder(meet), CountingEmbedder(meet)]
     engines = [make_engine(db, embedder) for embedder in embedders]
     errors: list[BaseException] = []
 
