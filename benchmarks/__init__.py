@@ -361,6 +361,8 @@ def rerank_command(
     json_out: Path | None,
 ) -> int:
     """Qwen3-Reranker-shaped model: per-pair vs batched vs shared prefix vs static shapes."""
+    if (compiled or one_at_a_time) and not concurrent:
+        raise click.UsageError("--compiled and --one-at-a-time go with --concurrent N,...")
     if peer:
         from benchmarks.rerank_peer import run_peer_bench
 

@@ -144,7 +144,7 @@ def _concurrent(folder: Path, name: str, row: str, level: int) -> Row:
     if data.get("compiled"):
         detail += "; compiled steps"
     elif data.get("torch_compile"):  # given up past its budget: the eager steps were timed
-        detail += "; eager steps (compile given up)"
+        detail += "; eager steps (the compile was given up or failed)"
     measured = f"{at['searches_per_s']:.1f} searches/s (×{at['speedup']:.2f}), p95 {at['p95_ms']:.0f} ms"
     return Row(row, measured, target, met, detail, name)
 

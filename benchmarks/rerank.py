@@ -418,16 +418,24 @@ def same_dtype_baseline(result: VariantResult, results: list[VariantResult]) -> 
     return min(dynamic, key=lambda r: not r.prefix_cache) if dynamic else reference
 
 
-def eager_spread(dtype: str, results: list[VariantResult]) -> float:
-    """How far apart ``dtype``'s own eager variants score (0 with fewer than two).
+def eager_spread(dtype: str, results: list[VariantResult],
+                 judged: VariantResult | None = None) -> float:
+    """How far apart ``dtype``'s eager dynamic-shape variants score, ``judged`` left out.
 
-    Batched, prefix and eager bucketed are the same arithmetic in another order;
-    what separates them is the dtype's rounding.  On the H200 the 8B's bfloat16
-    eager variants differed by up to 0.033 (the 0.6B's by 0.005-0.007), so a fast
-    path 0.028 from its eager sibling is within bfloat16's own noise there.
+    Batched and prefix are the same arithmetic in another order; what separates them
+    is the dtype's rounding.  On the H200 the 8B's bfloat16 pair differed by 0.033
+    (the 0.6B's by 0.005-0.007), so a static path 0.030 from the prefix path is within
+    bfloat16's own noise there.  The variant being judged never widens its own
+    tolerance, and the static paths (what is judged) never widen anybody's.  0 with
+    fewer than two.
     """
-    same = [r.scores for r in results if r.dtype == dtype and _eager(r)]
+    same = [r.scores for r in results if r.dtype == dtype and _eager(r) and not r.buckets
+            and r is not judged]
     return max((_max_diff(a, b) for i, a in enumerate(same) for b in same[i + 1:]), default=0.0)
+
+
+def _eager_tolerance(result: VariantResult, results: list[VariantResult]) -> float:
+    return max(EAGER_TOLERANCE, eager_spread(result.dtype, results, judged=result))
 
 
 def recommend(
@@ -449,10 +457,17 @@ def recommend(
         many candidates fit in ``budget_s`` at the measured rate, and
         ``judgements``: one :class:`Judgement` dict per variant.
     """
+    baselines = [same_dtype_baseline(r, results) for r in results]
     verdicts = [
-        judge(r.name, r.scores, same_dtype_baseline(r, results), results[0], tolerance,
-              max(EAGER_TOLERANCE, eager_spread(r.dtype, results)))
-        for r in results
+        judge(r.name, r.scores, base, results[0], tolerance, _eager_tolerance(r, results))
+        for r, base in zip(results, baselines, strict=True)
+    ]
+    # a replayed or compiled path that matches a wrong eager static path is wrong too
+    verdict_of = {r.name: v for r, v in zip(results, verdicts, strict=True)}
+    verdicts = [
+        dataclasses.replace(v, acceptable=False)
+        if base.buckets and base is not r and not verdict_of[base.name].acceptable else v
+        for r, base, v in zip(results, baselines, verdicts, strict=True)
     ]
     good = [r for r, v in zip(results, verdicts, strict=True) if v.acceptable] or results[:1]
     best = min(good, key=lambda r: r.seconds)
@@ -465,11 +480,11 @@ def recommend(
         "quantize": best.quantize,
         "buckets": best.buckets,
         "cuda_graphs": best.graphs_live,
+        "torch_compile": best.compiled,
         "speedup": best.speedup,
         "tolerance": tolerance,
         "eager_tolerance": EAGER_TOLERANCE,
-        "eager_tolerances": {d: round(max(EAGER_TOLERANCE, eager_spread(d, results)), 4)
-                             for d in dict.fromkeys(r.dtype for r in results)},
+        "eager_tolerances": {r.name: round(_eager_tolerance(r, results), 4) for r in results},
         "min_top_overlap": MIN_TOP_OVERLAP,
         "budget_s": budget_s,
         "max_candidates": max(1, int(budget_s / per_candidate)) if per_candidate else candidates,

@@ -109,10 +109,18 @@ class MemoryEngine:
         return self.rerankers.status()
 
     def close(self) -> None:
-        """Unload the reranker, stop the searcher's worker and close the database."""
-        self.rerankers.close()
-        self.searcher.close()
-        self.storage.close()
+        """Unload the reranker, stop the searcher's worker and close the database.
+
+        The database is closed even when unloading is cut short (a Ctrl-C while the
+        reranker waits for its background compile).
+        """
+        try:
+            self.rerankers.close()
+        finally:
+            try:
+                self.searcher.close()
+            finally:
+                self.storage.close()
 
     # -- writes -----------------------------------------------------------------------
 

@@ -23,7 +23,7 @@
 #   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
 #   rerank-8B        120  the 8B at 30 candidates (compile budget 45 s)
 #   rerank-0.6B-100   90  100 candidates (compile budget 30 s: inductor's cache is warm)
-#   step-costs-0.6B   75  each `cuda` bucket's step time (compiled, as the profile runs
+#   step-costs-0.6B  100  each `cuda` bucket's step time (compiled, as the profile runs
 #                         them), and the planner with those times against its estimate
 #                         (30, 100 candidates); writes cuda-timed.toml
 #   concurrent-8B     45  1/4/16 searches at once on the 8B
@@ -95,9 +95,10 @@ run() {
         [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
     )
     declare -A limits=([rerank-0.6B]=150 [concurrent-0.6B]=60 [concurrent-0.6B-compiled]=90
-        [embedder-float16]=30 [peer-0.6B]=30 [step-costs-0.6B]=75 [concurrent-0.6B-timed]=60
+        [embedder-float16]=30 [peer-0.6B]=30 [step-costs-0.6B]=100 [concurrent-0.6B-timed]=60
         [rerank-0.6B-100]=90 [rerank-8B]=120 [concurrent-8B]=45)
     local total=${TOTAL:-330} step limit
+    [[ $total =~ ^[0-9]+$ ]] || { echo "TOTAL must be a number of seconds, got '$total'" >&2; exit 2; }
     if [ "$smoke" = --smoke ]; then
         total=2400
         for step in "${!limits[@]}"; do limits[$step]=300; done

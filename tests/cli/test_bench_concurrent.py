@@ -89,3 +89,11 @@ def test_bad_levels_are_one_clear_line(capsys, value):
     err = capsys.readouterr().err
     assert code == 2
     assert "--concurrent" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--compiled", "--one-at-a-time"])
+def test_a_concurrent_only_flag_without_concurrent_is_one_clear_line(capsys, flag):
+    code = bot.main(["bench", "rerank", "--model-size", "tiny", flag])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == "error: --compiled and --one-at-a-time go with --concurrent N,..."

@@ -35,3 +35,16 @@ def test_importing_a_light_module_does_not_load_the_engine() -> None:
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_close_closes_the_database_even_when_unloading_is_interrupted(engine, monkeypatch):
+    # Ctrl-C while the reranker waits for its background compile (issue 33): the
+    # database is closed all the same, so nothing stored is left in an open handle
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.rerankers, "close", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.close()
+    with pytest.raises(Exception, match="closed"):
+        engine.storage.stats()
