@@ -458,9 +458,10 @@ def recommend(
         ``judgements``: one :class:`Judgement` dict per variant.
     """
     baselines = [same_dtype_baseline(r, results) for r in results]
+    eager_tolerances = [_eager_tolerance(r, results) for r in results]
     verdicts = [
-        judge(r.name, r.scores, base, results[0], tolerance, _eager_tolerance(r, results))
-        for r, base in zip(results, baselines, strict=True)
+        judge(r.name, r.scores, base, results[0], tolerance, eager)
+        for r, base, eager in zip(results, baselines, eager_tolerances, strict=True)
     ]
     # a replayed or compiled path that matches a wrong eager static path is wrong too
     verdict_of = {r.name: v for r, v in zip(results, verdicts, strict=True)}
@@ -484,7 +485,8 @@ def recommend(
         "speedup": best.speedup,
         "tolerance": tolerance,
         "eager_tolerance": EAGER_TOLERANCE,
-        "eager_tolerances": {r.name: round(_eager_tolerance(r, results), 4) for r in results},
+        "eager_tolerances": {r.name: round(eager, 4)
+                             for r, eager in zip(results, eager_tolerances, strict=True)},
         "min_top_overlap": MIN_TOP_OVERLAP,
         "budget_s": budget_s,
         "max_candidates": max(1, int(budget_s / per_candidate)) if per_candidate else candidates,

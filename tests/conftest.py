@@ -102,6 +102,18 @@ def single_torch_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """Compile from scratch, and leave nothing compiled behind: dynamo keeps a function's
+    compiled code across tests (and test files), so a backend one test used would answer
+    for the backend another test gives."""
+    import torch
+
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """The real bundled all-MiniLM-L6-v2, loaded once for the whole session."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 import bot
 from memory.config import load_profile
+from tests.rerank.test_reranker_compiled import route_compile, sized_backend
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -56,26 +56,16 @@ def test_a_profiles_buckets_and_measured_times_are_the_ones_run(capsys, tmp_path
 
 
 @pytest.mark.parametrize("asked", [True, False])
-def test_compiled_times_the_compiled_steps(capsys, tmp_path, monkeypatch, cuda_forbidden, asked):
+def test_compiled_times_the_compiled_steps(capsys, tmp_path, monkeypatch, cuda_forbidden,
+                                           fresh_dynamo, asked):
     # a recording backend stands in for inductor (whose real compile the slow smoke run
     # of scripts/gpu-bench.sh does): what matters is that the levels ran compiled steps
     graphs: list[int] = []
-
-    def recording(graph_module: torch.fx.GraphModule, example_inputs: list) -> object:
-        graphs.append(len(graph_module.graph.nodes))
-        return graph_module.forward
-
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile",
-                        lambda fn, **kw: real_compile(fn, **{**kw, "backend": recording}))
+    route_compile(monkeypatch, sized_backend(graphs))
     out = tmp_path / "concurrent.json"
-    torch.compiler.reset()
-    try:
-        code = bot.main(["bench", "rerank", "--model-size", "tiny", "--concurrent", "1,2",
-                         "--candidates", "5", "--repeats", "1", "--json", str(out),
-                         *(["--compiled", "--compile-budget", "120"] if asked else [])])
-    finally:  # dynamo keeps the compiled layer: later tests' backends must not meet it
-        torch.compiler.reset()
+    code = bot.main(["bench", "rerank", "--model-size", "tiny", "--concurrent", "1,2",
+                     "--candidates", "5", "--repeats", "1", "--json", str(out),
+                     *(["--compiled", "--compile-budget", "120"] if asked else [])])
     assert code == 0, capsys.readouterr().err
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["torch_compile"] is asked and result["compiled"] is asked

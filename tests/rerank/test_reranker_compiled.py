@@ -31,16 +31,14 @@ MAX_LENGTH = 96  # head sizes 64 and 96 in capacities 64 and 128: few shapes to 
 BUCKETS = ((4, 32),)
 QUERIES = (QUERY, "", "bot down?")  # heads of 79, 70 and 72 tokens: both head sizes run
 
-pytestmark = pytest.mark.usefixtures("single_torch_thread")
+pytestmark = pytest.mark.usefixtures("single_torch_thread", "fresh_dynamo")
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Each test compiles from scratch: dynamo caches the layer function's compiled code
-    across tests (and test files), so a backend used earlier would answer for another."""
-    torch.compiler.reset()
-    yield
-    torch.compiler.reset()
+def route_compile(monkeypatch: pytest.MonkeyPatch, backend: object) -> None:
+    """Make every ``torch.compile`` of the code under test use ``backend``."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile",
+                        lambda fn, **kw: real_compile(fn, **{**kw, "backend": backend}))
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +93,7 @@ def test_the_profile_switch_compiles_at_load_and_a_failure_never_reaches_a_searc
     # torch_compile through the profile, with CUDA graphs asked for on a CPU: the load
     # path compiles, fails (the backend raises inside dynamo), keeps the eager steps,
     # and never calls CUDA-only torch.
-    real_compile = torch.compile
-    monkeypatch.setattr(
-        torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": failing_backend})
-    )
+    route_compile(monkeypatch, failing_backend)
     with caplog.at_level(logging.WARNING, logger="memory.rerank.qwen"):
         reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH,
                         torch_compile=True, cuda_graphs=True)
@@ -253,10 +248,7 @@ def slow_backend(seconds: float):
 def test_a_compile_past_its_budget_is_given_up_and_eager_keeps_serving(
     parts, config, eager, caplog, monkeypatch, cuda_forbidden
 ):
-    real_compile = torch.compile
-    monkeypatch.setattr(
-        torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": slow_backend(3)})
-    )
+    route_compile(monkeypatch, slow_backend(3))
     with caplog.at_level(logging.INFO, logger="memory.rerank"):
         started = time.monotonic()
         reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH,
@@ -280,11 +272,7 @@ def test_a_background_compile_swaps_in_compiled_steps_with_equal_scores(
     parts, config, eager, caplog, monkeypatch, cuda_forbidden
 ):
     calls: list[str] = []
-    real_compile = torch.compile
-    monkeypatch.setattr(
-        torch, "compile",
-        lambda fn, **kw: real_compile(fn, **{**kw, "backend": recording_backend(calls)}),
-    )
+    route_compile(monkeypatch, recording_backend(calls))
     with caplog.at_level(logging.INFO, logger="memory.rerank"):
         reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH,
                         torch_compile=True, cuda_graphs=True)
