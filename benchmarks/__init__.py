@@ -453,6 +453,54 @@ def step_costs_command(
     return 0
 
 
+@bench.command("gpu-rows")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Folder the rows' JSON files go into (gpu-bench.sh's raw folder).")
+@click.option("--model-size", type=click.Choice(("0.6B", "4B", "8B", "tiny")), default="0.6B",
+              show_default=True, help="Exact Qwen3-Reranker shape with random weights.")
+@click.option("--device", type=click.Choice(("cpu", "cuda", "mps")), default="cuda",
+              show_default=True, help="Where the model runs (cpu: the smoke run, tiny model).")
+@click.option("--dtype", type=click.Choice(("float32", "bfloat16", "float16")),
+              help="Only this dtype for the fast variants, as bench rerank.")
+@click.option("--candidates", type=CountList(1, 1000), default="30,100", show_default=True,
+              help="Candidate counts of the rerank rows; the first is each concurrent search's.")
+@click.option("--concurrent", "levels", type=CountList(1, 1024), default="1,4,16,64",
+              show_default=True, help="Searches in flight at once, per level.")
+@click.option("--repeats", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Timed repetitions per rerank variant.")
+@click.option("--rounds", type=click.IntRange(1, 100), default=2, show_default=True,
+              help="Searches each thread runs per concurrency level.")
+@click.option("--step-costs", "step_rounds", type=click.IntRange(0, 1000), default=0,
+              show_default=True,
+              help="Rounds of bench step-costs on the compiled steps (0: none); also writes "
+                   "PROFILE-timed.toml with the times.")
+@click.option("--compile-budget", type=click.FloatRange(1.0, 3600.0), default=90.0,
+              show_default=True, help="Seconds the compiled variant may compile and capture.")
+@click.option("--label", type=click.Choice(("0.6B", "4B", "8B")),
+              help="The size in the file names (default --model-size; the smoke run names "
+                   "the tiny model's files after the size it stands in for).")
+@JSON_OUT
+def gpu_rows_command(
+    out: Path, model_size: str, device: str, dtype: str | None, candidates: list[int],
+    levels: list[int], repeats: int, rounds: int, step_rounds: int, compile_budget: float,
+    label: str | None, json_out: Path | None,
+) -> int:
+    """Every GPU row of one model size from one process (scripts/gpu-bench.sh's steps)."""
+    from benchmarks.gpu_rows import GpuRows, RowPlan
+    from benchmarks.rerank import BenchSettings
+
+    settings = BenchSettings(repeats=repeats, device=device, dtype=dtype, model_size=model_size,
+                             quick=True, compile_budget=compile_budget, compile_on_cpu=True)
+    plan = RowPlan(tuple(candidates), tuple(levels), rounds, step_rounds, label)
+    result = GpuRows(out, settings, plan).run(
+        progress=lambda done, total, name: click.echo(f"… {done}/{total} {name}", err=True))
+    emit_json(result, json_out)
+    if result["failed"]:
+        click.echo(f"not measured: {', '.join(result['failed'])} (see the log above)", err=True)
+        return 1
+    return 0
+
+
 @bench.command("gpu-summary")
 @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @JSON_OUT

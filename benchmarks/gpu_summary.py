@@ -51,6 +51,8 @@ def summarize(folder: Path) -> list[Row]:
         _concurrent(folder, "concurrent-0.6B-compiled.json",
                     "0.6B, 16 concurrent searches, compiled steps", 16),
         _concurrent(folder, "concurrent-8B.json", "8B, 16 concurrent searches", 16),
+        _concurrent(folder, "concurrent-8B-compiled.json",
+                    "8B, 16 concurrent searches, compiled steps", 16),
         _concurrent(folder, "concurrent-0.6B-timed.json",
                     "0.6B, 16 concurrent searches, measured step times", 16),
         _embedder(folder, "embedder-float16.json"),

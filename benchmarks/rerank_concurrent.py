@@ -101,8 +101,7 @@ def run_concurrent_bench(
         ConfigError: A level below 1, an unknown model size or dtype, or a device
             torch does not see.
     """
-    if not levels or min(levels) < 1:
-        raise ConfigError(f"bench rerank --concurrent needs levels of at least 1, got {levels}")
+    check_levels(levels)
     if model_size not in MODEL_SHAPES:
         raise ConfigError(f"bench model size must be one of {', '.join(MODEL_SHAPES)}")
     device = resolve_device(device)
@@ -115,7 +114,23 @@ def run_concurrent_bench(
     if compile_budget is not None:
         config = dataclasses.replace(config, torch_compile=True, compile_budget=compile_budget)
     reranker = QwenReranker.from_model(model, qwen_tokenizer(), config)
-    reranker.wait_for_compile()  # settled within the budget; no-op without torch_compile
+    try:
+        reranker.wait_for_compile()  # settled within the budget; no-op without torch_compile
+        results = measure_levels(reranker, levels, candidates, rounds)
+        return concurrency_report(reranker, results, model_size, candidates, rounds)
+    finally:
+        reranker.close()
+
+
+def measure_levels(
+    reranker: QwenReranker, levels: tuple[int, ...], candidates: int, rounds: int
+) -> list[ConcurrencyResult]:
+    """Each level's searches/s and latency on ``reranker`` (loaded, its compile settled).
+
+    Raises:
+        ConfigError: A level below 1.
+    """
+    check_levels(levels)
     docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(candidates)]
     reranker.score(QUERY, docs)  # warm-up: allocator, kernels, every graph already captured
     results: list[ConcurrencyResult] = []
@@ -124,13 +139,27 @@ def run_concurrent_bench(
         done = results[-1]
         log.info("concurrent %d: %.1f searches/s, p95 %.0f ms; ran %s", level,
                  done.searches_per_s, done.p95_ms, done.executed)
-    scorer = reranker._static
-    reranker.close()
+    return results
+
+
+def check_levels(levels: tuple[int, ...]) -> None:
+    """Raise :class:`ConfigError` unless there is a level and each is at least 1."""
+    if not levels or min(levels) < 1:
+        raise ConfigError(f"bench rerank --concurrent needs levels of at least 1, got {levels}")
+
+
+def concurrency_report(
+    reranker: QwenReranker, results: list[ConcurrencyResult], model_size: str,
+    candidates: int, rounds: int,
+) -> dict[str, Any]:
+    """The JSON-ready report of :func:`measure_levels`' results on ``reranker``."""
+    config, scorer = reranker.config, reranker._static
+    device = str(reranker.device)
     return {
         "model": f"Qwen3-Reranker-{model_size} architecture, random weights",
-        "device": device,
+        "device": torch.device(device).type,
         "device_name": _device_name(device),
-        "dtype": str(torch_dtype).removeprefix("torch."),
+        "dtype": str(reranker.dtype).removeprefix("torch."),
         "torch_threads": torch.get_num_threads(),
         "candidates": candidates,
         "rounds": rounds,

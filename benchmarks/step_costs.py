@@ -107,23 +107,39 @@ def run_step_costs(
     try:
         if config.torch_compile:
             reranker.wait_for_compile(config.compile_budget)
-        static = reranker._static  # the scorer the searches use (compiled once swapped in)
-        if static is None:
-            raise ConfigError("the static path did not load (see the log): nothing to time")
-        timer = _Timer(static, config.device)
-        chat = reranker.encode(QUERY, CANDIDATES)
-        head = chat.head
-        steps, head_ms = timer.steps(head, chat.tails, repeats, progress)
-        costs = {shape: max(0.001, round(ms, 3)) for shape, ms in steps.items()}
-        plans = [timer.compare(reranker, head, n, costs, repeats) for n in plan_sizes]
+        return measure_step_costs(reranker, profile.name, size, repeats, plan_sizes, progress)
     finally:
         reranker.close()
+
+
+def measure_step_costs(
+    reranker: QwenReranker, profile: str, model_size: str, repeats: int = 20,
+    plan_sizes: Sequence[int] = PLAN_SIZES, progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """:func:`run_step_costs` on a loaded reranker with the static path (its compile settled).
+
+    ``profile`` names where its buckets came from, for the report.
+
+    Raises:
+        ConfigError: The reranker has no static path.
+    """
+    config = reranker.config
+    static = reranker._static  # the scorer the searches use (compiled once swapped in)
+    if static is None:
+        raise ConfigError("the static path did not load (see the log): nothing to time")
+    device = str(reranker.device)
+    timer = _Timer(static, device)
+    chat = reranker.encode(QUERY, CANDIDATES)
+    head = chat.head
+    steps, head_ms = timer.steps(head, chat.tails, repeats, progress)
+    costs = {shape: max(0.001, round(ms, 3)) for shape, ms in steps.items()}
+    plans = [timer.compare(reranker, head, n, costs, repeats) for n in plan_sizes]
     return {
-        "model": f"Qwen3-Reranker-{size} architecture, random weights",
-        "profile": profile.name,
-        "device": config.device,
-        "device_name": _device_name(config.device),
-        "dtype": str(dtype).removeprefix("torch."),
+        "model": f"Qwen3-Reranker-{model_size} architecture, random weights",
+        "profile": profile,
+        "device": torch.device(device).type,
+        "device_name": _device_name(device),
+        "dtype": str(reranker.dtype).removeprefix("torch."),
         "torch_threads": torch.get_num_threads(),
         "graphs": bool(static.graphs),
         "compiled": static.compiled,

