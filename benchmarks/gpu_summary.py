@@ -110,14 +110,25 @@ def _rerank(folder: Path, name: str, row: str, target_ms: float) -> Row:
     static = [v for v in variants if v["buckets"]] or variants
     best = min(static, key=lambda v: v["seconds"])
     ms = best["seconds"] * 1000
-    detail = "; ".join(
-        f"{v['name']} {v['seconds'] * 1000:.1f} ms"
-        + (f" (load {v['load_seconds']:.1f} s, Δ eager {v['eager_diff']:.4f})"
-           if v["buckets"] and v.get("eager_diff") is not None else "")
-        for v in variants
-    )
+    judged = {j["name"]: j for j in data["recommended"].get("judgements", [])}
+    detail = "; ".join(f"{v['name']} {v['seconds'] * 1000:.1f} ms" + _static_note(v, judged)
+                       for v in variants)
     detail += f"; recommended: {data['recommended']['variant']}; {data['device_name']}"
     return Row(row, f"{ms:.1f} ms ({best['name']})", target, ms <= target_ms, detail, name)
+
+
+def _static_note(variant: dict[str, Any], judged: dict[str, dict[str, Any]]) -> str:
+    """A static variant's load time and how far it is from what it was judged against."""
+    if not variant["buckets"]:
+        return ""
+    judgement = judged.get(variant["name"])
+    if judgement is not None and judgement["baseline"] != variant["name"]:
+        against = f", Δ {judgement['baseline']} {judgement['baseline_diff']:.4f}"
+    elif variant.get("eager_diff") is not None:  # a report from before the judgements
+        against = f", Δ eager {variant['eager_diff']:.4f}"
+    else:
+        against = ""
+    return f" (load {variant['load_seconds']:.1f} s{against})"
 
 
 def _peer(folder: Path, rows_best: float | None) -> Row:

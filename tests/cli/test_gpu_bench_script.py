@@ -130,3 +130,28 @@ def test_the_compiled_concurrent_row_says_which_steps_it_timed(tmp_path, capsys,
     row = rows["concurrent-0.6B-compiled.json"]
     assert row["measured"] == "150.0 searches/s (×2.14), p95 110 ms" and row["met"] is False
     assert row["detail"].endswith(says)
+
+
+def test_a_static_row_says_what_it_was_judged_against(tmp_path, capsys):
+    # the compiled path answers to the eager static path, the eager one to prefix (issue 33)
+    data = rerank_file(variant("per-pair float32", 0.79),
+                       variant("prefix bfloat16 bs32", 0.05),
+                       variant("bucketed bfloat16 eager", 0.078, True, 0.0051),
+                       variant("bucketed bfloat16 compiled graphs", 0.013, True, 0.0087))
+    data["recommended"]["judgements"] = [
+        {"name": "bucketed bfloat16 eager", "baseline": "prefix bfloat16 bs32",
+         "baseline_diff": 0.0051},
+        {"name": "bucketed bfloat16 compiled graphs", "baseline": "bucketed bfloat16 eager",
+         "baseline_diff": 0.0062},
+    ]
+    write(tmp_path, "rerank-0.6B.json", data)
+    write(tmp_path, "rerank-8B.json", rerank_file(  # an older report: no judgements in it
+        variant("per-pair float32", 2.04), variant("bucketed bfloat16 graphs", 0.094, True, 0.008)))
+    assert bot.main(["bench", "gpu-summary", str(tmp_path)]) == 0
+    capsys.readouterr()
+    rows = {r["source"]: r for r in json.loads((tmp_path / "summary.json").read_text())["rows"]}
+    detail = rows["rerank-0.6B.json"]["detail"]
+    assert "compiled graphs 13.0 ms (load 3.0 s, Δ bucketed bfloat16 eager 0.0062)" in detail
+    assert "eager 78.0 ms (load 3.0 s, Δ prefix bfloat16 bs32 0.0051)" in detail
+    assert "per-pair float32 790.0 ms;" in detail  # no static note on a dynamic variant
+    assert "graphs 94.0 ms (load 3.0 s, Δ eager 0.0080)" in rows["rerank-8B.json"]["detail"]
