@@ -296,9 +296,18 @@ class _Run:
                     serve(variant, reranker)
             finally:
                 reranker.close()
+            self._release_unused(plan[done:])
             if progress is not None:
                 progress(done, len(plan), variant.name)
         return results
+
+    def _release_unused(self, later: list[Variant]) -> None:
+        """Drop the weights no later variant runs: the 8B's float32 copy alone is 32 GB,
+        which an 80 GB GPU needs for the bfloat16 variants' graphs once the reference is
+        timed."""
+        needed = {variant.weights for variant in later}
+        for kind in [kind for kind in self.models if kind not in needed]:
+            del self.models[kind]
 
     def _config(self, variant: Variant) -> QwenConfig:
         return QwenConfig(

@@ -96,3 +96,25 @@ def test_bad_options_are_one_clear_line(capsys, tmp_path, option, value):
     err = capsys.readouterr().err
     assert code == 2
     assert option in err and "Traceback" not in err
+
+
+def test_weights_no_later_variant_runs_are_released(monkeypatch):
+    # the 8B's float32 reference is 32 GB: the bfloat16 static variants (graphs, compiled)
+    # must not share an 80 GB GPU with it once it is timed
+    import gc
+
+    from transformers import Qwen3ForCausalLM
+
+    from benchmarks.rerank import BenchSettings, run_rerank_counts
+
+    def live_dtypes() -> list[str]:
+        gc.collect()
+        return sorted(str(next(o.parameters()).dtype) for o in gc.get_objects()
+                      if issubclass(type(o), Qwen3ForCausalLM))
+
+    seen: dict[str, list[str]] = {}
+    settings = BenchSettings(model_size="tiny", dtype="bfloat16", quick=True)
+    run_rerank_counts((3,), settings, serve=lambda variant, _: seen.setdefault(
+        variant.name, live_dtypes()))
+    assert seen["prefix float32 bs8 (reference)"] == ["torch.bfloat16", "torch.float32"]
+    assert seen["bucketed bfloat16 eager"] == ["torch.bfloat16"]
