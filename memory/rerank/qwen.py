@@ -200,9 +200,7 @@ class QwenReranker:
 
         True with ``reranker.concurrent`` above 1 and the static path in the profile:
         :class:`memory.rerank.service.RerankerService` then calls from many workers, and
-        searches that queue while one is scored share the next static steps.  Otherwise
-        one search at a time, as before.
-        """
+        searches that queue while one is scored share the next static steps."""
         return self.config.concurrent > 1 and bool(self.config.buckets)
 
     @property
@@ -333,12 +331,9 @@ class QwenReranker:
     # -- loading -------------------------------------------------------------------
 
     def _tokenizer_parts(self) -> tuple[Any, list[int]]:
-        """The tokenizer and the suffix ids, loading first if needed.
-
-        The scoring lock is taken only to load: a search being scored holds it, and
-        the searches arriving meanwhile must tokenize and queue for the next group,
-        not wait behind it.  ``_install`` sets the tokenizer after the suffix ids.
-        """
+        """The tokenizer and the suffix ids, loading first if needed: the scoring lock only
+        to load, as searches arriving while one is scored (holding it) tokenize and queue
+        for the next group.  ``_install`` sets the tokenizer after the suffix ids."""
         tok = self._tokenizer
         if tok is None:
             with self._lock:
@@ -389,8 +384,13 @@ class QwenReranker:
         """
         if self._compile is not None:
             self._compile.wait(timeout)
-        static = self._static
+        static = self.static_scorer
         return bool(static is not None and static.compiled)
+
+    @property
+    def static_scorer(self) -> StaticScorer | None:
+        """The static-shape scorer searches use now (the compiled one once swapped in)."""
+        return self._static
 
     def _swap_in(self, model: Any, fresh: StaticScorer) -> bool:
         """Serve ``fresh`` unless the model was closed or the static path dropped meanwhile."""

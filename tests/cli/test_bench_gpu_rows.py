@@ -12,14 +12,20 @@ import json
 
 import pytest
 
+import benchmarks.rerank as rerank_bench
 import bot
-from memory.config import load_profile, load_profile_file
+from benchmarks import gpu_rows
+from benchmarks.gpu_rows import served_rows
+from benchmarks.rerank import _profile_static, _variants
+from benchmarks.rerank_concurrent import measure_levels
+from memory.config import QwenConfig, load_profile, load_profile_file
+from memory.rerank.qwen import QwenReranker
 from tests.rerank.test_reranker_compiled import route_compile, sized_backend
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread", "cuda_forbidden", "fresh_dynamo")
 
-ARGS = ["--model-size", "tiny", "--device", "cpu", "--dtype", "bfloat16", "--candidates", "4,6",
-        "--concurrent", "1,2", "--repeats", "1", "--rounds", "1", "--compile-budget", "120"]
+ARGS = ["--model-size", "tiny", "--device", "cpu", "--candidates", "30,6", "--concurrent", "1,2",
+        "--repeats", "1", "--rounds", "1", "--compile-budget", "120"]
 
 
 def rows(capsys, out, *extra: str) -> tuple[int, dict, str]:
@@ -32,51 +38,128 @@ def read(out, name: str) -> dict:
     return json.loads((out / name).read_text(encoding="utf-8"))
 
 
+def count_loads(monkeypatch) -> list[QwenConfig]:
+    """The config of every reranker wrapped around a built model, in order."""
+    configs: list[QwenConfig] = []
+    real = QwenReranker.from_model.__func__
+
+    def recorded(cls, model, tokenizer, config=None):
+        configs.append(config)
+        return real(cls, model, tokenizer, config)
+
+    monkeypatch.setattr(QwenReranker, "from_model", classmethod(recorded))
+    return configs
+
+
 def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeypatch):
     graphs: list[int] = []
     route_compile(monkeypatch, sized_backend(graphs))
+    loads = count_loads(monkeypatch)
     out = tmp_path / "raw"
     code, result, err = rows(capsys, out, "--step-costs", "1", "--label", "0.6B")
     assert code == 0, err
     assert result["failed"] == []
     assert sorted(result["written"]) == sorted([
         "rerank-0.6B.json", "rerank-0.6B-6.json", "concurrent-0.6B.json",
-        "concurrent-0.6B-compiled.json", "step-costs-0.6B.json", "cuda-timed.toml"])
+        "concurrent-0.6B-compiled.json", "step-costs-0.6B.json", "cuda-timed.toml",
+        "concurrent-0.6B-timed.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(result["written"])  # no leftovers
     first, second = read(out, "rerank-0.6B.json"), read(out, "rerank-0.6B-6.json")
-    assert (first["candidates"], second["candidates"]) == (4, 6)
+    assert (first["candidates"], second["candidates"]) == (30, 6)
     names = [v["name"] for v in first["variants"]]
     assert names == [v["name"] for v in second["variants"]]
     assert names[-1] == "bucketed bfloat16 compiled"  # the CPU smoke run compiles too
-    # each variant loaded (and compiled) once, then timed at both counts
-    assert [v["load_seconds"] for v in first["variants"]] == [
-        v["load_seconds"] for v in second["variants"]]
     assert first["variants"][-1]["compiled"] and graphs
+    assert [v["concurrent"] for v in first["variants"]] == [1, 1, 16, 16]  # as the bot runs
+    # each variant loaded (and compiled) once, though it served two counts and, compiled,
+    # three concurrent rows and the step costs
+    static = [c for c in loads if c.buckets]
+    assert [c.torch_compile for c in static] == [False, True]
     eager, compiled = read(out, "concurrent-0.6B.json"), read(out, "concurrent-0.6B-compiled.json")
+    timed = read(out, "concurrent-0.6B-timed.json")
     assert (eager["torch_compile"], eager["compiled"]) == (False, False)
     assert (compiled["torch_compile"], compiled["compiled"]) == (True, True)
-    for report in (eager, compiled):
+    assert timed["compiled"] and timed["measured_step_times"]
+    assert not eager["measured_step_times"] and not compiled["measured_step_times"]
+    for report in (eager, compiled, timed):
         assert report["concurrent_setting"] == load_profile("cuda").reranker.qwen.concurrent
-        assert report["candidates"] == 4 and report["dtype"] == "bfloat16"
+        assert report["candidates"] == 30 and report["dtype"] == "bfloat16"
         assert [level["searches"] for level in report["levels"]] == [1, 2]
     costs = read(out, "step-costs-0.6B.json")
     assert costs["compiled"] and costs["profile"] == "cuda"
-    timed = load_profile_file(out / "cuda-timed.toml").reranker.qwen
-    assert [list(c) for c in timed.bucket_costs] == costs["bucket_costs"]
+    profile = load_profile_file(out / "cuda-timed.toml").reranker.qwen
+    assert [list(c) for c in profile.bucket_costs] == costs["bucket_costs"]
 
 
-def test_a_row_that_fails_costs_no_other_row(capsys, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, device, row", [
+    ("bucketed bfloat16 eager", "cuda", None),  # the bot replays graphs on CUDA
+    ("bucketed bfloat16 graphs", "cuda", "eager"),
+    ("bucketed bfloat16 compiled graphs", "cuda", "compiled"),
+    ("bucketed bfloat16 eager", "cpu", "eager"),
+    ("bucketed bfloat16 compiled", "cpu", "compiled"),
+    ("bucketed bfloat16 eager", "mps", "eager"),
+    ("prefix bfloat16 bs32", "cuda", None),
+])
+def test_which_variant_serves_which_concurrent_row(name, device, row):
+    plan = {v.name: v for v in _variants(device, "bfloat16", _profile_static("0.6B"), quick=True,
+                                         compile_on_cpu=True)}
+    assert served_rows(plan[name], device) == row
+
+
+def test_a_row_that_fails_costs_no_other_row(capsys, caplog, tmp_path, monkeypatch):
+    route_compile(monkeypatch, sized_backend([]))
+    calls: list[int] = []
+
+    def fails_first(*args, **kwargs):  # the eager row's levels break; the rest must not
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return measure_levels(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_rows, "measure_levels", fails_first)
+    out = tmp_path / "raw"
+    code, result, err = rows(capsys, out, "--step-costs", "1")
+    assert code == 1
+    assert result["failed"] == ["concurrent-tiny.json"]
+    assert err.splitlines()[-1].startswith("not measured: concurrent-tiny.json")
+    logged = [r for r in caplog.records if "concurrent-tiny.json not measured" in r.getMessage()]
+    assert logged and "illegal memory access" in str(logged[0].exc_info[1])  # with its traceback
+    assert {"rerank-tiny.json", "rerank-tiny-6.json", "concurrent-tiny-compiled.json",
+            "step-costs-tiny.json", "concurrent-tiny-timed.json"} <= set(result["written"])
+
+
+def test_the_step_times_are_kept_when_the_profile_cannot_be_written(capsys, tmp_path,
+                                                                    monkeypatch):
     route_compile(monkeypatch, sized_backend([]))
     out = tmp_path / "raw"
     (out / "cuda-timed.toml").mkdir(parents=True)  # the profile copy cannot be written
     code, result, err = rows(capsys, out, "--step-costs", "1")
     assert code == 1
     assert result["failed"] == ["cuda-timed.toml"]
-    assert "not measured: cuda-timed.toml" in err.splitlines()[-1]
-    assert "Traceback" not in err.splitlines()[-1]
-    # the step times it measured are kept, and so is every other row
+    assert err.splitlines()[-1].startswith("not measured: cuda-timed.toml")
     assert read(out, "step-costs-tiny.json")["bucket_costs"]
-    assert {"rerank-tiny.json", "rerank-tiny-6.json", "concurrent-tiny.json",
-            "concurrent-tiny-compiled.json", "step-costs-tiny.json"} <= set(result["written"])
+    assert read(out, "concurrent-tiny-timed.json")["measured_step_times"]
+
+
+def test_a_variant_that_fails_costs_no_other_variant(capsys, tmp_path, monkeypatch):
+    route_compile(monkeypatch, sized_backend([]))
+    real = rerank_bench._time_scoring
+
+    def eager_fails(reranker, docs, repeats, device="cpu"):
+        if reranker.config.buckets and not reranker.config.torch_compile:
+            raise RuntimeError("CUDA out of memory")
+        return real(reranker, docs, repeats, device)
+
+    monkeypatch.setattr(rerank_bench, "_time_scoring", eager_fails)
+    out = tmp_path / "raw"
+    code, result, err = rows(capsys, out)
+    assert code == 1
+    assert result["failed"] == ["bucketed bfloat16 eager"]
+    assert err.splitlines()[-1].startswith("not measured: bucketed bfloat16 eager")
+    for name in ("rerank-tiny.json", "rerank-tiny-6.json"):
+        assert [v["name"] for v in read(out, name)["variants"]] == [
+            "prefix float32 bs8 (reference)", "prefix bfloat16 bs8", "bucketed bfloat16 compiled"]
+    assert read(out, "concurrent-tiny-compiled.json")["compiled"]
 
 
 def test_without_step_costs_no_profile_is_written(capsys, tmp_path, monkeypatch):
@@ -84,12 +167,13 @@ def test_without_step_costs_no_profile_is_written(capsys, tmp_path, monkeypatch)
     out = tmp_path / "raw"
     code, result, err = rows(capsys, out)
     assert code == 0, err
-    assert not any(name.startswith(("step-costs", "cuda-")) for name in result["written"])
-    assert not (out / "cuda-timed.toml").exists()
+    assert not any(name.startswith(("step-costs", "cuda-")) or name.endswith("-timed.json")
+                   for name in result["written"])
 
 
 @pytest.mark.parametrize("option, value", [("--concurrent", "0"), ("--candidates", "1,x"),
-                                           ("--step-costs", "-1"), ("--label", "tiny")])
+                                           ("--step-costs", "-1"), ("--label", "tiny"),
+                                           ("--dtype", "int4")])
 def test_bad_options_are_one_clear_line(capsys, tmp_path, option, value):
     code = bot.main(["bench", "gpu-rows", "--out", str(tmp_path), "--model-size", "tiny",
                      "--device", "cpu", option, value])
@@ -100,21 +184,22 @@ def test_bad_options_are_one_clear_line(capsys, tmp_path, option, value):
 
 def test_weights_no_later_variant_runs_are_released(monkeypatch):
     # the 8B's float32 reference is 32 GB: the bfloat16 static variants (graphs, compiled)
-    # must not share an 80 GB GPU with it once it is timed
-    import gc
+    # must not share an 80 GB GPU with it once it is timed -- without waiting for a
+    # garbage collection (nothing else may keep it alive)
+    import weakref
 
-    from transformers import Qwen3ForCausalLM
+    built: dict[str, weakref.ref] = {}
+    real_build = rerank_bench._build_models
 
-    from benchmarks.rerank import BenchSettings, run_rerank_counts
+    def build_and_watch(*args, **kwargs):
+        models = real_build(*args, **kwargs)
+        built.update({kind: weakref.ref(model) for kind, model in models.items()})
+        return models
 
-    def live_dtypes() -> list[str]:
-        gc.collect()
-        return sorted(str(next(o.parameters()).dtype) for o in gc.get_objects()
-                      if issubclass(type(o), Qwen3ForCausalLM))
-
-    seen: dict[str, list[str]] = {}
-    settings = BenchSettings(model_size="tiny", dtype="bfloat16", quick=True)
-    run_rerank_counts((3,), settings, serve=lambda variant, _: seen.setdefault(
-        variant.name, live_dtypes()))
-    assert seen["prefix float32 bs8 (reference)"] == ["torch.bfloat16", "torch.float32"]
-    assert seen["bucketed bfloat16 eager"] == ["torch.bfloat16"]
+    monkeypatch.setattr(rerank_bench, "_build_models", build_and_watch)
+    alive: dict[str, list[str]] = {}
+    settings = rerank_bench.BenchSettings(model_size="tiny", dtype="bfloat16", quick=True)
+    rerank_bench.run_rerank_counts((3,), settings, serve=lambda variant, _: alive.setdefault(
+        variant.name, sorted(kind for kind, ref in built.items() if ref() is not None)))
+    assert alive["prefix float32 bs8 (reference)"] == ["bfloat16", "float32", "int8"]
+    assert alive["bucketed bfloat16 eager"] == ["bfloat16"]  # float32 (and int8, the same) gone

@@ -21,7 +21,7 @@ import bot
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-bench.sh"
 ROWS = 11
-STEPS = ("rows-0.6B", "embedder-float16", "peer-0.6B", "rows-8B", "concurrent-0.6B-timed")
+STEPS = ("rows-0.6B", "embedder-float16", "peer-0.6B", "rows-8B")
 
 
 def variant(name: str, seconds: float, buckets: bool = False, eager_diff: float | None = None):
@@ -79,9 +79,9 @@ def step_plan(candidates: int, estimate_ms: float, measured_ms: float, same: boo
             "measured": {"ms": measured_ms}, "speedup": round(estimate_ms / measured_ms, 3)}
 
 
-def run_script(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_script(*args: str, timeout: float = 900, **extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=timeout, check=False)
 
@@ -91,6 +91,24 @@ def test_bad_arguments_print_the_usage(args):
     done = run_script(*args, timeout=60)
     assert done.returncode == 2
     assert "usage:" in done.stderr and "--smoke" in done.stderr
+
+
+def test_steps_that_do_not_fit_the_budget_are_skipped_and_said_so(tmp_path):
+    # 35 s: the first step would get 25 s (10 s are kept for timeout's kill), under 30
+    done = run_script("run", str(tmp_path), "--smoke", TOTAL="35", timeout=120)
+    assert done.returncode == 0, done.stderr
+    skipped = [line for line in done.stderr.splitlines() if line.startswith("!! ")]
+    assert [line.split()[1] for line in skipped] == list(STEPS)
+    assert "s left of the 35 s budget" in skipped[0]
+    rows = json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))["rows"]
+    assert len(rows) == ROWS and all(r["measured"] == "not measured" for r in rows)
+
+
+def test_a_folder_with_a_space_is_refused(tmp_path):
+    done = run_script("run", str(tmp_path / "my results"), "--smoke", timeout=60)
+    assert done.returncode == 2
+    assert "may not contain spaces" in done.stderr
+    assert not (tmp_path / "my results").exists()
 
 
 @pytest.mark.slow
