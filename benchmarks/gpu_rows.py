@@ -123,10 +123,13 @@ class GpuRows:
         Raises:
             ConfigError: No dtype, a level below 1, an unknown size, or a device torch
                 does not see (before anything is measured).
-            RerankerError: The reference variant failed (nothing can be compared).
+            Exception: Whatever made the reference variant fail (nothing compares
+                without it).
         """
         if self.settings.dtype is None:
             raise ConfigError("bench gpu-rows times one dtype: pass --dtype")
+        if len(set(self.plan.candidates)) != len(self.plan.candidates):
+            raise ConfigError(f"--candidates must not repeat a count, got {self.plan.candidates}")
         check_levels(self.plan.levels)
         self.out.mkdir(parents=True, exist_ok=True)
         run_rerank_counts(self.plan.candidates, self.settings, progress,
@@ -165,11 +168,11 @@ class GpuRows:
         """Write ``measure(reranker)`` as ``name``; a failure is logged and the others go on."""
         try:
             report = measure(reranker)
+            self._write(name, report)
         except Exception:  # one row's failure must not cost the rows after it
             log.exception("gpu-rows: %s not measured", name)
             self.failed.append(name)
             return None
-        self._write(name, report)
         return report
 
     def _concurrent(self, reranker: QwenReranker) -> dict[str, Any]:
@@ -212,7 +215,11 @@ class GpuRows:
         """Write ``name`` whole or not at all: a kill mid-write keeps the last version."""
         path = self.out / name
         partial = path.with_name(f".{name}.partial")
-        partial.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(partial, path)
+        try:
+            partial.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         if name not in self.written:
             self.written.append(name)

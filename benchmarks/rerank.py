@@ -288,7 +288,7 @@ class _Run:
         for done, variant in enumerate(plan, start=1):
             kept = [len(r) for r in results]
             try:
-                self._variant(variant, results, measured, serve)
+                reranker = self._load_and_time(variant, results)
             except Exception:
                 if failed is None or done == 1:  # without the reference nothing compares
                     raise
@@ -297,16 +297,24 @@ class _Run:
                 failed.append(variant.name)
                 for earlier, length in zip(results, kept, strict=True):
                     del earlier[length:]  # every count's report without it
+            else:
+                try:  # its timings stand whatever happens here
+                    if measured is not None:
+                        measured(results)
+                    if serve is not None:
+                        serve(variant, reranker)
+                finally:
+                    reranker.close()
             self._release_unused(plan[done:])
             if progress is not None:
                 progress(done, len(plan), variant.name)
         return results
 
-    def _variant(
-        self, variant: Variant, results: list[list[VariantResult]],
-        measured: Callable[[list[list[VariantResult]]], None] | None, serve: Serve | None,
-    ) -> None:
-        """Load ``variant`` once, time it at every count, then let ``serve`` use it."""
+    def _load_and_time(self, variant: Variant, results: list[list[VariantResult]]) -> QwenReranker:
+        """Load ``variant`` once and time it at every count; returns it loaded.
+
+        A failure closes it and leaves ``results`` to the caller to trim.
+        """
         _synchronize(self.device)
         started = time.perf_counter()
         reranker = QwenReranker.from_model(self.models[variant.weights], self.tokenizer,
@@ -322,12 +330,10 @@ class _Run:
                 earlier.append(_with_static_fields(result, variant, reranker, load_seconds,
                                                    earlier))
                 log.info("%s", _format_row(earlier[-1]))
-            if measured is not None:
-                measured(results)
-            if serve is not None:
-                serve(variant, reranker)
-        finally:
+        except BaseException:
             reranker.close()
+            raise
+        return reranker
 
     def _release_unused(self, later: list[Variant]) -> None:
         """Drop the weights no later variant runs: the 8B's float32 copy alone is 32 GB,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import statistics
 import time
@@ -186,8 +187,13 @@ def write_profile(source: Path, out: Path, costs: list[list[int | float]], note:
     if "bucket_costs" not in table:
         table.add(tomlkit.comment(note))
     table["bucket_costs"] = value
-    out.write_text(tomlkit.dumps(document), encoding="utf-8")
-    load_profile_file(out)
+    partial = out.with_name(f".{out.name}.partial.toml")  # out whole or not at all
+    try:
+        partial.write_text(tomlkit.dumps(document), encoding="utf-8")
+        load_profile_file(partial)
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _static_config(profile: Profile, device: str | None) -> QwenConfig:

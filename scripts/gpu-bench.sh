@@ -93,8 +93,9 @@ run() {
     declare -A limits=([rows-0.6B]=180 [embedder-float16]=30 [peer-0.6B]=30 [rows-8B]=150)
     local total=${TOTAL:-340} step limit left
     [[ $total =~ ^[0-9]+$ ]] || { echo "TOTAL must be a number of seconds, got '$total'" >&2; exit 2; }
+    total=$((10#$total))  # 0340 is 340 seconds, not octal
     if [ "$smoke" = --smoke ]; then
-        total=${TOTAL:-1200}
+        total=$((10#${TOTAL:-1200}))
         for step in "${!limits[@]}"; do limits[$step]=300; done
     fi
     mkdir -p "$raw"
@@ -103,7 +104,7 @@ run() {
         left=$((total - SECONDS - 10))  # timeout's --kill-after comes on top of the limit
         limit=$((limits[$step] < left ? limits[$step] : left))
         if [ "$limit" -lt 30 ]; then
-            echo "!! $step skipped: ${left} s left of the ${total} s budget (at ${SECONDS} s)" \
+            echo "!! $step skipped: $((left > 0 ? left : 0)) s left of the ${total} s budget (at ${SECONDS} s)" \
                 | tee "$raw/$step.log" >&2
             continue
         fi

@@ -20,6 +20,7 @@ from benchmarks.rerank import _profile_static, _variants
 from benchmarks.rerank_concurrent import measure_levels
 from memory.config import QwenConfig, load_profile, load_profile_file
 from memory.rerank.qwen import QwenReranker
+from memory.rerank.qwen_static import StaticScorer
 from tests.rerank.test_reranker_compiled import route_compile, sized_backend
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread", "cuda_forbidden", "fresh_dynamo")
@@ -55,6 +56,14 @@ def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeyp
     graphs: list[int] = []
     route_compile(monkeypatch, sized_backend(graphs))
     loads = count_loads(monkeypatch)
+    planned_by: list[bool] = []  # whether each plan minimised measured step times
+    real_plan = StaticScorer.plan
+
+    def plan(self, lengths):
+        planned_by.append(bool(self.measured))
+        return real_plan(self, lengths)
+
+    monkeypatch.setattr(StaticScorer, "plan", plan)
     out = tmp_path / "raw"
     code, result, err = rows(capsys, out, "--step-costs", "1", "--label", "0.6B")
     assert code == 0, err
@@ -81,6 +90,10 @@ def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeyp
     assert (compiled["torch_compile"], compiled["compiled"]) == (True, True)
     assert timed["compiled"] and timed["measured_step_times"]
     assert not eager["measured_step_times"] and not compiled["measured_step_times"]
+    # the timed row's searches (the last ones run) were planned with the measured times,
+    # every search before them with the estimate
+    assert planned_by[-1] and not planned_by[0]
+    assert planned_by == sorted(planned_by)
     for report in (eager, compiled, timed):
         assert report["concurrent_setting"] == load_profile("cuda").reranker.qwen.concurrent
         assert report["candidates"] == 30 and report["dtype"] == "bfloat16"
@@ -128,6 +141,18 @@ def test_a_row_that_fails_costs_no_other_row(capsys, caplog, tmp_path, monkeypat
             "step-costs-tiny.json", "concurrent-tiny-timed.json"} <= set(result["written"])
 
 
+def test_a_row_that_cannot_be_written_keeps_its_variants_timings(capsys, tmp_path, monkeypatch):
+    route_compile(monkeypatch, sized_backend([]))
+    out = tmp_path / "raw"
+    (out / "concurrent-tiny.json").mkdir(parents=True)  # measured, but cannot be written
+    code, result, _ = rows(capsys, out)
+    assert code == 1
+    assert result["failed"] == ["concurrent-tiny.json"]
+    for name in ("rerank-tiny.json", "rerank-tiny-6.json"):  # the variant's timings stand
+        assert "bucketed bfloat16 eager" in [v["name"] for v in read(out, name)["variants"]]
+    assert not list(out.glob(".*.partial"))  # nothing half-written left to pack
+
+
 def test_the_step_times_are_kept_when_the_profile_cannot_be_written(capsys, tmp_path,
                                                                     monkeypatch):
     route_compile(monkeypatch, sized_backend([]))
@@ -172,6 +197,7 @@ def test_without_step_costs_no_profile_is_written(capsys, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("option, value", [("--concurrent", "0"), ("--candidates", "1,x"),
+                                           ("--candidates", "30,30"),
                                            ("--step-costs", "-1"), ("--label", "tiny"),
                                            ("--dtype", "int4")])
 def test_bad_options_are_one_clear_line(capsys, tmp_path, option, value):

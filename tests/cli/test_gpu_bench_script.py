@@ -94,8 +94,9 @@ def test_bad_arguments_print_the_usage(args):
 
 
 def test_steps_that_do_not_fit_the_budget_are_skipped_and_said_so(tmp_path):
-    # 35 s: the first step would get 25 s (10 s are kept for timeout's kill), under 30
-    done = run_script("run", str(tmp_path), "--smoke", TOTAL="35", timeout=120)
+    # 35 s (written 035: seconds, not octal): the first step would get 25 s (10 s are kept
+    # for timeout's kill), under 30
+    done = run_script("run", str(tmp_path), "--smoke", TOTAL="035", timeout=120)
     assert done.returncode == 0, done.stderr
     skipped = [line for line in done.stderr.splitlines() if line.startswith("!! ")]
     assert [line.split()[1] for line in skipped] == list(STEPS)
@@ -115,7 +116,7 @@ def test_a_folder_with_a_space_is_refused(tmp_path):
 def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
     # every step of the GPU run, on this CPU with the tiny model (three processes compile
     # with inductor: minutes here)
-    done = run_script("run", str(tmp_path), "--smoke")
+    done = run_script("run", str(tmp_path), "--smoke", TOTAL="800")  # under the 900 s timeout
     assert done.returncode == 0, done.stderr
     assert "failed" not in done.stderr, done.stderr
     rows = json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))["rows"]

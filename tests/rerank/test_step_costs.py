@@ -243,3 +243,19 @@ def test_set_gives_a_profile_measured_times_for_one_run():
     # and a later --set on a profile that has them keeps them
     again = with_settings(profile, ["reranker.blend=false"])
     assert again.reranker.qwen.bucket_costs == profile.reranker.qwen.bucket_costs
+
+
+def test_a_profile_copy_that_would_not_load_is_never_written(tmp_path):
+    # the copy is checked before it takes its name: a bucket the profile does not have
+    # is refused, and neither the copy nor a half-written file is left behind
+    from benchmarks.step_costs import write_profile
+
+    source = tmp_path / "gpu.toml"
+    source.write_text('[reranker]\nbackend = "transformers"\nbuckets = [[4, 48]]\n',
+                      encoding="utf-8")
+    out = tmp_path / "gpu-timed.toml"
+    with pytest.raises(ConfigError, match="bucket_costs"):
+        write_profile(source, out, [[8, 96, 1.0]], "measured here")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu.toml"]
+    write_profile(source, out, [[4, 48, 1.5]], "measured here")
+    assert load_profile_file(out).reranker.qwen.bucket_costs == ((4, 48, 1.5),)
