@@ -390,11 +390,12 @@ def rerank_command(
                                      progress=lambda name: click.echo(f"… {name}", err=True)),
                   json_out)
         return 0
+    from benchmarks.common import write_whole
     from benchmarks.rerank import run_rerank_bench
 
     def partial(data: dict) -> None:  # what is measured so far, should the run be cut short
-        if json_out is not None:
-            json_out.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        if json_out is not None:  # whole: a kill mid-write keeps the last variant's report
+            write_whole(json_out, json.dumps(data, indent=2, default=str) + "\n")
 
     result = run_rerank_bench(candidates=candidates, repeats=repeats, device=device,
                               dtype=dtype, model_size=model_size, quick=quick,

@@ -10,11 +10,28 @@ import math
 import os
 import platform
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from memory.errors import ConfigError
+
+
+def write_whole(path: Path, text: str, check: Callable[[Path], object] | None = None) -> None:
+    """Write ``text`` to ``path`` whole or not at all, ``check``-ed first if given.
+
+    The text goes to a hidden file beside ``path``, which ``check`` may read (raising
+    to refuse it) and which then replaces ``path``: a benchmark killed at its time limit,
+    or a check that fails, leaves the earlier ``path`` (or none) and nothing half-written.
+    """
+    partial = path.with_name(f".{path.name}.partial{path.suffix}")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        if check is not None:
+            check(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def percentile(values: list[float], p: float) -> float:

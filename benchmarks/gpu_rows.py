@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.common import write_whole
 from benchmarks.rerank import (
     BenchSettings,
     ProgressFn,
@@ -213,13 +213,6 @@ class GpuRows:
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
         """Write ``name`` whole or not at all: a kill mid-write keeps the last version."""
-        path = self.out / name
-        partial = path.with_name(f".{name}.partial")
-        try:
-            partial.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-            os.replace(partial, path)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
+        write_whole(self.out / name, json.dumps(data, indent=2, default=str) + "\n")
         if name not in self.written:
             self.written.append(name)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
 import statistics
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import require_device
+from benchmarks.common import require_device, write_whole
 from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
 from benchmarks.rerank import _device_name, _synchronize
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
@@ -187,13 +186,7 @@ def write_profile(source: Path, out: Path, costs: list[list[int | float]], note:
     if "bucket_costs" not in table:
         table.add(tomlkit.comment(note))
     table["bucket_costs"] = value
-    partial = out.with_name(f".{out.name}.partial.toml")  # out whole or not at all
-    try:
-        partial.write_text(tomlkit.dumps(document), encoding="utf-8")
-        load_profile_file(partial)
-        os.replace(partial, out)
-    finally:
-        partial.unlink(missing_ok=True)
+    write_whole(out, tomlkit.dumps(document), check=load_profile_file)
 
 
 def _static_config(profile: Profile, device: str | None) -> QwenConfig:
