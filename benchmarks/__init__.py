@@ -9,6 +9,7 @@ rerank one needs torch and transformers).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
@@ -470,6 +471,9 @@ def step_costs_command(
               show_default=True, help="Searches in flight at once, per level.")
 @click.option("--repeats", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Timed repetitions per rerank variant.")
+@click.option("--reference-repeats", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="Timed repetitions of the per-pair float32 reference (its scores are what "
+                   "the rows need; at 100 candidates it takes seconds a run).")
 @click.option("--rounds", type=click.IntRange(1, 100), default=2, show_default=True,
               help="Searches each thread runs per concurrency level.")
 @click.option("--step-costs", "step_rounds", type=click.IntRange(0, 1000), default=0,
@@ -485,18 +489,21 @@ def step_costs_command(
 @JSON_OUT
 def gpu_rows_command(
     out: Path, model_size: str, device: str, dtype: str, candidates: list[int],
-    levels: list[int], repeats: int, rounds: int, step_rounds: int, compile_budget: float,
-    label: str | None, json_out: Path | None,
+    levels: list[int], repeats: int, reference_repeats: int, rounds: int, step_rounds: int,
+    compile_budget: float, label: str | None, json_out: Path | None,
 ) -> int:
     """Every GPU row of one model size from one process (scripts/gpu-bench.sh's steps)."""
     from benchmarks.gpu_rows import GpuRows, RowPlan
     from benchmarks.rerank import BenchSettings
 
     settings = BenchSettings(repeats=repeats, device=device, dtype=dtype, model_size=model_size,
-                             quick=True, compile_budget=compile_budget, compile_on_cpu=True)
+                             quick=True, compile_budget=compile_budget, compile_on_cpu=True,
+                             reference_repeats=reference_repeats)
     plan = RowPlan(tuple(candidates), tuple(levels), rounds, step_rounds, label)
-    result = GpuRows(out, settings, plan).run(
-        progress=lambda done, total, name: click.echo(f"… {done}/{total} {name}", err=True))
+    started = time.monotonic()
+    result = GpuRows(out, settings, plan).run(  # the log says where a step's time went
+        progress=lambda done, total, name: click.echo(
+            f"… {done}/{total} {name} (at {time.monotonic() - started:.1f} s)", err=True))
     emit_json(result, json_out)
     if result["failed"]:
         click.echo(f"not measured: {', '.join(result['failed'])} (see the log above)", err=True)

@@ -32,6 +32,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,8 @@ class GpuRows:
         if row == "eager":
             self._measured(f"concurrent-{self._size}.json", self._concurrent, reranker)
         elif row == "compiled":
-            self._measured(f"concurrent-{self._size}-compiled.json", self._concurrent, reranker)
+            self._measured(f"concurrent-{self._size}-compiled.json",
+                           partial(self._concurrent, compiled=True), reranker)
             if self.plan.step_rounds:
                 costs = self._measured(f"step-costs-{self._size}.json", self._step_costs,
                                        reranker)
@@ -175,11 +177,13 @@ class GpuRows:
             return None
         return report
 
-    def _concurrent(self, reranker: QwenReranker) -> dict[str, Any]:
+    def _concurrent(self, reranker: QwenReranker, compiled: bool = False) -> dict[str, Any]:
+        """The levels on ``reranker``; ``compiled``: its steps were asked to compile (the
+        compiled variant compiles on the graphs variant's reranker, whose config says not)."""
         count = self.plan.candidates[0]
         results = measure_levels(reranker, self.plan.levels, count, self.plan.rounds)
         return concurrency_report(reranker, results, self.settings.model_size, count,
-                                  self.plan.rounds)
+                                  self.plan.rounds, torch_compile=compiled)
 
     def _step_costs(self, reranker: QwenReranker) -> dict[str, Any]:
         return measure_step_costs(reranker, profile_for(self.settings.model_size),
@@ -193,7 +197,7 @@ class GpuRows:
         planned_by = scorer.measured
         scorer.measured = {(b, n): ms for b, n, ms in costs["bucket_costs"]}
         try:
-            return self._concurrent(reranker)
+            return self._concurrent(reranker, compiled=True)
         finally:
             scorer.measured = planned_by
 

@@ -150,6 +150,8 @@ def random_qwen3(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     std: float = 0.02,
+    num_labels: int | None = None,
+    pad_token_id: int | None = None,
 ) -> Any:
     """Build a Qwen3 causal LM of ``shape`` with seeded N(0, ``std``) weights, quickly.
 
@@ -165,17 +167,22 @@ def random_qwen3(
         seed: Seed of the weights' generator.
         std: Weight std; the tests use ten times the usual 0.02, so the last hidden
             state depends on the document and yes/no scores spread over (0, 1).
+        num_labels: Build a sequence classifier with this many labels instead (the
+            sentence-transformers CrossEncoder peer), padding with ``pad_token_id``.
 
     Returns:
         The model in eval mode.
     """
-    from transformers import Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM, Qwen3ForSequenceClassification
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-    config = qwen3_config(shape, **({"vocab_size": vocab_size} if vocab_size else {}))
+    overrides: dict[str, Any] = {"vocab_size": vocab_size} if vocab_size else {}
+    if num_labels is not None:
+        overrides.update(num_labels=num_labels, pad_token_id=pad_token_id)
+    config = qwen3_config(shape, **overrides)
     model: Any
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(config)
+        model = (Qwen3ForCausalLM if num_labels is None else Qwen3ForSequenceClassification)(config)
     model.to_empty(device=device)
     model.tie_weights()
     generator = torch.Generator(device=device).manual_seed(seed)

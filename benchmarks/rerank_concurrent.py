@@ -150,9 +150,13 @@ def check_levels(levels: tuple[int, ...]) -> None:
 
 def concurrency_report(
     reranker: QwenReranker, results: list[ConcurrencyResult], model_size: str,
-    candidates: int, rounds: int,
+    candidates: int, rounds: int, torch_compile: bool | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready report of :func:`measure_levels`' results on ``reranker``."""
+    """The JSON-ready report of :func:`measure_levels`' results on ``reranker``.
+
+    ``torch_compile`` says whether a compile was asked for (default: the reranker's
+    config; ``bench gpu-rows`` compiles the graphs variant's reranker afterwards).
+    """
     config, scorer = reranker.config, reranker.static_scorer
     device = str(reranker.device)
     return {
@@ -167,7 +171,7 @@ def concurrency_report(
         "buckets": [list(b) for b in config.buckets],
         "measured_step_times": bool(scorer is not None and scorer.measured),
         "graphs_live": bool(scorer is not None and scorer.graphs),
-        "torch_compile": config.torch_compile,
+        "torch_compile": config.torch_compile if torch_compile is None else torch_compile,
         "compiled": bool(scorer is not None and scorer.compiled),
         "levels": [dataclasses.asdict(r) for r in results],
     }

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import require_device
-from benchmarks.qwen_models import MODEL_SHAPES, qwen3_config, qwen_tokenizer
+from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
 from benchmarks.rerank import _device_name, _synchronize
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
 from memory.errors import ConfigError
@@ -65,16 +65,16 @@ def run_peer_bench(
     torch_dtype = resolve_dtype(dtype or "auto", device)
     pairs = [(QUERY, CANDIDATES[i % len(CANDIDATES)]) for i in range(candidates)]
     with tempfile.TemporaryDirectory(prefix="peer-cross-encoder-") as folder:
-        save_qwen3_classifier(Path(folder), model_size, torch_dtype, seed)
+        save_qwen3_classifier(Path(folder), model_size, torch_dtype, seed, device)
         started = time.perf_counter()
         model = CrossEncoder(folder, device=device, model_kwargs={"dtype": torch_dtype})
         load_seconds = time.perf_counter() - started
-    model.predict(pairs[:2], batch_size=len(pairs))  # warm-up
+    model.predict(pairs[:2], batch_size=len(pairs), show_progress_bar=False)  # warm-up
     times = []
     for _ in range(max(1, repeats)):
         _synchronize(device)
         started = time.perf_counter()
-        model.predict(pairs, batch_size=len(pairs))
+        model.predict(pairs, batch_size=len(pairs), show_progress_bar=False)
         _synchronize(device)
         times.append(time.perf_counter() - started)
     return {
@@ -92,18 +92,19 @@ def run_peer_bench(
     }
 
 
-def save_qwen3_classifier(folder: Path, model_size: str, dtype: torch.dtype, seed: int = 0) -> Path:
-    """Save a random one-label Qwen3 sequence classifier with the real Qwen tokenizer."""
-    from transformers import Qwen3ForSequenceClassification
+def save_qwen3_classifier(
+    folder: Path, model_size: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu"
+) -> Path:
+    """Save a random one-label Qwen3 sequence classifier with the real Qwen tokenizer.
 
+    The weights are drawn on ``device`` (seconds on a GPU where a CPU init of the
+    0.6B took most of the peer step's time limit).
+    """
     tokenizer = qwen_tokenizer()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = "<|endoftext|>"
-    config = qwen3_config(MODEL_SHAPES[model_size], num_labels=1,
-                          pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(seed)
-    model: Any = Qwen3ForSequenceClassification(config)
-    model = model.to(dtype).eval()
+    model = random_qwen3(MODEL_SHAPES[model_size], device=device, dtype=dtype, seed=seed,
+                         num_labels=1, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

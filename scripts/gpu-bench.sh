@@ -14,27 +14,32 @@
 # exists (a machine with the project installed needs neither folder), then runs one step
 # per group of rows, the most needed first, each under its own time limit (seconds):
 #
-#   rows-0.6B        180  `bench gpu-rows`: one process builds the 0.6B once and loads each
-#                         variant of `bench rerank --quick` once (per-pair float32, batched
-#                         and prefix bf16, the `cuda` profile's static path eager, as CUDA
-#                         graphs and as compiled graphs, compiled in the background within
-#                         the profile's 90 s), timing each at 30 and at 100 candidates; on
-#                         the graphs and on the compiled steps, while loaded: 1/4/16/64
-#                         searches at once (searches/s, p95); on the compiled steps: each
-#                         bucket's step time, the planner with those times (writes
-#                         cuda-timed.toml) and the concurrent levels planned with them
-#   embedder-float16  30  the embedder's single-query latency (p50, p95)
-#   peer-0.6B         30  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
-#   rows-8B          150  the same for the 8B at 30 candidates (`cuda-8b`'s buckets),
+#   rows-0.6B        170  `bench gpu-rows`: one process builds the 0.6B once and loads each
+#                         variant of `bench rerank --quick` once (per-pair float32, timed
+#                         once, batched and prefix bf16, the `cuda` profile's static path
+#                         eager and as CUDA graphs, which then compile in the background
+#                         within the profile's 90 s, as a bot with torch_compile does),
+#                         timing each at 30 and at 100 candidates; on the graphs and on the
+#                         compiled steps, while loaded: 1/4/16/64 searches at once
+#                         (searches/s, p95); on the compiled steps: each bucket's step time,
+#                         the planner with those times (writes cuda-timed.toml) and the
+#                         concurrent levels planned with them
+#   embedder-float16  45  the embedder's single-query latency (p50, p95)
+#   peer-0.6B         45  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
+#   rows-8B          170  the same for the 8B at 30 candidates (`cuda-8b`'s buckets),
 #                         1/4/16 searches at once, no step costs
 #
 # Separate processes used to compile the same steps five times (21-35 s each on the
-# H200) and did not fit one call; `bench gpu-rows` compiles each model's steps once.
-# A step gets its limit or what is left of TOTAL (340 s, or $TOTAL; the rest is install
+# H200) and did not fit one call; `bench gpu-rows` compiles each model's steps once, on
+# the graphs variant's loaded reranker.  On an H100 (2026-11-27) rows-0.6B took 167 s
+# before that change, the 0.6B's compile 53 s of it.
+# A step gets its limit or what is left of TOTAL (350 s, or $TOTAL; the rest is install
 # and packing), whichever is less, and is skipped when under 30 s are left: files are
 # written as soon as they are measured, so a step cut short keeps what it measured.  A
-# step that fails, is killed or is skipped is logged to <step>.log and the others still
-# run; the summary says "not measured" for what is missing.  `bench gpu-summary` writes
+# step that fails, is killed or is skipped is logged to <step>.log (at INFO: each
+# variant's row, the compile, the progress with seconds since the start) and the others
+# still run; the output says how long each step took, and the summary says "not
+# measured" for what is missing.  `bench gpu-summary` writes
 # summary.md and summary.json; OUT then holds three files: summary.md, summary.json and
 # raw.tar.gz (every step's JSON and log), so one device call returns everything.
 # --smoke runs every step on the CPU with the tiny model (a test runs it; limits of 300 s
@@ -83,17 +88,18 @@ run() {
         printf '[embedder]\nmodel = "%s"\nbatch_size = 256\n' "$PWD/.minilm" >"$profile"
     fi
     local raw=$out/raw
-    local rows="$py bot.py bench gpu-rows --device $device --dtype $dtype --out $raw --repeats $repeats --rounds 2"
+    local bot="$py bot.py --log-level INFO"  # the step logs say where the time went
+    local rows="$bot bench gpu-rows --device $device --dtype $dtype --out $raw --repeats $repeats --rounds 2"
     declare -A steps=(
         [rows-0.6B]="$rows --model-size $small --label 0.6B --candidates $n,$n100 --concurrent $levels --step-costs $((repeats * 2)) --compile-budget 90"
-        [embedder-float16]="$py bot.py --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
-        [peer-0.6B]="$py bot.py bench rerank --device $device --dtype $dtype --model-size $small --peer --candidates $n --repeats $repeats"
+        [embedder-float16]="$bot --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
+        [peer-0.6B]="$bot bench rerank --device $device --dtype $dtype --model-size $small --peer --candidates $n --repeats $repeats"
         [rows-8B]="$rows --model-size $big --label 8B --candidates $n --concurrent $big_levels --compile-budget 90"
     )
-    declare -A limits=([rows-0.6B]=180 [embedder-float16]=30 [peer-0.6B]=30 [rows-8B]=150)
-    local total=${TOTAL:-340} step limit left
+    declare -A limits=([rows-0.6B]=170 [embedder-float16]=45 [peer-0.6B]=45 [rows-8B]=170)
+    local total=${TOTAL:-350} step limit left began
     [[ $total =~ ^[0-9]+$ ]] || { echo "TOTAL must be a number of seconds, got '$total'" >&2; exit 2; }
-    total=$((10#$total))  # 0340 is 340 seconds, not octal
+    total=$((10#$total))  # 0350 is 350 seconds, not octal
     if [ "$smoke" = --smoke ]; then
         total=$((10#${TOTAL:-1200}))
         for step in "${!limits[@]}"; do limits[$step]=300; done
@@ -109,11 +115,16 @@ run() {
             continue
         fi
         echo "== $step (limit ${limit} s, at ${SECONDS} s)" >&2
+        began=$SECONDS
         # word splitting is intended: each step is one command line without quoted spaces
         # shellcheck disable=SC2086
-        timeout --kill-after=10 "$limit" ${steps[$step]} --json "$raw/$step.json" \
-            >/dev/null 2>"$raw/$step.log" \
-            || echo "!! $step failed or passed its ${limit} s: see $step.log in raw.tar.gz" >&2
+        if timeout --kill-after=10 "$limit" ${steps[$step]} --json "$raw/$step.json" \
+            >/dev/null 2>"$raw/$step.log"; then
+            echo "   $step done in $((SECONDS - began)) s" >&2
+        else
+            echo "!! $step failed or passed its ${limit} s after $((SECONDS - began)) s:" \
+                "see $step.log in raw.tar.gz" >&2
+        fi
     done
     "$py" bot.py bench gpu-summary "$raw" >/dev/null
     mv "$raw/summary.md" "$raw/summary.json" "$out/"

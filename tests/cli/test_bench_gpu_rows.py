@@ -21,7 +21,7 @@ from benchmarks.rerank_concurrent import measure_levels
 from memory.config import QwenConfig, load_profile, load_profile_file
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.qwen_static import StaticScorer
-from tests.rerank.test_reranker_compiled import route_compile, sized_backend
+from tests.rerank.test_reranker_compiled import failing_backend, route_compile, sized_backend
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread", "cuda_forbidden", "fresh_dynamo")
 
@@ -81,9 +81,12 @@ def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeyp
     assert first["variants"][-1]["compiled"] and graphs
     assert [v["concurrent"] for v in first["variants"]] == [1, 1, 16, 16]  # as the bot runs
     # each variant loaded (and compiled) once, though it served two counts and, compiled,
-    # three concurrent rows and the step costs
+    # three concurrent rows and the step costs; the compiled variant compiled on the eager
+    # one's reranker, as a bot with torch_compile compiles after its eager steps serve
     static = [c for c in loads if c.buckets]
-    assert [c.torch_compile for c in static] == [False, True]
+    assert [c.torch_compile for c in static] == [False]
+    eager_load, compiled_load = (v["load_seconds"] for v in first["variants"][-2:])
+    assert compiled_load >= eager_load
     eager, compiled = read(out, "concurrent-0.6B.json"), read(out, "concurrent-0.6B-compiled.json")
     timed = read(out, "concurrent-0.6B-timed.json")
     assert (eager["torch_compile"], eager["compiled"]) == (False, False)
@@ -185,6 +188,51 @@ def test_a_variant_that_fails_costs_no_other_variant(capsys, tmp_path, monkeypat
         assert [v["name"] for v in read(out, name)["variants"]] == [
             "prefix float32 bs8 (reference)", "prefix bfloat16 bs8", "bucketed bfloat16 compiled"]
     assert read(out, "concurrent-tiny-compiled.json")["compiled"]
+
+
+def test_the_reference_is_timed_once_and_the_others_as_asked(capsys, tmp_path, monkeypatch):
+    route_compile(monkeypatch, sized_backend([]))
+    timed: list[int] = []
+    real = rerank_bench._time_scoring
+
+    def recorded(reranker, docs, repeats, device="cpu"):
+        timed.append(repeats)
+        return real(reranker, docs, repeats, device)
+
+    monkeypatch.setattr(rerank_bench, "_time_scoring", recorded)
+    code, _, err = rows(capsys, tmp_path / "raw", "--repeats", "3")
+    assert code == 0, err
+    # two counts a variant: the reference (the CPU's is the float32 prefix path at batch 8)
+    # once each, the bf16 prefix, eager and compiled variants three times each
+    assert timed == [1, 1] + [3] * 6
+    timed.clear()
+    code, _, err = rows(capsys, tmp_path / "again", "--repeats", "3", "--reference-repeats", "2")
+    assert code == 0, err
+    assert timed[:2] == [2, 2]
+
+
+def test_a_compile_that_fails_on_the_eager_reranker_leaves_its_steps_timed(
+        capsys, caplog, tmp_path, monkeypatch):
+    route_compile(monkeypatch, failing_backend)
+    closed: list[int] = []
+    real_close = QwenReranker.close
+
+    def close(self):
+        closed.append(id(self))
+        return real_close(self)
+
+    monkeypatch.setattr(QwenReranker, "close", close)
+    out = tmp_path / "raw"
+    code, result, err = rows(capsys, out)
+    assert result["failed"] == []
+    assert code == 0, err  # timed: the compiled variant is the eager steps it kept
+    variant = read(out, "rerank-tiny.json")["variants"][-1]
+    assert variant["name"] == "bucketed bfloat16 compiled" and not variant["compiled"]
+    report = read(out, "concurrent-tiny-compiled.json")
+    assert (report["torch_compile"], report["compiled"]) == (True, False)
+    assert any("torch.compile of the static steps failed" in r.getMessage()
+               for r in caplog.records)
+    assert len(closed) == len(set(closed))  # the shared reranker closed once, at the end
 
 
 def test_without_step_costs_no_profile_is_written(capsys, tmp_path, monkeypatch):

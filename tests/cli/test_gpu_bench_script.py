@@ -119,6 +119,9 @@ def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
     done = run_script("run", str(tmp_path), "--smoke", TOTAL="800")  # under the 900 s timeout
     assert done.returncode == 0, done.stderr
     assert "failed" not in done.stderr, done.stderr
+    # each step's time is said, so the next GPU run's limits can be set from it
+    finished = [line.split() for line in done.stderr.splitlines() if " done in " in line]
+    assert [words[0] for words in finished] == list(STEPS)
     rows = json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))["rows"]
     assert len(rows) == ROWS
     assert all(r["measured"] != "not measured" for r in rows), rows
@@ -128,7 +131,9 @@ def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
                                                          "summary.md"]
     with tarfile.open(tmp_path / "raw.tar.gz") as archive:
         packed = {Path(name).name for name in archive.getnames()}
+        log = archive.extractfile("raw/rows-0.6B.log").read().decode()
     assert {r["source"] for r in rows} | {f"{step}.log" for step in STEPS} <= packed
+    assert "compiled" in log and " s)" in log  # INFO: the compile, progress with seconds
     assert "cuda-timed.toml" in packed  # the `cuda` profile with the times it measured
 
 
