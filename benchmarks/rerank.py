@@ -86,7 +86,8 @@ class VariantResult:
             compile failure, which keeps the eager steps).
         load_seconds: Time to wrap the model, CUDA graph capture included (and the
             compile, for a compiled variant: the head steps of ``concurrent`` searches
-            included, so it is not comparable with reports from before that setting).
+            included, so it is not comparable with reports from before that setting;
+            compiled on its eager twin's reranker, the twin's load plus the compile).
         concurrent: Searches one static step may hold (the profile's ``concurrent``, as
             the bot runs; 1 for the dynamic variants).  A single search is scored the
             same way either way.

@@ -32,7 +32,7 @@
 # Separate processes used to compile the same steps five times (21-35 s each on the
 # H200) and did not fit one call; `bench gpu-rows` compiles each model's steps once, on
 # the graphs variant's loaded reranker.  On an H100 (2026-11-27) rows-0.6B took 167 s
-# before that change, the 0.6B's compile 53 s of it.
+# before that change and 121 s after; every step together 265 s (BENCHMARKS.md).
 # A step gets its limit or what is left of TOTAL (350 s, or $TOTAL; the rest is install
 # and packing), whichever is less, and is skipped when under 30 s are left: files are
 # written as soon as they are measured, so a step cut short keeps what it measured.  A
