@@ -8,10 +8,10 @@ captured the graphs and compiled the steps again: on the H200 a compile took 21â
 process, a step 70â€“75 s, and the rows did not fit one call.  Here the model is built
 once, each variant of ``bench rerank --quick`` is loaded once and timed at every
 candidate count (the compiled variant compiles on the graphs variant's reranker, as a
-bot with ``torch_compile`` does), and before the static variants are closed the same loaded reranker
-serves the concurrent levels: on the steps a bot runs eagerly (replayed as CUDA graphs
-where CUDA is) and on the compiled ones, which also time each bucket's step (``bench
-step-costs``) and then run the levels again planning with those times.
+bot with ``torch_compile`` does), and before the static variants are closed the same
+loaded reranker serves the concurrent levels: on the steps a bot runs eagerly (replayed
+as CUDA graphs where CUDA is) and on the compiled ones, which also time each bucket's
+step (``bench step-costs``) and then run the levels again planning with those times.
 
 Into ``out`` go the files the separate commands write, under the names ``bench
 gpu-summary`` reads (``SIZE`` is the model size, or ``label``):

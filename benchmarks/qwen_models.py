@@ -182,7 +182,8 @@ def random_qwen3(
     config = qwen3_config(shape, **overrides)
     model: Any
     with torch.device("meta"):
-        model = (Qwen3ForCausalLM if num_labels is None else Qwen3ForSequenceClassification)(config)
+        architecture = Qwen3ForCausalLM if num_labels is None else Qwen3ForSequenceClassification
+        model = architecture(config)
     model.to_empty(device=device)
     model.tie_weights()
     generator = torch.Generator(device=device).manual_seed(seed)
