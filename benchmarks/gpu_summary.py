@@ -55,8 +55,11 @@ def summarize(folder: Path) -> list[Row]:
                     "8B, 16 concurrent searches, compiled steps", 16),
         _concurrent(folder, "concurrent-0.6B-timed.json",
                     "0.6B, 16 concurrent searches, measured step times", 16),
+        _concurrent(folder, "concurrent-8B-timed.json",
+                    "8B, 16 concurrent searches, measured step times", 16),
         _embedder(folder, "embedder-float16.json"),
-        _step_costs(folder, "step-costs-0.6B.json"),
+        _step_costs(folder, "step-costs-0.6B.json", "0.6B"),
+        _step_costs(folder, "step-costs-8B.json", "8B"),
     ]
     return rows
 
@@ -172,8 +175,8 @@ def _embedder(folder: Path, name: str) -> Row:
                f"{data['dtype']}, {data['import_messages_per_s']:.0f} messages/s import", name)
 
 
-def _step_costs(folder: Path, name: str) -> Row:
-    row, target = "0.6B planner: measured step times vs estimate (30 / 100 candidates)", "faster or equal"
+def _step_costs(folder: Path, name: str, size: str) -> Row:
+    row, target = f"{size} planner: measured step times vs estimate", "faster or equal"
     data = _load(folder / name)
     if data is None:
         return _missing(row, target, name)

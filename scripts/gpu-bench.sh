@@ -27,7 +27,7 @@
 #   embedder-float16  45  the embedder's single-query latency (p50, p95)
 #   peer-0.6B         45  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
 #   rows-8B          170  the same for the 8B at 30 candidates (`cuda-8b`'s buckets),
-#                         1/4/16 searches at once, no step costs
+#                         1/4/16 searches at once (writes cuda-8b-timed.toml)
 #
 # Separate processes used to compile the same steps five times (21-35 s each on the
 # H200) and did not fit one call; `bench gpu-rows` compiles each model's steps once, on
@@ -94,7 +94,7 @@ run() {
         [rows-0.6B]="$rows --model-size $small --label 0.6B --candidates $n,$n100 --concurrent $levels --step-costs $((repeats * 2)) --compile-budget 90"
         [embedder-float16]="$bot --profile $profile bench embedder --device $device --dtype float16 --messages $messages"
         [peer-0.6B]="$bot bench rerank --device $device --dtype $dtype --model-size $small --peer --candidates $n --repeats $repeats"
-        [rows-8B]="$rows --model-size $big --label 8B --candidates $n --concurrent $big_levels --compile-budget 90"
+        [rows-8B]="$rows --model-size $big --label 8B --candidates $n --concurrent $big_levels --step-costs $((repeats * 2)) --compile-budget 90"
     )
     declare -A limits=([rows-0.6B]=170 [embedder-float16]=45 [peer-0.6B]=45 [rows-8B]=170)
     local total=${TOTAL:-350} step limit left began

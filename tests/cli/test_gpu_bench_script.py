@@ -20,7 +20,7 @@ import bot
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-bench.sh"
-ROWS = 11
+ROWS = 13
 STEPS = ("rows-0.6B", "embedder-float16", "peer-0.6B", "rows-8B")
 
 
@@ -67,8 +67,11 @@ def test_summary_reads_every_row_and_says_what_is_missing(tmp_path, capsys):
     assert rows["step-costs-0.6B.json"]["measured"] == "×1.24, ×1.00"
     assert rows["step-costs-0.6B.json"]["met"] is True  # 60.1 against 60.0 is noise, one plan
     assert "30: estimate 26.0 ms, measured 21.0 ms" in rows["step-costs-0.6B.json"]["detail"]
+    assert rows["step-costs-0.6B.json"]["row"].startswith("0.6B planner")
+    assert rows["step-costs-8B.json"]["row"].startswith("8B planner")  # cuda-8b's buckets
     for name in ("rerank-0.6B-100.json", "concurrent-8B.json", "concurrent-0.6B-timed.json",
-                 "concurrent-0.6B-compiled.json", "concurrent-8B-compiled.json"):
+                 "concurrent-0.6B-compiled.json", "concurrent-8B-compiled.json",
+                 "concurrent-8B-timed.json", "step-costs-8B.json"):
         assert rows[name]["measured"] == "not measured" and rows[name]["met"] is None
     table = (tmp_path / "summary.md").read_text(encoding="utf-8").splitlines()
     assert table[0].startswith("| row | measured | target |") and len(table) == 2 + ROWS
@@ -134,7 +137,9 @@ def test_smoke_run_writes_every_row_and_the_summary(tmp_path):
         log = archive.extractfile("raw/rows-0.6B.log").read().decode()
     assert {r["source"] for r in rows} | {f"{step}.log" for step in STEPS} <= packed
     assert "INFO memory.rerank.qwen: reranker static steps compiled in" in log  # at INFO
-    assert "cuda-timed.toml" in packed  # the `cuda` profile with the times it measured
+    # the `cuda` profile with the times it measured (on a GPU the 8B's step writes
+    # cuda-8b-timed.toml; here the tiny model stands in for both sizes with `cuda`'s buckets)
+    assert "cuda-timed.toml" in packed and "step-costs-8B.json" in packed
 
 
 @pytest.mark.parametrize("asked, compiled, says", [
