@@ -257,18 +257,20 @@ def run_rerank_counts(
     environments = [_environment(models["float32"], tokenizer, docs, device, settings.model_size)
                     for docs in doc_sets]
 
+    reference_repeats = settings.reference_repeats or settings.repeats
+
     def reports(results: list[list[VariantResult]]) -> list[dict[str, Any]]:
         return [{
             **environment,
             "repeats": settings.repeats,
-            "reference_repeats": settings.reference_repeats or settings.repeats,
+            "reference_repeats": reference_repeats,
             "quick": settings.quick,
             "variants": [dataclasses.asdict(r) for r in measured],
             "recommended": recommend(measured, len(docs)),
         } for environment, measured, docs in zip(environments, results, doc_sets, strict=True)]
 
     timing = _Run(models, tokenizer, doc_sets, device, settings.repeats, settings.compile_budget,
-                  settings.reference_repeats)
+                  reference_repeats)
     return reports(timing.measure(plan, progress,
                                   (lambda r: partial(reports(r))) if partial else None, serve,
                                   failed))
@@ -284,7 +286,7 @@ class _Run:
     device: str
     repeats: int
     compile_budget: float
-    reference_repeats: int | None = None
+    reference_repeats: int  # the first variant's timed runs
 
     def measure(
         self, plan: list[Variant], progress: ProgressFn | None,
@@ -304,7 +306,7 @@ class _Run:
                 twin, kept_open = kept_open, None
                 kept = [len(r) for r in results]
                 try:
-                    loaded = self._load_and_time(variant, results, done == 1, twin)
+                    loaded = self._load_and_time(variant, results, twin)
                 except Exception:
                     if failed is None or done == 1:  # without the reference nothing compares
                         raise
@@ -346,8 +348,7 @@ class _Run:
         return None
 
     def _load_and_time(
-        self, variant: Variant, results: list[list[VariantResult]], reference: bool,
-        twin: _Loaded | None = None,
+        self, variant: Variant, results: list[list[VariantResult]], twin: _Loaded | None = None,
     ) -> _Loaded:
         """Load ``variant`` once (or compile on its eager ``twin``) and time it at every count.
 
@@ -361,7 +362,7 @@ class _Run:
         else:
             reranker, loaded_before = QwenReranker.from_model(
                 model, self.tokenizer, self._config(variant)), 0.0
-        repeats = self.reference_repeats if reference and self.reference_repeats else self.repeats
+        repeats = self.repeats if results[0] else self.reference_repeats  # none yet: the reference
         try:
             if twin is not None:
                 reranker.compile_in_background(model)

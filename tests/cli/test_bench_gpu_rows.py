@@ -18,7 +18,7 @@ from benchmarks import gpu_rows
 from benchmarks.gpu_rows import served_rows
 from benchmarks.rerank import _profile_static, _variants
 from benchmarks.rerank_concurrent import measure_levels
-from memory.config import QwenConfig, load_profile, load_profile_file
+from memory.config import load_profile, load_profile_file
 from memory.rerank.qwen import QwenReranker
 from memory.rerank.qwen_static import StaticScorer
 from tests.rerank.test_reranker_compiled import failing_backend, route_compile, sized_backend
@@ -39,23 +39,29 @@ def read(out, name: str) -> dict:
     return json.loads((out / name).read_text(encoding="utf-8"))
 
 
-def count_loads(monkeypatch) -> list[QwenConfig]:
-    """The config of every reranker wrapped around a built model, in order."""
-    configs: list[QwenConfig] = []
-    real = QwenReranker.from_model.__func__
+def tracked_rerankers(monkeypatch) -> tuple[list[QwenReranker], list[QwenReranker]]:
+    """Every reranker ``from_model`` makes and every ``close`` call, objects kept alive."""
+    made: list[QwenReranker] = []
+    closed: list[QwenReranker] = []
+    real_make, real_close = QwenReranker.from_model.__func__, QwenReranker.close
 
-    def recorded(cls, model, tokenizer, config=None):
-        configs.append(config)
-        return real(cls, model, tokenizer, config)
+    def from_model(cls, model, tokenizer, config=None):
+        made.append(real_make(cls, model, tokenizer, config))
+        return made[-1]
 
-    monkeypatch.setattr(QwenReranker, "from_model", classmethod(recorded))
-    return configs
+    def close(self):
+        closed.append(self)
+        return real_close(self)
+
+    monkeypatch.setattr(QwenReranker, "from_model", classmethod(from_model))
+    monkeypatch.setattr(QwenReranker, "close", close)
+    return made, closed
 
 
 def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeypatch):
     graphs: list[int] = []
     route_compile(monkeypatch, sized_backend(graphs))
-    loads = count_loads(monkeypatch)
+    made, _ = tracked_rerankers(monkeypatch)
     planned_by: list[bool] = []  # whether each plan minimised measured step times
     real_plan = StaticScorer.plan
 
@@ -83,7 +89,7 @@ def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeyp
     # each variant loaded (and compiled) once, though it served two counts and, compiled,
     # three concurrent rows and the step costs; the compiled variant compiled on the eager
     # one's reranker, as a bot with torch_compile compiles after its eager steps serve
-    static = [c for c in loads if c.buckets]
+    static = [r.config for r in made if r.config.buckets]
     assert [c.torch_compile for c in static] == [False]
     eager, compiled = read(out, "concurrent-0.6B.json"), read(out, "concurrent-0.6B-compiled.json")
     timed = read(out, "concurrent-0.6B-timed.json")
@@ -212,20 +218,7 @@ def test_the_reference_is_timed_once_and_the_others_as_asked(capsys, tmp_path, m
 def test_a_compile_that_fails_on_the_eager_reranker_leaves_its_steps_timed(
         capsys, caplog, tmp_path, monkeypatch):
     route_compile(monkeypatch, failing_backend)
-    made: list[QwenReranker] = []  # kept alive, so no two share an id
-    closed: list[QwenReranker] = []
-    real_make, real_close = QwenReranker.from_model.__func__, QwenReranker.close
-
-    def from_model(cls, model, tokenizer, config=None):
-        made.append(real_make(cls, model, tokenizer, config))
-        return made[-1]
-
-    def close(self):
-        closed.append(self)
-        return real_close(self)
-
-    monkeypatch.setattr(QwenReranker, "from_model", classmethod(from_model))
-    monkeypatch.setattr(QwenReranker, "close", close)
+    made, closed = tracked_rerankers(monkeypatch)
     out = tmp_path / "raw"
     code, result, err = rows(capsys, out)
     assert result["failed"] == []
@@ -283,25 +276,6 @@ def test_weights_no_later_variant_runs_are_released(monkeypatch):
         variant.name, sorted(kind for kind, ref in built.items() if ref() is not None)))
     assert alive["prefix float32 bs8 (reference)"] == ["bfloat16", "float32", "int8"]
     assert alive["bucketed bfloat16 eager"] == ["bfloat16"]  # float32 (and int8, the same) gone
-
-
-def tracked_rerankers(monkeypatch) -> tuple[list[QwenReranker], list[QwenReranker]]:
-    """Every reranker ``from_model`` makes and every ``close`` call, objects kept alive."""
-    made: list[QwenReranker] = []
-    closed: list[QwenReranker] = []
-    real_make, real_close = QwenReranker.from_model.__func__, QwenReranker.close
-
-    def from_model(cls, model, tokenizer, config=None):
-        made.append(real_make(cls, model, tokenizer, config))
-        return made[-1]
-
-    def close(self):
-        closed.append(self)
-        return real_close(self)
-
-    monkeypatch.setattr(QwenReranker, "from_model", classmethod(from_model))
-    monkeypatch.setattr(QwenReranker, "close", close)
-    return made, closed
 
 
 SMOKE = rerank_bench.BenchSettings(device="cpu", dtype="bfloat16", model_size="tiny", quick=True,
