@@ -91,6 +91,19 @@ class StaticBuffers:
             self.tails[(cap, shape)] = slot
         return slot
 
+    def put(self, buffer: torch.Tensor, values: torch.Tensor) -> None:
+        """Copy CPU ``values`` into the static ``buffer`` without waiting for the GPU.
+
+        A plain ``copy_`` from CPU memory waits until every step already queued on the
+        GPU has finished, so the GPU then idles while the host prepares the next step.
+        From pinned memory with ``non_blocking`` the copy queues behind those steps
+        instead (PyTorch keeps the pinned block until the copy has run).
+        """
+        if buffer.is_cuda:
+            buffer.copy_(values.pin_memory(), non_blocking=True)
+        else:
+            buffer.copy_(values)
+
     def full(self, shape: Shape) -> torch.Tensor:
         """A static id buffer, all padding."""
         return torch.full(shape, self.pad_id, dtype=torch.long, device=self.device)

@@ -364,23 +364,26 @@ class StaticScorer:
         cap = max(head_size(len(head), self.max_length)[1] for head in heads)
         head_slot = self.buffers.head_slot(cap)
         self._heads_step(head_slot, heads)
-        scores: dict[int, float] = {}
+        found: list[torch.Tensor] = []
         for run in runs:
             picked = [rows[i] for i in run.indices]
             out = self._tail_step(head_slot, run.shape, picked,
                                   [row_heads[i] for i in run.indices])
-            for i, value in zip(run.indices, out[: len(picked)].tolist(), strict=True):
-                scores[i] = value
-        return scores
+            # a copy: the next replay of this shape's graph overwrites its output
+            found.append(out[: len(picked)].clone())
+        # the one wait for the GPU: every step was queued without reading a result
+        values = torch.cat(found).tolist() if found else []
+        return dict(zip([i for run in runs for i in run.indices], values, strict=True))
 
     def _heads_step(self, head_slot: HeadSlot, heads: list[list[int]]) -> None:
         """Run ``heads`` (at most ``slots``) as the rows of one head step, slot = row."""
         size = max(head_size(len(head), self.max_length)[0] for head in heads)
         batch = next(b for b in self.head_batches if b >= len(heads))
         lengths = [len(head) for head in heads] + [1] * (batch - len(heads))
-        self.forward.head_len[:batch].copy_(torch.tensor(lengths))
+        put = self.buffers.put
+        put(self.forward.head_len[:batch], torch.tensor(lengths))
         ids = head_slot.ids.setdefault((batch, size), self.buffers.full((batch, size)))
-        ids.copy_(_padded(heads, batch, size, self.pad_id))
+        put(ids, _padded(heads, batch, size, self.pad_id))
         self._step(head_slot.graphs.get((batch, size)),
                    partial(self._run_head, head_slot, batch, size))
         self.stats.head_steps += 1
@@ -394,9 +397,10 @@ class StaticScorer:
         slot = self.buffers.tail_slot(head_slot.capacity, shape)
         batch, length = shape
         padding = [0] * (batch - len(picked))
-        slot.ids.copy_(_padded(picked, batch, length, self.pad_id))
-        slot.last.copy_(torch.tensor([len(r) - 1 for r in picked] + padding))
-        slot.heads.copy_(torch.tensor(owners + padding))
+        put = self.buffers.put
+        put(slot.ids, _padded(picked, batch, length, self.pad_id))
+        put(slot.last, torch.tensor([len(r) - 1 for r in picked] + padding))
+        put(slot.heads, torch.tensor(owners + padding))
         out = self._step(slot.graph, partial(self._run_tail, head_slot, slot), slot)
         self.stats.tail_steps += 1
         self.stats.tail_rows += len(picked)
@@ -524,7 +528,6 @@ def _captured_graph(pool: Any, run: Callable[[], Any], device: torch.device) -> 
 
 def _padded(rows: Sequence[list[int]], batch: int, length: int, pad_id: int) -> torch.Tensor:
     """A CPU [batch, length] id tensor: rows right-padded, missing rows all padding."""
-    ids = torch.full((batch, length), pad_id, dtype=torch.long)
-    for row, seq in enumerate(rows):
-        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-    return ids
+    padded = [list(seq) + [pad_id] * (length - len(seq)) for seq in rows]
+    padded += [[pad_id] * length] * (batch - len(rows))
+    return torch.tensor(padded, dtype=torch.long)  # one conversion, not one per row
