@@ -51,9 +51,7 @@ def layer_step(
         hidden: The layer's input hidden states.
         cos: Rotary cosines ``[batch, length, head_dim]`` (the model's ``rotary_emb``).
         sin: Rotary sines, the same shape.
-        mask: Additive attention mask ``[batch or 1, 1, groups * length, keys]``:
-            :func:`fold_mask` of the ``[.., 1, length, keys]`` one, ``groups`` being the
-            query heads per KV head.
+        mask: Additive attention mask ``[batch or 1, 1, length, keys]``.
         head_keys: ``[batch, kv_heads, head, head_dim]`` keys in front of this step's
             own, or ``None`` (the head step itself).
         head_values: Their values.
@@ -73,23 +71,14 @@ def layer_step(
     if head_keys is not None and head_values is not None:
         all_keys = torch.cat([head_keys, keys], dim=2)
         all_values = torch.cat([head_values, values], dim=2)
-    kv_heads = keys.shape[1]
-    # grouped-query attention without a copy of the keys and values per query head: the
-    # query heads sharing a KV head (consecutive, as transformers' repeat_kv pairs them)
-    # become one longer query sequence over that head's keys, under the folded mask
-    folded = query.reshape(batch, kv_heads, -1, attention.head_dim)
+    groups = query.shape[1] // keys.shape[1]
     out = F.scaled_dot_product_attention(
-        folded, all_keys, all_values, attn_mask=mask, scale=attention.scaling
+        query, all_keys.repeat_interleave(groups, dim=1),
+        all_values.repeat_interleave(groups, dim=1), attn_mask=mask, scale=attention.scaling,
     )
-    out = out.reshape(batch, query.shape[1], length, attention.head_dim)
     hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
     hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     return hidden, keys, values
-
-
-def fold_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
-    """``mask`` ``[b, 1, length, keys]`` repeated for :func:`layer_step`'s folded queries."""
-    return mask.repeat(1, 1, groups, 1)
 
 
 def _heads(norm: Any, projected: torch.Tensor, batch: int, length: int, dim: int) -> torch.Tensor:

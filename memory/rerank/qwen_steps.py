@@ -22,7 +22,6 @@ from memory.rerank.kv_cache import (
     new_cache,
     prefix_cache,
 )
-from memory.rerank.qwen_layers import fold_mask
 
 
 class StaticForward:
@@ -117,8 +116,6 @@ class StaticForward:
         assert self.layer_kernel is not None, "compile() sets the layer function"
         hidden = self.base.embed_tokens(ids)
         cos, sin = self.base.rotary_emb(hidden, positions)
-        config = self.base.config
-        mask = fold_mask(mask, config.num_attention_heads // config.num_key_value_heads)
         states: list[LayerKV] = []
         for index, layer in enumerate(self.base.layers):
             head_keys, head_values = heads[index] if heads is not None else (None, None)
