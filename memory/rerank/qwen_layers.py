@@ -15,17 +15,34 @@ only the layer's public submodules (norms, projections, MLP) and
 ``torch.nn.functional.scaled_dot_product_attention``, and computes what
 transformers' Qwen3 layer computes; :func:`supports` says whether a model has that
 structure.
+
+Each query, key and value projection is its own small matmul, as are the MLP's gate
+and up projections: five kernels a layer where two do, on steps whose time is mostly
+a fixed floor of kernel latencies (issue 33: ~2.3 ms for the 0.6B's 28 layers).
+:func:`fuse_projections` therefore lays each layer's q/k/v weights out as one tensor
+and its gate/up weights as another, and makes the modules' own weights views of them:
+the compiled step multiplies once by each, while the model's forward reads the same
+memory as before (no second copy; the 8B's would be 9 GB).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 _PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+_MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
+
+Fused = tuple[torch.Tensor, torch.Tensor]  # one layer's q/k/v weights, its gate/up weights
+
+# layer module -> its fused weights: a model is laid out once, as CUDA graphs captured
+# on its weights would read freed memory if they moved again
+_FUSED: weakref.WeakKeyDictionary[Any, Fused] = weakref.WeakKeyDictionary()
 
 
 def supports(base: Any) -> bool:
@@ -34,20 +51,69 @@ def supports(base: Any) -> bool:
     if not layers or not all(hasattr(base, n) for n in ("embed_tokens", "rotary_emb", "norm")):
         return False
     layer = layers[0]
-    attention = getattr(layer, "self_attn", None)
-    return all(hasattr(layer, n) for n in _PARTS) and all(
+    attention: Any = getattr(layer, "self_attn", None)
+    mlp: Any = getattr(layer, "mlp", None)
+    if not all(hasattr(layer, n) for n in _PARTS) or not all(
         hasattr(attention, n) for n in _ATTENTION
-    )
+    ) or not all(hasattr(mlp, n) for n in _MLP):
+        return False
+    fused = [attention.q_proj, attention.k_proj, attention.v_proj, mlp.gate_proj, mlp.up_proj]
+    return all(getattr(p, "bias", None) is None for p in fused)  # Qwen3's have none
+
+
+def fuse_projections(base: Any) -> list[Fused]:
+    """Each layer's q/k/v and gate/up weights as one tensor each; see the module docs.
+
+    The modules' weights become views of the fused tensors (same values, same dtype
+    and device; one layer's weights at a time are copied).  A model laid out before,
+    by this process, is not touched again.  ``base`` must pass :func:`supports`.
+
+    Returns:
+        Per layer, its fused ``(q/k/v, gate/up)`` weights.
+    """
+    return [_fused(layer) for layer in base.layers]
+
+
+def _fused(layer: Any) -> Fused:
+    attention, mlp = layer.self_attn, layer.mlp
+    groups = ([attention.q_proj, attention.k_proj, attention.v_proj],
+              [mlp.gate_proj, mlp.up_proj])
+    known = _FUSED.get(layer)
+    if known is not None and all(
+        _views(fused, modules) for fused, modules in zip(known, groups, strict=True)
+    ):
+        return known
+    with torch.no_grad():
+        fused = tuple(torch.cat([m.weight for m in modules]) for modules in groups)
+        for weights, modules in zip(fused, groups, strict=True):
+            start = 0
+            for module in modules:
+                rows = module.weight.shape[0]
+                module.weight = nn.Parameter(weights[start : start + rows], requires_grad=False)
+                start += rows
+    _FUSED[layer] = (fused[0], fused[1])
+    return _FUSED[layer]
+
+
+def _views(fused: torch.Tensor, modules: list[Any]) -> bool:
+    """Whether ``modules``' weights are still, in order, the rows of ``fused``."""
+    start = 0
+    for module in modules:
+        if module.weight.data_ptr() != fused[start:].data_ptr():
+            return False
+        start += module.weight.shape[0]
+    return start == fused.shape[0]
 
 
 def layer_step(
-    layer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    layer: Any, fused: Fused, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     mask: torch.Tensor, head_keys: torch.Tensor | None, head_values: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Qwen3 decoder layer over ``hidden`` ``[batch, length, hidden]``.
 
     Args:
         layer: A ``Qwen3DecoderLayer`` (or one with the same submodules).
+        fused: Its q/k/v and gate/up weights from :func:`fuse_projections`.
         hidden: The layer's input hidden states.
         cos: Rotary cosines ``[batch, length, head_dim]`` (the model's ``rotary_emb``).
         sin: Rotary sines, the same shape.
@@ -60,12 +126,16 @@ def layer_step(
         The output hidden states, and this step's own keys and values
         ``[batch, kv_heads, length, head_dim]`` (after the key norm and rotary).
     """
-    attention = layer.self_attn
+    attention, mlp = layer.self_attn, layer.mlp
     batch, length, _ = hidden.shape
     x = layer.input_layernorm(hidden)
-    query = _heads(attention.q_norm, attention.q_proj(x), batch, length, attention.head_dim)
-    keys = _heads(attention.k_norm, attention.k_proj(x), batch, length, attention.head_dim)
-    values = attention.v_proj(x).view(batch, length, -1, attention.head_dim).transpose(1, 2)
+    kv_size = attention.k_proj.weight.shape[0]
+    q, k, v = F.linear(x, fused[0]).split(
+        [attention.q_proj.weight.shape[0], kv_size, kv_size], dim=-1
+    )
+    query = _heads(attention.q_norm, q, batch, length, attention.head_dim)
+    keys = _heads(attention.k_norm, k, batch, length, attention.head_dim)
+    values = v.reshape(batch, length, -1, attention.head_dim).transpose(1, 2)
     query, keys = _rotate(query, cos, sin), _rotate(keys, cos, sin)
     all_keys, all_values = keys, values
     if head_keys is not None and head_values is not None:
@@ -77,12 +147,15 @@ def layer_step(
         all_values.repeat_interleave(groups, dim=1), attn_mask=mask, scale=attention.scaling,
     )
     hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
-    hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    gate, up = F.linear(layer.post_attention_layernorm(hidden), fused[1]).split(
+        [mlp.gate_proj.weight.shape[0], mlp.up_proj.weight.shape[0]], dim=-1
+    )
+    hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
     return hidden, keys, values
 
 
 def _heads(norm: Any, projected: torch.Tensor, batch: int, length: int, dim: int) -> torch.Tensor:
-    return norm(projected.view(batch, length, -1, dim)).transpose(1, 2)
+    return norm(projected.reshape(batch, length, -1, dim)).transpose(1, 2)
 
 
 def _rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

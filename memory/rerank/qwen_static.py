@@ -432,8 +432,9 @@ class StaticScorer:
         started = time.perf_counter()
         if not qwen_layers.supports(self.base):
             raise RuntimeError(
-                f"{type(self.base).__name__} does not have Qwen3's decoder layers: "
-                "the compiled static steps are for Qwen3-Reranker models"
+                f"{type(self.base).__name__} does not have Qwen3's decoder layers (their "
+                "projections without bias): the compiled static steps are for Qwen3-Reranker "
+                "models"
             )
         self.forward.layer_kernel = torch.compile(qwen_layers.layer_step, dynamic=True, backend=backend)
         for batch, size in self._head_shapes():

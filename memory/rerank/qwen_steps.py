@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from memory.rerank import qwen_layers
 from memory.rerank.kv_cache import (
     LayerKV,
     cache_argument,
@@ -50,6 +51,8 @@ class StaticForward:
         self._mask_min = torch.finfo(dtype).min
         # the compiled layer function (StaticScorer.compile); None: the model's own forward
         self.layer_kernel: Callable[..., Any] | None = None
+        # laid out now, before any CUDA graph is captured on the model's weights
+        self.fused = qwen_layers.fuse_projections(base) if qwen_layers.supports(base) else None
 
     def head(
         self, ids: torch.Tensor, key_bufs: list[torch.Tensor], value_bufs: list[torch.Tensor]
@@ -113,14 +116,14 @@ class StaticForward:
 
         Returns the final (normed) hidden states and each layer's own keys and values.
         """
-        assert self.layer_kernel is not None, "compile() sets the layer function"
+        assert self.layer_kernel is not None and self.fused is not None, "see compile()"
         hidden = self.base.embed_tokens(ids)
         cos, sin = self.base.rotary_emb(hidden, positions)
         states: list[LayerKV] = []
         for index, layer in enumerate(self.base.layers):
             head_keys, head_values = heads[index] if heads is not None else (None, None)
             hidden, keys, values = self.layer_kernel(
-                layer, hidden, cos, sin, mask, head_keys, head_values
+                layer, self.fused[index], hidden, cos, sin, mask, head_keys, head_values
             )
             states.append((keys, values))
         return self.base.norm(hidden), states

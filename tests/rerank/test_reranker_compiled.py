@@ -23,6 +23,7 @@ import torch
 
 from memory.config import ConfigError, load_profile_file
 from memory.rerank import qwen
+from memory.rerank.qwen import QwenReranker
 from tests.rerank.test_reranker_qwen import DOCS, QUERY, ROOT, assert_close
 from tests.support.qwen_tiny import wrap
 
@@ -284,3 +285,60 @@ def test_a_background_compile_swaps_in_compiled_steps_with_equal_scores(
     for query in QUERIES:
         assert_close(reranker.score(query, DOCS), eager[query], tol=FP32_TOL)
     assert len(calls) == compiled_at_load  # no search compiled
+
+
+# -- the projections laid out for the compiled layer ---------------------------------
+
+
+def storage_bytes(model) -> int:
+    """Bytes of the distinct storages the model's parameters live in."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                for p in model.parameters()}
+    return sum(storages.values())
+
+
+def test_projections_are_laid_out_once_in_place(parts, config, tiny_dir):
+    # q/k/v and gate/up become rows of one tensor each, which the compiled layer multiplies
+    # by once: no second copy of the weights, the model's own forward unchanged, and a
+    # second static scorer on the model moves nothing (graphs captured read the addresses)
+    _, tokenizer = parts
+    model = deeper(tiny_dir, 2)
+    values = {name: p.detach().clone() for name, p in model.named_parameters()}
+    size = storage_bytes(model)
+    dynamic = QwenReranker.from_model(model, tokenizer, config).score(QUERY, DOCS)
+    assert storage_bytes(model) == size  # the dynamic path alone lays nothing out
+
+    first = wrap((model, tokenizer), config, buckets=BUCKETS, max_length=MAX_LENGTH)
+    for layer, (qkv, gate_up) in zip(model.model.layers, first._static.forward.fused,
+                                     strict=True):
+        attention, mlp = layer.self_attn, layer.mlp
+        assert attention.q_proj.weight.data_ptr() == qkv.data_ptr()
+        for module, fused in [(attention.k_proj, qkv), (attention.v_proj, qkv),
+                              (mlp.gate_proj, gate_up), (mlp.up_proj, gate_up)]:
+            assert module.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+    assert storage_bytes(model) == size
+    assert all(torch.equal(p, values[name]) for name, p in model.named_parameters())
+    addresses = {name: p.data_ptr() for name, p in model.named_parameters()}
+
+    wrap((model, tokenizer), config, buckets=BUCKETS, max_length=MAX_LENGTH)
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == addresses
+    assert QwenReranker.from_model(model, tokenizer, config).score(QUERY, DOCS) == dynamic
+
+
+def test_a_model_with_projection_biases_keeps_its_layout_and_eager_steps(parts, config,
+                                                                        tiny_dir):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _, tokenizer = parts
+    model_config = AutoConfig.from_pretrained(tiny_dir)
+    model_config.attention_bias = True  # q/k/v with a bias: not one matmul without it
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32).eval()
+    addresses = {name: p.data_ptr() for name, p in model.named_parameters()}
+    reranker = wrap((model, tokenizer), config, buckets=BUCKETS, max_length=MAX_LENGTH)
+    assert reranker._static.forward.fused is None
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == addresses
+    with pytest.raises(RuntimeError, match="does not have Qwen3's decoder layers"):
+        reranker._static.compile(backend="eager")
+    expected = wrap((model, tokenizer), config, max_length=MAX_LENGTH).score(QUERY, DOCS)
+    assert_close(reranker.score(QUERY, DOCS), expected, tol=FP32_TOL)
