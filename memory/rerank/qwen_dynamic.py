@@ -47,12 +47,15 @@ class DynamicScorer:
     batch_size: int
     prefix_cache: bool
 
+    @torch.inference_mode()
     def score(
         self, head: list[int], tails: Sequence[list[int]], indices: Sequence[int]
     ) -> list[float]:
         """Score the tails at ``indices`` after ``head``, micro-batch by micro-batch.
 
-        Returns a list over all tails; entries not in ``indices`` stay 0.0.
+        Returns a list over all tails; entries not in ``indices`` stay 0.0.  Without
+        autograd whoever calls (a group's overflow rows ran with it on, keeping every
+        activation alive until the scores were read).
 
         Raises:
             RerankerError: The service's deadline passed between micro-batches.

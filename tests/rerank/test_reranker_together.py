@@ -244,3 +244,20 @@ def test_sixteen_searches_at_once_run_in_one_group_of_few_steps(
     assert (stats.groups, stats.searches, stats.head_steps) == (1, GROUP, 1)
     assert stats.head_steps + stats.tail_steps <= GROUP * steps_alone / 4
     assert stats.tail_rows / stats.tail_steps >= 4 * 30 / steps_alone  # fuller steps
+
+
+def test_a_group_s_overflow_rows_score_without_autograd(parts, config):
+    # tails longer than every bucket go to the dynamic path from inside the group's
+    # worker; they once ran with autograd on, every activation kept until the end
+    model, _ = parts
+    reranker = wrap(parts, config, buckets=((4, 16),), concurrent=4)
+    modes: list[bool] = []
+    handle = model.model.embed_tokens.register_forward_hook(
+        lambda *_: modes.append(torch.is_inference_mode_enabled())
+    )
+    try:
+        reranker.score(QUERY, DOCS + [HOSTILE["chat-template"]])
+    finally:
+        handle.remove()
+    assert reranker._static is not None and len(modes) > 1  # head, tails and overflow ran
+    assert all(modes)
