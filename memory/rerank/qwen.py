@@ -179,9 +179,9 @@ class QwenReranker:
 
         The model is used on its own device and in its own dtype; ``config``
         supplies the scoring knobs (batch size, max length, instruction, prefix
-        cache, int8).  With ``quantize = "int8"`` a quantised copy is made, so the
-        caller's model is never modified.  After :meth:`close`, a later
-        :meth:`score` loads ``config.model`` from disk or the hub.
+        cache, int8).  ``quantize = "int8"`` makes a quantised copy; ``buckets`` lay the
+        projection weights out in place (``qwen_layers.fuse_projections``).  After
+        :meth:`close`, a later :meth:`score` loads ``config.model`` from disk or the hub.
 
         Raises:
             RerankerUnavailable: The tokenizer has no single "yes"/"no" tokens.

@@ -53,9 +53,9 @@ def supports(base: Any) -> bool:
     layer = layers[0]
     attention: Any = getattr(layer, "self_attn", None)
     mlp: Any = getattr(layer, "mlp", None)
-    if not all(hasattr(layer, n) for n in _PARTS) or not all(
-        hasattr(attention, n) for n in _ATTENTION
-    ) or not all(hasattr(mlp, n) for n in _MLP):
+    has_parts = all(hasattr(layer, n) for n in _PARTS)
+    has_attention = has_parts and all(hasattr(attention, n) for n in _ATTENTION)
+    if not has_attention or not all(hasattr(mlp, n) for n in _MLP):
         return False
     fused = [attention.q_proj, attention.k_proj, attention.v_proj, mlp.gate_proj, mlp.up_proj]
     return all(getattr(p, "bias", None) is None for p in fused)  # Qwen3's have none
@@ -64,32 +64,46 @@ def supports(base: Any) -> bool:
 def fuse_projections(base: Any) -> list[Fused]:
     """Each layer's q/k/v and gate/up weights as one tensor each; see the module docs.
 
-    The modules' weights become views of the fused tensors (same values, same dtype
-    and device; one layer's weights at a time are copied).  A model laid out before,
-    by this process, is not touched again.  ``base`` must pass :func:`supports`.
+    The modules' weights become views of the fused tensors (same values, dtype,
+    device and ``requires_grad``; one layer's weights at a time are copied).  A model
+    laid out before, by this process, is not touched again.  On CUDA the allocator's
+    cache is emptied afterwards: the old weights' blocks are smaller than the fused
+    ones and would otherwise stay reserved.  ``base`` must pass :func:`supports`.
 
     Returns:
         Per layer, its fused ``(q/k/v, gate/up)`` weights.
     """
-    return [_fused(layer) for layer in base.layers]
+    moved = [layer for layer in base.layers if not _laid_out(layer)]
+    fused = [_fused(layer) for layer in base.layers]
+    if moved and fused[0][0].is_cuda:
+        torch.cuda.empty_cache()
+    return fused
+
+
+def _groups(layer: Any) -> tuple[list[Any], list[Any]]:
+    attention, mlp = layer.self_attn, layer.mlp
+    return [attention.q_proj, attention.k_proj, attention.v_proj], [mlp.gate_proj, mlp.up_proj]
+
+
+def _laid_out(layer: Any) -> bool:
+    """Whether ``layer``'s weights are still the views :func:`_fused` made."""
+    known = _FUSED.get(layer)
+    return known is not None and all(
+        _views(fused, modules) for fused, modules in zip(known, _groups(layer), strict=True)
+    )
 
 
 def _fused(layer: Any) -> Fused:
-    attention, mlp = layer.self_attn, layer.mlp
-    groups = ([attention.q_proj, attention.k_proj, attention.v_proj],
-              [mlp.gate_proj, mlp.up_proj])
-    known = _FUSED.get(layer)
-    if known is not None and all(
-        _views(fused, modules) for fused, modules in zip(known, groups, strict=True)
-    ):
-        return known
+    if _laid_out(layer):
+        return _FUSED[layer]
+    groups = _groups(layer)
     with torch.no_grad():
         fused = tuple(torch.cat([m.weight for m in modules]) for modules in groups)
         for weights, modules in zip(fused, groups, strict=True):
             start = 0
             for module in modules:
-                rows = module.weight.shape[0]
-                module.weight = nn.Parameter(weights[start : start + rows], requires_grad=False)
+                rows, grad = module.weight.shape[0], module.weight.requires_grad
+                module.weight = nn.Parameter(weights[start : start + rows], requires_grad=grad)
                 start += rows
     _FUSED[layer] = (fused[0], fused[1])
     return _FUSED[layer]

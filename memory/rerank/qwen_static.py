@@ -457,7 +457,8 @@ class StaticScorer:
         Warms each step up twice on a side stream (cuBLAS handles, attention kernel
         choice), then captures it into one memory pool shared by all graphs, which
         is safe because graphs replay one at a time under the reranker's lock and
-        each output is read before the next replay.
+        each output is copied, on the same stream, before the next replay (the
+        scores are read once, after the last step: see ``_score_rows``).
 
         Returns:
             Seconds spent.

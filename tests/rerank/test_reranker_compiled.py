@@ -304,6 +304,7 @@ def test_projections_are_laid_out_once_in_place(parts, config, tiny_dir):
     _, tokenizer = parts
     model = deeper(tiny_dir, 2)
     values = {name: p.detach().clone() for name, p in model.named_parameters()}
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
     size = storage_bytes(model)
     dynamic = QwenReranker.from_model(model, tokenizer, config).score(QUERY, DOCS)
     assert storage_bytes(model) == size  # the dynamic path alone lays nothing out
@@ -318,6 +319,7 @@ def test_projections_are_laid_out_once_in_place(parts, config, tiny_dir):
             assert module.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
     assert storage_bytes(model) == size
     assert all(torch.equal(p, values[name]) for name, p in model.named_parameters())
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == flags
     addresses = {name: p.data_ptr() for name, p in model.named_parameters()}
 
     wrap((model, tokenizer), config, buckets=BUCKETS, max_length=MAX_LENGTH)
