@@ -135,6 +135,11 @@ def qwen_tokenizer() -> Any:
     return qwen_fast_tokenizer(backend)
 
 
+def random_label(model_size: str) -> str:
+    """What reports and logs call a random-weight model of ``model_size``."""
+    return f"Qwen3-Reranker-{model_size} architecture, random weights"
+
+
 def qwen3_config(shape: dict[str, Any], **overrides: Any) -> Any:
     """A ``Qwen3Config`` of ``shape`` (:data:`QWEN3_RERANKER_06B`, :data:`TINY_QWEN3`)."""
     from transformers import Qwen3Config

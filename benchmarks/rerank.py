@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import cpu_model, require_device
-from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
+from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_label, random_qwen3
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
 from memory.config import QwenConfig, load_profile
 from memory.errors import ConfigError
@@ -270,7 +270,7 @@ def run_rerank_counts(
         } for environment, measured, docs in zip(environments, results, doc_sets, strict=True)]
 
     timing = _Run(models, tokenizer, doc_sets, device, settings.repeats, settings.compile_budget,
-                  reference_repeats)
+                  reference_repeats, settings.model_size)
     return reports(timing.measure(plan, progress,
                                   (lambda r: partial(reports(r))) if partial else None, serve,
                                   failed))
@@ -287,6 +287,7 @@ class _Run:
     repeats: int
     compile_budget: float
     reference_repeats: int  # the first variant's timed runs
+    model_size: str  # for the rerankers' logs
 
     def measure(
         self, plan: list[Variant], progress: ProgressFn | None,
@@ -394,6 +395,7 @@ class _Run:
 
     def _config(self, variant: Variant) -> QwenConfig:
         return QwenConfig(
+            model=random_label(self.model_size),
             device=self.device,
             max_length=512,
             batch_size=variant.batch_size,
@@ -476,7 +478,8 @@ def _profile_static(model_size: str) -> _Static:
 def _environment(
     model: Any, tokenizer: Any, docs: list[str], device: str, model_size: str
 ) -> dict[str, Any]:
-    reranker = QwenReranker.from_model(model, tokenizer, QwenConfig(device=device, max_length=512))
+    config = QwenConfig(model=random_label(model_size), device=device, max_length=512)
+    reranker = QwenReranker.from_model(model, tokenizer, config)
     try:
         encoded = reranker.encode(QUERY, docs)
     finally:  # nothing may hold the weights once no variant runs them (_release_unused)
@@ -484,7 +487,7 @@ def _environment(
     suffix = _suffix_tokens(tokenizer)
     doc_lengths = [len(t) - suffix for t in encoded.tails]
     return {
-        "model": f"Qwen3-Reranker-{model_size} architecture, random weights",
+        "model": random_label(model_size),
         "model_size": model_size,
         "device": device,
         "device_name": _device_name(device),

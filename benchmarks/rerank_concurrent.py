@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import percentile, require_device
-from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
+from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_label, random_qwen3
 from benchmarks.rerank import _device_name, _profile_static
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
 from memory.config import QwenConfig
@@ -160,7 +160,7 @@ def concurrency_report(
     config, scorer = reranker.config, reranker.static_scorer
     device = str(reranker.device)
     return {
-        "model": f"Qwen3-Reranker-{model_size} architecture, random weights",
+        "model": random_label(model_size),
         "device": torch.device(device).type,
         "device_name": _device_name(device),
         "dtype": str(reranker.dtype).removeprefix("torch."),
@@ -181,10 +181,11 @@ def _config(device: str, model_size: str, chosen: QwenConfig | None = None) -> Q
     """The static-shape settings chosen, else the shipped GPU profile's; graphs where CUDA is."""
     graphs = torch.device(device).type == "cuda"
     if chosen is not None:
-        return dataclasses.replace(chosen, device=device, cuda_graphs=graphs, torch_compile=False)
+        return dataclasses.replace(chosen, model=random_label(model_size), device=device,
+                                   cuda_graphs=graphs, torch_compile=False)
     static = _profile_static(model_size)
     return QwenConfig(
-        device=device, max_length=512, batch_size=32,
+        model=random_label(model_size), device=device, max_length=512, batch_size=32,
         buckets=static.buckets, bucket_run_cost=static.run_cost, concurrent=static.concurrent,
         cuda_graphs=graphs,
     )

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import require_device, write_whole
-from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_qwen3
+from benchmarks.qwen_models import MODEL_SHAPES, qwen_tokenizer, random_label, random_qwen3
 from benchmarks.rerank import _device_name, _synchronize
 from benchmarks.rerank_corpus import CANDIDATES, QUERY
 from memory.config import Profile, QwenConfig, load_profile_file
@@ -135,7 +135,7 @@ def measure_step_costs(
     costs = {shape: max(0.001, round(ms, 3)) for shape, ms in steps.items()}
     plans = [timer.compare(reranker, head, n, costs, repeats) for n in plan_sizes]
     return {
-        "model": f"Qwen3-Reranker-{model_size} architecture, random weights",
+        "model": random_label(model_size),
         "profile": profile,
         "device": torch.device(device).type,
         "device_name": _device_name(device),
