@@ -256,7 +256,7 @@ def test_a_group_s_overflow_rows_score_without_autograd(parts, config):
         lambda *_: modes.append(torch.is_inference_mode_enabled())
     )
     try:
-        reranker.score(QUERY, DOCS + [HOSTILE["chat-template"]])
+        reranker.score(QUERY, [*DOCS, HOSTILE["chat-template"]])
     finally:
         handle.remove()
     assert reranker._static is not None and len(modes) > 1  # head, tails and overflow ran
