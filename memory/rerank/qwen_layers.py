@@ -73,8 +73,12 @@ def fuse_projections(base: Any) -> list[Fused]:
     Returns:
         Per layer, its fused ``(q/k/v, gate/up)`` weights.
     """
-    moved = [layer for layer in base.layers if not _laid_out(layer)]
-    fused = [_fused(layer) for layer in base.layers]
+    moved = False
+    for layer in base.layers:
+        if not _laid_out(layer):
+            _lay_out(layer)
+            moved = True
+    fused = [_FUSED[layer] for layer in base.layers]
     if moved and fused[0][0].is_cuda:
         torch.cuda.empty_cache()
     return fused
@@ -86,16 +90,15 @@ def _groups(layer: Any) -> tuple[list[Any], list[Any]]:
 
 
 def _laid_out(layer: Any) -> bool:
-    """Whether ``layer``'s weights are still the views :func:`_fused` made."""
+    """Whether ``layer``'s weights are still the views :func:`_lay_out` made."""
     known = _FUSED.get(layer)
     return known is not None and all(
         _views(fused, modules) for fused, modules in zip(known, _groups(layer), strict=True)
     )
 
 
-def _fused(layer: Any) -> Fused:
-    if _laid_out(layer):
-        return _FUSED[layer]
+def _lay_out(layer: Any) -> None:
+    """Fuse ``layer``'s weights and make its modules' weights views of them."""
     groups = _groups(layer)
     with torch.no_grad():
         fused = tuple(torch.cat([m.weight for m in modules]) for modules in groups)
@@ -106,7 +109,6 @@ def _fused(layer: Any) -> Fused:
                 module.weight = nn.Parameter(weights[start : start + rows], requires_grad=grad)
                 start += rows
     _FUSED[layer] = (fused[0], fused[1])
-    return _FUSED[layer]
 
 
 def _views(fused: torch.Tensor, modules: list[Any]) -> bool:
