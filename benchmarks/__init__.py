@@ -196,6 +196,16 @@ def train_reranker_command(
             cached.save()
     click.echo(f"profile: --profile {result['profile']}", err=True)
     emit_json(result, json_out)
+    check = result["check"]
+    if check["collapsed"]:
+        click.echo(
+            f"error: the trained model does not tell its own training pairs apart (score "
+            f"spread {check['spread']}, AUC {check['auc']}; a healthy one: ~0.2 and ~0.85): as a "
+            "reranker it would only add noise. Train again with another --seed (on a small "
+            "set, more --epochs).", err=True)
+        return 1
+    click.echo(f"check: spread {check['spread']}, AUC {check['auc']} on {check['pairs']} "
+               "training pairs", err=True)
     return 0
 
 

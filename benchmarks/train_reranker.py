@@ -24,6 +24,12 @@ written is a normal Hugging Face cross-encoder folder: ``backend = "cross-encode
 ``model = FOLDER`` in any profile.  The sets' licences (CC BY-NC, transcripts whose
 rights belong to others) do not allow redistributing a model trained on them, so it
 is refused a place inside this repository and the output says so.
+
+Some seeds collapse: the model ends up scoring every pair about alike (two of 18 fold
+models in BENCHMARKS.md, issue 32's fourth and fifth rounds).  After training, the
+model scores a seeded sample of its own pairs (:func:`check_training`); the spread and
+AUC go into ``training.json`` and the report, and the command fails when they show a
+collapse, so nobody blends a flat model into their searches unawares.
 """
 
 from __future__ import annotations
@@ -55,6 +61,11 @@ LICENCE_NOTICE = (
     "it: keep it on this machine for measurement, never commit, upload or share it."
 )
 NOTICE_FILE = "NOT-FOR-REDISTRIBUTION.txt"
+# the trained model's scores on its own pairs: below this standard deviation, or this
+# AUC, it collapsed (healthy seeds: ~0.21 and ~0.85; collapsed ones: 0.007-0.067 and ~0.65)
+COLLAPSED_SPREAD = 0.05
+COLLAPSED_AUC = 0.75
+CHECK_PAIRS = 1000
 
 Progress = Callable[[int], None]
 
@@ -242,8 +253,65 @@ def _batches(pairs: Sequence[TrainingPair], settings: TrainingSettings
     return batches
 
 
+@dataclass(frozen=True)
+class TrainingCheck:
+    """How the trained model separates a seeded sample of its own training pairs.
+
+    A healthy stand-in's scores spread widely over them (standard deviation ~0.21, AUC
+    ~0.85 for the fold models in BENCHMARKS.md, issue 32 fifth round); the two that
+    collapsed there score every pair about alike (spread 0.007, AUC 0.65) or rank them
+    little better than chance (spread 0.067, AUC 0.66), so as a reranker they only add
+    noise to the blend.
+
+    Attributes:
+        pairs: How many pairs were scored.
+        auc: The chance a positive outscores a negative (ties count half); ``None``
+            without both labels in the sample.
+        spread: The standard deviation of the scores (probabilities, 0–1).
+    """
+
+    pairs: int
+    auc: float | None
+    spread: float
+
+    @property
+    def collapsed(self) -> bool:
+        """Whether the scores barely vary or barely rank positives first."""
+        return self.spread < COLLAPSED_SPREAD or (self.auc is not None and self.auc < COLLAPSED_AUC)
+
+    @classmethod
+    def of(cls, scores: Sequence[float], labels: Sequence[float]) -> TrainingCheck:
+        """The check from each pair's score and label."""
+        import numpy as np
+
+        values, positive = np.asarray(scores, dtype=float), np.asarray(labels) > 0.5
+        pos, neg = values[positive], values[~positive]
+        auc = None
+        if len(pos) and len(neg):
+            auc = float((pos[:, None] > neg[None, :]).mean()
+                        + 0.5 * (pos[:, None] == neg[None, :]).mean())
+        return cls(len(values), auc, float(values.std()) if len(values) else 0.0)
+
+    def record(self) -> dict[str, Any]:
+        """The check as ``training.json`` and the command's report hold it."""
+        return {"pairs": self.pairs, "auc": None if self.auc is None else round(self.auc, 3),
+                "spread": round(self.spread, 3), "collapsed": self.collapsed}
+
+
+def check_training(folder: Path, pairs: Sequence[TrainingPair], seed: int) -> TrainingCheck:
+    """Score up to :data:`CHECK_PAIRS` of the training pairs (a seeded sample) with the
+    model saved in ``folder``."""
+    from sentence_transformers import CrossEncoder
+
+    sample = random.Random(seed).sample(list(pairs), min(CHECK_PAIRS, len(pairs)))
+    model = CrossEncoder(str(folder), device="cpu")
+    scores = model.predict([(p.query, p.text) for p in sample], batch_size=32,
+                           show_progress_bar=False)
+    return TrainingCheck.of([float(s) for s in scores], [p.label for p in sample])
+
+
 def write_notes(out: Path, datasets: Sequence[str | Path], pairs: Sequence[TrainingPair],
-                settings: TrainingSettings) -> None:
+                settings: TrainingSettings, check: TrainingCheck) -> None:
     """The licence notice, what the model was trained on and a profile that uses it."""
     (out / NOTICE_FILE).write_text(LICENCE_NOTICE + "\n", encoding="utf-8")
     record: dict[str, Any] = {
@@ -251,6 +319,7 @@ def write_notes(out: Path, datasets: Sequence[str | Path], pairs: Sequence[Train
         "pairs": len(pairs),
         "positives": sum(1 for p in pairs if p.label > 0.5),
         "settings": {**vars(settings), "holdout_channels": sorted(settings.holdout_channels)},
+        "check": check.record(),
         "notice": LICENCE_NOTICE,
     }
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -285,7 +354,9 @@ def run_train_reranker(
     there, so an interrupted training does not cost the embedding again).
 
     Returns:
-        ``{"out", "datasets", "pairs", "positives", "notice"}``.
+        ``{"out", "datasets", "pairs", "positives", "notice", "profile", "check"}``
+        (``check``: :meth:`TrainingCheck.record`; a collapsed model is still written,
+        and the caller says so).
 
     Raises:
         ConfigError: ``out`` may not be written (see :func:`check_output_folder`).
@@ -297,9 +368,12 @@ def run_train_reranker(
         on_mined()
     log.info("training on %d pairs from %d sets", len(pairs), len(datasets))
     train_cross_encoder(pairs, target, settings, show_progress_bar=progress is not None)
-    write_notes(target, datasets, pairs, settings)
+    check = check_training(target, pairs, settings.seed)
+    log.info("trained model on %d of its pairs: AUC %s, score spread %.3f",
+             check.pairs, check.auc, check.spread)
+    write_notes(target, datasets, pairs, settings, check)
     return {
         "out": str(target), "datasets": [Path(d).name for d in datasets], "pairs": len(pairs),
         "positives": sum(1 for p in pairs if p.label > 0.5), "notice": LICENCE_NOTICE,
-        "profile": str(target / "profile.toml"),
+        "profile": str(target / "profile.toml"), "check": check.record(),
     }

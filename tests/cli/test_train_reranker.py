@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 import bot
-from benchmarks.train_reranker import REPO_ROOT, TrainingPair, TrainingSettings, train_cross_encoder
+from benchmarks.train_reranker import (
+    REPO_ROOT,
+    TrainingCheck,
+    TrainingPair,
+    TrainingSettings,
+    train_cross_encoder,
+)
 from memory.config import load_profile
 from memory.rerank.cross_encoder import CrossEncoderReranker
 
@@ -41,7 +47,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = bot.main([*PROFILE, "bench", "train-reranker", str(BENCH_MINI), "--out", str(out),
-                         "--negatives", "2", "--seed", "3"])
+                         "--negatives", "2", "--seed", "3", "--epochs", "6", "--lr", "3e-4"])
     assert code == 0, stderr.getvalue()
     return out, json.loads(stdout.getvalue()), stderr.getvalue()
 
@@ -73,6 +79,43 @@ def test_trains_a_cross_encoder_folder_a_profile_loads_and_scores_with(
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
     assert "not allow redistributing" in err
     assert "not allow redistributing" in (folder / "NOT-FOR-REDISTRIBUTION.txt").read_text()
+
+
+def test_the_report_and_training_json_say_how_the_model_separates_its_pairs(
+    trained: tuple[Path, dict, str],
+) -> None:
+    folder, report, err = trained
+    check = report["check"]
+    assert check["collapsed"] is False and check["spread"] > 0.05 and check["auc"] > 0.75
+    assert check["pairs"] == report["pairs"]  # bench-mini has fewer than CHECK_PAIRS
+    assert json.loads((folder / "training.json").read_text())["check"] == check
+    assert f"check: spread {check['spread']}" in err
+
+
+def test_a_model_that_does_not_separate_its_pairs_fails_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture,
+) -> None:
+    """One short epoch at the default rate leaves the five-question set's model scoring
+    every pair alike: the command writes it, then says so and exits 1."""
+    out = tmp_path / "flat"
+    code, stdout, err = run_cli(capsys, *PROFILE, "bench", "train-reranker", BENCH_MINI,
+                                "--out", out, "--negatives", "2", "--seed", "3")
+    assert code == 1
+    assert "does not tell its own training pairs apart" in err and "another --seed" in err
+    assert json.loads(stdout)["check"]["collapsed"] is True
+    assert json.loads((out / "training.json").read_text())["check"]["collapsed"] is True
+
+
+def test_training_check_measures_spread_and_auc() -> None:
+    flat = TrainingCheck.of([0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 0.0, 0.0])
+    assert (flat.auc, flat.spread, flat.collapsed) == (0.5, 0.0, True)
+    apart = TrainingCheck.of([0.9, 0.8, 0.1, 0.3], [1.0, 1.0, 0.0, 0.0])
+    assert apart.auc == 1.0 and not apart.collapsed
+    inverted = TrainingCheck.of([0.1, 0.9], [1.0, 0.0])
+    assert inverted.auc == 0.0 and inverted.spread == pytest.approx(0.4) and inverted.collapsed
+    assert TrainingCheck.of([0.2, 0.9], [0.0, 0.0]).auc is None  # no positive in the sample
+    assert TrainingCheck.of([], []).record() == {
+        "pairs": 0, "auc": None, "spread": 0.0, "collapsed": True}
 
 
 def test_training_is_seeded(tmp_path: Path) -> None:
