@@ -25,7 +25,7 @@ written is a normal Hugging Face cross-encoder folder: ``backend = "cross-encode
 rights belong to others) do not allow redistributing a model trained on them, so it
 is refused a place inside this repository and the output says so.
 
-Some seeds collapse: the model ends up scoring every pair about alike (two of 18 fold
+Some seeds collapse: the model ends up scoring every pair about alike (two of 20 fold
 models in BENCHMARKS.md, issue 32's fourth and fifth rounds).  After training, the
 model scores a seeded sample of its own pairs (:func:`check_training`); the spread and
 AUC go into ``training.json`` and the report, and the command fails when they show a
