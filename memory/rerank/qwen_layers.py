@@ -57,8 +57,8 @@ def supports(base: Any) -> bool:
     has_attention = has_parts and all(hasattr(attention, n) for n in _ATTENTION)
     if not has_attention or not all(hasattr(mlp, n) for n in _MLP):
         return False
-    fused = [attention.q_proj, attention.k_proj, attention.v_proj, mlp.gate_proj, mlp.up_proj]
-    return all(getattr(p, "bias", None) is None for p in fused)  # Qwen3's have none
+    # the projections fuse_projections joins carry no bias (Qwen3's have none)
+    return all(getattr(p, "bias", None) is None for group in _groups(layer) for p in group)
 
 
 def fuse_projections(base: Any) -> list[Fused]:
