@@ -83,7 +83,10 @@ class QwenConfig:
     small model; low where compute does, the 8B).  ``bucket_costs``, measured by
     ``bench step-costs`` on the machine that runs the profile (``[batch, length,
     milliseconds]`` for every bucket), replaces that estimate: the candidates are
-    then packed to minimise the measured time of the steps.
+    then packed to minimise the measured time of the steps.  ``pack`` lets one
+    row of a bucket hold several candidates back to back (each attending only to
+    itself and its query), wherever that plans cheaper than one candidate a row:
+    chat messages are far shorter than the longest bucket they must fit.
     """
 
     model: str = _model()
@@ -99,6 +102,7 @@ class QwenConfig:
     buckets: tuple[tuple[int, int], ...] = field(default=(), metadata={"shapes": True})
     bucket_run_cost: int = field(default=512, metadata=bounds(0, 1_000_000))
     bucket_costs: tuple[tuple[int, int, float], ...] = field(default=(), metadata={"costs": True})
+    pack: bool = False
     cuda_graphs: bool = False
     torch_compile: bool = False
     compile_budget: float = field(default=90.0, metadata=bounds(1.0, 3600.0))
@@ -367,6 +371,11 @@ def _validate_qwen(source: str, q: QwenConfig) -> None:
             f"{source}: reranker.buckets cannot be combined with quantize = 'int8' "
             "(dynamic int8 scales activations per batch, so padding would change scores): "
             "drop one of them"
+        )
+    if q.pack and not q.buckets:
+        raise ConfigError(
+            f"{source}: reranker.pack packs candidates into the static-shape steps, so "
+            "it needs reranker.buckets: add buckets or set pack = false"
         )
     if q.torch_compile and not q.buckets:
         raise ConfigError(

@@ -482,6 +482,7 @@ def _new_static(reranker: QwenReranker, model: Any) -> StaticScorer:
         buckets=config.buckets, max_length=config.max_length, slots=config.concurrent,
         run_cost=config.bucket_run_cost,
         measured={(b, n): ms for b, n, ms in config.bucket_costs} or None,
+        pack=config.pack,
     )
 
 

@@ -4,8 +4,9 @@ A CUDA graph replays on the addresses it was captured with, so every step of
 :class:`memory.rerank.qwen_static.StaticScorer` reads and writes tensors allocated
 once: per head *capacity* a :class:`HeadSlot` (token ids per head size in, each
 layer's keys and values out, one row per search slot), and per (capacity, bucket) a
-:class:`TailSlot` (token ids, each row's last real position and head slot, the
-scores out).  :class:`StaticBuffers` builds them on first use and keeps them.
+:class:`TailSlot` (token ids, where each position's candidate starts in its row,
+where each candidate's last real token lies, each row's head slot, the scores out).
+:class:`StaticBuffers` builds them on first use and keeps them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ from typing import Any
 import torch
 
 Shape = tuple[int, int]  # (batch, tail length)
+
+SEGMENT_MIN = 16  # a packed row holds at most length // SEGMENT_MIN candidates
+
+
+def reads_per_row(length: int) -> int:
+    """Candidates one row of ``length`` positions may hold when tails are packed."""
+    return max(1, length // SEGMENT_MIN)
 
 
 @dataclass
@@ -38,9 +46,10 @@ class TailSlot:
     """Static buffers of one (head capacity, bucket) step."""
 
     ids: torch.Tensor  # [batch, length] long
-    last: torch.Tensor  # [batch] long: each row's last real position
+    starts: torch.Tensor  # [batch, length] long: where each position's candidate starts
+    reads: torch.Tensor  # [batch * reads_per_row(length)] long: flat last positions
     heads: torch.Tensor  # [batch] long: each row's head slot
-    out: torch.Tensor | None = None  # [batch] float32 P(yes), set by the step
+    out: torch.Tensor | None = None  # float32 P(yes) per entry of ``reads``, set by the step
     graph: Any = None
 
 
@@ -82,11 +91,12 @@ class StaticBuffers:
         """The buffers of the tail step of ``shape`` on heads of capacity ``cap``."""
         slot = self.tails.get((cap, shape))
         if slot is None:
-            batch, _ = shape
+            batch, length = shape
             slot = TailSlot(
                 ids=self.full(shape),
-                last=torch.zeros(batch, dtype=torch.long, device=self.device),
-                heads=torch.zeros(batch, dtype=torch.long, device=self.device),
+                starts=self._indices(shape),
+                reads=self._indices((batch * reads_per_row(length),)),
+                heads=self._indices((batch,)),
             )
             self.tails[(cap, shape)] = slot
         return slot
@@ -112,6 +122,9 @@ class StaticBuffers:
         """Drop every buffer (and the graphs captured on them)."""
         self.heads.clear()
         self.tails.clear()
+
+    def _indices(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=torch.long, device=self.device)
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=self.dtype, device=self.device)

@@ -13,7 +13,9 @@ therefore runs every search through a few fixed shapes:
 * the *tails* (document + suffix) are sorted by length and packed into the
   profile's ``[batch, length]`` buckets, right-padded in both directions (extra
   tokens after a tail, extra rows after the last candidate), and run against the
-  head's cache.
+  head's cache.  With ``pack`` a row may hold several tails back to back
+  (:func:`plan_packed`), wherever that plans cheaper: each tail's tokens see only
+  the head and its own earlier tokens, and count their positions from its start.
 
 Several searches can be scored together (:meth:`StaticScorer.score_together`): their
 heads run as the rows of one head step (:func:`head_batches`: 1, 4 or 16 heads per
@@ -25,9 +27,10 @@ queueing them.  :class:`StepStats` counts what ran (steps, rows, padded position
 for the benchmark and the tests.
 
 Padding cannot change a score: the attention mask lets a tail token see only the
-``head_len`` real head positions and the tail positions up to itself (right
-padding sits after every real token, so a causal mask already hides it), and each
-row's score is read at its own last real position, not at the bucket's end.
+``head_len`` real head positions and its own tail's positions up to itself (right
+padding sits after every real token, so a causal mask already hides it, and a packed
+row's neighbours are masked as well), and each tail's score is read at its own last
+real position, not at the bucket's end.
 
 With ``torch_compile`` the steps run their layers through one compiled function
 shared by every layer (:func:`memory.rerank.qwen_layers.layer_step`: inductor fuses
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,7 +66,7 @@ import torch
 
 from memory.rerank import qwen_layers
 from memory.rerank.kv_cache import prefix_cache_class
-from memory.rerank.qwen_buffers import HeadSlot, Shape, StaticBuffers, TailSlot
+from memory.rerank.qwen_buffers import HeadSlot, Shape, StaticBuffers, TailSlot, reads_per_row
 from memory.rerank.qwen_steps import StaticForward
 
 log = logging.getLogger(__name__)
@@ -77,12 +81,24 @@ class Run:
 
     Attributes:
         shape: The bucket, ``(batch, length)``.
-        indices: Candidate indices, at most ``batch`` of them, each with a tail no
-            longer than ``length``.
+        indices: Candidate indices, row by row.
+        per_row: How many of ``indices`` each row holds, when several candidates are
+            packed into a row (:func:`plan_packed`); empty: one candidate a row.
     """
 
     shape: Shape
     indices: list[int]
+    per_row: tuple[int, ...] = ()
+
+    def rows(self) -> list[list[int]]:
+        """The candidate indices of each row, in row order."""
+        if not self.per_row:
+            return [[i] for i in self.indices]
+        rows, start = [], 0
+        for count in self.per_row:
+            rows.append(self.indices[start : start + count])
+            start += count
+        return rows
 
 
 def head_capacities(max_length: int) -> tuple[int, ...]:
@@ -202,8 +218,7 @@ def plan_runs(
     longest = max((length for _, length in buckets), default=0)
     fits = bisect.bisect_right(ordered, longest)
     # cost[i]: cheapest plan for ordered[i:fits]; step[i]: its first run's shape and size
-    price = {shape: measured[shape] if measured else shape[0] * shape[1] + run_cost
-             for shape in buckets}
+    price = _prices(buckets, run_cost, measured)
     cost = [0.0] * (fits + 1)
     step: list[tuple[Shape, int]] = [((0, 0), 0)] * fits
     for i in range(fits - 1, -1, -1):
@@ -221,6 +236,127 @@ def plan_runs(
         runs.append(Run(shape, order[i : i + take]))
         i += take
     return runs, order[fits:]
+
+
+def plan_packed(
+    lengths: Sequence[int], buckets: Sequence[Shape], run_cost: int = 512,
+    measured: Mapping[Shape, float] | None = None, owners: Sequence[int] | None = None,
+) -> tuple[list[Run], list[int]]:
+    """Pack candidates back to back into rows, then the rows into bucket shapes.
+
+    A chat message and its suffix are 20-80 tokens, so one candidate a row leaves a
+    ``[32, 96]`` step more than half padding.  Here a row holds as many candidates
+    as fit (at most ``reads_per_row(length)``), each attending only to itself and its
+    row's head (:meth:`memory.rerank.qwen_steps.StaticForward.tail`).  For every
+    bucket length that holds the longest tail, the tails are packed into rows of
+    that length, first fit by decreasing length, never two ``owners``' (searches')
+    tails in one row, as a row attends to one head; the rows then go into that
+    length's shapes at the least cost (the prices of :func:`plan_runs`), and the
+    cheapest length wins.
+
+    Returns:
+        The runs (:attr:`Run.per_row` set) and, as :func:`plan_runs`, the indices of
+        candidates longer than every bucket, shortest first.
+    """
+    longest = max((length for _, length in buckets), default=0)
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    fitting = [i for i in order if lengths[i] <= longest]
+    overflow = [i for i in order if lengths[i] > longest]
+    if not fitting:
+        return [], overflow
+    owned = list(owners) if owners is not None else [0] * len(lengths)
+    price = _prices(buckets, run_cost, measured)
+    need = lengths[fitting[-1]]
+    best: tuple[float, list[Run]] | None = None
+    for size in sorted({length for _, length in buckets if length >= need}):
+        rows = _pack_rows(fitting, lengths, owned, size)
+        cost, batches = _cover(len(rows), [b for b, n in buckets if n == size], size, price)
+        if best is None or cost < best[0]:
+            best = (cost, _packed_runs(rows, batches, size))
+    assert best is not None  # the longest bucket holds every fitting tail
+    return best[1], overflow
+
+
+def _packed_runs(rows: list[list[int]], batches: list[int], size: int) -> list[Run]:
+    """``rows`` into steps of ``batches`` rows of ``size`` positions, in order."""
+    runs, start = [], 0
+    for batch in batches:
+        chunk = rows[start : start + batch]
+        start += len(chunk)
+        if chunk:  # a free step (a measured time of 0) may be left over
+            runs.append(Run((batch, size), [i for row in chunk for i in row],
+                            tuple(len(row) for row in chunk)))
+    return runs
+
+
+def cheapest_plan(
+    lengths: Sequence[int], buckets: Sequence[Shape], run_cost: int = 512,
+    measured: Mapping[Shape, float] | None = None, pack: bool = False,
+    owners: Sequence[int] | None = None,
+) -> tuple[list[Run], list[int]]:
+    """:func:`plan_runs`, and with ``pack`` also :func:`plan_packed`, whichever costs less."""
+    prices = (buckets, run_cost, measured)
+    single = plan_runs(lengths, *prices)
+    if not pack:
+        return single
+    packed = plan_packed(lengths, *prices, owners=owners)
+    return packed if plan_cost(packed[0], *prices) < plan_cost(single[0], *prices) else single
+
+
+def plan_cost(
+    runs: Sequence[Run], buckets: Sequence[Shape], run_cost: int = 512,
+    measured: Mapping[Shape, float] | None = None,
+) -> float:
+    """What ``runs`` cost at the prices :func:`plan_runs` and :func:`plan_packed` minimise."""
+    price = _prices(buckets, run_cost, measured)
+    return sum(price[run.shape] for run in runs)
+
+
+def _prices(
+    buckets: Sequence[Shape], run_cost: int, measured: Mapping[Shape, float] | None
+) -> dict[Shape, float]:
+    return {shape: measured[shape] if measured else shape[0] * shape[1] + run_cost
+            for shape in buckets}
+
+
+def _pack_rows(
+    indices: Sequence[int], lengths: Sequence[int], owners: Sequence[int], size: int
+) -> list[list[int]]:
+    """First fit by decreasing length into rows of ``size`` positions, one owner a row."""
+    room = reads_per_row(size)
+    rows: list[list[int]] = []
+    used: list[int] = []
+    by_owner: dict[int, list[int]] = {}  # owner -> its rows (indices into ``rows``)
+    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+        mine = by_owner.setdefault(owners[i], [])
+        row = next((r for r in mine
+                    if used[r] + lengths[i] <= size and len(rows[r]) < room), None)
+        if row is None:
+            row = len(rows)
+            mine.append(row)
+            rows.append([])
+            used.append(0)
+        rows[row].append(i)
+        used[row] += lengths[i]
+    return rows
+
+
+def _cover(
+    count: int, batches: Sequence[int], size: int, price: Mapping[Shape, float]
+) -> tuple[float, list[int]]:
+    """The cheapest steps (their batch sizes, largest first) holding ``count`` rows."""
+    cost = [0.0] + [math.inf] * count
+    pick = [0] * (count + 1)
+    for held in range(1, count + 1):
+        for batch in batches:
+            total = price[(batch, size)] + cost[max(0, held - batch)]
+            if total < cost[held]:
+                cost[held], pick[held] = total, batch
+    steps, held = [], count
+    while held > 0:
+        steps.append(pick[held])
+        held = max(0, held - pick[held])
+    return cost[count], sorted(steps, reverse=True)
 
 
 @dataclass
@@ -246,6 +382,8 @@ class StaticScorer:
         run_cost: Token positions one more run is worth (``reranker.bucket_run_cost``).
         measured: Each bucket's measured step time (``reranker.bucket_costs``), which
             the plans then minimise instead; ``None``: padded positions and run cost.
+        pack: Several candidates a row where that plans cheaper (``reranker.pack``,
+            :func:`plan_packed`); the steps and their graphs are the same either way.
     """
 
     model: Any
@@ -257,6 +395,7 @@ class StaticScorer:
     slots: int = 1
     run_cost: int = 512
     measured: dict[Shape, float] | None = None
+    pack: bool = False
     graphs: bool = False
     compiled: bool = False
     stats: StepStats = field(default_factory=StepStats)
@@ -289,9 +428,15 @@ class StaticScorer:
         """Whether a head of ``head_len`` tokens fits the largest head buffer."""
         return head_len <= self.capacities[-1]
 
-    def plan(self, lengths: Sequence[int]) -> tuple[list[Run], list[int]]:
-        """:func:`plan_runs` for tails of ``lengths`` with this scorer's buckets and prices."""
-        return plan_runs(lengths, self.buckets, self.run_cost, self.measured)
+    def plan(
+        self, lengths: Sequence[int], owners: Sequence[int] | None = None
+    ) -> tuple[list[Run], list[int]]:
+        """:func:`cheapest_plan` for tails of ``lengths`` with this scorer's settings.
+
+        ``owners``: each tail's search, when several are planned together.
+        """
+        return cheapest_plan(lengths, self.buckets, self.run_cost, self.measured,
+                             self.pack, owners)
 
     @torch.inference_mode()
     def score(
@@ -346,7 +491,7 @@ class StaticScorer:
         for search, (_, tails) in enumerate(searches):
             rows += tails
             owners += [(search, i) for i in range(len(tails))]
-        runs, overflow = self.plan([len(r) for r in rows])
+        runs, overflow = self.plan([len(r) for r in rows], [search for search, _ in owners])
         found = self._score_rows([head for head, _ in searches], rows,
                                  [search for search, _ in owners], runs)
         for row, value in found.items():
@@ -366,11 +511,11 @@ class StaticScorer:
         self._heads_step(head_slot, heads)
         found: list[torch.Tensor] = []
         for run in runs:
-            picked = [rows[i] for i in run.indices]
-            out = self._tail_step(head_slot, run.shape, picked,
-                                  [row_heads[i] for i in run.indices])
+            packed = [[rows[i] for i in row] for row in run.rows()]
+            out = self._tail_step(head_slot, run.shape, packed,
+                                  [row_heads[row[0]] for row in run.rows()])
             # a copy: the next replay of this shape's graph overwrites its output
-            found.append(out[: len(picked)].clone())
+            found.append(out[: len(run.indices)].clone())
         # the one wait for the GPU: every step was queued without reading a result
         values = torch.cat(found).tolist() if found else []
         return dict(zip([i for run in runs for i in run.indices], values, strict=True))
@@ -391,21 +536,24 @@ class StaticScorer:
         self.stats.head_positions += batch * size
 
     def _tail_step(
-        self, head_slot: HeadSlot, shape: Shape, picked: list[list[int]], owners: list[int]
+        self, head_slot: HeadSlot, shape: Shape, rows: list[list[list[int]]], owners: list[int]
     ) -> torch.Tensor:
-        """One tail step of ``shape`` holding ``picked`` rows, each on its owner's head slot."""
+        """One tail step of ``shape``: each row's candidates back to back, on its owner's head."""
         slot = self.buffers.tail_slot(head_slot.capacity, shape)
         batch, length = shape
-        padding = [0] * (batch - len(picked))
+        padding = [0] * (batch - len(rows))
+        starts, reads = _layout(rows, batch, length)
         put = self.buffers.put
-        put(slot.ids, _padded(picked, batch, length, self.pad_id))
-        put(slot.last, torch.tensor([len(r) - 1 for r in picked] + padding))
+        put(slot.ids, _padded([[t for tail in row for t in tail] for row in rows],
+                              batch, length, self.pad_id))
+        put(slot.starts, starts)
+        put(slot.reads, reads)
         put(slot.heads, torch.tensor(owners + padding))
         out = self._step(slot.graph, partial(self._run_tail, head_slot, slot), slot)
         self.stats.tail_steps += 1
-        self.stats.tail_rows += len(picked)
+        self.stats.tail_rows += sum(len(row) for row in rows)
         self.stats.tail_positions += batch * length
-        self.stats.tail_tokens += sum(len(r) for r in picked)
+        self.stats.tail_tokens += sum(len(tail) for row in rows for tail in row)
         return out
 
     @torch.inference_mode()
@@ -509,7 +657,8 @@ class StaticScorer:
         self.forward.head(ids, slot.keys, slot.values)
 
     def _run_tail(self, head: HeadSlot, slot: TailSlot) -> torch.Tensor:
-        return self.forward.tail(slot.ids, slot.last, slot.heads, head.keys, head.values)
+        return self.forward.tail(slot.ids, slot.starts, slot.reads, slot.heads,
+                                 head.keys, head.values)
 
 
 def _captured_graph(pool: Any, run: Callable[[], Any], device: torch.device) -> tuple[Any, Any]:
@@ -526,6 +675,34 @@ def _captured_graph(pool: Any, run: Callable[[], Any], device: torch.device) -> 
     with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         out = run()
     return graph, out
+
+
+def _layout(
+    rows: list[list[list[int]]], batch: int, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU ``starts`` ``[batch, length]`` and ``reads`` for rows of back-to-back tails.
+
+    Every position gets the start of its tail (the padding after a row's last tail
+    starts a tail of its own, so nothing real sees it); ``reads`` lists each tail's
+    last position, flat and row by row, then zeros up to the slot's capacity.
+    """
+    firsts: list[int] = []  # each stretch of positions sharing a start: the start
+    sizes: list[int] = []  # and its length (tails, and each row's padding after them)
+    reads: list[int] = []
+    for index, row in enumerate(rows):
+        at = 0
+        for tail in row:
+            firsts.append(at)
+            sizes.append(len(tail))
+            at += len(tail)
+            reads.append(index * length + at - 1)
+        firsts.append(at)
+        sizes.append(length - at)
+    firsts.append(0)
+    sizes.append(length * (batch - len(rows)))  # the rows no candidate fills
+    reads += [0] * (batch * reads_per_row(length) - len(reads))
+    starts = torch.repeat_interleave(torch.tensor(firsts), torch.tensor(sizes))
+    return starts.view(batch, length), torch.tensor(reads)
 
 
 def _padded(rows: Sequence[list[int]], batch: int, length: int, pad_id: int) -> torch.Tensor:

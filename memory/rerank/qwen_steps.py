@@ -75,19 +75,27 @@ class StaticForward:
             value_buf[:batch, :, :size].copy_(values)
 
     def tail(
-        self, ids: torch.Tensor, last_positions: torch.Tensor, row_heads: torch.Tensor,
-        head_keys: list[torch.Tensor], head_values: list[torch.Tensor],
+        self, ids: torch.Tensor, starts: torch.Tensor, reads: torch.Tensor,
+        row_heads: torch.Tensor, head_keys: list[torch.Tensor], head_values: list[torch.Tensor],
     ) -> torch.Tensor:
-        """P(yes) of each row of ``ids``, each on top of its own head slot's keys and values."""
+        """P(yes) at each flat position in ``reads``, every row on its own head slot.
+
+        A row holds one candidate or several packed back to back: ``starts`` gives,
+        for every position, where its candidate begins in the row.  A token sees the
+        real tokens of its row's head and its own candidate's tokens up to itself,
+        nothing of the candidates beside it, and takes its rotary position from its
+        own candidate's start, so each candidate is scored as if it ran alone.
+        """
         batch, length = ids.shape
         cap = head_keys[0].shape[2]
-        query = self.positions[:length][:, None]
-        key = self.positions[: cap + length][None]
+        query = self.positions[:length]
+        key = self.positions[: cap + length] - cap  # tail keys from 0, head keys below
         head_len = self.head_len[row_heads][:, None, None]  # [batch, 1, 1]: each row's head
-        sees_head = key[None] < head_len  # its own head's real tokens, not the padding
-        sees_tail = ((key >= cap) & (key - cap <= query))[None]  # causal within the tail
+        sees_head = key + cap < head_len  # its own head's real tokens, not the padding
+        first = starts[:, :, None]  # [batch, length, 1]
+        sees_tail = (key >= first) & (key <= query[:, None])  # its own candidate, causal
         mask = self._additive(sees_head | sees_tail)[0, 0][:, None]  # [batch, 1, q, k]
-        positions = head_len[:, 0] + self.positions[:length][None]  # [batch, length]
+        positions = head_len[:, 0] + query[None] - starts  # [batch, length]
         if self.layer_kernel is not None:
             heads = [(k.index_select(0, row_heads), v.index_select(0, row_heads))
                      for k, v in zip(head_keys, head_values)]
@@ -95,7 +103,7 @@ class StaticForward:
         else:
             cache = prefix_cache(list(zip(head_keys, head_values)), batch, row_heads)
             hidden = self._forward(ids, positions, mask, cache)
-        last = hidden[self.positions[:batch], last_positions]
+        last = hidden.reshape(batch * length, -1).index_select(0, reads)
         return self._yes_probability(last)
 
     def _forward(

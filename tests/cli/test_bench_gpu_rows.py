@@ -65,9 +65,9 @@ def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeyp
     planned_by: list[bool] = []  # whether each plan minimised measured step times
     real_plan = StaticScorer.plan
 
-    def plan(self, lengths):
+    def plan(self, lengths, owners=None):
         planned_by.append(bool(self.measured))
-        return real_plan(self, lengths)
+        return real_plan(self, lengths, owners)
 
     monkeypatch.setattr(StaticScorer, "plan", plan)
     out = tmp_path / "raw"

@@ -191,8 +191,8 @@ FLAT_RERANKER_KEYS = {
     "backend", "model", "device", "dtype", "quantize", "batch_size", "max_length", "instruction",
     "prefix_cache", "oversample", "max_candidates", "timeout", "blend", "blend_weight",
     "min_score", "keep_margin", "url", "endpoint", "parallel", "buckets", "bucket_run_cost",
-    "bucket_costs", "cuda_graphs", "torch_compile", "compile_budget", "concurrent", "runtime",
-    "onnx_file", "dialect", "api_key_env", "max_documents", "score_scale",
+    "bucket_costs", "pack", "cuda_graphs", "torch_compile", "compile_budget", "concurrent",
+    "runtime", "onnx_file", "dialect", "api_key_env", "max_documents", "score_scale",
 }
 BACKEND_SETTINGS = [QwenConfig, LlamaServerConfig, CrossEncoderConfig, RerankApiConfig,
                     LlmJudgeConfig]

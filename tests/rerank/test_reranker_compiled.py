@@ -117,8 +117,10 @@ def test_inductor_compiled_scores_equal_eager(parts, config, eager, caplog):
     assert reranker._static.compiled, caplog.text
     assert "static steps compiled in" in caplog.text
     assert "compiled static steps serve from now on" in caplog.text
-    for query in QUERIES:
-        assert_close(reranker.score(query, DOCS), eager[query], tol=FP32_TOL)
+    for pack in (False, True):  # the same compiled steps, one candidate a row or packed
+        reranker._static.pack = pack
+        for query in QUERIES:
+            assert_close(reranker.score(query, DOCS), eager[query], tol=FP32_TOL)
 
 
 EXIT_UNDER_COMPILE = """
@@ -181,9 +183,11 @@ def test_torch_compile_parses(tmp_path):
     assert load_profile_file(path).reranker.qwen.torch_compile is True
 
 
-def test_compiled_steps_score_searches_together(parts, config, eager):
+@pytest.mark.parametrize("pack", [False, True])
+def test_compiled_steps_score_searches_together(parts, config, eager, pack):
     # the kernels grouped searches run through are the compiled ones too
-    reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH, concurrent=3)
+    reranker = wrap(parts, config, buckets=BUCKETS, max_length=MAX_LENGTH, concurrent=3,
+                    pack=pack)
     calls: list[str] = []
     assert qwen.compiled(reranker._static, backend=recording_backend(calls))
     at_load = len(calls)
