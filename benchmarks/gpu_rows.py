@@ -20,7 +20,10 @@ gpu-summary`` reads (``SIZE`` is the model size, or ``label``):
 * ``concurrent-SIZE.json`` (eager steps) and ``concurrent-SIZE-compiled.json``;
 * with ``step_rounds``: ``step-costs-SIZE.json`` (on the compiled steps),
   ``PROFILE-timed.toml`` (the shipped profile with those times as ``bucket_costs``) and
-  ``concurrent-SIZE-timed.json`` (the compiled levels, planned with those times).
+  ``concurrent-SIZE-timed.json`` (the compiled levels, planned with those times);
+* ``concurrent-SIZE-packed.json``: the compiled levels planned packed (``reranker.pack``:
+  several candidates a row), with the measured step times when there are some; the
+  ``packed`` variant of the rerank reports runs on the same reranker.
 
 Every file is written as soon as its numbers are measured (the rerank reports after
 each variant, each file whole or not at all), so a run killed at its time limit keeps
@@ -111,6 +114,7 @@ class GpuRows:
     plan: RowPlan
     written: list[str] = field(init=False, default_factory=list)
     failed: list[str] = field(init=False, default_factory=list)
+    _costs: dict[str, Any] | None = field(init=False, default=None)  # step costs measured
 
     def run(self, progress: ProgressFn | None = None) -> dict[str, Any]:
         """Measure every row.
@@ -151,7 +155,10 @@ class GpuRows:
     def _serve(self, variant: Variant, reranker: QwenReranker) -> None:
         """The concurrent rows (and step costs) on a static variant while it is loaded."""
         row = served_rows(variant, torch.device(str(reranker.device)).type)
-        if row == "eager":
+        if variant.static.pack:  # the compiled variant's reranker again, planning packed
+            if row == "compiled":
+                self._measured(f"concurrent-{self._size}-packed.json", self._packed, reranker)
+        elif row == "eager":
             self._measured(f"concurrent-{self._size}.json", self._concurrent, reranker)
         elif row == "compiled":
             self._measured(f"concurrent-{self._size}-compiled.json",
@@ -159,6 +166,7 @@ class GpuRows:
             if self.plan.step_rounds:
                 costs = self._measured(f"step-costs-{self._size}.json", self._step_costs,
                                        reranker)
+                self._costs = costs
                 if costs is not None:
                     self._timed_profile(costs)
                     self._measured(f"concurrent-{self._size}-timed.json",
@@ -190,17 +198,23 @@ class GpuRows:
         return measure_step_costs(reranker, profile_for(self.settings.model_size),
                                   self.settings.model_size, self.plan.step_rounds)
 
-    def _timed(self, reranker: QwenReranker, costs: dict[str, Any]) -> dict[str, Any]:
-        """The compiled levels again, the planner minimising the measured step times."""
+    def _timed(self, reranker: QwenReranker, costs: dict[str, Any] | None) -> dict[str, Any]:
+        """The compiled levels again, the planner minimising the measured step times
+        (``costs``; ``None``: the profile's estimate)."""
         scorer = reranker.static_scorer
         if scorer is None:
             raise ConfigError("the static path was dropped (see the log): no timed row")
         planned_by = scorer.measured
-        scorer.measured = {(b, n): ms for b, n, ms in costs["bucket_costs"]}
+        if costs is not None:
+            scorer.measured = {(b, n): ms for b, n, ms in costs["bucket_costs"]}
         try:
             return self._concurrent(reranker, compiled=True)
         finally:
             scorer.measured = planned_by
+
+    def _packed(self, reranker: QwenReranker) -> dict[str, Any]:
+        """The compiled levels planned packed, on the step times this run measured if any."""
+        return self._timed(reranker, self._costs)
 
     def _timed_profile(self, costs: dict[str, Any]) -> None:
         """The shipped profile with the measured ``bucket_costs``, for ``--profile``."""

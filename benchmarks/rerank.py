@@ -16,7 +16,10 @@ side by side with several designs of :class:`memory.rerank.qwen.QwenReranker`:
   ``cuda`` profile's buckets (``cuda-8b``'s for 4B and 8B), run eagerly, and on
   CUDA also as captured CUDA graphs (``graphs``) and as graphs of torch.compile'd
   steps (``compiled graphs``); ``load_seconds`` includes compiling and capture,
-  and ``eager_diff`` compares with the dynamic prefix path in the same dtype.
+  and ``eager_diff`` compares with the dynamic prefix path in the same dtype;
+* ``packed``: the last bucketed variant again, on the same loaded reranker, with
+  several candidates packed into each row wherever that plans cheaper
+  (``reranker.pack``).
 
 ``model_size`` picks the exact Qwen3-Reranker-0.6B, -4B or -8B shape (or ``tiny``,
 two layers, for smoke tests).  ``quick`` runs only what compares the static path
@@ -54,7 +57,7 @@ from memory.errors import ConfigError
 from memory.rerank.prompt import SUFFIX
 from memory.rerank.qwen import QwenReranker, resolve_device
 from memory.rerank.qwen_dynamic import micro_batches
-from memory.rerank.qwen_static import head_size, plan_runs
+from memory.rerank.qwen_static import head_size
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,7 @@ class VariantResult:
         concurrent: Searches one static step may hold (the profile's ``concurrent``, as
             the bot runs; 1 for the dynamic variants).  A single search is scored the
             same way either way.
+        packed: Whether several candidates shared a row where that planned cheaper.
         eager_diff: For a bucketed variant, the largest |score difference| from the
             dynamic prefix path with the same weights; ``None`` otherwise.
     """
@@ -113,6 +117,7 @@ class VariantResult:
     compiled: bool = False
     load_seconds: float = 0.0
     concurrent: int = 1
+    packed: bool = False
     eager_diff: float | None = None
 
 
@@ -123,6 +128,7 @@ class _Static:
     buckets: tuple[tuple[int, int], ...] = ()
     run_cost: int = 512
     concurrent: int = 1
+    pack: bool = False
 
 
 @dataclass(frozen=True)
@@ -296,12 +302,13 @@ class _Run:
     ) -> list[list[VariantResult]]:
         """Time every variant of ``plan`` at every candidate set; the first is the reference.
 
-        A compiled variant right after its eager twin (:func:`_compiles`) compiles on the
+        A compiled variant right after its eager twin (:func:`_twin_change`) compiles on the
         twin's loaded reranker instead of loading, capturing and compiling anew: what a bot
-        with ``torch_compile`` does at load, eager graphs first, and one capture less.
+        with ``torch_compile`` does at load, eager graphs first, and one capture less.  A
+        packed variant right after its unpacked twin plans packed on the twin's steps.
         """
         results: list[list[VariantResult]] = [[] for _ in self.doc_sets]
-        kept_open: _Loaded | None = None  # an eager twin the next variant compiles on
+        kept_open: _Loaded | None = None  # a twin the next variant runs on
         try:
             for done, variant in enumerate(plan, start=1):
                 twin, kept_open = kept_open, None
@@ -343,7 +350,8 @@ class _Run:
         except BaseException:
             loaded.reranker.close()
             raise
-        if later and _compiles(later[0], variant) and loaded.reranker.static_scorer is not None:
+        if (later and _twin_change(later[0], variant)
+                and loaded.reranker.static_scorer is not None):
             return loaded
         loaded.reranker.close()
         return None
@@ -351,7 +359,7 @@ class _Run:
     def _load_and_time(
         self, variant: Variant, results: list[list[VariantResult]], twin: _Loaded | None = None,
     ) -> _Loaded:
-        """Load ``variant`` once (or compile on its eager ``twin``) and time it at every count.
+        """Load ``variant`` once (or run on its ``twin``) and time it at every count.
 
         A failure closes it and leaves ``results`` to the caller to trim.
         """
@@ -365,10 +373,14 @@ class _Run:
                 model, self.tokenizer, self._config(variant)), 0.0
         repeats = self.repeats if results[0] else self.reference_repeats  # none yet: the reference
         try:
-            if twin is not None:
+            if twin is not None and _twin_change(variant, twin.variant) == "compile":
                 reranker.compile_in_background(model)
             if variant.torch_compile:  # compiled in the background: time what it swaps in
                 reranker.wait_for_compile()
+            if twin is not None and _twin_change(variant, twin.variant) == "pack":
+                static = reranker.static_scorer
+                assert static is not None  # _served keeps only a twin whose static path lives
+                static.pack = True
             _synchronize(self.device)
             load_seconds = loaded_before + time.perf_counter() - started
             for docs, earlier in zip(self.doc_sets, results, strict=True):
@@ -380,7 +392,7 @@ class _Run:
         except BaseException:
             reranker.close()
             raise
-        return _Loaded(reranker, load_seconds)
+        return _Loaded(reranker, load_seconds, variant)
 
     def _release_unused(self, later: list[Variant]) -> None:
         """Drop the weights no later variant runs: the 8B's float32 copy alone is 32 GB,
@@ -404,6 +416,7 @@ class _Run:
             buckets=variant.buckets,
             bucket_run_cost=variant.static.run_cost,
             concurrent=variant.static.concurrent,  # what the bot runs: searches share steps
+            pack=variant.static.pack,
             cuda_graphs=variant.cuda_graphs,
             torch_compile=variant.torch_compile,
             compile_budget=self.compile_budget,
@@ -416,12 +429,24 @@ class _Loaded:
 
     reranker: QwenReranker
     load_seconds: float
+    variant: Variant
 
 
-def _compiles(variant: Variant, previous: Variant) -> bool:
-    """Whether ``variant`` is ``previous`` with its static steps compiled."""
-    return variant.torch_compile and not previous.torch_compile and dataclasses.replace(
-        variant, name=previous.name, torch_compile=False) == previous
+def _twin_change(variant: Variant, previous: Variant) -> str | None:
+    """How ``variant`` runs on ``previous``'s loaded reranker: ``compile`` (the same with
+    its static steps compiled), ``pack`` (the same planned packed), else ``None``."""
+    same = dataclasses.replace(variant, name=previous.name, torch_compile=False,
+                               static=dataclasses.replace(variant.static, pack=False))
+    if same != dataclasses.replace(previous, torch_compile=False,
+                                   static=dataclasses.replace(previous.static, pack=False)):
+        return None
+    if variant.torch_compile and not previous.torch_compile and (
+            variant.static.pack == previous.static.pack):
+        return "compile"
+    if variant.static.pack and not previous.static.pack and (
+            variant.torch_compile == previous.torch_compile):
+        return "pack"
+    return None
 
 
 def _with_static_fields(
@@ -452,6 +477,7 @@ def _with_static_fields(
         compiled=bool(static is not None and static.compiled),
         load_seconds=round(load_seconds, 2),
         concurrent=variant.static.concurrent,
+        packed=variant.static.pack,
         eager_diff=eager_diff,
     )
 
@@ -472,7 +498,8 @@ def _profile_static(model_size: str) -> _Static:
     The 4B and 8B are compute-bound on a GPU, so they take ``cuda-8b``'s fine buckets.
     """
     reranker = load_profile(profile_for(model_size)).reranker.qwen
-    return _Static(reranker.buckets, reranker.bucket_run_cost, reranker.concurrent)
+    return _Static(reranker.buckets, reranker.bucket_run_cost, reranker.concurrent,
+                   reranker.pack)
 
 
 def _environment(
@@ -732,16 +759,23 @@ def _quick_variants(
 
 
 def _bucketed(weights: str, static: _Static, cpu: bool, compile_on_cpu: bool) -> list[Variant]:
-    eager = Variant(f"bucketed {weights} eager", weights, 32, True, static)
+    """The static variants, one candidate a row, then the last of them packed."""
+    rows = dataclasses.replace(static, pack=False)
+    eager = Variant(f"bucketed {weights} eager", weights, 32, True, rows)
     if cpu:  # inductor on the CPU takes minutes for the 0.6B's shapes: GPU rows only
-        compiled = Variant(f"bucketed {weights} compiled", weights, 32, True, static,
+        compiled = Variant(f"bucketed {weights} compiled", weights, 32, True, rows,
                            torch_compile=True)
-        return [eager, compiled] if compile_on_cpu else [eager]
-    return [
-        eager,
-        Variant(f"bucketed {weights} graphs", weights, 32, True, static, True),
-        Variant(f"bucketed {weights} compiled graphs", weights, 32, True, static, True, True),
-    ]
+        plan = [eager, compiled] if compile_on_cpu else [eager]
+    else:
+        plan = [
+            eager,
+            Variant(f"bucketed {weights} graphs", weights, 32, True, rows, True),
+            Variant(f"bucketed {weights} compiled graphs", weights, 32, True, rows, True, True),
+        ]
+    last = plan[-1]
+    packed = dataclasses.replace(last, name=last.name.replace("bucketed", "packed", 1),
+                                 static=dataclasses.replace(rows, pack=True))
+    return [*plan, packed]
 
 
 def _build_models(device: str, seed: int, kinds: set[str], model_size: str) -> dict[str, Any]:
@@ -822,8 +856,9 @@ def processed_tokens(reranker: QwenReranker, docs: list[str]) -> int:
     config = reranker.config
     head = len(encoded.head)
     lengths = [len(t) for t in encoded.tails]
-    if config.buckets and reranker.static_scorer is not None:
-        runs, overflow = plan_runs(lengths, config.buckets, config.bucket_run_cost)
+    static = reranker.static_scorer
+    if config.buckets and static is not None:
+        runs, overflow = static.plan(lengths)
         size, _ = head_size(head, config.max_length)
         total = size + sum(run.shape[0] * run.shape[1] for run in runs)
         if not overflow:

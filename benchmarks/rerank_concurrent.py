@@ -170,6 +170,7 @@ def concurrency_report(
         "concurrent_setting": config.concurrent,
         "buckets": [list(b) for b in config.buckets],
         "measured_step_times": bool(scorer is not None and scorer.measured),
+        "packed": bool(scorer is not None and scorer.pack),
         "graphs_live": bool(scorer is not None and scorer.graphs),
         "torch_compile": config.torch_compile if torch_compile is None else torch_compile,
         "compiled": bool(scorer is not None and scorer.compiled),
@@ -187,7 +188,7 @@ def _config(device: str, model_size: str, chosen: QwenConfig | None = None) -> Q
     return QwenConfig(
         model=random_label(model_size), device=device, max_length=512, batch_size=32,
         buckets=static.buckets, bucket_run_cost=static.run_cost, concurrent=static.concurrent,
-        cuda_graphs=graphs,
+        pack=static.pack, cuda_graphs=graphs,
     )
 
 

@@ -11,10 +11,11 @@ head of a realistic chat query, and times it: one full step minus the head alone
 the median of ``repeats`` rounds, the buckets taken in turn within each round so
 that a slow moment of a shared machine spreads over all of them.
 
-It then plans the built-in chat candidates (30 and 100 of them) both ways, the
-estimate and the measured times, and times each plan side by side, so the report
-says what the measured model buys on this machine.  ``--write-profile OUT.toml``
-writes the profile again with ``bucket_costs`` set (its comments kept), for
+It then plans the built-in chat candidates (30 and 100 of them) three ways, the
+estimate, the measured times, and the measured times with several candidates packed
+into a row where that is cheaper (``reranker.pack``), and times each plan side by
+side, so the report says what the measured model and packing buy on this machine.
+``--write-profile OUT.toml`` writes the profile again with ``bucket_costs`` set (its comments kept), for
 ``--profile OUT.toml``.
 
 The step time depends on the head's capacity too (attention reads the head's keys);
@@ -42,7 +43,14 @@ from benchmarks.rerank_corpus import CANDIDATES, QUERY
 from memory.config import Profile, QwenConfig, load_profile_file
 from memory.errors import ConfigError
 from memory.rerank.qwen import QwenReranker, resolve_device, resolve_dtype
-from memory.rerank.qwen_static import Run, Shape, StaticScorer, head_size, plan_runs
+from memory.rerank.qwen_static import (
+    Run,
+    Shape,
+    StaticScorer,
+    cheapest_plan,
+    head_size,
+    plan_runs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -249,12 +257,15 @@ class _Timer:
         self, reranker: QwenReranker, head: list[int], count: int, costs: dict[Shape, float],
         repeats: int,
     ) -> dict[str, Any]:
-        """Plan ``count`` chat candidates by estimate and by measurement; time both."""
+        """Plan ``count`` chat candidates by estimate, by measurement and packed by
+        measurement (several candidates a row where that is cheaper); time all three."""
         docs = [CANDIDATES[i % len(CANDIDATES)] for i in range(count)]
         tails = reranker.encode(QUERY, docs).tails
         lengths = [len(t) for t in tails]
-        plans = {"estimate": self.static.plan(lengths)[0],
-                 "measured": plan_runs(lengths, self.static.buckets, measured=costs)[0]}
+        buckets, run_cost = self.static.buckets, self.static.run_cost
+        plans = {"estimate": plan_runs(lengths, buckets, run_cost)[0],
+                 "measured": plan_runs(lengths, buckets, measured=costs)[0],
+                 "packed": cheapest_plan(lengths, buckets, measured=costs, pack=True)[0]}
         timed: dict[str, list[float]] = {name: [] for name in plans}
         for turn in range(repeats + 1):
             for name, runs in plans.items():
@@ -266,9 +277,12 @@ class _Timer:
         for name, runs in plans.items():
             report[name] = {
                 "runs": [[*run.shape, len(run.indices)] for run in runs],
+                "packed": any(run.per_row for run in runs),
                 "positions": sum(run.shape[0] * run.shape[1] for run in runs),
                 "predicted_ms": round(sum(costs[run.shape] for run in runs), 3),
                 "ms": round(1000 * statistics.median(timed[name]), 3),
             }
         report["speedup"] = round(report["estimate"]["ms"] / max(1e-9, report["measured"]["ms"]), 3)
+        report["packed_speedup"] = round(
+            report["measured"]["ms"] / max(1e-9, report["packed"]["ms"]), 3)
         return report

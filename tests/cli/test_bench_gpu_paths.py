@@ -9,6 +9,7 @@ and, in float16, its agreement with float32.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -47,14 +48,16 @@ def test_bench_rerank_quick_reports_static_variants(capsys, tmp_path, cuda_forbi
     assert result["model_size"] == "tiny" and result["quick"] is True
     rows = {row["name"]: row for row in result["variants"]}
     assert list(rows) == [
-        "prefix float32 bs8 (reference)", "bucketed float32 eager",
-        "prefix bfloat16 bs8", "bucketed bfloat16 eager",
+        "prefix float32 bs8 (reference)", "bucketed float32 eager", "packed float32 eager",
+        "prefix bfloat16 bs8", "bucketed bfloat16 eager", "packed bfloat16 eager",
     ]
-    bucketed = rows["bucketed float32 eager"]
+    bucketed, packed = rows["bucketed float32 eager"], rows["packed float32 eager"]
     assert bucketed["buckets"] and not bucketed["graphs_live"]  # no CUDA here
     assert bucketed["eager_diff"] <= 1e-5 and bucketed["max_abs_diff"] <= 1e-5
+    assert packed["eager_diff"] <= 1e-5 and packed["packed"] and not bucketed["packed"]
     assert rows["bucketed bfloat16 eager"]["eager_diff"] <= 1e-2  # issue 11's bar
     assert bucketed["tokens"] > rows["prefix float32 bs8 (reference)"]["tokens"]  # padding
+    assert packed["tokens"] <= bucketed["tokens"]  # packed only where it plans cheaper
 
 
 def test_bench_rerank_rejects_unknown_size(capsys):
@@ -101,10 +104,14 @@ def test_gpu_quick_plan_has_graph_variants_with_the_profiles_buckets(size, profi
     assert list(plan) == [
         "per-pair float32", "batched bfloat16 bs32", "prefix bfloat16 bs32",
         "bucketed bfloat16 eager", "bucketed bfloat16 graphs", "bucketed bfloat16 compiled graphs",
-    ]  # issue 33 adds the compiled graphs row
+        "packed bfloat16 compiled graphs",
+    ]  # issue 33 adds the compiled graphs row, then the same steps packed
     assert plan["bucketed bfloat16 graphs"].cuda_graphs
     compiled = plan["bucketed bfloat16 compiled graphs"]
-    assert compiled.cuda_graphs and compiled.torch_compile and compiled.static == static
+    one_a_row = dataclasses.replace(static, pack=False)
+    assert compiled.cuda_graphs and compiled.torch_compile and compiled.static == one_a_row
     assert not plan["bucketed bfloat16 graphs"].torch_compile
     assert not plan["bucketed bfloat16 eager"].cuda_graphs
-    assert plan["bucketed bfloat16 graphs"].static == static
+    assert plan["bucketed bfloat16 graphs"].static == one_a_row
+    assert plan["packed bfloat16 compiled graphs"] == dataclasses.replace(
+        compiled, name="packed bfloat16 compiled graphs", static=dataclasses.replace(static, pack=True))

@@ -63,10 +63,12 @@ def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeyp
     route_compile(monkeypatch, sized_backend(graphs))
     made, _ = tracked_rerankers(monkeypatch)
     planned_by: list[bool] = []  # whether each plan minimised measured step times
+    packed_by: list[bool] = []  # and whether it packed
     real_plan = StaticScorer.plan
 
     def plan(self, lengths, owners=None):
         planned_by.append(bool(self.measured))
+        packed_by.append(self.pack)
         return real_plan(self, lengths, owners)
 
     monkeypatch.setattr(StaticScorer, "plan", plan)
@@ -77,31 +79,38 @@ def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeyp
     assert sorted(result["written"]) == sorted([
         "rerank-0.6B.json", "rerank-0.6B-6.json", "concurrent-0.6B.json",
         "concurrent-0.6B-compiled.json", "step-costs-0.6B.json", "cuda-timed.toml",
-        "concurrent-0.6B-timed.json"])
+        "concurrent-0.6B-timed.json", "concurrent-0.6B-packed.json"])
     assert sorted(p.name for p in out.iterdir()) == sorted(result["written"])  # no leftovers
     first, second = read(out, "rerank-0.6B.json"), read(out, "rerank-0.6B-6.json")
     assert (first["candidates"], second["candidates"]) == (30, 6)
     names = [v["name"] for v in first["variants"]]
     assert names == [v["name"] for v in second["variants"]]
-    assert names[-1] == "bucketed bfloat16 compiled"  # the CPU smoke run compiles too
-    assert first["variants"][-1]["compiled"] and graphs
-    assert [v["concurrent"] for v in first["variants"]] == [1, 1, 16, 16]  # as the bot runs
+    # the CPU smoke run compiles too, then plans the compiled steps packed
+    assert names[-2:] == ["bucketed bfloat16 compiled", "packed bfloat16 compiled"]
+    assert first["variants"][-2]["compiled"] and graphs
+    assert first["variants"][-1]["compiled"] and first["variants"][-1]["packed"]
+    assert [v["concurrent"] for v in first["variants"]] == [1, 1, 16, 16, 16]  # as the bot runs
     # each variant loaded (and compiled) once, though it served two counts and, compiled,
     # three concurrent rows and the step costs; the compiled variant compiled on the eager
-    # one's reranker, as a bot with torch_compile compiles after its eager steps serve
+    # one's reranker, as a bot with torch_compile compiles after its eager steps serve, and
+    # the packed one planned on the compiled one's
     static = [r.config for r in made if r.config.buckets]
     assert [c.torch_compile for c in static] == [False]
     eager, compiled = read(out, "concurrent-0.6B.json"), read(out, "concurrent-0.6B-compiled.json")
     timed = read(out, "concurrent-0.6B-timed.json")
+    packed = read(out, "concurrent-0.6B-packed.json")
+    assert packed["compiled"] and packed["measured_step_times"] and packed["packed"]
+    assert not any(r["packed"] for r in (eager, compiled, timed))
     assert (eager["torch_compile"], eager["compiled"]) == (False, False)
     assert (compiled["torch_compile"], compiled["compiled"]) == (True, True)
     assert timed["compiled"] and timed["measured_step_times"]
     assert not eager["measured_step_times"] and not compiled["measured_step_times"]
-    # the timed row's searches (the last ones run) were planned with the measured times,
-    # every search before them with the estimate
-    assert planned_by[-1] and not planned_by[0]
-    assert planned_by == sorted(planned_by)
-    for report in (eager, compiled, timed):
+    # the timed row's searches were planned with the measured times, every unpacked search
+    # before them with the estimate; the packed row's (the last ones run) packed on them
+    unpacked = [m for m, p in zip(planned_by, packed_by, strict=True) if not p]
+    assert unpacked[-1] and not unpacked[0] and unpacked == sorted(unpacked)
+    assert packed_by[-1] and planned_by[-1] and packed_by == sorted(packed_by)
+    for report in (eager, compiled, timed, packed):
         assert report["concurrent_setting"] == load_profile("cuda").reranker.qwen.concurrent
         assert report["candidates"] == 30 and report["dtype"] == "bfloat16"
         assert [level["searches"] for level in report["levels"]] == [1, 2]
@@ -117,6 +126,7 @@ def test_every_row_of_a_size_from_one_load_per_variant(capsys, tmp_path, monkeyp
     ("bucketed bfloat16 compiled graphs", "cuda", "compiled"),
     ("bucketed bfloat16 eager", "cpu", "eager"),
     ("bucketed bfloat16 compiled", "cpu", "compiled"),
+    ("packed bfloat16 compiled graphs", "cuda", "compiled"),  # packed: served as such
     ("bucketed bfloat16 eager", "mps", "eager"),
     ("prefix bfloat16 bs32", "cuda", None),
 ])
@@ -190,7 +200,8 @@ def test_a_variant_that_fails_costs_no_other_variant(capsys, tmp_path, monkeypat
     assert err.splitlines()[-1].startswith("not measured: bucketed bfloat16 eager")
     for name in ("rerank-tiny.json", "rerank-tiny-6.json"):
         assert [v["name"] for v in read(out, name)["variants"]] == [
-            "prefix float32 bs8 (reference)", "prefix bfloat16 bs8", "bucketed bfloat16 compiled"]
+            "prefix float32 bs8 (reference)", "prefix bfloat16 bs8", "bucketed bfloat16 compiled",
+            "packed bfloat16 compiled"]
     assert read(out, "concurrent-tiny-compiled.json")["compiled"]
 
 
@@ -207,8 +218,8 @@ def test_the_reference_is_timed_once_and_the_others_as_asked(capsys, tmp_path, m
     code, _, err = rows(capsys, tmp_path / "raw", "--repeats", "3")
     assert code == 0, err
     # two counts a variant: the reference (the CPU's is the float32 prefix path at batch 8)
-    # once each, the bf16 prefix, eager and compiled variants three times each
-    assert timed == [1, 1] + [3] * 6
+    # once each, the bf16 prefix, eager, compiled and packed variants three times each
+    assert timed == [1, 1] + [3] * 8
     timed.clear()
     code, _, err = rows(capsys, tmp_path / "again", "--repeats", "3", "--reference-repeats", "2")
     assert code == 0, err
@@ -223,7 +234,7 @@ def test_a_compile_that_fails_on_the_eager_reranker_leaves_its_steps_timed(
     code, result, err = rows(capsys, out)
     assert result["failed"] == []
     assert code == 0, err  # timed: the compiled variant is the eager steps it kept
-    variant = read(out, "rerank-tiny.json")["variants"][-1]
+    variant = read(out, "rerank-tiny.json")["variants"][-2]
     assert variant["name"] == "bucketed bfloat16 compiled" and not variant["compiled"]
     report = read(out, "concurrent-tiny-compiled.json")
     assert (report["torch_compile"], report["compiled"]) == (True, False)
@@ -311,7 +322,7 @@ def test_a_twin_whose_static_path_was_dropped_is_not_compiled_on(monkeypatch):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     report, = rerank_bench.run_rerank_counts((6,), SMOKE, serve=serve)
-    compiled = report["variants"][-1]
+    compiled = report["variants"][-2]
     assert compiled["name"] == "bucketed bfloat16 compiled" and compiled["compiled"]
     # loaded anew, with the compile asked for: not the twin's dynamic path timed as compiled
     assert [r.config.torch_compile for r in made if r.config.buckets] == [False, True]

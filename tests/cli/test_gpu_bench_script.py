@@ -20,7 +20,7 @@ import bot
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-bench.sh"
-ROWS = 13
+ROWS = 15
 STEPS = ("rows-0.6B", "embedder-float16", "peer-0.6B", "rows-8B")
 
 

@@ -187,11 +187,14 @@ def test_bench_step_costs_times_every_bucket_and_writes_a_profile(tmp_path, caps
     assert all(s["ms"] >= 0 and s["positions"] == s["batch"] * s["length"] for s in result["steps"])
     assert [p["candidates"] for p in result["plans"]] == [30, 100]
     for plan in result["plans"]:
-        for name in ("estimate", "measured"):
+        for name in ("estimate", "measured", "packed"):
             # every candidate placed: chat tails fit the buckets
             assert sum(run[2] for run in plan[name]["runs"]) == plan["candidates"]
-        # the measured plan is the cheapest under the measured times
+        # the measured plan is the cheapest one a row under the measured times, packing
+        # (only where it is cheaper) cheaper still or the same plan
         assert plan["measured"]["predicted_ms"] <= plan["estimate"]["predicted_ms"]
+        assert plan["packed"]["predicted_ms"] <= plan["measured"]["predicted_ms"]
+        assert not plan["measured"]["packed"] and plan["packed_speedup"] > 0
     # the copy keeps the original, comments and all, and adds the times
     text = written.read_text(encoding="utf-8")
     assert text.startswith(PROFILE.rstrip("\n"))
