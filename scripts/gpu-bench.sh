@@ -22,8 +22,10 @@
 #                         timing each at 30 and at 100 candidates; on the graphs and on the
 #                         compiled steps, while loaded: 1/4/16/64 searches at once
 #                         (searches/s, p95); on the compiled steps: each bucket's step time,
-#                         the planner with those times (writes cuda-timed.toml) and the
-#                         concurrent levels planned with them
+#                         the planner with those times (writes cuda-timed.toml), the
+#                         concurrent levels planned with them, then the same compiled
+#                         steps planned packed (several candidates a row): 30 and 100
+#                         candidates and the concurrent levels
 #   embedder-float16  45  the embedder's single-query latency (p50, p95)
 #   peer-0.6B         45  sentence-transformers CrossEncoder, Qwen3-0.6B-shaped, same pairs
 #   rows-8B          170  the same for the 8B at 30 candidates (`cuda-8b`'s buckets),
