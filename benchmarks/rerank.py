@@ -94,7 +94,8 @@ class VariantResult:
         concurrent: Searches one static step may hold (the profile's ``concurrent``, as
             the bot runs; 1 for the dynamic variants).  A single search is scored the
             same way either way.
-        packed: Whether several candidates shared a row where that planned cheaper.
+        packed: Whether the planner could pack (``reranker.pack``: several candidates a
+            row where that plans cheaper); ``tokens`` says what the plan ran.
         eager_diff: For a bucketed variant, the largest |score difference| from the
             dynamic prefix path with the same weights; ``None`` otherwise.
     """

@@ -156,7 +156,8 @@ class StepStats:
         head_rows: Real heads in them.
         head_positions: Token positions the head steps computed (batch x padded size).
         tail_steps: Tail steps run.
-        tail_rows: Real candidate rows in them.
+        tail_rows: Candidates scored in them (one a row, unless packed: then
+            ``rows_per_tail_step`` in the summary counts candidates, not rows).
         tail_positions: Token positions the tail steps computed (batch x length).
         tail_tokens: Real tail tokens in them.
     """
@@ -248,32 +249,37 @@ def plan_packed(
     ``[32, 96]`` step more than half padding.  Here a row holds as many candidates
     as fit (at most ``reads_per_row(length)``), each attending only to itself and its
     row's head (:meth:`memory.rerank.qwen_steps.StaticForward.tail`).  For every
-    bucket length that holds the longest tail, the tails are packed into rows of
-    that length, first fit by decreasing length, never two ``owners``' (searches')
-    tails in one row, as a row attends to one head; the rows then go into that
-    length's shapes at the least cost (the prices of :func:`plan_runs`), and the
+    bucket length, the tails it holds are packed into rows of that length, first fit
+    by decreasing length, never two ``owners``' (searches') tails in one row, as a row
+    attends to one head, and the rows go into that length's shapes at the least cost
+    (the prices of :func:`plan_runs`); longer tails, if any, take :func:`plan_runs`'
+    cheapest plan, one a row (one long message must not stretch every row).  The
     cheapest length wins.
 
     Returns:
-        The runs (:attr:`Run.per_row` set) and, as :func:`plan_runs`, the indices of
-        candidates longer than every bucket, shortest first.
+        The runs (:attr:`Run.per_row` set on the packed ones) and, as
+        :func:`plan_runs`, the indices of candidates longer than every bucket,
+        shortest first.
     """
     longest = max((length for _, length in buckets), default=0)
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     fitting = [i for i in order if lengths[i] <= longest]
     overflow = [i for i in order if lengths[i] > longest]
-    if not fitting:
-        return [], overflow
     owned = list(owners) if owners is not None else [0] * len(lengths)
     price = _prices(buckets, run_cost, measured)
-    need = lengths[fitting[-1]]
-    best: tuple[float, list[Run]] | None = None
-    for size in sorted({length for _, length in buckets if length >= need}):
-        rows = _pack_rows(fitting, lengths, owned, size)
+    best: tuple[float, list[Run]] = (math.inf, [])
+    for size in sorted({length for _, length in buckets}):
+        held = [i for i in fitting if lengths[i] <= size]
+        if not held:
+            continue
+        rows = _pack_rows(held, lengths, owned, size)
         cost, batches = _cover(len(rows), [b for b, n in buckets if n == size], size, price)
-        if best is None or cost < best[0]:
-            best = (cost, _packed_runs(rows, batches, size))
-    assert best is not None  # the longest bucket holds every fitting tail
+        longer = fitting[len(held):]  # ``fitting`` is sorted by length
+        alone = plan_runs([lengths[i] for i in longer], buckets, run_cost, measured)[0]
+        cost += plan_cost(alone, buckets, run_cost, measured)
+        if cost < best[0]:
+            best = (cost, _packed_runs(rows, batches, size) + [
+                Run(run.shape, [longer[i] for i in run.indices]) for run in alone])
     return best[1], overflow
 
 
@@ -442,7 +448,7 @@ class StaticScorer:
     def score(
         self, head: list[int], tails: Sequence[list[int]], runs: list[Run]
     ) -> dict[int, float]:
-        """P(yes) of the candidates in ``runs`` (from :func:`plan_runs`), by index.
+        """P(yes) of the candidates in ``runs`` (from :meth:`plan`), by index.
 
         Raises:
             RuntimeError: A forward pass or graph replay failed.
@@ -459,7 +465,7 @@ class StaticScorer:
 
         Searches whose heads share a capacity run together, at most ``slots`` at a
         time: their heads as the rows of one head step, each into a slot of its own,
-        then every tail of every search in one plan (:func:`plan_runs`), each row
+        then every tail of every search in one plan (:meth:`plan`), each row
         attending only to its own head.
 
         Returns:
@@ -700,7 +706,11 @@ def _layout(
         sizes.append(length - at)
     firsts.append(0)
     sizes.append(length * (batch - len(rows)))  # the rows no candidate fills
-    reads += [0] * (batch * reads_per_row(length) - len(reads))
+    room = batch * reads_per_row(length)
+    if len(reads) > room or len(rows) > batch:
+        raise ValueError(f"a [{batch}, {length}] step holds at most {batch} rows and {room} "
+                         f"candidates, got {len(rows)} rows and {len(reads)} candidates")
+    reads += [0] * (room - len(reads))
     starts = torch.repeat_interleave(torch.tensor(firsts), torch.tensor(sizes))
     return starts.view(batch, length), torch.tensor(reads)
 

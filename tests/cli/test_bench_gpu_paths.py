@@ -57,7 +57,6 @@ def test_bench_rerank_quick_reports_static_variants(capsys, tmp_path, cuda_forbi
     assert packed["eager_diff"] <= 1e-5 and packed["packed"] and not bucketed["packed"]
     assert rows["bucketed bfloat16 eager"]["eager_diff"] <= 1e-2  # issue 11's bar
     assert bucketed["tokens"] > rows["prefix float32 bs8 (reference)"]["tokens"]  # padding
-    assert packed["tokens"] <= bucketed["tokens"]  # packed only where it plans cheaper
 
 
 def test_bench_rerank_rejects_unknown_size(capsys):

@@ -117,10 +117,15 @@ def test_inductor_compiled_scores_equal_eager(parts, config, eager, caplog):
     assert reranker._static.compiled, caplog.text
     assert "static steps compiled in" in caplog.text
     assert "compiled static steps serve from now on" in caplog.text
+    static = reranker._static
     for pack in (False, True):  # the same compiled steps, one candidate a row or packed
-        reranker._static.pack = pack
+        static.pack = pack
+        static.stats.reset()
         for query in QUERIES:
             assert_close(reranker.score(query, DOCS), eager[query], tol=FP32_TOL)
+        # still the compiled static path: a failing step would fall back to the dynamic
+        # path, whose scores equal the eager ones too
+        assert reranker._static is static and static.stats.tail_steps > 0
 
 
 EXIT_UNDER_COMPILE = """

@@ -76,7 +76,7 @@ def test_plan_packed_places_every_candidate_once_within_its_row(seed):
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_packing_never_plans_dearer_than_one_candidate_a_row(parts, config, seed):
+def test_the_scorer_takes_the_cheaper_of_packed_and_one_a_row(parts, config, seed):
     rng = random.Random(seed)
     lengths = [rng.randint(12, 120) for _ in range(rng.randint(1, 100))]
     measured = rng.choice([None, CUDA_COSTS])
@@ -84,8 +84,28 @@ def test_packing_never_plans_dearer_than_one_candidate_a_row(parts, config, seed
                   bucket_costs=tuple((b, n, ms) for (b, n), ms in CUDA_COSTS.items())
                   if measured else ())._static
     prices = (static.buckets, static.run_cost, static.measured)
-    assert plan_cost(static.plan(lengths)[0], *prices) <= plan_cost(
-        plan_runs(lengths, *prices)[0], *prices)
+    costs = [plan_cost(plan(lengths, *prices)[0], *prices) for plan in (plan_runs, plan_packed)]
+    assert plan_cost(static.plan(lengths)[0], *prices) == min(costs)
+
+
+def test_rows_fill_steps_of_several_batch_sizes():
+    # 74 tails of 60 tokens, two a 128-long row: 37 rows; on the measured H100 times one
+    # [32, 128] and one [8, 128] (15.8 ms) beat five [8, 128] (21.6) or two [32, 128] (23.0)
+    costs = {(8, 128): CUDA_COSTS[(8, 128)], (32, 128): CUDA_COSTS[(32, 128)]}
+    runs, _ = plan_packed([60] * 74, list(costs), measured=costs)
+    assert [(run.shape, len(run.rows())) for run in runs] == [((32, 128), 32), ((8, 128), 5)]
+
+
+def test_one_long_tail_does_not_stretch_every_row():
+    # 29 short tails and one of 200 tokens: the short ones two a 64-long row (two [8, 64],
+    # 1,152 positions + 2 runs), the long one alone in a [1, 256], rather than every row
+    # 256 long (one [8, 256]: 2,048 positions)
+    lengths = [30] * 29 + [200]
+    runs, overflow = plan_packed(lengths, [(8, 64), (1, 256), (8, 256)], run_cost=64)
+    assert overflow == []
+    assert sorted((run.shape, bool(run.per_row)) for run in runs) == [
+        ((1, 256), False), ((8, 64), True), ((8, 64), True)]
+    assert [i for run in runs for i in run.indices if i == 29] == [29]
 
 
 def test_thirty_chat_messages_plan_a_third_cheaper_on_the_measured_h100_times():
@@ -117,6 +137,13 @@ def test_packed_scores_equal_dynamic_path(parts, config, dynamic, buckets):
     runs, _ = static.plan([len(t) for t in reranker.encode(QUERY, ALL_DOCS).tails])
     assert any(len(row) > 1 for run in runs for row in run.rows())  # it did pack
     assert_close(reranker.score(QUERY, ALL_DOCS), dynamic, tol=FP32_TOL)
+    assert_static_scored(reranker, static)
+
+
+def assert_static_scored(reranker, static) -> None:
+    """The static path scored (a failing step falls back to the dynamic path, whose
+    scores are the reference: equal scores alone would not tell)."""
+    assert reranker._static is static and static.stats.tail_steps > 0
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -124,8 +151,10 @@ def test_a_packed_score_does_not_depend_on_its_row_mates(parts, config, dynamic,
     rng = random.Random(seed)
     picked = rng.sample(range(len(ALL_DOCS)), k=rng.randint(1, len(ALL_DOCS)))
     reranker = wrap(parts, config, buckets=((4, 64), (2, 128)), pack=True)
+    static = reranker._static
     scores = reranker.score(QUERY, [ALL_DOCS[i] for i in picked])
     assert_close(scores, [dynamic[i] for i in picked], tol=FP32_TOL)
+    assert_static_scored(reranker, static)
 
 
 def test_packed_searches_scored_together_equal_each_alone(parts, config):
@@ -152,3 +181,11 @@ def test_pack_loads_and_needs_buckets(tmp_path):
     with pytest.raises(ConfigError, match="reranker.pack .*needs reranker.buckets") as caught:
         load_profile_file(path)
     assert str(path) in str(caught.value)
+
+
+def test_a_step_given_more_candidates_than_it_holds_is_a_clear_error():
+    from memory.rerank.qwen_static import _layout
+
+    with pytest.raises(ValueError, match=r"a \[2, 32\] step holds at most 2 rows and 4 "
+                                         r"candidates, got 2 rows and 5"):
+        _layout([[[1] * 5] * 4, [[1]]], 2, 32)
