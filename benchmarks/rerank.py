@@ -373,12 +373,13 @@ class _Run:
             reranker, loaded_before = QwenReranker.from_model(
                 model, self.tokenizer, self._config(variant)), 0.0
         repeats = self.repeats if results[0] else self.reference_repeats  # none yet: the reference
+        change = _twin_change(variant, twin.variant) if twin is not None else None
         try:
-            if twin is not None and _twin_change(variant, twin.variant) == "compile":
+            if change == "compile":
                 reranker.compile_in_background(model)
             if variant.torch_compile:  # compiled in the background: time what it swaps in
                 reranker.wait_for_compile()
-            if twin is not None and _twin_change(variant, twin.variant) == "pack":
+            if change == "pack":
                 static = reranker.static_scorer
                 assert static is not None  # _served keeps only a twin whose static path lives
                 static.pack = True

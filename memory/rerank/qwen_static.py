@@ -276,7 +276,7 @@ def plan_packed(
         cost, batches = _cover(len(rows), [b for b, n in buckets if n == size], size, price)
         longer = fitting[len(held):]  # ``fitting`` is sorted by length
         alone = plan_runs([lengths[i] for i in longer], buckets, run_cost, measured)[0]
-        cost += plan_cost(alone, buckets, run_cost, measured)
+        cost += sum(price[run.shape] for run in alone)
         if cost < best[0]:
             best = (cost, _packed_runs(rows, batches, size) + [
                 Run(run.shape, [longer[i] for i in run.indices]) for run in alone])
@@ -517,9 +517,9 @@ class StaticScorer:
         self._heads_step(head_slot, heads)
         found: list[torch.Tensor] = []
         for run in runs:
-            packed = [[rows[i] for i in row] for row in run.rows()]
-            out = self._tail_step(head_slot, run.shape, packed,
-                                  [row_heads[row[0]] for row in run.rows()])
+            members = run.rows()
+            out = self._tail_step(head_slot, run.shape, [[rows[i] for i in row] for row in members],
+                                  [row_heads[row[0]] for row in members])
             # a copy: the next replay of this shape's graph overwrites its output
             found.append(out[: len(run.indices)].clone())
         # the one wait for the GPU: every step was queued without reading a result
