@@ -426,8 +426,8 @@ class QwenReranker:
 
     def _score_static(self, static: StaticScorer, encoded: EncodedQuery) -> list[float]:
         """Bucketed scoring; tails longer than every bucket take the dynamic path."""
-        runs, overflow = static.plan([len(t) for t in encoded.tails])
-        found = static.score(encoded.head, encoded.tails, runs)
+        # planned inside, once the head step is queued
+        found, overflow = static.score_together([(encoded.head, encoded.tails)])[0]
         if overflow:
             rest = self._score_dynamic(encoded, overflow)
             found.update((i, rest[i]) for i in overflow)

@@ -54,6 +54,7 @@ themselves :class:`memory.rerank.qwen_steps.StaticForward`.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 import time
@@ -214,29 +215,68 @@ def plan_runs(
         The runs, shortest tails first, and the indices of candidates longer than
         every bucket (which the caller scores on the dynamic path).
     """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    ordered = [lengths[i] for i in order]
-    longest = max((length for _, length in buckets), default=0)
-    fits = bisect.bisect_right(ordered, longest)
-    # cost[i]: cheapest plan for ordered[i:fits]; step[i]: its first run's shape and size
-    price = _prices(buckets, run_cost, measured)
-    cost = [0.0] * (fits + 1)
-    step: list[tuple[Shape, int]] = [((0, 0), 0)] * fits
-    for i in range(fits - 1, -1, -1):
-        cost[i] = -1
-        for batch, length in buckets:
-            if ordered[i] > length:
+    by_length = _ByLength(lengths, buckets, run_cost, measured)
+    return by_length.alone(0), by_length.overflow
+
+
+class _ByLength:
+    """The candidates in order of tail length, with the cheapest one-a-row plan of
+    every suffix of those within some bucket (one dynamic programme for both plans)."""
+
+    def __init__(self, lengths: Sequence[int], buckets: Sequence[Shape], run_cost: int,
+                 measured: Mapping[Shape, float] | None) -> None:
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        self.ordered = [lengths[i] for i in order]
+        longest = max((length for _, length in buckets), default=0)
+        self.fits = bisect.bisect_right(self.ordered, longest)
+        self.fitting, self.overflow = order[:self.fits], order[self.fits:]
+        self.price = _prices(buckets, run_cost, measured)
+        self.steps = _suffix_plans(self.ordered[:self.fits], buckets, self.price)
+
+    def alone(self, start: int) -> list[Run]:
+        """The cheapest plan, one a row, for the fitting tails from ``start`` on."""
+        return _suffix_runs(self.fitting, self.steps, start)
+
+    def cost(self, runs: Sequence[Run]) -> float:
+        """What ``runs`` cost at this plan's prices."""
+        return sum(self.price[run.shape] for run in runs)
+
+
+def _suffix_plans(ordered: Sequence[int], buckets: Sequence[Shape],
+                  price: Mapping[Shape, float]) -> list[tuple[Shape, int]]:
+    """The cheapest plan of every suffix of ``ordered`` (tail lengths, ascending, each
+    within some bucket), as ``step[i]``: the first run's shape and how many it takes.
+
+    A dynamic programme from the end; one pass gives every suffix, which
+    :func:`plan_packed` needs for the tails it plans one a row.
+    """
+    count = len(ordered)
+    # each bucket with its price and where the tails it cannot hold begin
+    shapes = [((batch, length), batch, price[(batch, length)],
+               bisect.bisect_right(ordered, length)) for batch, length in buckets]
+    cost = [0.0] * (count + 1)  # cost[i]: cheapest plan for ordered[i:]
+    step: list[tuple[Shape, int]] = [((0, 0), 0)] * count
+    for i in range(count - 1, -1, -1):
+        best, first = -1.0, ((0, 0), 0)
+        for shape, batch, value, end in shapes:
+            if end <= i:  # ordered[i] is longer than this shape
                 continue
-            take = min(batch, bisect.bisect_right(ordered, length, i, fits) - i)
-            total = price[(batch, length)] + cost[i + take]
-            if cost[i] < 0 or total < cost[i]:
-                cost[i], step[i] = total, ((batch, length), take)
-    runs, i = [], 0
-    while i < fits:
+            take = batch if end - i > batch else end - i
+            total = value + cost[i + take]
+            if best < 0 or total < best:
+                best, first = total, (shape, take)
+        cost[i], step[i] = best, first
+    return step
+
+
+def _suffix_runs(order: Sequence[int], step: Sequence[tuple[Shape, int]], start: int) -> list[Run]:
+    """The runs of the plan :func:`_suffix_plans` found for ``order[start:]``."""
+    runs, i = [], start
+    while i < len(order):
         shape, take = step[i]
-        runs.append(Run(shape, order[i : i + take]))
+        runs.append(Run(shape, list(order[i : i + take])))
         i += take
-    return runs, order[fits:]
+    return runs
 
 
 def plan_packed(
@@ -261,26 +301,44 @@ def plan_packed(
         :func:`plan_runs`, the indices of candidates longer than every bucket,
         shortest first.
     """
-    longest = max((length for _, length in buckets), default=0)
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    fitting = [i for i in order if lengths[i] <= longest]
-    overflow = [i for i in order if lengths[i] > longest]
+    by_length = _ByLength(lengths, buckets, run_cost, measured)
+    return _packed(by_length, lengths, buckets, owners), by_length.overflow
+
+
+def _packed(by_length: _ByLength, lengths: Sequence[int], buckets: Sequence[Shape],
+            owners: Sequence[int] | None) -> list[Run]:
+    """:func:`plan_packed`'s runs."""
+    fits, ordered = by_length.fits, by_length.ordered
+    # longest first, ties by index: the tails a row length holds are a suffix of it
+    decreasing = sorted(by_length.fitting, key=lambda i: (-lengths[i], i))
     owned = list(owners) if owners is not None else [0] * len(lengths)
-    price = _prices(buckets, run_cost, measured)
-    best: tuple[float, list[Run]] = (math.inf, [])
-    for size in sorted({length for _, length in buckets}):
-        held = [i for i in fitting if lengths[i] <= size]
+    tokens = list(itertools.accumulate(ordered[:fits], initial=0))
+    # the longest rows first: they mostly plan cheapest, which lets the bound below
+    # skip more of the rest; a tie goes to the shorter rows
+    best: tuple[float, int, list[Run]] = (math.inf, 0, [])
+    for size in sorted({length for _, length in buckets}, reverse=True):
+        held = bisect.bisect_right(ordered, size, 0, fits)
         if not held:
             continue
-        rows = _pack_rows(held, lengths, owned, size)
-        cost, batches = _cover(len(rows), [b for b, n in buckets if n == size], size, price)
-        longer = fitting[len(held):]  # ``fitting`` is sorted by length
-        alone = plan_runs([lengths[i] for i in longer], buckets, run_cost, measured)[0]
-        cost += sum(price[run.shape] for run in alone)
-        if cost < best[0]:
-            best = (cost, _packed_runs(rows, batches, size) + [
-                Run(run.shape, [longer[i] for i in run.indices]) for run in alone])
-    return best[1], overflow
+        alone = by_length.alone(held)  # the longer tails, one a row
+        if _least_packing(tokens[held], held, size, buckets, by_length.price) \
+                + by_length.cost(alone) > best[0]:
+            continue  # cannot beat the best so far: not worth packing
+        rows = _pack_rows(decreasing[fits - held:], lengths, owned, size)
+        cost, batches = _cover(len(rows), [b for b, n in buckets if n == size], size,
+                               by_length.price)
+        cost += by_length.cost(alone)
+        if (cost, size) < best[:2]:
+            best = (cost, size, _packed_runs(rows, batches, size) + alone)
+    return best[2]
+
+
+def _least_packing(tokens: int, tails: int, size: int, buckets: Sequence[Shape],
+                   price: Mapping[Shape, float]) -> float:
+    """A floor under what ``tails`` tails of ``tokens`` tokens in all cost packed into
+    rows of ``size``: their fewest possible rows, each at the cheapest price a row."""
+    fewest = max(-(-tokens // size), -(-tails // reads_per_row(size)))
+    return fewest * min(price[(b, n)] / b for b, n in buckets if n == size)
 
 
 def _packed_runs(rows: list[list[int]], batches: list[int], size: int) -> list[Run]:
@@ -301,12 +359,13 @@ def cheapest_plan(
     owners: Sequence[int] | None = None,
 ) -> tuple[list[Run], list[int]]:
     """:func:`plan_runs`, and with ``pack`` also :func:`plan_packed`, whichever costs less."""
-    prices = (buckets, run_cost, measured)
-    single = plan_runs(lengths, *prices)
-    if not pack:
-        return single
-    packed = plan_packed(lengths, *prices, owners=owners)
-    return packed if plan_cost(packed[0], *prices) < plan_cost(single[0], *prices) else single
+    by_length = _ByLength(lengths, buckets, run_cost, measured)
+    single = by_length.alone(0)
+    if pack:
+        packed = _packed(by_length, lengths, buckets, owners)
+        if by_length.cost(packed) < by_length.cost(single):
+            return packed, by_length.overflow
+    return single, by_length.overflow
 
 
 def plan_cost(
@@ -326,24 +385,30 @@ def _prices(
 
 
 def _pack_rows(
-    indices: Sequence[int], lengths: Sequence[int], owners: Sequence[int], size: int
+    decreasing: Sequence[int], lengths: Sequence[int], owners: Sequence[int], size: int
 ) -> list[list[int]]:
-    """First fit by decreasing length into rows of ``size`` positions, one owner a row."""
+    """First fit into rows of ``size`` positions, one owner a row, taking the tails in
+    the order given (``decreasing``: longest first)."""
     room = reads_per_row(size)
+    shortest = min((lengths[i] for i in decreasing), default=0)
     rows: list[list[int]] = []
     used: list[int] = []
-    by_owner: dict[int, list[int]] = {}  # owner -> its rows (indices into ``rows``)
-    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+    by_owner: dict[int, list[int]] = {}  # owner -> its rows with room left (indices into ``rows``)
+    for i in decreasing:
+        length = lengths[i]
         mine = by_owner.setdefault(owners[i], [])
-        row = next((r for r in mine
-                    if used[r] + lengths[i] <= size and len(rows[r]) < room), None)
-        if row is None:
+        for row in mine:
+            if used[row] + length <= size:
+                break
+        else:
             row = len(rows)
             mine.append(row)
             rows.append([])
             used.append(0)
         rows[row].append(i)
-        used[row] += lengths[i]
+        used[row] += length
+        if len(rows[row]) == room or used[row] + shortest > size:
+            mine.remove(row)  # full: no later tail can join it
     return rows
 
 
@@ -455,7 +520,7 @@ class StaticScorer:
         """
         self.stats.groups += 1
         self.stats.searches += 1
-        return self._score_rows([head], tails, [0] * len(tails), runs)
+        return self._score_rows([head], tails, [0] * len(tails), lambda: (runs, []))[0]
 
     @torch.inference_mode()
     def score_together(
@@ -497,9 +562,10 @@ class StaticScorer:
         for search, (_, tails) in enumerate(searches):
             rows += tails
             owners += [(search, i) for i in range(len(tails))]
-        runs, overflow = self.plan([len(r) for r in rows], [search for search, _ in owners])
-        found = self._score_rows([head for head, _ in searches], rows,
-                                 [search for search, _ in owners], runs)
+        row_heads = [search for search, _ in owners]
+        found, overflow = self._score_rows(
+            [head for head, _ in searches], rows, row_heads,
+            lambda: self.plan([len(r) for r in rows], row_heads))
         for row, value in found.items():
             search, i = owners[row]
             results[search][0][i] = value
@@ -509,12 +575,19 @@ class StaticScorer:
 
     def _score_rows(
         self, heads: list[list[int]], rows: Sequence[list[int]], row_heads: list[int],
-        runs: list[Run],
-    ) -> dict[int, float]:
-        """Heads into slots 0..n-1 (one capacity, one step), then ``runs`` over ``rows``."""
+        plan: Callable[[], tuple[list[Run], list[int]]],
+    ) -> tuple[dict[int, float], list[int]]:
+        """Heads into slots 0..n-1 (one capacity, one step), then the runs ``plan``
+        gives over ``rows``; returns the scores by row and the rows left unplanned.
+
+        The plan is made after the head step is queued, so on a GPU the planner's
+        host time (0.2-2 ms for 30-480 candidates, BENCHMARKS.md) runs while the
+        head step does.
+        """
         cap = max(head_size(len(head), self.max_length)[1] for head in heads)
         head_slot = self.buffers.head_slot(cap)
         self._heads_step(head_slot, heads)
+        runs, overflow = plan()
         found: list[torch.Tensor] = []
         for run in runs:
             members = run.rows()
@@ -524,7 +597,7 @@ class StaticScorer:
             found.append(out[: len(run.indices)].clone())
         # the one wait for the GPU: every step was queued without reading a result
         values = torch.cat(found).tolist() if found else []
-        return dict(zip([i for run in runs for i in run.indices], values, strict=True))
+        return dict(zip([i for run in runs for i in run.indices], values, strict=True)), overflow
 
     def _heads_step(self, head_slot: HeadSlot, heads: list[list[int]]) -> None:
         """Run ``heads`` (at most ``slots``) as the rows of one head step, slot = row."""

@@ -11,11 +11,13 @@ unpacked one.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from memory.config import ConfigError, load_profile_file
+from memory.rerank import qwen_static
 from memory.rerank.qwen_buffers import reads_per_row
 from memory.rerank.qwen_static import Run, plan_cost, plan_packed, plan_runs
 from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close
@@ -73,6 +75,22 @@ def test_plan_packed_places_every_candidate_once_within_its_row(seed):
             assert 0 < len(row) <= reads_per_row(length)
             assert sum(lengths[i] for i in row) <= length
             assert len({owners[i] for i in row}) == 1  # a row attends to one head
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_skipping_row_lengths_that_cannot_win_never_changes_the_plan(monkeypatch, seed):
+    # the planner skips packing a row length when a floor under its cost is above the
+    # best found; with the floor at minus infinity it packs every length
+    rng = random.Random(seed)
+    lengths = [rng.randint(5, rng.choice([70, 140, 600])) for _ in range(rng.randint(1, 200))]
+    owners = [rng.randrange(rng.choice([1, 4, 16])) for _ in lengths]
+    buckets = rng.choice([list(CUDA_COSTS), list(dict.fromkeys(
+        (rng.choice([1, 2, 4, 8, 32]), rng.choice([16, 48, 64, 128, 256])) for _ in range(5)))])
+    measured = rng.choice([None, {b: rng.uniform(1, 30) for b in buckets}])
+    run_cost = rng.choice([0, 64, 640])
+    skipping = plan_packed(lengths, buckets, run_cost, measured, owners)
+    monkeypatch.setattr(qwen_static, "_least_packing", lambda *_: -math.inf)
+    assert plan_packed(lengths, buckets, run_cost, measured, owners) == skipping
 
 
 @pytest.mark.parametrize("seed", range(40))
