@@ -465,6 +465,27 @@ def step_costs_command(
     return 0
 
 
+@bench.command("plan")
+@click.option("--candidates", "sizes", type=CountList(1, 1000), default="30,100",
+              show_default=True, help="Comma-separated candidates per search.")
+@click.option("--searches", type=CountList(1, 256), default="1,4,16,64", show_default=True,
+              help="Comma-separated numbers of searches planned together.")
+@click.option("--repeats", type=click.IntRange(1, 10_000), default=50, show_default=True,
+              help="Timed plans per case and way (figures are medians).")
+@JSON_OUT
+@click.pass_obj
+def plan_command(
+    settings: Settings, sizes: list[int], searches: list[int], repeats: int,
+    json_out: Path | None,
+) -> int:
+    """How long the static path's planner takes for the --profile's buckets (no model)."""
+    from benchmarks.planner import run_plan_timing
+
+    cases = [(size, count) for size in sizes for count in searches]
+    emit_json(run_plan_timing(resolve_profile(settings), cases, repeats), json_out)
+    return 0
+
+
 @bench.command("gpu-rows")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Folder the rows' JSON files go into (gpu-bench.sh's raw folder).")

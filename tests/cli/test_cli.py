@@ -38,7 +38,8 @@ COMMANDS = [
     ["bench", "embedder"], ["bench", "discord"], ["bench", "remote"], ["bench", "member-names"],
     ["bench", "secure-delete"], ["bench", "stalls"], ["bench", "reconcile"],
     ["bench", "write-throughput"], ["bench", "reembed"], ["bench", "gpu-summary"],
-    ["bench", "train-reranker"], ["bench", "step-costs"], ["bench", "gpu-rows"], ["migrate-db"],
+    ["bench", "train-reranker"], ["bench", "step-costs"], ["bench", "gpu-rows"], ["bench", "plan"],
+    ["migrate-db"],
 ]
 
 
