@@ -430,6 +430,16 @@ def _cover(
     return cost[count], sorted(steps, reverse=True)
 
 
+def step_groups(head_lengths: Sequence[int], max_length: int, slots: int) -> list[list[int]]:
+    """Which searches share steps: those whose heads have one capacity, ``slots`` at a
+    time (indices into ``head_lengths``, in order)."""
+    by_cap: dict[int, list[int]] = {}
+    for index, length in enumerate(head_lengths):
+        by_cap.setdefault(head_size(length, max_length)[1], []).append(index)
+    return [members[start : start + slots]
+            for members in by_cap.values() for start in range(0, len(members), slots)]
+
+
 @dataclass
 class StaticScorer:
     """Scores candidates through fixed (head capacity, bucket) shapes.
@@ -541,13 +551,9 @@ class StaticScorer:
             RuntimeError: A forward pass or graph replay failed.
         """
         results: list[tuple[dict[int, float], list[int]]] = [({}, []) for _ in searches]
-        by_cap: dict[int, list[int]] = {}
-        for index, (head, _) in enumerate(searches):
-            by_cap.setdefault(head_size(len(head), self.max_length)[1], []).append(index)
-        for members in by_cap.values():
-            for start in range(0, len(members), self.slots):
-                group = members[start : start + self.slots]
-                self._score_group([searches[i] for i in group], [results[i] for i in group])
+        heads = [len(head) for head, _ in searches]
+        for group in step_groups(heads, self.max_length, self.slots):
+            self._score_group([searches[i] for i in group], [results[i] for i in group])
         return results
 
     def _score_group(
@@ -563,9 +569,8 @@ class StaticScorer:
             rows += tails
             owners += [(search, i) for i in range(len(tails))]
         row_heads = [search for search, _ in owners]
-        found, overflow = self._score_rows(
-            [head for head, _ in searches], rows, row_heads,
-            lambda: self.plan([len(r) for r in rows], row_heads))
+        found, overflow = self._score_rows([head for head, _ in searches], rows, row_heads,
+                                           lambda: self.plan([len(r) for r in rows], row_heads))
         for row, value in found.items():
             search, i = owners[row]
             results[search][0][i] = value
@@ -577,13 +582,9 @@ class StaticScorer:
         self, heads: list[list[int]], rows: Sequence[list[int]], row_heads: list[int],
         plan: Callable[[], tuple[list[Run], list[int]]],
     ) -> tuple[dict[int, float], list[int]]:
-        """Heads into slots 0..n-1 (one capacity, one step), then the runs ``plan``
-        gives over ``rows``; returns the scores by row and the rows left unplanned.
-
-        The plan is made after the head step is queued, so on a GPU the planner's
-        host time (0.2-2 ms for 30-480 candidates, BENCHMARKS.md) runs while the
-        head step does.
-        """
+        """Heads into slots 0..n-1 (one capacity, one step), then the runs ``plan`` gives
+        over ``rows`` (planned once the head step is queued: a GPU runs it meanwhile);
+        returns the scores by row and the rows no bucket holds."""
         cap = max(head_size(len(head), self.max_length)[1] for head in heads)
         head_slot = self.buffers.head_slot(cap)
         self._heads_step(head_slot, heads)

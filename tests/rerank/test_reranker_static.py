@@ -35,6 +35,7 @@ from memory.rerank.qwen_static import (
     head_size,
     head_sizes,
     plan_runs,
+    step_groups,
 )
 from tests.rerank.test_reranker_qwen import DOCS, HOSTILE, QUERY, assert_close, reference_score
 from tests.support.qwen_tiny import wrap
@@ -159,6 +160,13 @@ def test_plan_runs_finds_the_cheapest_plan(seed):
 def test_head_capacities(max_length, caps):
     assert head_capacities(max_length) == caps
     assert caps[0] == HEAD_MIN
+
+
+def test_step_groups_share_a_head_capacity_and_hold_at_most_slots_searches():
+    # heads of 93 and 96 tokens share capacity 128, 64 has its own, 200 runs in 256
+    heads = [93, 64, 96, 200, 93, 93, 40]
+    assert step_groups(heads, 512, slots=2) == [[0, 2], [4, 5], [1, 6], [3]]
+    assert step_groups(heads, 512, slots=16) == [[0, 2, 4, 5], [1, 6], [3]]
 
 
 @pytest.mark.parametrize(
