@@ -265,10 +265,7 @@ class QwenReranker:
                 raise _NoStaticPath
             results = static.score_together([(w.encoded.head, w.encoded.tails) for w in group])
             for waiting, (found, overflow) in zip(group, results, strict=True):
-                if overflow:
-                    rest = self._score_dynamic(waiting.encoded, overflow)
-                    found.update((i, rest[i]) for i in overflow)
-                waiting.scores = [found[i] for i in range(len(waiting.encoded.tails))]
+                waiting.scores = self._with_overflow(waiting.encoded, found, overflow)
         except Exception as exc:  # one by one instead; a search never sees a static failure
             if not isinstance(exc, _NoStaticPath):
                 log.warning(
@@ -425,13 +422,16 @@ class QwenReranker:
         return self._score_dynamic(encoded, range(len(encoded.tails)))
 
     def _score_static(self, static: StaticScorer, encoded: EncodedQuery) -> list[float]:
-        """Bucketed scoring; tails longer than every bucket take the dynamic path."""
-        # planned inside, once the head step is queued
-        found, overflow = static.score_together([(encoded.head, encoded.tails)])[0]
-        if overflow:
-            rest = self._score_dynamic(encoded, overflow)
-            found.update((i, rest[i]) for i in overflow)
-        return [found[i] for i in range(len(encoded.tails))]
+        """Bucketed scoring (planned inside, once the head step is queued)."""
+        return self._with_overflow(
+            encoded, *static.score_together([(encoded.head, encoded.tails)])[0])
+
+    def _with_overflow(self, encoded: EncodedQuery, found: dict[int, float],
+                       overflow: list[int]) -> list[float]:
+        """Scores in tail order: ``found`` by the static path, ``overflow`` (longer than
+        every bucket) on the dynamic path."""
+        rest = self._score_dynamic(encoded, overflow) if overflow else []
+        return [found[i] if i in found else rest[i] for i in range(len(encoded.tails))]
 
     def _score_dynamic(self, encoded: EncodedQuery, indices: Sequence[int]) -> list[float]:
         """Score the tails at ``indices`` with shapes fitted to each micro-batch.
