@@ -163,7 +163,7 @@ def test_head_capacities(max_length, caps):
 
 
 def test_step_groups_share_a_head_capacity_and_hold_at_most_slots_searches():
-    # heads of 93 and 96 tokens share capacity 128, 64 has its own, 200 runs in 256
+    # heads of 93 and 96 tokens share capacity 128, 64 and 40 share 64, 200 runs in 256
     heads = [93, 64, 96, 200, 93, 93, 40]
     assert step_groups(heads, 512, slots=2) == [[0, 2], [4, 5], [1, 6], [3]]
     assert step_groups(heads, 512, slots=16) == [[0, 2, 4, 5], [1, 6], [3]]
