@@ -308,6 +308,47 @@ def test_a_vector_is_never_written_from_an_antecedent_removed_mid_embed(
     np.testing.assert_allclose(stored, HashEmbedder().embed([last])[0], atol=1e-6)
 
 
+@pytest.mark.parametrize("how", ["delete", "edit"])
+def test_a_message_stored_in_between_takes_over_as_antecedent(
+    make_engine: Callable[..., MemoryEngine], make_record: MakeRecord, tmp_db: str, how: str
+) -> None:
+    """A short line embedded with the message before it as antecedent; then a catch-up,
+    backfill or import stores a message posted in between.  The line is embedded again
+    with its new antecedent, so deleting or editing the old one later leaves no trace
+    of it in the line's vector (the old antecedent is no longer the line's neighbour)."""
+    engine = make_engine(tmp_db)
+    secret = make_record("the vault code is pineapple", author_id=7, age_days=3)
+    between = make_record("posted while the bot was away", author_id=3, age_days=2)
+    short = make_record("agreed", author_id=2, age_days=1)
+    engine.ingest([secret])
+    engine.ingest([short])
+    assert "pineapple" in _embedded_text(engine, short.id)
+    engine.ingest([between])  # stored after ``short``, with a smaller id
+    assert "pineapple" not in _embedded_text(engine, short.id)
+    _remove_antecedent(engine, secret, how)
+    engine.embed_pending()
+    assert engine.storage.backlog.pending_count() == 0
+    text = _embedded_text(engine, short.id)
+    assert "posted while the bot was away" in text
+    stored = stored_vector(engine.storage, short.id)
+    assert stored is not None
+    np.testing.assert_allclose(stored, HashEmbedder().embed([text])[0], atol=1e-6)
+
+
+def test_storing_at_the_end_of_a_channel_embeds_nothing_again(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    """Live capture stores each message after the others: nothing goes back to the backlog."""
+    engine.ingest([make_record(f"message number {i}", age_days=3 - i / 10) for i in range(5)])
+    engine.storage.messages.upsert([make_record("the newest one", age_days=0.5)])
+    assert engine.storage.backlog.pending_count() == 1
+
+
+def _embedded_text(engine: MemoryEngine, message_id: int) -> str:
+    """The text a message's vector is (or would now be) made from."""
+    return engine.embedding_text(engine.storage.backlog.messages([message_id])[0])
+
+
 CLAIMER_ON_ANOTHER_HOST = """
 import sys, time
 from memory.storage import claims, open_storage

@@ -143,6 +143,19 @@ class PostgresForgetting:
         vectors.delete(conn, ids)
         self._reembed_dependants(conn, ids)
 
+    def inserted(self, conn: Any, ids: Sequence[int]) -> None:
+        """Messages just stored: the message after each in its channel, embedded with the
+        one before it, goes back to the backlog to take its new antecedent."""
+        successors = [row[0] for row in conn.execute(
+            """SELECT n.id FROM messages n WHERE n.embedded AND n.id IN (
+                   SELECT (SELECT s.id FROM messages s WHERE s.channel_id = x.channel_id
+                           AND s.id > x.id ORDER BY s.id LIMIT 1)
+                   FROM messages x WHERE x.id = ANY(%(ids)s))""",
+            {"ids": list(ids)},
+        )]
+        skip = set(ids)
+        self._send_back(conn, sorted(i for i in successors if i not in skip))
+
     def _reembed_dependants(self, conn: Any, ids: Sequence[int]) -> None:
         """Send back to the backlog the messages whose embedded antecedent is one of ``ids``."""
         dependants = [row[0] for row in conn.execute(
@@ -154,10 +167,14 @@ class PostgresForgetting:
             {"ids": list(ids)},
         ) if row[0] is not None]
         skip = set(ids)
-        dependants = sorted(i for i in dependants if i not in skip)
-        if dependants:
-            conn.execute("UPDATE messages SET embedded = false WHERE id = ANY(%s)", (dependants,))
-            vectors.delete(conn, dependants)
+        self._send_back(conn, sorted(i for i in dependants if i not in skip))
+
+    @staticmethod
+    def _send_back(conn: Any, ids: list[int]) -> None:
+        """Drop the vectors of ``ids``: they wait in the backlog to be embedded again."""
+        if ids:
+            conn.execute("UPDATE messages SET embedded = false WHERE id = ANY(%s)", (ids,))
+            vectors.delete(conn, ids)
 
     def _forget_where(self, conn: Any, where: str, params: Sequence[Any]) -> int:
         """Forget every message matching a WHERE clause over ``messages``."""

@@ -89,6 +89,8 @@ class PostgresMessages(BaseMessages):
         _write_messages(conn, inserts, updates)
         if edited:
             self._forgetting.edited(conn, edited)
+        if inserts:  # a later neighbour's antecedent changed
+            self._forgetting.inserted(conn, [r.id for r in inserts])
         windows.reindex(conn, touched)
         forgotten = self._forgetting.forget_in(conn, admitted.withdrawn())
         return admitted.stats(inserted, updated, unchanged, forgotten)

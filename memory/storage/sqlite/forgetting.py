@@ -158,6 +158,22 @@ class SQLiteForgetting:
         return {row[0] for row in self._db.read(
             f"SELECT message_id FROM tombstones WHERE message_id {IN_IDS}", (id_list(ids),))}
 
+    def inserted(self, conn: Any, ids: Sequence[int]) -> None:
+        """Messages just stored: the message after each in its channel may have been
+        embedded with the one before it as antecedent (a catch-up, backfill or import
+        stored these in between later), so it goes back to the backlog and takes its
+        new antecedent; otherwise deleting the old one would leave its text there."""
+        batch = id_list(ids)
+        successors = [row[0] for row in conn.execute(
+            """SELECT n.id FROM messages n WHERE n.embedded = 1 AND n.id IN (
+                   SELECT (SELECT s.id FROM messages s WHERE s.channel_id = x.channel_id
+                           AND s.id > x.id ORDER BY s.id LIMIT 1)
+                   FROM messages x WHERE x.id IN (SELECT value FROM json_each(?1)))""",
+            (batch,),
+        )]
+        skip = set(ids)
+        self._send_back(conn, [i for i in successors if i not in skip])
+
     def _reembed_dependants(self, conn: Any, ids: Sequence[int]) -> None:
         """Send back to the backlog the messages whose embedded antecedent is one of ``ids``.
 
@@ -174,12 +190,13 @@ class SQLiteForgetting:
                FROM messages x WHERE x.id IN (SELECT value FROM json_each(?1))""",
             (batch,),
         ) if row[0] is not None]
-        dependants = [i for i in dependants if i not in set(ids)]
-        if dependants:
-            conn.execute(
-                f"UPDATE messages SET embedded = 0 WHERE id {IN_IDS}", (id_list(dependants),)
-            )
-            self._table.delete(conn, dependants)
+        self._send_back(conn, [i for i in dependants if i not in set(ids)])
+
+    def _send_back(self, conn: Any, ids: Sequence[int]) -> None:
+        """Drop the vectors of ``ids``: they wait in the backlog to be embedded again."""
+        if ids:
+            conn.execute(f"UPDATE messages SET embedded = 0 WHERE id {IN_IDS}", (id_list(ids),))
+            self._table.delete(conn, ids)
 
     def _forget_where(self, where: str, params: Sequence[Any]) -> int:
         """Forget every message matching a WHERE clause over ``messages``."""

@@ -78,6 +78,7 @@ class SQLiteMessages(BaseMessages):
         inserted = updated = unchanged = 0
         names_done: set[tuple] = set()
         touched: list[tuple[int, int]] = []  # (channel, message) whose index rows change
+        new: list[int] = []
         for record in records:
             # a batch repeats the same guild/channel/author many times; writing
             # an identical names row again would change nothing
@@ -89,6 +90,7 @@ class SQLiteMessages(BaseMessages):
             if before is None:
                 _insert_message(conn, record)
                 touched.append((record.channel_id, record.id))
+                new.append(record.id)
                 inserted += 1
             elif newer_version(record, before):
                 text_changed = before[0::2] != row[0::2]
@@ -100,6 +102,8 @@ class SQLiteMessages(BaseMessages):
                 unchanged += 1
             existing[record.id] = row
             stored_in[record.id] = record.channel_id  # the same id twice in one batch
+        if new:
+            self._forgetting.inserted(conn, new)  # a later neighbour's antecedent changed
         windows.reindex(conn, touched)
         return inserted, updated, unchanged
 
