@@ -13,6 +13,7 @@ import click
 from memory.errors import DatabaseFileError
 from memory.storage import check_location
 from memory.storage.postgres.connection import is_postgres_url
+from memory.text import valid_unicode
 
 MAX_SNOWFLAKE = 2**63 - 1  # what SQLite's INTEGER holds
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -182,11 +183,6 @@ class ShardIds(click.ParamType):
         if not all(part.isascii() and part.isdigit() for part in parts):
             self.fail(f"comma-separated shard ids (0, 1, ...), got {value!r}", param, ctx)
         return tuple(int(part) for part in parts)
-
-
-def valid_unicode(text: str) -> str:
-    """``text`` with lone surrogates (undecodable command-line bytes) replaced by U+FFFD."""
-    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 SNOWFLAKE = Snowflake()

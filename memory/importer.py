@@ -20,6 +20,7 @@ import ijson
 
 from memory.errors import ImportFormatError
 from memory.records import DISCORD_EPOCH_MS, MessageRecord, datetime_to_ms, snowflake_time_ms
+from memory.text import valid_unicode
 
 log = logging.getLogger(__name__)
 
@@ -407,9 +408,7 @@ def _text(value: Any) -> str:
 
     ``json`` accepts escapes such as ``"\\ud800"`` that SQLite cannot store.
     """
-    if not isinstance(value, str):
-        return ""
-    return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return valid_unicode(value) if isinstance(value, str) else ""
 
 
 def _list(value: Any) -> list:

@@ -44,6 +44,18 @@ and a tokenizer reads all it is given before truncating: an imported 50 MB messa
 took 8 GiB to embed (issue 31, item 2).  Stored text stays whole."""
 
 _TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` as valid Unicode: each lone surrogate becomes U+FFFD.
+
+    A Python ``str`` may hold surrogates: JSON escapes such as ``"\\ud83d"`` (which
+    discord.py's gateway parser and ``json`` accept), undecodable command-line bytes,
+    a broken decoder.  SQLite, tokenizers and UTF-8 JSON refuse them; NUL and emoji
+    pass unchanged.
+    """
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def clean(text: str) -> str:

@@ -2,7 +2,8 @@
 
 The listeners (and the backfill) turn each message into a record here, then hand
 it to the runtime's write queue (:mod:`cogs.memory.write_queue`), which stores it
-even when the database is busy.
+even when the database is busy.  Text comes as valid Unicode: the gateway's JSON may
+carry lone surrogates (``"\\ud83d"``), which no database stores.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import discord
 
 from memory.records import MessageRecord, datetime_to_ms
+from memory.text import valid_unicode
 
 
 def record_from_message(message: discord.Message) -> MessageRecord | None:
@@ -18,8 +20,9 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
         discord.MessageType.default, discord.MessageType.reply
     ):
         return None
-    attachments = tuple(a.filename for a in message.attachments)
-    if not message.content.strip() and not attachments:
+    attachments = tuple(valid_unicode(a.filename) for a in message.attachments)
+    content = valid_unicode(message.content)
+    if not content.strip() and not attachments:
         return None
     channel = message.channel
     parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
@@ -32,12 +35,12 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
         author_id=author.id,
         created_at=datetime_to_ms(message.created_at),
         edited_at=datetime_to_ms(message.edited_at) if message.edited_at else None,
-        content=message.content,
-        author_name=author.name,
-        author_display_name=author.display_name,
+        content=content,
+        author_name=valid_unicode(author.name),
+        author_display_name=valid_unicode(author.display_name),
         author_is_bot=author.bot,
-        guild_name=message.guild.name,
-        channel_name=getattr(channel, "name", "") or "",
+        guild_name=valid_unicode(message.guild.name or ""),
+        channel_name=valid_unicode(getattr(channel, "name", "") or ""),
         # a channel discord.py does not cache (an archived thread's MESSAGE_UPDATE) has no
         # type: "" tells the store that this event does not know it
         channel_type=str(channel.type) if channel.type is not None else "",

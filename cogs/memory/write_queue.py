@@ -8,6 +8,11 @@ database is locked (an import or another process is writing) the batch waits and
 tried again with backoff, so a member's message is never dropped for being sent at a
 busy moment.  A busy spell that lasts (PostgreSQL down for good reads as busy too) is
 said at WARNING, with how many writes wait, after a minute and then every five.
+
+A batch that fails for another reason is tried again a few times, then each of its
+items alone, in order: a write the database refuses for good (a bug, a record it
+cannot hold) is given up by itself, never with the other members' messages and
+deletions that happened to share its batch.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 200
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
-GIVE_UP_AFTER = 8  # tries of a batch that fails for a reason other than a busy database
+GIVE_UP_AFTER = 8  # tries of a write that fails for a reason other than a busy database
+SPLIT_AFTER = 4  # tries of a batch of several items (a passing error) before each is tried alone
 # A busy database is retried for ever (nothing a member sends is dropped), but a long
 # run of busy retries is no passing lock: PostgreSQL down for good reads as pool
 # timeouts, i.e. StorageBusy.  Said at WARNING after this long, then this often.
@@ -143,6 +149,27 @@ class WriteQueue:
                     self._queue.task_done()
 
     async def _apply_with_retry(self, batch: list[Write]) -> None:
+        several = sum(len(write.items) for write in batch) > 1
+        failed = await self._attempt(batch, SPLIT_AFTER if several else GIVE_UP_AFTER)
+        if failed is None or not several:
+            if failed is not None:
+                _give_up(batch, GIVE_UP_AFTER, failed)
+            _settle(batch, failed)
+            return
+        log.warning("a batch of %d writes keeps failing (%s); applying its items one by one",
+                    len(batch), failed)
+        for write in batch:
+            error = None
+            for item in write.items:
+                single = [Write(write.apply, [item])]
+                if (exc := await self._attempt(single, GIVE_UP_AFTER)) is not None:
+                    _give_up(single, GIVE_UP_AFTER, exc)
+                    error = exc
+            _settle([write], error)
+
+    async def _attempt(self, batch: list[Write], tries: int) -> BaseException | None:
+        """Apply ``batch`` until it commits (``None``) or fails ``tries`` times for a
+        reason other than a busy database or a full disk (that error)."""
         delay, failures = RETRY_MIN_S, 0
         busy = _BusySpell()
         while True:
@@ -157,22 +184,17 @@ class WriteQueue:
             except Exception as exc:
                 if not is_busy(exc):
                     failures += 1
-                    if failures >= GIVE_UP_AFTER:
-                        log.exception("giving up on %d writes after %d tries: %s", len(batch),
-                                      failures, describe(batch))
-                        _settle(batch, exc)
-                        return
+                    if failures >= tries:
+                        return exc
                     log.warning("writing %d changes failed (%s); retrying", len(batch), exc)
                     busy = _BusySpell()  # another error: no longer one busy spell
                 else:
                     busy.retrying(len(batch) + self.backlog, delay, exc)
             else:
                 busy.end()
-                _settle(batch, None)
-                return
+                return None
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, RETRY_MAX_S)
-
 
 class _BusySpell:
     """Says how long the database has been busy for a batch: INFO per retry, WARNING
@@ -230,6 +252,11 @@ def describe(writes: list[Write]) -> str:
 def _call_each(calls: list[Callable[[], object]]) -> None:
     for call in calls:
         call()
+
+
+def _give_up(writes: list[Write], tries: int, exc: BaseException) -> None:
+    log.error("giving up on %d writes after %d tries: %s", len(writes), tries, describe(writes),
+              exc_info=exc)
 
 
 def _settle(batch: list[Write], exc: BaseException | None) -> None:

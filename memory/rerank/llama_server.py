@@ -66,11 +66,11 @@ from memory.rerank.prompt import (
     head_text,
 )
 from memory.rerank.score_parsing import (
-    clean_text,
     parse_chat_score,
     parse_completion_score,
     parse_rerank_scores,
 )
+from memory.text import valid_unicode
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class LlamaServerBackend:
             return []
         call = Call(deadline.within(self._http.timeout))
         try:
-            return self._score(clean_text(query), [clean_text(t) for t in texts], call)
+            return self._score(valid_unicode(query), [valid_unicode(t) for t in texts], call)
         except RerankerError as exc:
             self._record_failure(exc)
             raise

@@ -41,7 +41,7 @@ from memory.config import DEFAULT_RERANK_TIMEOUT, LLMConfig, LlmJudgeConfig
 from memory.errors import ChatModelError, ConfigError, RerankerError, RerankerUnavailable
 from memory.llm import ChatClient, ChatMessages, chat_completions_url, visible_text
 from memory.rerank import deadline
-from memory.rerank.score_parsing import clean_text
+from memory.text import valid_unicode
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,8 @@ def judge_messages(instruction: str, query: str, text: str) -> ChatMessages:
     Returns:
         OpenAI-style ``messages``.
     """
-    question = " ".join(clean_text(query).split())
-    quoted = json.dumps(clean_text(text)[:MAX_CANDIDATE_CHARS], ensure_ascii=False)
+    question = " ".join(valid_unicode(query).split())
+    quoted = json.dumps(valid_unicode(text)[:MAX_CANDIDATE_CHARS], ensure_ascii=False)
     return [
         {"role": "system", "content": JUDGE_PROMPT.format(instruction=instruction.rstrip("."))},
         {"role": "user", "content": f"Question: {question}\nMessage (untrusted): {quoted}"},

@@ -57,7 +57,8 @@ from memory.errors import ConfigError, RerankerError, RerankerUnavailable
 from memory.llm import error_message, retry_after
 from memory.metrics import RERANK_SERVER_ERRORS
 from memory.rerank import deadline
-from memory.rerank.score_parsing import clean_text, sigmoid
+from memory.rerank.score_parsing import sigmoid
+from memory.text import valid_unicode
 from memory.urls import public_url, refuse_url_credentials
 
 log = logging.getLogger(__name__)
@@ -260,8 +261,8 @@ class RerankApiBackend:
         if self._key_error is not None:
             raise self._key_error
         until = deadline.within(self.timeout)
-        query = clean_text(query)
-        docs = [clean_text(t) for t in texts]
+        query = valid_unicode(query)
+        docs = [valid_unicode(t) for t in texts]
         size = self.config.max_documents
         scores: list[float] = []
         try:

@@ -7,10 +7,9 @@ token, of which P(yes) over {yes, no} is the score (:func:`yes_probability`,
 exactly what the in-process backend computes from the two logits); ``/v1/rerank``
 returns P(yes) per document already.  The rest is for any server:
 :func:`typed_field` checks a JSON field (:mod:`memory.rerank.llama_http`),
-:func:`sigmoid` turns a logit into a probability (:mod:`memory.rerank.rerank_api`),
-and :func:`clean_text` makes text safe to send as JSON (the rerank API and the
-LLM judge too).  Every malformed answer is a :class:`ValueError` naming what is
-missing.
+and :func:`sigmoid` turns a logit into a probability (:mod:`memory.rerank.rerank_api`);
+text goes out through :func:`memory.text.valid_unicode`, safe to send as JSON.
+Every malformed answer is a :class:`ValueError` naming what is missing.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from typing import Any
 MISSING_TOKEN_MARGIN = 1.0
 # Smallest leftover probability considered, so log(leftover) stays finite (about -30).
 MIN_LEFTOVER = 1e-13
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
@@ -210,12 +208,3 @@ def parse_rerank_scores(body: Any, count: int) -> list[float]:
     if missing:
         raise ValueError(f"no result for document index(es) {missing[:10]}")
     return [scores[i] for i in range(count)]
-
-
-def clean_text(text: str) -> str:
-    """Return ``text`` as valid Unicode: each surrogate code point becomes U+FFFD.
-
-    A Python ``str`` may hold surrogates (from a broken decoder or a hostile
-    message); they cannot be encoded as UTF-8 JSON.  NUL and emoji pass unchanged.
-    """
-    return _SURROGATE.sub("\ufffd", text)

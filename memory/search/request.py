@@ -12,6 +12,7 @@ from datetime import datetime
 
 from memory.errors import SearchInputError
 from memory.records import datetime_to_ms
+from memory.text import valid_unicode
 
 MAX_QUERIES = 20
 # The characters a search's queries hold in all.  No question is longer: a Discord
@@ -75,7 +76,7 @@ def validate(request: SearchRequest) -> list[str]:
     if len(request.queries) > MAX_QUERIES:  # before reading them: a million is refused at once
         raise SearchInputError(
             f"at most {MAX_QUERIES} queries per search, got {len(request.queries)}")
-    queries = [q for q in (_scrub(str(q)).strip() for q in request.queries) if q]
+    queries = [q for q in (valid_unicode(str(q)).strip() for q in request.queries) if q]
     if not queries:
         raise SearchInputError("give at least one non-empty query")
     total = sum(len(q) for q in queries)
@@ -98,8 +99,3 @@ def _check_options(request: SearchRequest) -> None:
         datetime_to_ms(request.after) >= datetime_to_ms(request.before)
     ):
         raise SearchInputError("'after' must be earlier than 'before'")
-
-
-def _scrub(text: str) -> str:
-    """Replace lone surrogates (undecodable command-line bytes) that tokenizers reject."""
-    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")

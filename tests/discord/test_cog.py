@@ -10,6 +10,7 @@ matrix in test_permissions.py.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import sys
 import time
@@ -611,6 +612,55 @@ async def test_write_queue_retries_busy_errors_in_order():
     await queue.stop()
     # consecutive writes of one call are applied as one call; the order holds
     assert applied == [("store", [1, 2, 4]), ("forget", [1]), ("store", [3])]
+
+
+async def test_a_write_the_database_refuses_is_given_up_alone(monkeypatch, caplog):
+    """One item no retry can write is given up by itself: the messages and the deletion
+    that shared its batch are applied, in order, and its waiter hears why."""
+    # the module as it is loaded now (a harness's teardown unloads the extension's modules)
+    write_queue = importlib.import_module("cogs.memory.write_queue")
+    monkeypatch.setattr(write_queue, "RETRY_MAX_S", 0.001)
+    applied: list[tuple[str, list[int]]] = []
+
+    def store(items):
+        if 13 in items:
+            raise ValueError("cannot store item 13")
+        applied.append(("store", items))
+
+    def forget(items):
+        applied.append(("forget", items))
+
+    async def run(fn):
+        fn()
+
+    queue = write_queue.WriteQueue(run)
+    queue.start()
+    with caplog.at_level(logging.ERROR, logger="cogs.memory.write_queue"):
+        queue.put(store, [1, 2])
+        queue.put(store, [13])
+        queue.put(store, [4])
+        queue.put(forget, [1])
+        await queue.put_and_wait(store, [5])  # one batch: the five writes above
+        with pytest.raises(ValueError, match="item 13"):
+            await queue.put_and_wait(store, [13, 6])
+        await queue.stop()
+    assert applied == [("store", [1]), ("store", [2]), ("store", [4]), ("forget", [1]),
+                       ("store", [5]), ("store", [6])]
+    given_up = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert given_up == ["giving up on 1 writes after 8 tries: store[13]"] * 2
+
+
+async def test_a_lone_surrogate_from_the_gateway_is_stored_as_a_replacement(harness):
+    """discord.py's JSON accepts ``"\\ud83d"``; the message is stored (with U+FFFD), not
+    retried and given up with the writes around it."""
+    h = harness
+    broken = await say(h, "broken emoji \ud83d here", who=(BOB, "b\udc00b"))
+    ordinary = await say(h, "an ordinary message")
+    await settle(h)
+    stored = h.engine.storage.messages.hydrate([broken.id, ordinary.id])
+    assert stored[broken.id].content == "broken emoji \ufffd here"
+    assert stored[ordinary.id].content == "an ordinary message"
+    assert h.engine.search("broken emoji", guild_id=G).hits[0].id == broken.id
 
 
 async def test_captures_are_not_queued_behind_slow_searches(harness):

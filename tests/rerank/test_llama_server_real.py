@@ -26,8 +26,8 @@ from memory.config import LlamaServerConfig, QwenConfig, RerankerConfig
 from memory.rerank.base import Ranking
 from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
 from memory.rerank.qwen import QwenReranker
-from memory.rerank.score_parsing import clean_text
 from memory.rerank.service import RerankerService
+from memory.text import valid_unicode
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -191,7 +191,7 @@ def test_hostile_text_scores_like_in_process(
     # The in-process tokenizer cannot take surrogates at all; the remote path turns
     # them into U+FFFD, so the reference is computed on the cleaned text.
     reference = tiny.reference(instruction).score(
-        clean_text(query), [clean_text(d) for d in HOSTILE]
+        valid_unicode(query), [valid_unicode(d) for d in HOSTILE]
     )
     url = rank_server.url if endpoint == "rerank" else causal_server.url
     with remote(url, endpoint=endpoint) as backend:

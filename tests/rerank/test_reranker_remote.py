@@ -22,7 +22,6 @@ from memory.rerank.base import RerankerBackend
 from memory.rerank.llama_server import RERANK_INSTRUCTION, LlamaServerBackend
 from memory.rerank.prompt import SYSTEM_PROMPT, chat_messages, full_prompt
 from memory.rerank.score_parsing import (
-    clean_text,
     parse_chat_score,
     parse_completion_score,
     parse_rerank_scores,
@@ -268,11 +267,6 @@ def test_hostile_text_is_scored_without_raising(
 ) -> None:
     scores = make_backend(endpoint=endpoint).score(query, [doc, "pizza"])
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
-
-
-def test_clean_text_replaces_only_lone_surrogates() -> None:
-    assert clean_text("a\x00b 🍕") == "a\x00b 🍕"
-    assert clean_text("a\ud83db\udc00") == "a\ufffdb\ufffd"
 
 
 # ------------------------------------------------------------------- score math

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.text import EMBED_CHARS, content_words, embedding_text, query_terms
+from memory.text import EMBED_CHARS, content_words, embedding_text, query_terms, valid_unicode
 
 
 @pytest.mark.parametrize("query, terms", [
@@ -50,3 +50,9 @@ def test_the_embedded_text_stays_a_few_thousand_characters_whatever_a_message_ho
     text = embedding_text(**parts)
     assert len(text) <= 4 * EMBED_CHARS
     assert "the start of it" in text
+
+
+def test_valid_unicode_replaces_only_lone_surrogates() -> None:
+    assert valid_unicode("a\x00b 🍕") == "a\x00b 🍕"
+    assert valid_unicode("a\ud83db\udc00") == "a\ufffdb\ufffd"
+    assert valid_unicode("plain ascii") == "plain ascii"
