@@ -1,11 +1,13 @@
 """Who may read what: the allow-lists every member-facing search is limited to.
 
 A search on behalf of a member may only find messages in channels and threads
-that member can read *now* (view channel + read message history, and for a
-private thread: a current member of it, or someone who can manage threads in its
-parent).  A reply that
-others will read (a mention reply, ``/search private:False``) is further limited
-to sources that everyone who can read the reply channel can also read.
+that member can read *now* (view channel + read message history; for a voice or
+stage channel's text chat also connect; for a private thread: a current member of
+it, or someone who can manage threads in its parent).  A reply that others will
+read (a mention reply, ``/search private:False``) is further limited to sources
+that everyone who can read the reply channel can also read: its own channel only
+where nobody who sees new messages there is refused its history, and never an
+age-restricted channel elsewhere.
 
 Everything is computed from discord.py's cache at request time; the engine gets
 the result as ``SearchRequest.allowed_channel_ids`` and filters inside its KNN
@@ -52,7 +54,14 @@ class StoredThread:
         return self.type not in _PUBLIC_THREAD_TYPES
 
 
-def _reads(perms: discord.Permissions) -> bool:
+_VOCAL = (discord.VoiceChannel, discord.StageChannel)  # text chat needs connect too
+
+
+def _reads(perms: discord.Permissions, channel: object = None) -> bool:
+    """Whether ``perms`` (in ``channel``) open its history: a voice or stage channel's
+    text chat is closed to those who may not connect, whatever else they may do."""
+    if isinstance(channel, _VOCAL) and not perms.connect:
+        return False
     return perms.view_channel and perms.read_message_history
 
 
@@ -72,7 +81,7 @@ def can_read(member: discord.Member, channel: discord.abc.GuildChannel | discord
         return True
     if isinstance(channel, discord.CategoryChannel):
         return False
-    return _reads(channel.permissions_for(member))
+    return _reads(channel.permissions_for(member), channel)
 
 
 def readable_channel_ids(
@@ -93,7 +102,7 @@ def readable_channel_ids(
             continue
         perms = channel.permissions_for(member)
         parent_perms[channel.id] = perms
-        if _reads(perms):
+        if _reads(perms, channel):
             readable.add(channel.id)
     for thread in guild.threads:
         if can_read(member, thread):
@@ -112,8 +121,10 @@ def readable_channel_ids(
 def everyone_can_read(channel: discord.abc.GuildChannel | discord.Thread | None) -> bool:
     """Whether every member of the guild can read ``channel``.
 
-    True when ``@everyone`` may view it and read its history and no role or member
-    overwrite takes either away; for a public thread, when that holds for its parent.
+    True when ``@everyone`` may view it and read its history (and connect, for a
+    voice or stage channel) and no role or member overwrite takes any of it away;
+    for a public thread, when that holds for its parent.  An age-restricted channel
+    is never everyone's: Discord keeps it from members under 18.
     """
     if channel is None:
         return False
@@ -121,23 +132,32 @@ def everyone_can_read(channel: discord.abc.GuildChannel | discord.Thread | None)
         return not channel.is_private() and everyone_can_read(channel.parent)
     if isinstance(channel, discord.CategoryChannel):
         return False
-    if not _reads(channel.permissions_for(channel.guild.default_role)):
+    if getattr(channel, "nsfw", False):
         return False
-    return not _denies_reading(channel)
+    if not _reads(channel.permissions_for(channel.guild.default_role), channel):
+        return False
+    return not _denies(channel, _CONNECTING if isinstance(channel, _VOCAL) else _READING)
 
 
+_HISTORY = discord.Permissions(read_message_history=True).value
 _READING = discord.Permissions(view_channel=True, read_message_history=True).value
+_CONNECTING = discord.Permissions(view_channel=True, read_message_history=True, connect=True).value
 
 
-def _denies_reading(channel: discord.abc.GuildChannel) -> bool:
-    """Whether any role or member overwrite in ``channel`` denies viewing or history."""
+def _history_for_all_who_see(channel: discord.abc.GuildChannel) -> bool:
+    """Whether everyone who sees new messages in ``channel`` may also read its history:
+    ``@everyone`` has Read Message History in the guild and no overwrite denies it."""
+    everyone = channel.guild.default_role.permissions
+    return (everyone.administrator or everyone.read_message_history) and not _denies(
+        channel, _HISTORY)
+
+
+def _denies(channel: discord.abc.GuildChannel, bits: int) -> bool:
+    """Whether any role or member overwrite in ``channel`` denies one of ``bits``."""
     raw = getattr(channel, "_overwrites", None)
     if raw is not None:  # discord.py's raw overwrite list: 0.2 µs instead of 40 µs for .overwrites
-        return any(entry.deny & _READING for entry in raw)
-    return any(
-        o.view_channel is False or o.read_message_history is False
-        for o in channel.overwrites.values()
-    )
+        return any(entry.deny & bits for entry in raw)
+    return any(deny.value & bits for _, deny in (o.pair() for o in channel.overwrites.values()))
 
 
 def public_reply_sources(
@@ -150,16 +170,25 @@ def public_reply_sources(
     A source qualifies when everyone who can read the reply channel can read it
     too: the reply channel itself; its parent, when the reply is in a thread;
     public threads of the same channel; and channels (and their public threads)
-    every member of the guild can read.  Pass the asking member's readable ids as
-    ``candidates``, so the answer is also limited to what they may see.
+    every member of the guild can read.  The first three only where everyone who
+    sees the reply may read the channel's history (a member who may view a channel
+    but not its history still sees the reply arrive).  Pass the asking member's
+    readable ids as ``candidates``, so the answer is also limited to what they may see.
     """
     guild = reply_channel.guild
-    home = reply_channel.id
-    family = {home}  # sources whose readers include everyone who reads the reply channel
-    if isinstance(reply_channel, discord.Thread) and reply_channel.parent_id is not None:
-        family.add(reply_channel.parent_id)
-        if not reply_channel.is_private():
-            home = reply_channel.parent_id  # public threads share their parent's readers
+    home: int | None = reply_channel.id
+    family = {reply_channel.id}  # sources whose readers include everyone who reads the reply
+    channel: discord.abc.GuildChannel | None = None  # whose history rules the reply's readers have
+    if isinstance(reply_channel, discord.Thread):
+        channel = reply_channel.parent
+        if reply_channel.parent_id is not None:
+            family.add(reply_channel.parent_id)
+            if not reply_channel.is_private():
+                home = reply_channel.parent_id  # public threads share their parent's readers
+    else:
+        channel = reply_channel
+    if channel is None or not _history_for_all_who_see(channel):
+        family, home = set(), None  # only what everyone in the guild may read
     stored_parent = {t.id: t for t in stored_threads}
     world: dict[int, bool] = {}
 

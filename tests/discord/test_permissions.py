@@ -2,7 +2,9 @@
 
 One server is built from gateway payloads with roles, role and member overwrites,
 a private category whose channels sync to it, a channel members may view but not
-read the history of, public, private and archived threads, and a second server.
+read the history of, one whose history only staff may read, a voice channel whose
+text chat only staff may join (Discord asks for Connect there), an age-restricted
+channel, public, private and archived threads, and a second server.
 Every channel holds a message with the same word; each member then searches by
 every route (the engine allow-list, ``/search`` private and public, ``channel:``,
 the context menu, a mention reply), and every cell is checked against a table
@@ -45,8 +47,10 @@ STAFF, MODS = 510, 511
 ALICE, BOB, CAROL, EVE, OTHER = 1101, 1102, 1103, 1104, 1105
 PUBLIC_CAT, GENERAL, NO_BOB = 600, 601, 630
 STAFF_CAT, STAFF_ONLY, STAFF_LOG, ANNOUNCE = 610, 611, 612, 620
+STAFF_VOICE, ADULTS, HELP_DESK = 640, 641, 642
 PUBLIC_THREAD, PRIVATE_THREAD, ARCHIVED_STAFF_THREAD, ARCHIVED_PRIVATE = 701, 702, 703, 704
 ELSEWHERE = 801
+CONNECT = discord.Permissions(connect=True)
 WORD = "pineapple"
 
 ROLES = {ALICE: [STAFF], BOB: [], CAROL: [MODS], EVE: [STAFF]}
@@ -55,12 +59,14 @@ NAMES = {ALICE: "alice", BOB: "bob", CAROL: "carol", EVE: "eve", OTHER: "olga"}
 # Who can read what, by Discord's rules (see the module docstring for the layout).
 READABLE = {
     ALICE: {GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, PUBLIC_THREAD, PRIVATE_THREAD,
-            ARCHIVED_STAFF_THREAD},
-    BOB: {GENERAL, PUBLIC_THREAD},
-    CAROL: {GENERAL, NO_BOB, PUBLIC_THREAD, PRIVATE_THREAD, ARCHIVED_PRIVATE},
-    EVE: {GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, PUBLIC_THREAD, ARCHIVED_STAFF_THREAD},
+            ARCHIVED_STAFF_THREAD, STAFF_VOICE, ADULTS, HELP_DESK},
+    BOB: {GENERAL, PUBLIC_THREAD, ADULTS},
+    CAROL: {GENERAL, NO_BOB, PUBLIC_THREAD, PRIVATE_THREAD, ARCHIVED_PRIVATE, ADULTS},
+    EVE: {GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, PUBLIC_THREAD, ARCHIVED_STAFF_THREAD,
+          STAFF_VOICE, ADULTS, HELP_DESK},
 }
-# What a public reply in #general may quote: channels every member can read.
+# What a public reply in #general may quote: channels every member can read (not the
+# age-restricted one: Discord keeps it from members under 18).
 PUBLIC_IN_GENERAL = {GENERAL, PUBLIC_THREAD}
 # In #staff-only: staff channels synced to the same category, and the world-readable ones.
 PUBLIC_IN_STAFF_ONLY = {STAFF_ONLY, ARCHIVED_STAFF_THREAD, GENERAL, PUBLIC_THREAD}
@@ -86,6 +92,14 @@ def server() -> dict:
             channel(STAFF_ONLY, G, "staff-only", parent=STAFF_CAT, overwrites=staff_only),
             channel(STAFF_LOG, G, "staff-log", parent=STAFF_CAT, overwrites=staff_only),
             channel(ANNOUNCE, G, "announcements", overwrites=[overwrite(G, deny=NO_HISTORY)]),
+            # everyone sees the voice room; its text chat needs Connect, which only staff have
+            channel(STAFF_VOICE, G, "staff-voice", type=2,
+                    overwrites=[overwrite(STAFF, allow=CONNECT)]) | {"bitrate": 64000,
+                                                                     "user_limit": 0},
+            channel(ADULTS, G, "after-dark") | {"nsfw": True},
+            # everyone may view and post; only staff may read the history
+            channel(HELP_DESK, G, "help-desk", overwrites=[overwrite(G, deny=NO_HISTORY),
+                                                          overwrite(STAFF, allow=NO_HISTORY)]),
         ],
         threads=[
             thread(PUBLIC_THREAD, G, GENERAL, "open thread", owner=BOB),
@@ -123,7 +137,7 @@ async def harness(db_location):
 async def _fill(h: Harness) -> None:
     """One message with WORD in every channel and thread, incl. archived ones the cache lacks."""
     for place in (GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, ANNOUNCE, PUBLIC_THREAD, PRIVATE_THREAD,
-                  ELSEWHERE):
+                  ELSEWHERE, STAFF_VOICE, ADULTS, HELP_DESK):
         await h.listeners.on_message(h.message(f"{WORD} note in channel {place}",
                                          author=(OTHER, "olga"), channel=place))
     await h.runtime.writes.stop()
@@ -193,11 +207,27 @@ async def test_a_public_answer_in_a_private_category_may_quote_that_category(har
     assert withheld == len(READABLE[ALICE] - PUBLIC_IN_STAFF_ONLY)
 
 
+@pytest.mark.parametrize(("where", "quoted"), [
+    # staff may read the voice room's chat, and nobody who sees it is refused its history
+    (STAFF_VOICE, {STAFF_VOICE} | PUBLIC_IN_GENERAL),
+    # bob sees new messages in #help-desk but may not read its history: not even the
+    # channel itself may be quoted there
+    (HELP_DESK, PUBLIC_IN_GENERAL),
+])
+async def test_a_public_answer_quotes_its_own_channel_only_where_its_readers_may(
+    harness, where, quoted
+):
+    result, _ = await harness.search.member_search(
+        as_member(harness, ALICE), SearchRequest(queries=(WORD,), limit=50),
+        reply_channel=harness.guild.get_channel(where))
+    assert {hit.channel_id for hit in result.hits} == quoted
+
+
 def test_world_readable_channels(harness):
     g = harness.guild
     assert everyone_can_read(g.get_channel(GENERAL))
     assert everyone_can_read(g.get_thread(PUBLIC_THREAD))
-    for cid in (NO_BOB, STAFF_ONLY, ANNOUNCE):
+    for cid in (NO_BOB, STAFF_ONLY, ANNOUNCE, STAFF_VOICE, ADULTS, HELP_DESK):
         assert not everyone_can_read(g.get_channel(cid)), cid
     assert not everyone_can_read(g.get_thread(PRIVATE_THREAD))
     # a reply inside the private thread may quote the thread itself and its parent
@@ -213,7 +243,7 @@ async def test_a_member_who_loses_a_role_loses_its_channels_at_once(harness):
     # the staff role is removed: the next interaction or message carries her new roles
     eve_now = discord.Member(data=member(EVE, "eve", roles=[]), guild=h.guild, state=h.state)
     after, _ = await h.search.member_search(eve_now, SearchRequest(queries=(WORD,), limit=50))
-    assert {hit.channel_id for hit in after.hits} == {GENERAL, NO_BOB, PUBLIC_THREAD}
+    assert {hit.channel_id for hit in after.hits} == {GENERAL, NO_BOB, PUBLIC_THREAD, ADULTS}
 
 
 async def test_leaving_a_private_thread_hides_it(harness):
@@ -230,8 +260,8 @@ async def test_an_overwrite_added_later_applies_to_the_next_search(harness):
     h.state.parse_channel_update(channel(GENERAL, G, "general", parent=PUBLIC_CAT,
                                          overwrites=[overwrite(BOB, deny=HIDE, member=True)]))
     result, _ = await h.search.member_search(as_member(h, BOB), SearchRequest(queries=(WORD,), limit=50))
-    assert result.hits == []  # no general, and its public thread went with it
-    assert "readable" in result.empty_reason
+    # no general, and its public thread went with it
+    assert {hit.channel_id for hit in result.hits} == {ADULTS}
 
 
 # -- every route a member has --------------------------------------------------------------
@@ -241,7 +271,7 @@ def _quoted(texts: list[str]) -> set[int]:
     found = set()
     blob = "\n".join(texts)
     for cid in (GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, ANNOUNCE, PUBLIC_THREAD, PRIVATE_THREAD,
-                ARCHIVED_STAFF_THREAD, ARCHIVED_PRIVATE, ELSEWHERE):
+                ARCHIVED_STAFF_THREAD, ARCHIVED_PRIVATE, ELSEWHERE, STAFF_VOICE, ADULTS, HELP_DESK):
         if f"channel {cid}" in blob:
             found.add(cid)
     return found
