@@ -28,6 +28,7 @@ from discord.ext import commands
 
 from cogs.memory.capture import record_from_message
 from cogs.memory.progress import report_progress
+from memory.records import MessageRecord
 
 if TYPE_CHECKING:
     from cogs.memory.runtime import MemoryRuntime
@@ -176,7 +177,7 @@ class Backfiller:
         if page:
             await self._store(channel, page, progress)
         await self.runtime.writes.run_and_wait(
-            lambda: guilds.save_backfill_cursor(channel.guild.id, channel.id, None, complete=True))
+            lambda: self._save_cursor(channel.guild.id, channel.id, None, complete=True))
 
     async def _catch_up_from(self, place: History, missed: list[int]) -> int | None:
         """Where a channel's catch-up starts: after its newest stored message, or before
@@ -214,13 +215,24 @@ class Backfiller:
             if record is not None and await self.runtime.remembers(message):
                 records.append(record)
         if records:
-            await self.runtime.writes.put_and_wait(self.engine.storage.messages.upsert, records)
+            await self.runtime.writes.put_and_wait(self._store_present, records)
             progress.stored += len(records)
         if save_cursor:
             oldest = min(m.id for m in page)
-            guilds = self.engine.storage.guilds
             await self.runtime.writes.run_and_wait(
-                lambda: guilds.save_backfill_cursor(channel.guild.id, channel.id, oldest))
+                lambda: self._save_cursor(channel.guild.id, channel.id, oldest))
+
+    def _store_present(self, records: list[MessageRecord]) -> None:
+        """Store a fetched page on the write thread, less what Discord deleted after it
+        was fetched (:class:`~cogs.memory.capture.Gone`)."""
+        self.engine.storage.messages.upsert(self.runtime.gone.present(records))
+
+    def _save_cursor(self, guild_id: int, channel_id: int, oldest: int | None, *,
+                     complete: bool = False) -> None:
+        """Save how far back a channel was read, on the write thread, unless it is gone."""
+        if not self.runtime.gone.holds(guild_id, channel_id):
+            self.engine.storage.guilds.save_backfill_cursor(guild_id, channel_id, oldest,
+                                                            complete=complete)
 
     # -- start-up catch-up ---------------------------------------------------------------
 

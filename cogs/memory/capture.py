@@ -4,6 +4,9 @@ The listeners (and the backfill) turn each message into a record here, then hand
 it to the runtime's write queue (:mod:`cogs.memory.write_queue`), which stores it
 even when the database is busy.  Text comes as valid Unicode: the gateway's JSON may
 carry lone surrogates (``"\\ud83d"``), which no database stores.
+
+:class:`Gone` remembers what Discord deleted while the bot runs, so that a page of
+history fetched before the deletion cannot store its messages again after it.
 """
 
 from __future__ import annotations
@@ -52,3 +55,40 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
         ),
         attachments=attachments,
     )
+
+
+class Gone:
+    """Channels, threads and guilds deleted on Discord (or left) since the bot started.
+
+    Forgetting a channel tombstones the messages stored at that moment; a backfill or
+    catch-up page fetched before the deletion may reach the write queue after it.  Such
+    a page is stored through :meth:`present`, on the write thread, so the records of a
+    gone place are left out, and no backfill position is saved for it (the listeners
+    mark a place gone before they queue its forgetting).  A guild the bot joins again is
+    present again; a channel id never is.
+    """
+
+    def __init__(self) -> None:
+        self._channels: set[int] = set()
+        self._guilds: set[int] = set()
+
+    def channel(self, channel_id: int) -> None:
+        """A channel or thread was deleted (a channel's threads go with it)."""
+        self._channels.add(channel_id)
+
+    def guild(self, guild_id: int) -> None:
+        """The bot left (or was removed from) a guild."""
+        self._guilds.add(guild_id)
+
+    def joined(self, guild_id: int) -> None:
+        """The bot joined a guild (again): its messages may be stored."""
+        self._guilds.discard(guild_id)
+
+    def holds(self, guild_id: int, channel_id: int, parent_id: int | None = None) -> bool:
+        """Whether this channel (or thread of ``parent_id``) of this guild is gone."""
+        return (guild_id in self._guilds or channel_id in self._channels
+                or parent_id in self._channels)
+
+    def present(self, records: list[MessageRecord]) -> list[MessageRecord]:
+        """``records`` less those of gone guilds, channels and channels' threads."""
+        return [r for r in records if not self.holds(r.guild_id, r.channel_id, r.parent_id)]

@@ -79,18 +79,26 @@ class MemoryListeners(commands.Cog):
     @commands.Cog.listener()
     async def on_guild_channel_delete(self, channel: discord.abc.GuildChannel) -> None:
         """Forget a deleted channel's messages and its threads'."""
+        self.runtime.gone.channel(channel.id)  # first: a page fetched before stores none
         self.runtime.writes.put(self.engine.forget_channels, [channel.id])
 
     @commands.Cog.listener()
     async def on_raw_thread_delete(self, payload: discord.RawThreadDeleteEvent) -> None:
         """Forget a deleted thread's messages."""
+        self.runtime.gone.channel(payload.thread_id)
         self.runtime.writes.put(self.engine.forget_channels, [payload.thread_id])
 
     @commands.Cog.listener()
     async def on_guild_remove(self, guild: discord.Guild) -> None:
         """The bot left (or was removed from) a guild: forget everything from it."""
         self.runtime.guild_settings.drop(guild.id)
+        self.runtime.gone.guild(guild.id)
         self.runtime.writes.put(self.runtime.forget_guilds, [guild.id])
+
+    @commands.Cog.listener()
+    async def on_guild_join(self, guild: discord.Guild) -> None:
+        """The bot joined a guild (perhaps one it left before): remember from now on."""
+        self.runtime.gone.joined(guild.id)
 
     @commands.Cog.listener()
     async def on_ready(self) -> None:

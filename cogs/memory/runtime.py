@@ -40,6 +40,7 @@ import discord
 from discord.ext import commands, tasks
 
 from cogs.memory.answers import make_chat_client
+from cogs.memory.capture import Gone
 from cogs.memory.discord_clock import DiscordClock
 from cogs.memory.follow import Follower
 from cogs.memory.settings_cache import SettingsCache
@@ -98,6 +99,7 @@ class MemoryRuntime:
         self.shards = Shards.of(bot)
         self.guild_settings = SettingsCache(engine.storage.guilds, self.read)
         self.clock = DiscordClock()  # Discord's time, measured from the gateway
+        self.gone = Gone()  # deleted on Discord while running: fetched pages leave them out
         self._embed_failures = 0
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()

@@ -97,6 +97,37 @@ async def test_backfill_reads_channels_and_archived_threads_through_a_rate_limit
     assert not [r for r in fake.requests if r[0].endswith("/messages")]
 
 
+@pytest.mark.parametrize("event", ["guild_channel_delete", "guild_remove"])
+async def test_a_place_deleted_while_its_page_is_checked_stays_forgotten(setup, event):
+    """CHANNEL_DELETE (or the bot leaving the guild) arrives while a fetched page waits to
+    be stored: the forget runs first, and the page must not bring the messages back."""
+    h, fake = setup
+    fake.history[GENERAL] = history(h, GENERAL, 50, word="secretword")
+    original = h.runtime.remembers
+    fired: list[str] = []
+
+    async def remembers(message):
+        if not fired:
+            fired.append(event)
+            gone = h.guild.get_channel(GENERAL) if event == "guild_channel_delete" else h.guild
+            await h.dispatch(event, gone)
+            await settle(h)  # the queued forgetting is applied before the page
+        return await original(message)
+
+    h.runtime.remembers = remembers
+    await backfill(h)
+    await settle(h)
+    assert fired == [event]
+    assert h.engine.storage.messages.count() == 0
+    if event == "guild_remove":  # invited back: the guild's messages are stored again
+        await h.dispatch("guild_join", h.guild)
+        fake.history[GENERAL] = history(h, GENERAL, 3, word="welcome back")
+        h.runtime.remembers = original
+        summary = await backfill(h)
+        await settle(h)
+        assert h.engine.storage.messages.count() == 3, summary
+
+
 async def test_backfill_reads_voice_chats_and_forum_posts(setup):
     """A voice channel's chat has no threads; a forum holds messages only in its posts."""
     h, fake = setup
