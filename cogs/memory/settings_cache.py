@@ -113,7 +113,9 @@ class SettingsCache:
         self._cached[guild_id] = (time.monotonic(), settings)
 
     def drop(self, guild_id: int) -> None:
-        """Forget a guild's cached settings (they changed elsewhere, or the guild is gone)."""
+        """Forget a guild's cached settings (they changed elsewhere, or the guild is gone);
+        a read already under way is not kept either."""
+        self._epoch += 1
         self._cached.pop(guild_id, None)
 
     def drop_all(self) -> None:

@@ -22,6 +22,7 @@ import pytest
 
 from cogs.memory.answers import make_chat_client
 from cogs.memory.capture import record_from_message
+from cogs.memory.settings_cache import SettingsCache
 from cogs.memory.write_queue import WriteQueue
 from memory.config import LLMConfig, Profile
 from memory.engine import MemoryEngine
@@ -648,6 +649,27 @@ async def test_a_write_the_database_refuses_is_given_up_alone(monkeypatch, caplo
                        ("store", [5]), ("store", [6])]
     given_up = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert given_up == ["giving up on 1 writes after 8 tries: store[13]"] * 2
+
+
+async def test_settings_dropped_while_being_read_are_not_kept(harness):
+    """The bot leaves a guild while its settings are being read: the read's answer (the
+    settings as they were) is not cached for the next minute."""
+    h = harness
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_read(fn, *args):
+        started.set()
+        await release.wait()
+        return fn(*args)
+
+    cache = SettingsCache(h.engine.storage.guilds, slow_read)
+    cache.start()
+    reading = asyncio.create_task(cache.get(G))
+    await started.wait()
+    cache.drop(G)
+    release.set()
+    assert (await reading).guild_id == G  # the caller gets its answer
+    assert len(cache) == 0  # but it is not kept
 
 
 async def test_a_lone_surrogate_from_the_gateway_is_stored_as_a_replacement(harness):
