@@ -45,7 +45,7 @@ from cogs.memory.discord_clock import DiscordClock
 from cogs.memory.follow import Follower
 from cogs.memory.settings_cache import SettingsCache
 from cogs.memory.shards import Shards
-from cogs.memory.write_queue import Write, WriteQueue, describe
+from cogs.memory.write_queue import Apply, Write, WriteQueue, apply_in_order, describe
 from memory.config import Profile
 from memory.errors import (
     DiskFullError,
@@ -61,6 +61,7 @@ from memory.settings import GuildSettings
 if TYPE_CHECKING:
     from memory.engine import MemoryEngine
     from memory.llm import ChatClient
+    from memory.storage.contract import Guilds
 
 log = logging.getLogger(__name__)
 
@@ -158,33 +159,19 @@ class MemoryRuntime:
         # a write thread still busy with a batch (a locked database) is not waited for
         self._write_pool.shutdown(wait=not left, cancel_futures=True)
         if left:
-            await self._mark_missed(left)
+            await self._finish_left(left)
         for pool in (self._search_pool, self._read_pool, self._embed_pool):
             pool.shutdown(wait=True, cancel_futures=True)
         if self.chat is not None:
             self.chat.close()
         gc.unfreeze()  # what the bot held may be collected again (a process may start another)
 
-    async def _mark_missed(self, left: list[Write]) -> None:
-        """Mark the new messages among writes left unapplied at stop for the next start's
-        catch-up (on a thread of its own: the write thread may be stuck); say by id
-        what could not be marked, and any other write left."""
-        missed = [(r.guild_id, r.channel_id, r.id) for w in left if w.apply == self.store_messages
-                  for r in w.items]
-        others = [w for w in left if w.apply != self.store_messages]
-        if others:
-            log.error("stopped with these writes not applied: %s", describe(others))
-        if not missed:
-            return
-        marking = _in_daemon_thread(self.engine.storage.guilds.mark_missed, missed)
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(marking), SHUTDOWN_MARKS_S)
-            log.warning("stopped before storing %d messages; the next start's catch-up reads "
-                        "them: %s", len(missed), [m for _, _, m in missed])
-        except Exception as exc:  # a timeout or the database's own error: the log is all left
-            log.error("stopped before storing %d messages and could not mark them for the "
-                      "catch-up (%s); their (channel, message) ids: %s", len(missed), exc,
-                      [(c, m) for _, c, m in missed])
+    async def _finish_left(self, left: list[Write]) -> None:
+        """Deal with the writes the stop could not apply (:func:`_finish_at_stop`)."""
+        await _finish_at_stop(
+            left, new=self.store_messages, guilds=self.engine.storage.guilds,
+            order_free=(self.store_edits, self.engine.forget_messages,
+                        self.engine.forget_channels, self.forget_guilds))
 
     def reload_chat(self) -> None:
         """Use the chat model of the engine's current profile (after a profile switch)."""
@@ -375,6 +362,52 @@ class MemoryRuntime:
         expire = functools.partial(self.engine.forget_expired,
                                    discord_now_ms=self.clock.now_ms())
         return await self.forget(expire, guild_id, days)
+
+
+async def _finish_at_stop(
+    left: list[Write], *, new: Apply, order_free: tuple[Apply, ...], guilds: Guilds
+) -> None:
+    """Writes left unapplied at stop, within :data:`SHUTDOWN_MARKS_S`, on a thread of
+    their own (the write thread may be stuck on its batch).
+
+    Deletions and edits are applied now: their order against the stuck batch does not
+    matter (tombstones and edit times decide what a later store may do), and the
+    next start could not find them again (its reconcile reads only recent messages,
+    and an edit of an old message would send the catch-up back to it).  New messages
+    are marked for the next start's catch-up, which reads them from Discord.  What
+    could not be done, and any other write left, is said by id at ERROR.
+
+    Args:
+        new: The write that stores new messages.
+        order_free: The writes applied here (edits and deletions).
+        guilds: Where the missed marks go.
+    """
+    now = [w for w in left if w.apply in order_free]
+    missed = [(r.guild_id, r.channel_id, r.id) for w in left if w.apply == new for r in w.items]
+    others = [w for w in left if w.apply != new and w.apply not in order_free]
+    if others:
+        log.error("stopped with these writes not applied: %s", describe(others))
+    if not now and not missed:
+        return
+
+    def finish() -> None:
+        apply_in_order(now)
+        if missed:
+            guilds.mark_missed(missed)
+
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(_in_daemon_thread(finish)), SHUTDOWN_MARKS_S)
+    except Exception as exc:  # a timeout or the database's own error: the log is all left
+        log.error("stopped before applying %s and marking %d messages for the catch-up, and "
+                  "could not do it at stop either (%s); their (channel, message) ids: %s",
+                  describe(now) or "no edits or deletions", len(missed), exc,
+                  [(c, m) for _, c, m in missed])
+        return
+    if now:
+        log.warning("applied at stop, after the write queue: %s", describe(now))
+    if missed:
+        log.warning("stopped before storing %d messages; the next start's catch-up reads them: %s",
+                    len(missed), [m for _, _, m in missed])
 
 
 def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> Future[T]:

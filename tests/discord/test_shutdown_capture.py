@@ -246,6 +246,49 @@ async def test_a_message_the_stop_cannot_store_is_marked_and_caught_up(db_locati
         await fake.stop()
 
 
+async def test_a_delete_and_an_edit_the_stop_cannot_queue_are_applied_at_stop(
+    db_location, monkeypatch
+):
+    """The write thread is held up when the bot stops: a deletion and an edit heard just
+    before are applied by the stop itself (the next start's reconcile reads only recent
+    messages, and nothing would find the edit), not only logged."""
+    monkeypatch.setattr("cogs.memory.runtime.SHUTDOWN_WRITES_S", 0.2)
+    make = record_factory()
+    deleted = make("my phone number is 555-0199", guild_id=G, channel_id=GENERAL, author_id=ALICE)
+    edited = make("my address is 12 Elm Street", guild_id=G, channel_id=GENERAL, author_id=ALICE)
+    engine = open_engine(db_location)
+    engine.ingest([deleted, edited])
+    h = Harness(engine, [server()])
+    await h.start()
+    release = threading.Event()
+
+    def stuck(items: list) -> None:  # the write thread is held up (not by the database)
+        release.wait(10)
+
+    h.runtime.writes.put(stuck, [1])
+    await asyncio.sleep(0.05)  # the write thread has taken it
+    h.bot.dispatch("raw_message_delete", discord.RawMessageDeleteEvent(
+        {"id": str(deleted.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
+    data = h.message_payload("(removed)", author=(ALICE, "alice"), channel=GENERAL)
+    data |= {"id": str(edited.id), "edited_timestamp": "2026-01-02T00:00:00+00:00"}
+    message = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=data)
+    h.bot.dispatch("raw_message_edit", discord.RawMessageUpdateEvent(data=data, message=message))
+    await asyncio.sleep(0.05)  # both listeners have queued their write
+    try:
+        await h.bot.close()
+    finally:
+        release.set()
+    reopened = open_engine(db_location)
+    try:
+        left = reopened.storage.messages.hydrate([deleted.id, edited.id])
+        assert deleted.id not in left
+        assert left[edited.id].content == "(removed)"
+        assert reopened.search("Elm Street", guild_id=G, mode="keyword").hits == []
+        assert reopened.storage.guilds.missed() == {}  # nothing for the catch-up to read
+    finally:
+        reopened.close()
+
+
 def test_missed_marks_are_ids_only_and_go_with_their_channel_or_guild(db_location):
     engine = open_engine(db_location)
     try:
