@@ -61,6 +61,26 @@ def forget_secret(location: str) -> None:
         engine.close()
 
 
+async def hold_the_write_thread(h: Harness) -> threading.Event:
+    """Hold the write thread up (as a long lock would) until the returned event is set."""
+    release = threading.Event()
+
+    def stuck(items: list) -> None:
+        release.wait(10)
+
+    h.runtime.writes.put(stuck, [1])
+    await asyncio.sleep(0.05)  # the write thread has taken it
+    return release
+
+
+async def close_then_release(h: Harness, release: threading.Event) -> None:
+    """Stop the bot while the write thread is held up, then let the thread go."""
+    try:
+        await h.bot.close()
+    finally:
+        release.set()
+
+
 def deliver(h: Harness, messages: list[discord.Message]) -> None:
     """MESSAGE_CREATE as discord.py dispatches it: each listener becomes a task."""
     for message in messages:
@@ -197,21 +217,12 @@ async def test_a_message_the_stop_cannot_store_is_marked_and_caught_up(db_locati
     engine.storage.messages.upsert([older])
     h = Harness(engine, [server()])
     await h.start()
-    release = threading.Event()
-
-    def stuck(items: list) -> None:  # the write thread is held up (as by a long lock)
-        release.wait(10)
-
-    h.runtime.writes.put(stuck, [1])
-    await asyncio.sleep(0.05)  # the write thread has taken it
+    release = await hold_the_write_thread(h)
     general = [h.message(f"general, after the stored one {i}", author=(ALICE, "alice"),
                          channel=GENERAL) for i in range(3)]
     first = h.message("the first message ever in quiet", author=(ALICE, "alice"), channel=QUIET)
     deliver(h, [*general, first])
-    try:
-        await h.bot.close()
-    finally:
-        release.set()
+    await close_then_release(h, release)
 
     reopened = open_engine(db_location)
     try:
@@ -260,13 +271,7 @@ async def test_a_delete_and_an_edit_the_stop_cannot_queue_are_applied_at_stop(
     engine.ingest([deleted, edited])
     h = Harness(engine, [server()])
     await h.start()
-    release = threading.Event()
-
-    def stuck(items: list) -> None:  # the write thread is held up (not by the database)
-        release.wait(10)
-
-    h.runtime.writes.put(stuck, [1])
-    await asyncio.sleep(0.05)  # the write thread has taken it
+    release = await hold_the_write_thread(h)
     h.bot.dispatch("raw_message_delete", discord.RawMessageDeleteEvent(
         {"id": str(deleted.id), "channel_id": str(GENERAL), "guild_id": str(G)}))
     data = h.message_payload("(removed)", author=(ALICE, "alice"), channel=GENERAL)
@@ -274,10 +279,7 @@ async def test_a_delete_and_an_edit_the_stop_cannot_queue_are_applied_at_stop(
     message = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=data)
     h.bot.dispatch("raw_message_edit", discord.RawMessageUpdateEvent(data=data, message=message))
     await asyncio.sleep(0.05)  # both listeners have queued their write
-    try:
-        await h.bot.close()
-    finally:
-        release.set()
+    await close_then_release(h, release)
     reopened = open_engine(db_location)
     try:
         left = reopened.storage.messages.hydrate([deleted.id, edited.id])
