@@ -72,7 +72,8 @@ def test_a_running_engine_stops_writing_vectors_and_searches_by_keywords(
     running = MemoryEngine(db, load_profile("cpu-fast"), load_reranker=False)
     request = SearchRequest(queries=["laser cutter"], guild_id=GUILD, limit=5, rerank=False)
     assert running.search(request).trace.keyword_only is None
-    fresh = replace(records(1)[0], id=records(1)[0].id + 1, content="a message that just came in")
+    newest = records(300)[-1]  # the channel's last message: a live one comes after it
+    fresh = replace(newest, id=newest.id + 1, content="a message that just came in")
     running.storage.messages.upsert([fresh])
     pending = running.storage.backlog.pending(10)  # read before the other process re-embeds
     assert [m.id for m in pending] == [fresh.id]
@@ -112,7 +113,8 @@ def test_an_engine_whose_model_was_replaced_embeds_nothing_and_a_new_process_is_
     engine.import_exports([second], embed=False)  # stored; its vectors still to come
     assert cli("reembed", db=db, profile=small_profile).wait() == 0
 
-    late_message = replace(records(1)[0], id=records(1)[0].id + 1, content="sent after the reembed")
+    newest = records(50)[-1]
+    late_message = replace(newest, id=newest.id + 1, content="sent after the reembed")
     engine.storage.messages.upsert([late_message])
     with pytest.raises(EmbeddingModelChanged) as caught:  # the engine's own embed pass
         engine.embed_pending()
