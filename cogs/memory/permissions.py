@@ -145,11 +145,35 @@ _CONNECTING = discord.Permissions(view_channel=True, read_message_history=True, 
 
 
 def _history_for_all_who_see(channel: discord.abc.GuildChannel) -> bool:
-    """Whether everyone who sees new messages in ``channel`` may also read its history:
-    ``@everyone`` has Read Message History in the guild and no overwrite denies it."""
-    everyone = channel.guild.default_role.permissions
-    return (everyone.administrator or everyone.read_message_history) and not _denies(
-        channel, _HISTORY)
+    """Whether everyone who sees new messages in ``channel`` may also read its history.
+
+    True when no overwrite denies Read Message History and either ``@everyone`` has it
+    there (from the guild or its overwrite) or every role and member overwrite that
+    may open the channel's view brings history with it (a gated server, where a
+    "member" role grants both).  When unsure, False: the answer then quotes only what
+    every member can read.
+    """
+    if _denies(channel, _HISTORY):
+        return False
+    overwrites = channel.overwrites
+
+    def gives(target: discord.Role | discord.Member, perms: discord.Permissions,
+              name: str) -> bool:
+        allowed = overwrites.get(target)
+        return (perms.administrator or getattr(perms, name)
+                or (allowed is not None and getattr(allowed, name) is True))
+
+    for role in channel.guild.roles:  # @everyone first
+        if gives(role, role.permissions, "read_message_history"):
+            if role.is_default():
+                return True  # every member has it
+            continue
+        if gives(role, role.permissions, "view_channel"):
+            return False  # this role may open the view without history
+    empty = discord.Permissions.none()
+    return not any(isinstance(target, discord.Member) and gives(target, empty, "view_channel")
+                   and not gives(target, empty, "read_message_history")
+                   for target in overwrites)
 
 
 def _denies(channel: discord.abc.GuildChannel, bits: int) -> bool:

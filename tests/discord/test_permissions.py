@@ -344,3 +344,37 @@ async def test_memory_stats_count_only_readable_channels(harness, uid):
     first_line = harness.adapter.followups[-1]["content"].split("\n")[0]
     n = len(READABLE[uid])
     assert f"**{n}** in {n} channels" in first_line
+
+
+GATED_MEMBER = 520
+
+
+@pytest.mark.parametrize("everyone_allows_history", [False, True])
+async def test_a_gated_server_still_quotes_the_answers_channel(tmp_path, everyone_allows_history):
+    """@everyone may do nothing; a "member" role grants view and history, staff get a
+    channel of their own (or history comes from the staff channel's @everyone overwrite):
+    everyone who sees a public answer there may read its history, so it is quoted."""
+    history = NO_HISTORY if everyone_allows_history else discord.Permissions.none()
+    gated = guild(
+        G, "Gated", owner=9999,
+        roles=[role(G, "@everyone", discord.Permissions(send_messages=True), position=0),
+               role(GATED_MEMBER, "member", READ), role(STAFF, "staff", discord.Permissions.none())],
+        members=[member(ALICE, "alice", roles=[GATED_MEMBER, STAFF])],
+        channels=[channel(GENERAL, G, "general"),
+                  channel(STAFF_ONLY, G, "staff", overwrites=[
+                      overwrite(G, deny=HIDE, allow=history), overwrite(GATED_MEMBER, deny=HIDE),
+                      overwrite(STAFF, allow=HIDE if everyone_allows_history else READ)])])
+    engine = MemoryEngine(tmp_path / "gated.sqlite3", Profile(name="test"), HashEmbedder(),
+                          load_reranker=False)
+    h = Harness(engine, [gated])
+    await h.start()
+    try:
+        alice = discord.Member(data=member(ALICE, "alice", roles=[GATED_MEMBER, STAFF]),
+                               guild=h.guild, state=h.state)
+        readable = readable_channel_ids(alice)
+        assert readable == {GENERAL, STAFF_ONLY}
+        assert public_reply_sources(h.guild.get_channel(GENERAL), readable) == {GENERAL}
+        assert public_reply_sources(h.guild.get_channel(STAFF_ONLY), readable) == {STAFF_ONLY}
+    finally:
+        await h.close()
+        engine.close()
