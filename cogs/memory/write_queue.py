@@ -12,7 +12,9 @@ said at WARNING, with how many writes wait, after a minute and then every five.
 A batch that fails for another reason is tried again a few times, then each of its
 items alone, in order: a write the database refuses for good (a bug, a record it
 cannot hold) is given up by itself, never with the other members' messages and
-deletions that happened to share its batch.
+deletions that happened to share its batch.  When several items in a row fail too,
+the error is the database's, not theirs: the rest of the batch is given up at once
+rather than tried item by item for minutes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ MAX_BATCH = 200
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
 GIVE_UP_AFTER = 8  # tries of a write that fails for a reason other than a busy database
 SPLIT_AFTER = 4  # tries of a batch of several items (a passing error) before each is tried alone
+SPLIT_TRIES = 2  # tries of each item of a split batch
+SYSTEMIC_AFTER = 5  # items of a split batch given up in a row: the rest are given up untried
 # A busy database is retried for ever (nothing a member sends is dropped), but a long
 # run of busy retries is no passing lock: PostgreSQL down for good reads as pool
 # timeouts, i.e. StorageBusy.  Said at WARNING after this long, then this often.
@@ -158,14 +162,31 @@ class WriteQueue:
             return
         log.warning("a batch of %d writes keeps failing (%s); applying its items one by one",
                     len(batch), failed)
+        await self._one_by_one(batch, failed)
+
+    async def _one_by_one(self, batch: list[Write], failed: BaseException) -> None:
+        """Apply each item of a failing batch alone, in order; the writes not yet
+        settled stay in ``_applying`` (what a stop hands back)."""
+        in_a_row, untried = 0, []
         for write in batch:
             error = None
             for item in write.items:
-                single = [Write(write.apply, [item])]
-                if (exc := await self._attempt(single, GIVE_UP_AFTER)) is not None:
-                    _give_up(single, GIVE_UP_AFTER, exc)
-                    error = exc
+                single = Write(write.apply, [item])
+                if in_a_row >= SYSTEMIC_AFTER:
+                    untried.append(single)
+                    error = failed
+                    continue
+                if (exc := await self._attempt([single], SPLIT_TRIES)) is None:
+                    in_a_row = 0
+                    continue
+                in_a_row += 1
+                error = failed = exc
+                _give_up([single], SPLIT_TRIES, exc, trace=in_a_row == 1)
             _settle([write], error)
+            self._applying = [w for w in self._applying if w is not write]
+        if untried:
+            log.error("%d items in a row failed alike; giving up on the %d after them untried: %s",
+                      SYSTEMIC_AFTER, len(untried), describe(untried))
 
     async def _attempt(self, batch: list[Write], tries: int) -> BaseException | None:
         """Apply ``batch`` until it commits (``None``) or fails ``tries`` times for a
@@ -254,9 +275,9 @@ def _call_each(calls: list[Callable[[], object]]) -> None:
         call()
 
 
-def _give_up(writes: list[Write], tries: int, exc: BaseException) -> None:
-    log.error("giving up on %d writes after %d tries: %s", len(writes), tries, describe(writes),
-              exc_info=exc)
+def _give_up(writes: list[Write], tries: int, exc: BaseException, *, trace: bool = True) -> None:
+    log.error("giving up on %d writes after %d tries: %s (%s)", len(writes), tries,
+              describe(writes), exc, exc_info=exc if trace else None)
 
 
 def _settle(batch: list[Write], exc: BaseException | None) -> None:

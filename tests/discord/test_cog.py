@@ -648,7 +648,65 @@ async def test_a_write_the_database_refuses_is_given_up_alone(monkeypatch, caplo
     assert applied == [("store", [1]), ("store", [2]), ("store", [4]), ("forget", [1]),
                        ("store", [5]), ("store", [6])]
     given_up = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert given_up == ["giving up on 1 writes after 8 tries: store[13]"] * 2
+    assert given_up == ["giving up on 1 writes after 2 tries: store[13] (cannot store item 13)"] * 2
+
+
+async def test_a_database_that_refuses_everything_is_given_up_on_quickly(monkeypatch, caplog):
+    """When the items of a split batch fail in a row, the error is the database's: the
+    rest of the batch is given up untried, not retried item by item for minutes."""
+    write_queue = importlib.import_module("cogs.memory.write_queue")
+    monkeypatch.setattr(write_queue, "RETRY_MAX_S", 0.001)
+    calls: list[list[int]] = []
+
+    def broken(items):
+        calls.append(items)
+        raise RuntimeError("no such table: messages")
+
+    async def run(fn):
+        fn()
+
+    queue = write_queue.WriteQueue(run)
+    queue.start()
+    with caplog.at_level(logging.ERROR, logger="cogs.memory.write_queue"):
+        with pytest.raises(RuntimeError, match="no such table"):
+            await queue.put_and_wait(broken, list(range(200)))
+        await queue.stop()
+    tries = write_queue.SPLIT_AFTER + write_queue.SYSTEMIC_AFTER * write_queue.SPLIT_TRIES
+    assert len(calls) == tries
+    assert "giving up on the 195 after them untried" in caplog.records[-1].getMessage()
+
+
+async def test_a_stop_during_a_split_hands_back_only_what_is_not_settled(monkeypatch):
+    write_queue = importlib.import_module("cogs.memory.write_queue")
+    monkeypatch.setattr(write_queue, "RETRY_MAX_S", 0.001)
+    applied: list[object] = []
+    holding = asyncio.Event()
+    release = asyncio.Event()
+
+    def store(items):
+        if len(items) > 1:
+            raise ValueError("one of these cannot be stored")
+        applied.append(items[0])
+
+    def forget(ids):
+        applied.append(("forget", ids))
+
+    async def run(fn):
+        fn()
+        if len(applied) == 3:  # the split reached the last write: hold it there
+            holding.set()
+            await release.wait()
+
+    queue = write_queue.WriteQueue(run)
+    queue.start()
+    queue.put(store, [1, 2])
+    queue.put(forget, [3])
+    await holding.wait()
+    left = await queue.stop(timeout=0)  # the split is cut short while it holds the write thread
+    release.set()
+    # the split settled the first write: only the one it was applying comes back
+    assert [(w.apply, w.items) for w in left] == [(forget, [3])]
+    assert applied == [1, 2, ("forget", [3])]
 
 
 async def test_settings_dropped_while_being_read_are_not_kept(harness):
