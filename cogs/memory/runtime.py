@@ -370,12 +370,12 @@ async def _finish_at_stop(
     """Writes left unapplied at stop, within :data:`SHUTDOWN_MARKS_S`, on a thread of
     their own (the write thread may be stuck on its batch).
 
-    Deletions and edits are applied now: their order against the stuck batch does not
-    matter (tombstones and edit times decide what a later store may do), and the
-    next start could not find them again (its reconcile reads only recent messages,
-    and an edit of an old message would send the catch-up back to it).  New messages
-    are marked for the next start's catch-up, which reads them from Discord.  What
-    could not be done, and any other write left, is said by id at ERROR.
+    New messages are marked for the next start's catch-up, which reads them from
+    Discord.  Then deletions and edits are applied, each alone: their order against
+    the stuck batch does not matter (tombstones and edit times decide what a later
+    store may do), and the next start could not find them again (its reconcile reads
+    only recent messages, and an edit of an old message would send the catch-up back
+    to it).  What could not be done, and any other write left, is said by id at ERROR.
 
     Args:
         new: The write that stores new messages.
@@ -389,25 +389,33 @@ async def _finish_at_stop(
         log.error("stopped with these writes not applied: %s", describe(others))
     if not now and not missed:
         return
+    marked, done = threading.Event(), []
 
     def finish() -> None:
-        apply_in_order(now)
-        if missed:
+        if missed:  # first: a mark takes no guild lock that a stuck batch may hold
             guilds.mark_missed(missed)
+            marked.set()
+        for write in now:  # each alone: one refused does not cost the others
+            try:
+                apply_in_order([write])
+                done.append(write)
+            except Exception as exc:
+                log.error("could not apply at stop: %s (%s)", describe([write]), exc)
 
     try:
         await asyncio.wait_for(asyncio.wrap_future(_in_daemon_thread(finish)), SHUTDOWN_MARKS_S)
     except Exception as exc:  # a timeout or the database's own error: the log is all left
-        log.error("stopped before applying %s and marking %d messages for the catch-up, and "
-                  "could not do it at stop either (%s); their (channel, message) ids: %s",
-                  describe(now) or "no edits or deletions", len(missed), exc,
-                  [(c, m) for _, c, m in missed])
-        return
-    if now:
-        log.warning("applied at stop, after the write queue: %s", describe(now))
-    if missed:
+        log.error("the stop could not finish its writes (%s)", exc)
+    if missed and marked.is_set():
         log.warning("stopped before storing %d messages; the next start's catch-up reads them: %s",
                     len(missed), [m for _, _, m in missed])
+    elif missed:
+        log.error("stopped before storing %d messages and could not mark them for the catch-up; "
+                  "their (channel, message) ids: %s", len(missed), [(c, m) for _, c, m in missed])
+    if applied := [w for w in now if any(w is d for d in done)]:
+        log.warning("applied at stop, after the write queue: %s", describe(applied))
+    if undone := [w for w in now if not any(w is d for d in done)]:
+        log.error("stopped with these edits and deletions not applied: %s", describe(undone))
 
 
 def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> Future[T]:

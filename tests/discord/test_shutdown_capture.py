@@ -20,7 +20,8 @@ import pytest
 import yarl
 
 from cogs.memory import MemoryBot
-from cogs.memory.runtime import EMBED_CHUNK_LIVE
+from cogs.memory.runtime import EMBED_CHUNK_LIVE, _finish_at_stop
+from cogs.memory.write_queue import Write
 from memory.config import Profile, ReconcileConfig
 from memory.engine import MemoryEngine
 from tests.discord.test_shutdown import PacedEmbedder
@@ -289,6 +290,32 @@ async def test_a_delete_and_an_edit_the_stop_cannot_queue_are_applied_at_stop(
         assert reopened.storage.guilds.missed() == {}  # nothing for the catch-up to read
     finally:
         reopened.close()
+
+
+async def test_one_write_refused_at_stop_costs_the_others_nothing(db_location):
+    """At stop, new messages are marked first, then each edit and deletion is applied
+    alone: one the database refuses leaves the others done."""
+    make = record_factory()
+    deleted = make("my phone number is 555-0199", guild_id=G, channel_id=GENERAL)
+    new = make("sent as the bot stopped", guild_id=G, channel_id=QUIET)
+    engine = open_engine(db_location)
+    engine.ingest([deleted])
+
+    def refused_edit(records: list) -> None:
+        raise ValueError("a record the database refuses")
+
+    def store_new(records: list) -> None:
+        raise AssertionError("new messages are marked, not stored, at stop")
+
+    left = [Write(refused_edit, [make("edited")]), Write(engine.forget_messages, [deleted.id]),
+            Write(store_new, [new])]
+    try:
+        await _finish_at_stop(left, new=store_new, order_free=(refused_edit, engine.forget_messages),
+                              guilds=engine.storage.guilds)
+        assert engine.storage.messages.hydrate([deleted.id]) == {}
+        assert engine.storage.guilds.missed() == {QUIET: [new.id]}
+    finally:
+        engine.close()
 
 
 def test_missed_marks_are_ids_only_and_go_with_their_channel_or_guild(db_location):
