@@ -65,7 +65,7 @@ class Gone:
     a page is stored through :meth:`present`, on the write thread, so the records of a
     gone place are left out, and no backfill position is saved for it (the listeners
     mark a place gone before they queue its forgetting).  A guild the bot joins again is
-    present again; a channel id never is.
+    present again, in queue order; a channel id never is.
     """
 
     def __init__(self) -> None:
@@ -80,9 +80,10 @@ class Gone:
         """The bot left (or was removed from) a guild."""
         self._guilds.add(guild_id)
 
-    def joined(self, guild_id: int) -> None:
-        """The bot joined a guild (again): its messages may be stored."""
-        self._guilds.discard(guild_id)
+    def joined(self, guild_ids: list[int]) -> None:
+        """The bot joined these guilds (again): their messages may be stored.  Queued
+        as a write, so a page fetched before the bot left and still queued is not."""
+        self._guilds.difference_update(guild_ids)
 
     def holds(self, guild_id: int, channel_id: int, parent_id: int | None = None) -> bool:
         """Whether this channel (or thread of ``parent_id``) of this guild is gone."""

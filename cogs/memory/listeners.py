@@ -98,7 +98,7 @@ class MemoryListeners(commands.Cog):
     @commands.Cog.listener()
     async def on_guild_join(self, guild: discord.Guild) -> None:
         """The bot joined a guild (perhaps one it left before): remember from now on."""
-        self.runtime.gone.joined(guild.id)
+        self.runtime.writes.put(self.runtime.gone.joined, [guild.id])  # behind what is queued
 
     @commands.Cog.listener()
     async def on_ready(self) -> None:

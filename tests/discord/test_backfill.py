@@ -7,11 +7,13 @@ only the server answering them is ours (tests/support/discord_standin.py).
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import datetime, timezone
 
 import discord
 import pytest
 
+from cogs.memory.capture import record_from_message
 from memory.config import Profile, ReconcileConfig
 from memory.engine import MemoryEngine
 from tests.support.builders import HashEmbedder
@@ -126,6 +128,27 @@ async def test_a_place_deleted_while_its_page_is_checked_stays_forgotten(setup, 
         summary = await backfill(h)
         await settle(h)
         assert h.engine.storage.messages.count() == 3, summary
+
+
+async def test_a_page_queued_before_the_bot_left_is_not_stored_when_it_rejoins(setup):
+    """The database is busy: a page fetched before the bot left still waits in the queue
+    when the bot is invited back; the rejoin takes effect behind it."""
+    h, _ = setup
+    stale = [record_from_message(h.message(f"said before the bot left {i}",
+                                            author=(ALICE, "alice"), channel=GENERAL))
+             for i in range(3)]
+    release = threading.Event()
+    h.runtime.writes.put(lambda items: release.wait(10), [1])  # the write thread is held up
+    await h.dispatch("guild_remove", h.guild)
+    h.runtime.writes.put(h.backfill._store_present, stale)
+    await h.dispatch("guild_join", h.guild)
+    release.set()
+    await settle(h)
+    assert h.engine.storage.messages.count() == 0
+    fresh = record_from_message(h.message("after the rejoin", author=(ALICE, "alice"),
+                                          channel=GENERAL))
+    await h.runtime.writes.put_and_wait(h.backfill._store_present, [fresh])
+    assert h.engine.storage.messages.count() == 1
 
 
 async def test_backfill_reads_voice_chats_and_forum_posts(setup):
