@@ -389,16 +389,17 @@ async def _finish_at_stop(
         log.error("stopped with these writes not applied: %s", describe(others))
     if not now and not missed:
         return
-    marked, done = threading.Event(), []
+    marked = threading.Event()
+    done: list[int] = []  # positions in ``now`` applied
 
     def finish() -> None:
         if missed:  # first: a mark takes no guild lock that a stuck batch may hold
             guilds.mark_missed(missed)
             marked.set()
-        for write in now:  # each alone: one refused does not cost the others
+        for i, write in enumerate(now):  # each alone: one refused does not cost the others
             try:
                 apply_in_order([write])
-                done.append(write)
+                done.append(i)
             except Exception as exc:
                 log.error("could not apply at stop: %s (%s)", describe([write]), exc)
 
@@ -412,9 +413,10 @@ async def _finish_at_stop(
     elif missed:
         log.error("stopped before storing %d messages and could not mark them for the catch-up; "
                   "their (channel, message) ids: %s", len(missed), [(c, m) for _, c, m in missed])
-    if applied := [w for w in now if any(w is d for d in done)]:
+    finished = set(done)  # a list: safe to read while the thread may still append
+    if applied := [w for i, w in enumerate(now) if i in finished]:
         log.warning("applied at stop, after the write queue: %s", describe(applied))
-    if undone := [w for w in now if not any(w is d for d in done)]:
+    if undone := [w for i, w in enumerate(now) if i not in finished]:
         log.error("stopped with these edits and deletions not applied: %s", describe(undone))
 
 

@@ -217,6 +217,7 @@ class WriteQueue:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, RETRY_MAX_S)
 
+
 class _BusySpell:
     """Says how long the database has been busy for a batch: INFO per retry, WARNING
     once it has lasted :data:`BUSY_WARN_AFTER_S` (then every :data:`BUSY_WARN_EVERY_S`),

@@ -586,6 +586,11 @@ async def test_a_model_replaced_under_the_bot_stops_embedding_in_one_line(harnes
     assert result.hits and result.trace.keyword_only == line.split(": ", 1)[1]
 
 
+async def run_inline(fn):
+    """A write queue's runner for tests: applies each batch on the event loop itself."""
+    fn()
+
+
 async def test_write_queue_retries_busy_errors_in_order():
     applied: list[list[int]] = []
     failures = iter([True, True, False, False])
@@ -601,10 +606,7 @@ async def test_write_queue_retries_busy_errors_in_order():
     def forget(items):
         applied.append(("forget", items))
 
-    async def run(fn):
-        fn()
-
-    queue = WriteQueue(run)
+    queue = WriteQueue(run_inline)
     queue.start()
     queue.put(store, [1, 2])
     queue.put(store, [4])
@@ -631,10 +633,7 @@ async def test_a_write_the_database_refuses_is_given_up_alone(monkeypatch, caplo
     def forget(items):
         applied.append(("forget", items))
 
-    async def run(fn):
-        fn()
-
-    queue = write_queue.WriteQueue(run)
+    queue = write_queue.WriteQueue(run_inline)
     queue.start()
     with caplog.at_level(logging.ERROR, logger="cogs.memory.write_queue"):
         queue.put(store, [1, 2])
@@ -662,10 +661,7 @@ async def test_a_database_that_refuses_everything_is_given_up_on_quickly(monkeyp
         calls.append(items)
         raise RuntimeError("no such table: messages")
 
-    async def run(fn):
-        fn()
-
-    queue = write_queue.WriteQueue(run)
+    queue = write_queue.WriteQueue(run_inline)
     queue.start()
     with caplog.at_level(logging.ERROR, logger="cogs.memory.write_queue"):
         with pytest.raises(RuntimeError, match="no such table"):
