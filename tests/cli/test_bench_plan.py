@@ -24,7 +24,7 @@ def test_times_one_a_row_and_packed_plans_for_each_case(capsys: pytest.CaptureFi
         assert single["steps"] >= 1 and packed["steps"] >= 1
         # the packed way takes the one-a-row plan where packing does not pay
         assert packed["planned_cost"] <= single["planned_cost"]
-    # 30 chat candidates on the H100's step times: one [8, 256] step instead of [32, 96]
+    # 30 chat candidates on the profile's step times: one packed step instead of [32, 96]
     assert report["cases"][0]["packed"]["planned_cost"] < report["cases"][0]["one_a_row"][
         "planned_cost"]
 
