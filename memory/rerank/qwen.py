@@ -31,7 +31,8 @@ dynamic path above takes over: a search never sees the error.
 :class:`QwenReranker` loads the model and chooses the path; the parts live in their
 own modules: the dynamic path in :mod:`memory.rerank.qwen_dynamic`, the grouping of
 concurrent searches in :mod:`memory.rerank.qwen_groups`, the background compile and
-swap in :mod:`memory.rerank.qwen_compile`.
+swap in :mod:`memory.rerank.qwen_compile`, the tokenizing of prompts (the documents
+while the head step runs) in :mod:`memory.rerank.qwen_encode`.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -54,9 +54,10 @@ from memory.config import QwenConfig
 from memory.errors import RerankerError, RerankerUnavailable
 from memory.hardware import detect_accelerator, missing_device
 from memory.rerank.kv_cache import cache_argument
-from memory.rerank.prompt import SUFFIX, document_text, head_text
+from memory.rerank.prompt import SUFFIX
 from memory.rerank.qwen_compile import BackgroundCompile
 from memory.rerank.qwen_dynamic import DynamicScorer
+from memory.rerank.qwen_encode import EncodedQuery, PromptEncoder
 from memory.rerank.qwen_groups import SearchGroups, Waiting
 from memory.rerank.qwen_static import StaticScorer
 from memory.rerank.tokenizer_process import TokenizerProcess
@@ -67,27 +68,6 @@ log = logging.getLogger(__name__)
 LOAD_RETRY_S = 60.0  # how long a failed model load is answered from memory
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _AUTO_DTYPE = {"cuda": torch.bfloat16, "mps": torch.float16, "cpu": torch.float32}
-
-@dataclass(frozen=True)
-class EncodedQuery:
-    """Token ids of one query's prompts, split for the shared-prefix cache.
-
-    Attributes:
-        head: Ids of :func:`prompt.head_text` (system, instruction, query).
-        tails: Per text, in input order: the (possibly truncated) document ids
-            followed by the suffix ids.  ``head + tails[i]`` is the whole prompt.
-        truncated: How many texts lost tokens to ``max_length``.
-    """
-
-    head: list[int]
-    tails: list[list[int]]
-    truncated: int = 0
-
-    @property
-    def tokens(self) -> int:
-        """Prompt tokens over all texts, counting the head once per text."""
-        return sum(len(self.head) + len(t) for t in self.tails)
-
 
 def load_failure(model: str, device: str, exc: BaseException) -> str:
     """One line saying why ``model`` did not load and how to get it.
@@ -159,7 +139,7 @@ class QwenReranker:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self._lock = threading.RLock()  # loading, scoring, unloading
-        self._encode_lock = threading.Lock()  # the tokenizer, apart from scoring
+        self._encoder = PromptEncoder(config.instruction, config.max_length)
         self._model: Any = None
         self._tokenizer: Any = None
         self._suffix_ids: list[int] = []
@@ -238,9 +218,14 @@ class QwenReranker:
         if not texts:
             return []
         settle_cpu_threads()
-        encoded = self.encode(query, texts)  # outside the scoring lock: queue while others score
         static = self._static  # read without the lock: a search being scored holds it
-        if static is None or self.config.concurrent == 1 or not static.fits(len(encoded.head)):
+        grouped = static is not None and self.config.concurrent > 1
+        # Outside the scoring lock: queue while others score.  A search that finds the
+        # reranker idle has its documents tokenized while its head step runs
+        # (qwen_encode); under load each search tokenizes on its own thread while the
+        # current group's steps run, so a group never waits for its members' tokenizing.
+        encoded = self.encode(query, texts, background=grouped and self._groups.idle)
+        if not grouped or static is None or not static.fits(len(encoded.head)):
             with self._lock:
                 self.load()
                 return self._score_or_raise(encoded)
@@ -263,9 +248,12 @@ class QwenReranker:
             static = self._static
             if static is None:  # dropped after a failure, or closed and reloaded
                 raise _NoStaticPath
-            results = static.score_together([(w.encoded.head, w.encoded.tails) for w in group])
+            # each search's tails read once its head step is queued; a search whose
+            # documents failed to tokenize gets that error, not the others
+            results = static.score_together([(w.encoded.head, partial(_tails, w)) for w in group])
             for waiting, (found, overflow) in zip(group, results, strict=True):
-                waiting.scores = self._with_overflow(waiting.encoded, found, overflow)
+                if waiting.error is None:
+                    waiting.scores = self._with_overflow(waiting.encoded, found, overflow)
         except Exception as exc:  # one by one instead; a search never sees a static failure
             if not isinstance(exc, _NoStaticPath):
                 log.warning(
@@ -293,6 +281,7 @@ class QwenReranker:
                 return
             on_cuda = torch.device(self.device).type == "cuda"
             self._model = self._tokenizer = self._static = self._dynamic = None
+            self._encoder.close()
             running, self._compile = self._compile, None
         if running is not None:  # outside the lock: its swap_in takes it (and declines)
             running.join()
@@ -302,28 +291,16 @@ class QwenReranker:
 
     unload = close
 
-    def encode(self, query: str, texts: Sequence[str]) -> EncodedQuery:
+    def encode(self, query: str, texts: Sequence[str], background: bool = False) -> EncodedQuery:
         """Tokenize the prompts of ``texts`` for ``query``; loads the model if needed.
 
         Only documents are truncated: each keeps at most ``max_length - len(head) -
-        len(suffix)`` tokens (at least one), so query and template stay intact.
+        len(suffix)`` tokens (at least one), so query and template stay intact.  With
+        ``background`` the documents are tokenized on another thread
+        (:class:`memory.rerank.qwen_encode.PromptEncoder`).
         """
         tok, suffix = self._tokenizer_parts()
-        with self._encode_lock:  # a Rust tokenizer is not to be called from two threads
-            head = tok(head_text(self.config.instruction, query), add_special_tokens=False)
-            head_ids = list(head["input_ids"])
-            budget = max(1, self.config.max_length - len(head_ids) - len(suffix))
-            docs = tok([document_text(t) for t in texts], add_special_tokens=False)["input_ids"]
-        truncated = sum(len(d) > budget for d in docs)
-        if len(head_ids) + len(suffix) >= self.config.max_length:
-            log.warning(
-                "reranker prompt head is %d tokens, over max_length %d: raise "
-                "reranker.max_length or shorten the query",
-                len(head_ids),
-                self.config.max_length,
-            )
-        tails = [list(d[:budget]) + suffix for d in docs]
-        return EncodedQuery(head=head_ids, tails=tails, truncated=truncated)
+        return self._encoder.encode(tok, suffix, query, texts, background)
 
     # -- loading -------------------------------------------------------------------
 
@@ -440,6 +417,15 @@ class QwenReranker:
         """
         assert self._dynamic is not None, "_install builds the dynamic scorer"
         return self._dynamic.score(encoded.head, encoded.tails, indices)
+
+
+def _tails(waiting: Waiting[EncodedQuery]) -> list[list[int]]:
+    """A grouped search's tails; no tails if its tokenizing failed, the error kept for it."""
+    try:
+        return waiting.encoded.tails
+    except Exception as exc:  # handed to the search that asked, as before grouping
+        waiting.error = exc
+        return []
 
 
 def static_scorer(reranker: QwenReranker, model: Any) -> StaticScorer | None:

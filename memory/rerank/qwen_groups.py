@@ -49,6 +49,11 @@ class SearchGroups(Generic[Request]):
         self._queue_lock = threading.Lock()
         self._leading = False  # whether a search is scoring the queue; under _queue_lock
 
+    @property
+    def idle(self) -> bool:
+        """Whether no search is queued or being scored (read without the lock: a hint)."""
+        return not self._leading and not self.waiting
+
     def score(self, encoded: Request) -> list[float]:
         """Queue this search; one searching thread at a time scores every queued one together.
 

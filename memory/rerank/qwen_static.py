@@ -72,6 +72,9 @@ from memory.rerank.qwen_steps import StaticForward
 
 log = logging.getLogger(__name__)
 
+# a search's tails, or a function returning them (see StaticScorer.score_together)
+Tails = Sequence[list[int]] | Callable[[], Sequence[list[int]]]
+
 HEAD_MIN = 64  # smallest head capacity; the official prompt head alone is ~60 tokens
 HEAD_STEP = 32  # head sizes between capacities: the head step pads to a multiple of this
 
@@ -530,18 +533,20 @@ class StaticScorer:
         """
         self.stats.groups += 1
         self.stats.searches += 1
-        return self._score_rows([head], tails, [0] * len(tails), lambda: (runs, []))[0]
+        rows = list(tails)
+        return self._score_rows([head], lambda: (rows, [0] * len(rows), (runs, [])))[0]
 
     @torch.inference_mode()
     def score_together(
-        self, searches: Sequence[tuple[list[int], Sequence[list[int]]]]
+        self, searches: Sequence[tuple[list[int], Tails]]
     ) -> list[tuple[dict[int, float], list[int]]]:
         """Score several searches' ``(head, tails)`` in shared steps.
 
         Searches whose heads share a capacity run together, at most ``slots`` at a
         time: their heads as the rows of one head step, each into a slot of its own,
         then every tail of every search in one plan (:meth:`plan`), each row
-        attending only to its own head.
+        attending only to its own head.  Tails given as a function are asked for once
+        the head step is queued (a GPU runs it while they are tokenized).
 
         Returns:
             Per search, in order: P(yes) by tail index, and the indices of tails
@@ -557,20 +562,20 @@ class StaticScorer:
         return results
 
     def _score_group(
-        self, searches: list[tuple[list[int], Sequence[list[int]]]],
+        self, searches: list[tuple[list[int], Tails]],
         results: list[tuple[dict[int, float], list[int]]],
     ) -> None:
         """One group of at most ``slots`` searches with heads of one capacity."""
         self.stats.groups += 1
         self.stats.searches += len(searches)
-        rows: list[list[int]] = []
         owners: list[tuple[int, int]] = []  # (search, tail index) of each row
-        for search, (_, tails) in enumerate(searches):
-            rows += tails
-            owners += [(search, i) for i in range(len(tails))]
-        row_heads = [search for search, _ in owners]
-        found, overflow = self._score_rows([head for head, _ in searches], rows, row_heads,
-                                           lambda: self.plan([len(r) for r in rows], row_heads))
+
+        def rows_and_plan() -> tuple[list[list[int]], list[int], tuple[list[Run], list[int]]]:
+            rows = _rows(searches, owners)
+            row_heads = [search for search, _ in owners]
+            return rows, row_heads, self.plan([len(r) for r in rows], row_heads)
+
+        found, overflow = self._score_rows([head for head, _ in searches], rows_and_plan)
         for row, value in found.items():
             search, i = owners[row]
             results[search][0][i] = value
@@ -579,16 +584,16 @@ class StaticScorer:
             results[search][1].append(i)
 
     def _score_rows(
-        self, heads: list[list[int]], rows: Sequence[list[int]], row_heads: list[int],
-        plan: Callable[[], tuple[list[Run], list[int]]],
+        self, heads: list[list[int]],
+        rows_and_plan: Callable[[], tuple[list[list[int]], list[int], tuple[list[Run], list[int]]]],
     ) -> tuple[dict[int, float], list[int]]:
-        """Heads into slots 0..n-1 (one capacity, one step), then the runs ``plan`` gives
-        over ``rows`` (planned once the head step is queued: a GPU runs it meanwhile);
-        returns the scores by row and the rows no bucket holds."""
+        """Heads into slots 0..n-1 (one step), then the rows, their head slots and runs
+        from ``rows_and_plan``, asked for once the head step is queued (a GPU runs it
+        meanwhile); returns the scores by row and the rows no bucket holds."""
         cap = max(head_size(len(head), self.max_length)[1] for head in heads)
         head_slot = self.buffers.head_slot(cap)
         self._heads_step(head_slot, heads)
-        runs, overflow = plan()
+        rows, row_heads, (runs, overflow) = rows_and_plan()
         found: list[torch.Tensor] = []
         for run in runs:
             members = run.rows()
@@ -739,6 +744,18 @@ class StaticScorer:
     def _run_tail(self, head: HeadSlot, slot: TailSlot) -> torch.Tensor:
         return self.forward.tail(slot.ids, slot.starts, slot.reads, slot.heads,
                                  head.keys, head.values)
+
+
+def _rows(searches: Sequence[tuple[list[int], Tails]], owners: list[tuple[int, int]]
+          ) -> list[list[int]]:
+    """Every search's tails in order (a function given for them is called now); appends
+    each row's (search, tail index) to ``owners``."""
+    rows: list[list[int]] = []
+    for search, (_, tails) in enumerate(searches):
+        tails = tails() if callable(tails) else tails
+        rows += tails
+        owners.extend((search, i) for i in range(len(tails)))
+    return rows
 
 
 def _captured_graph(pool: Any, run: Callable[[], Any], device: torch.device) -> tuple[Any, Any]:
