@@ -102,8 +102,11 @@ class PromptEncoder:
         budget = max(1, self.max_length - len(head) - len(suffix))
         texts = list(texts)  # the caller's list may change while the thread reads it
         if background:
-            return EncodedQuery(head, self._executor().submit(
-                self._documents, tokenizer, suffix, texts, budget))
+            with self._thread_lock:  # not onto an executor close() is shutting down
+                if self._thread is None:
+                    self._thread = ThreadPoolExecutor(1, thread_name_prefix="reranker-tokenize")
+                pending = self._thread.submit(self._documents, tokenizer, suffix, texts, budget)
+            return EncodedQuery(head, pending)
         return EncodedQuery(head, self._documents(tokenizer, suffix, texts, budget))
 
     def close(self) -> None:
@@ -113,12 +116,6 @@ class PromptEncoder:
             thread, self._thread = self._thread, None
         if thread is not None:
             thread.shutdown(wait=False)
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._thread_lock:
-            if self._thread is None:
-                self._thread = ThreadPoolExecutor(1, thread_name_prefix="reranker-tokenize")
-            return self._thread
 
     def _documents(
         self, tokenizer: Any, suffix: list[int], texts: list[str], budget: int
