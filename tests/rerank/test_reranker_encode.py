@@ -9,6 +9,7 @@ the real one, wrapped to observe (and, in one test, to fail) its document calls.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -39,6 +40,13 @@ class WatchedTokenizer:
         return getattr(self._tokenizer, name)
 
 
+def watched(parts, config, before_documents, **overrides) -> QwenReranker:
+    """A reranker over the tiny model whose tokenizer runs ``before_documents`` first."""
+    model, tokenizer = parts
+    return QwenReranker.from_model(model, WatchedTokenizer(tokenizer, before_documents),
+                                   dataclasses.replace(config, **overrides))
+
+
 @pytest.fixture(scope="module")
 def alone(parts, config):
     reranker = wrap(parts, config, batch_size=8)
@@ -46,7 +54,7 @@ def alone(parts, config):
 
 
 def test_the_head_step_runs_before_the_documents_are_tokenized(parts, config, alone):
-    model, tokenizer = parts
+    model, _ = parts
     head_step_ran = threading.Event()
     seen: list[tuple[bool, str]] = []
 
@@ -54,9 +62,7 @@ def test_the_head_step_runs_before_the_documents_are_tokenized(parts, config, al
         # Were the tails needed before the head step, this would wait its 10 s out.
         seen.append((head_step_ran.wait(10), threading.current_thread().name))
 
-    watched = WatchedTokenizer(tokenizer, before_documents)
-    reranker = QwenReranker.from_model(
-        model, watched, wrap(parts, config, buckets=BUCKETS, concurrent=4).config)
+    reranker = watched(parts, config, before_documents, buckets=BUCKETS, concurrent=4)
     handle = model.model.embed_tokens.register_forward_hook(lambda *_: head_step_ran.set())
     try:
         scores = reranker.score(QUERY, DOCS)
@@ -71,10 +77,9 @@ def test_the_head_step_runs_before_the_documents_are_tokenized(parts, config, al
 def test_without_the_static_path_documents_are_tokenized_on_the_searching_thread(
     parts, config, alone
 ):
-    model, tokenizer = parts
     threads: list[str] = []
-    watched = WatchedTokenizer(tokenizer, lambda _t: threads.append(threading.current_thread().name))
-    reranker = QwenReranker.from_model(model, watched, wrap(parts, config, concurrent=4).config)
+    reranker = watched(parts, config, lambda _t: threads.append(threading.current_thread().name),
+                       concurrent=4)
     assert_close(reranker.score(QUERY, DOCS), alone[QUERY], tol=1e-5)
     assert threads == [threading.current_thread().name]
 
@@ -82,15 +87,11 @@ def test_without_the_static_path_documents_are_tokenized_on_the_searching_thread
 def test_a_search_whose_documents_fail_to_tokenize_gets_that_error_alone(
     parts, config, alone, caplog
 ):
-    model, tokenizer = parts
-
     def refuse_poison(texts) -> None:
         if any("POISON" in t for t in texts):
             raise OSError("the tokenizer process ended (test)")
 
-    reranker = QwenReranker.from_model(
-        model, WatchedTokenizer(tokenizer, refuse_poison),
-        wrap(parts, config, buckets=BUCKETS, concurrent=4).config)
+    reranker = watched(parts, config, refuse_poison, buckets=BUCKETS, concurrent=4)
     got: dict[str, list[float]] = {}
     errors: dict[str, BaseException] = {}
 
@@ -127,11 +128,9 @@ def test_a_search_whose_documents_fail_to_tokenize_gets_that_error_alone(
 def test_under_load_each_search_tokenizes_on_its_own_thread(parts, config, alone):
     # a group waiting for its members' background tokenizing would leave the GPU idle:
     # a search arriving while another is queued or scored tokenizes before it queues
-    model, tokenizer = parts
     threads: list[str] = []
-    watched = WatchedTokenizer(tokenizer, lambda _t: threads.append(threading.current_thread().name))
-    reranker = QwenReranker.from_model(
-        model, watched, wrap(parts, config, buckets=BUCKETS, concurrent=4).config)
+    reranker = watched(parts, config, lambda _t: threads.append(threading.current_thread().name),
+                       buckets=BUCKETS, concurrent=4)
     got: dict[str, list[float]] = {}
     searches = [threading.Thread(target=lambda q=q: got.update({q: reranker.score(q, DOCS)}),
                                  name=f"search-{i}") for i, q in enumerate((QUERY, "bot down?"))]
