@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,19 +151,21 @@ def _unreadable(errors: list[str]) -> str:
 def search_command(settings: Settings, queries: tuple[str, ...], **options: Any) -> int:
     """Search stored messages with one or more queries (up to 20, fused)."""
     from memory.search import SearchRequest
+    from memory.search.request import validate
 
     require_db(settings.db)
+    guild = options["guild"]
+    request = SearchRequest(
+        queries=queries, guild_id=guild, after=options["after"], before=options["before"],
+        has_attachment=True if options["has_attachment"] else None, limit=options["limit"],
+        mode=options["mode"], threshold=options["threshold"], rerank=not options["no_rerank"],
+    )
+    validate(request)  # a blank query is refused before the models load (an 8B: minutes)
     engine = open_engine(settings, load_reranker=False)
     try:
-        guild = options["guild"]
-        request = SearchRequest(
-            queries=queries, guild_id=guild,
-            channel_ids=_channel_ids(engine, guild, options["channels"]),
+        request = replace(
+            request, channel_ids=_channel_ids(engine, guild, options["channels"]),
             author_ids=_author_ids(engine, guild, options["authors"]),
-            after=options["after"], before=options["before"],
-            has_attachment=True if options["has_attachment"] else None, limit=options["limit"],
-            mode=options["mode"], threshold=options["threshold"],
-            rerank=not options["no_rerank"],
         )
         if request.rerank:
             _say_if_not_reranked(engine)

@@ -365,6 +365,25 @@ def test_errors_are_one_line_and_exit_2(
     assert "Traceback" not in err
 
 
+def test_a_blank_search_is_refused_before_the_models_load(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    db = tmp_path / "memory.sqlite3"
+    assert bot.main(["--db", str(db), *PROFILE, "import", str(BENCH_MINI)]) == 0
+    # neither model exists: opening the engine would answer that the stored vectors
+    # are another model's, loading the reranker would take minutes for an 8B
+    profile = tmp_path / "no-models.toml"
+    profile.write_text(
+        f'[embedder]\nmodel = "{tmp_path / "no-embedder"}"\n'
+        f'[reranker]\nbackend = "transformers"\nmodel = "{tmp_path / "no-qwen"}"\n',
+        encoding="utf-8",
+    )
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, "--db", db, "--profile", profile, "search", " ", "\t")
+    assert code == 2 and out == ""
+    assert "non-empty query" in error_line(err)
+
+
 @pytest.mark.parametrize("command", [["stats"], ["search", "x"], ["embed"], ["reembed"]],
                          ids=lambda c: c[0])
 @pytest.mark.parametrize("where", ["file", "folder"])
