@@ -157,8 +157,8 @@ def _history_for_all_who_see(channel: discord.abc.GuildChannel) -> bool:
         return False
     overwrites = channel.overwrites
 
-    def gives(target: discord.Role | discord.Member, perms: discord.Permissions,
-              name: str) -> bool:
+    def gives(target: discord.Role | discord.Member | discord.Object,
+              perms: discord.Permissions, name: str) -> bool:
         allowed = overwrites.get(target)
         return (perms.administrator or getattr(perms, name)
                 or (allowed is not None and getattr(allowed, name) is True))
@@ -170,8 +170,10 @@ def _history_for_all_who_see(channel: discord.abc.GuildChannel) -> bool:
             continue
         if gives(role, role.permissions, "view_channel"):
             return False  # this role may open the view without history
+    # a member overwrite that opens the view without history; without the members
+    # intent discord.py keys it by a discord.Object, not a Member: any non-role key
     empty = discord.Permissions.none()
-    return not any(isinstance(target, discord.Member) and gives(target, empty, "view_channel")
+    return not any(not isinstance(target, discord.Role) and gives(target, empty, "view_channel")
                    and not gives(target, empty, "read_message_history")
                    for target in overwrites)
 
