@@ -48,13 +48,15 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def valid_unicode(text: str) -> str:
-    """``text`` as valid Unicode: each lone surrogate becomes U+FFFD.
+    """``text`` as valid, storable Unicode: each lone surrogate and NUL becomes U+FFFD.
 
     A Python ``str`` may hold surrogates: JSON escapes such as ``"\\ud83d"`` (which
     discord.py's gateway parser and ``json`` accept), undecodable command-line bytes,
-    a broken decoder.  SQLite, tokenizers and UTF-8 JSON refuse them; NUL and emoji
-    pass unchanged.
+    a broken decoder.  SQLite, tokenizers and UTF-8 JSON refuse them.  A JSON export
+    may hold ``"\\u0000"``, which PostgreSQL's text refuses.  Emoji pass unchanged.
     """
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
     return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 

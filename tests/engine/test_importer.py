@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from memory.config import Profile, RerankerConfig
 from memory.engine import MemoryEngine
 from memory.errors import ImportFormatError
 from memory.importer import find_exports, read_export
 from memory.ingest import store_in_chunks
 from memory.records import datetime_to_ms, snowflake_time_ms
+from tests.support.builders import HashEmbedder
 from tests.support.sqlite import sql_rows
 
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo-server"
@@ -229,6 +231,20 @@ def test_lone_surrogates_are_replaced_and_storable(tmp_path: Path, engine: Memor
     assert content.startswith("bad ") and content.endswith(" text")
     content.encode("utf-8")  # valid Unicode now
     assert len(engine.search("bad text", guild_id=900, mode="keyword").hits) == 1
+
+
+def test_a_nul_character_is_stored_as_a_replacement(tmp_path: Path, db_location: str) -> None:
+    # JSON may escape U+0000; PostgreSQL's text refuses it, and the import stopped there
+    path = export(tmp_path / "x.json",
+                  [msg(10 + i, f"message {i}" + ("\x00" if i == 3 else "")) for i in range(10)])
+    engine = MemoryEngine(db_location, Profile(name="test", reranker=RerankerConfig(backend="none")),
+                          HashEmbedder())
+    try:
+        summary = engine.import_exports([path])
+        assert (summary.inserted, summary.errors) == (10, [])
+        assert engine.storage.messages.hydrate([13])[13].content == "message 3\ufffd"
+    finally:
+        engine.close()
 
 
 def test_thread_export_records_parent(tmp_path: Path) -> None:

@@ -52,7 +52,9 @@ def test_the_embedded_text_stays_a_few_thousand_characters_whatever_a_message_ho
     assert "the start of it" in text
 
 
-def test_valid_unicode_replaces_only_lone_surrogates() -> None:
-    assert valid_unicode("a\x00b 🍕") == "a\x00b 🍕"
+def test_valid_unicode_replaces_only_lone_surrogates_and_nul() -> None:
+    assert valid_unicode("a\x00b 🍕") == "a\ufffdb 🍕"
+    assert valid_unicode("a\x00b") == "a\ufffdb"
+    assert valid_unicode("tab\tand\nnewline é") == "tab\tand\nnewline é"
     assert valid_unicode("a\ud83db\udc00") == "a\ufffdb\ufffd"
     assert valid_unicode("plain ascii") == "plain ascii"
