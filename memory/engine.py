@@ -170,7 +170,9 @@ class MemoryEngine:
 
     def forget_guild(self, guild_id: int) -> int:
         """Forget everything from a guild, its settings included."""
-        return self.storage.forgetting.forget_guild(guild_id)
+        removed = self.storage.forgetting.forget_guild(guild_id)
+        self.searcher.members.forget(guild_id)  # no name of it stays in memory either
+        return removed
 
     def forget_member(self, guild_id: int, author_id: int) -> int:
         """Forget a member in one guild: their messages and name, and (opted out) their next ones.
@@ -178,7 +180,9 @@ class MemoryEngine:
         Returns:
             How many messages were removed.
         """
-        return self.storage.forgetting.forget_member(guild_id, author_id)
+        removed = self.storage.forgetting.forget_member(guild_id, author_id)
+        self.searcher.members.forget(guild_id)
+        return removed
 
     def forget_older_than(self, guild_id: int, cutoff: datetime) -> int:
         """Forget a guild's messages older than ``cutoff`` (its retention period)."""

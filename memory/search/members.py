@@ -54,6 +54,13 @@ class MemberIndex:
             self._known[guild_id] = (generation, rows, names)
         return names
 
+    def forget(self, guild_id: int) -> None:
+        """Drop the guild's indexed names (and those of all guilds, which hold them too):
+        a guild or member forgotten leaves nothing of their names in memory."""
+        with self._lock:
+            self._known.pop(guild_id, None)
+            self._known.pop(None, None)
+
     def guilds(self) -> list[int | None]:
         """The guilds whose names are indexed now, the longest unchecked first."""
         with self._lock:

@@ -937,3 +937,20 @@ def test_the_vector_list_looks_wider_in_a_larger_guild(
                                 mode="dense", adaptive=False, threshold=-1.0))
     assert asked[2:] == [expected, expected]
     assert counted == ([100] if step else [])
+
+
+@pytest.mark.parametrize("forget", ["guild", "member"])
+def test_forgotten_names_leave_the_searchers_memory(
+    engine: MemoryEngine, make_record: MakeRecord, forget: str
+) -> None:
+    engine.ingest([make_record("the harbour opens at nine", author_id=9,
+                               author_name="zoltanprivate", author_display_name="Zoltan")])
+    members = engine.searcher.members
+    assert members.named(["what did zoltanprivate say"], GUILD) == {9}
+    assert members.named(["what did zoltanprivate say"], None) == {9}  # every guild's names
+    if forget == "guild":
+        engine.forget_guild(GUILD)  # the bot left the server
+    else:
+        engine.forget_member(GUILD, 9)
+    # nobody searches there again: nothing of the names is kept all the same
+    assert GUILD not in members.guilds() and None not in members.guilds()
