@@ -1,5 +1,6 @@
-"""What both engines' ``Forgetting`` do alike once a guild's or a member's messages are
-gone: their other rows leave, and an author nobody names any more leaves with them.
+"""What both engines' ``Forgetting`` do alike once a guild's, a channel's or a member's
+messages are gone: their other rows leave, and an author nobody names any more leaves
+with them.
 
 Each engine's ``forget_*`` takes its own locks (PostgreSQL) or marks its transaction
 as erasing (SQLite) and deletes the messages its own way (tombstones, vectors, the
@@ -14,7 +15,7 @@ from typing import Any
 from memory.storage.dialect import Dialect
 from memory.storage.guilds import settings_changed
 
-__all__ = ["drop_guild_rows", "drop_member_names", "drop_unknown_authors"]
+__all__ = ["drop_channel_rows", "drop_guild_rows", "drop_member_names", "drop_unknown_authors"]
 
 
 def drop_guild_rows(conn: Any, dialect: Dialect, guild_id: int, tables: Sequence[str]) -> None:
@@ -35,6 +36,22 @@ def drop_guild_rows(conn: Any, dialect: Dialect, guild_id: int, tables: Sequence
     conn.execute(dialect.sql("DELETE FROM guilds WHERE id = ?"), (guild_id,))
     drop_unknown_authors(conn, dialect, named)
     settings_changed(conn, dialect)
+
+
+def drop_channel_rows(conn: Any, dialect: Dialect, channel_ids: Sequence[int]) -> None:
+    """Delete forgotten channels' and threads' backfill progress, missed marks and rows.
+
+    A channel's row holds its name, and a thread's name is text a member wrote; a row
+    that still has messages (one stored since, in another transaction) stays.  Inside
+    the caller's write transaction, after the channels' messages are gone.
+    """
+    ids = dialect.ids(channel_ids)
+    for table in ("backfill_cursors", "missed_messages"):
+        conn.execute(dialect.sql(f"DELETE FROM {table} WHERE {dialect.in_ids('channel_id')}"),
+                     (ids,))
+    conn.execute(dialect.sql(
+        f"DELETE FROM channels WHERE {dialect.in_ids('id')} AND NOT EXISTS "
+        "(SELECT 1 FROM messages m WHERE m.channel_id = channels.id)"), (ids,))
 
 
 def drop_member_names(conn: Any, dialect: Dialect, guild_id: int, author_id: int) -> None:

@@ -149,3 +149,28 @@ def test_thread_parent_is_stored_and_expanded(
     # a later record without the parent does not erase it
     engine.storage.messages.upsert([make_record("more", channel_id=thread_id)])
     assert engine.storage.messages.threads(GUILD) == [(thread_id, CHANNEL, "GuildPublicThread")]
+
+
+def test_a_forgotten_channel_or_thread_leaves_its_row_and_name(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    side, thread = CHANNEL + 1, CHANNEL + 2
+    engine.ingest([
+        make_record("in general"),
+        make_record("in the side room", channel_id=side, channel_name="side room"),
+        make_record("in the thread", channel_id=thread, parent_id=side,
+                    channel_type="GuildPublicThread", channel_name="alice's leave"),
+    ])
+    messages = engine.storage.messages
+
+    assert engine.forget_channels([thread]) == 1  # a thread deleted on Discord
+    assert messages.channel_ids_named("alice's leave") == []
+    assert messages.threads(GUILD) == []
+    assert messages.channel_ids_named("side room") == [side]
+
+    assert engine.forget_channels([side]) == 1  # its channel purged
+    assert messages.channel_ids_named("side room") == []
+    assert messages.channel_ids_named("general") == [CHANNEL]
+    # the channel is written again by its next message
+    engine.ingest([make_record("back again", channel_id=side, channel_name="side room")])
+    assert messages.channel_ids_named("side room") == [side]

@@ -94,6 +94,31 @@ def test_forgotten_text_and_vectors_leave_the_file_and_the_wal(
     assert engine.search(secret, guild_id=GUILD, mode="keyword").hits == []
 
 
+@pytest.mark.parametrize("deleted", ["thread", "channel"])
+def test_a_deleted_channels_and_its_threads_names_leave_the_file(
+    engine: MemoryEngine, make_record: Callable[..., MessageRecord], tmp_db: str, deleted: str,
+) -> None:
+    room, title = marker(), marker()  # a thread's title is text a member wrote
+    thread = OTHER_CHANNEL + 1
+    engine.ingest([make_record(f"filler {i}", created_at=now_ms(1) + i) for i in range(5)])
+    engine.ingest([
+        make_record("in the room", channel_id=OTHER_CHANNEL, channel_name=f"room {room}",
+                    created_at=now_ms(1) + 10),
+        make_record("in the thread", channel_id=thread, parent_id=OTHER_CHANNEL,
+                    channel_type="GuildPublicThread", channel_name=f"leave {title}",
+                    created_at=now_ms(1) + 11),
+    ])
+    needles = {"thread title": title.encode()}
+    if deleted == "channel":
+        needles["channel name"] = room.encode()
+    found = traces(tmp_db, needles)
+    assert set(found["db"] + found["wal"]) == set(needles), "the test must see them first"
+
+    engine.forget_channels([thread if deleted == "thread" else OTHER_CHANNEL])
+
+    assert traces(tmp_db, needles) == {"db": [], "wal": []}
+
+
 def test_text_removed_by_an_edit_leaves_the_file(
     engine: MemoryEngine, make_record: Callable[..., MessageRecord], tmp_db: str,
 ) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memory.storage.forgetting import drop_guild_rows, drop_member_names
+from memory.storage.forgetting import drop_channel_rows, drop_guild_rows, drop_member_names
 from memory.storage.postgres import vectors, windows
 from memory.storage.postgres.connection import DIALECT
 from memory.storage.postgres.database import (
@@ -66,8 +66,8 @@ class PostgresForgetting:
         return removed
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:
-        """Forget every message in these channels and in their threads, and their
-        backfill progress."""
+        """Forget every message in these channels and in their threads, their backfill
+        progress and their rows (names)."""
         channel_ids = list(channel_ids)
         if not channel_ids:
             return 0
@@ -76,8 +76,7 @@ class PostgresForgetting:
                 "SELECT DISTINCT guild_id FROM channels WHERE id = ANY(%s)", (channel_ids,))])
             places = list(expand_channels(conn, channel_ids))
             removed = self._forget_where(conn, "channel_id = ANY(%s)", (places,))
-            conn.execute("DELETE FROM backfill_cursors WHERE channel_id = ANY(%s)", (places,))
-            conn.execute("DELETE FROM missed_messages WHERE channel_id = ANY(%s)", (places,))
+            drop_channel_rows(conn, DIALECT, places)
         return removed
 
     def forget_guild(self, guild_id: int) -> int:

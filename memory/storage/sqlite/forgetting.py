@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memory.storage.forgetting import drop_guild_rows, drop_member_names
+from memory.storage.forgetting import drop_channel_rows, drop_guild_rows, drop_member_names
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.connection import DIALECT, IN_IDS, id_list
 from memory.storage.sqlite.database import SQLiteDatabase, now_ms
@@ -67,7 +67,8 @@ class SQLiteForgetting:
             return self.forget_in(conn, ids)
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:
-        """Forget every message in these channels and in their threads.
+        """Forget every message in these channels and in their threads, their backfill
+        progress and their rows (names).
 
         Returns:
             How many messages were removed.
@@ -75,11 +76,11 @@ class SQLiteForgetting:
         channel_ids = list(channel_ids)
         if not channel_ids:
             return 0
-        places = id_list(expand_channels(self._db.read, channel_ids))
-        removed = self._forget_where(f"channel_id {IN_IDS}", (places,))
+        places = list(expand_channels(self._db.read, channel_ids))
+        removed = self._forget_where(f"channel_id {IN_IDS}", (id_list(places),))
         with self._db.write() as conn:
-            conn.execute(f"DELETE FROM backfill_cursors WHERE channel_id {IN_IDS}", (places,))
-            conn.execute(f"DELETE FROM missed_messages WHERE channel_id {IN_IDS}", (places,))
+            self._db.erased()  # the channels' and threads' names go too
+            drop_channel_rows(conn, DIALECT, places)
         return removed
 
     def forget_guild(self, guild_id: int) -> int:
