@@ -8,8 +8,9 @@ Writes go through the same queue as live capture and upserts are idempotent, so
 a message seen both live and by the backfill is stored once, and a message deleted
 meanwhile stays deleted (its tombstone wins).
 
-On start-up the bot catches up each remembered channel it has stored messages
-from: everything after the newest stored message.  discord.py's HTTP client waits
+After each READY (start-up, and every fresh session after an outage) the bot
+catches up each remembered channel it has stored messages from: everything after
+the newest message stored before the session began.  discord.py's HTTP client waits
 out Discord's rate limits (429); a short pause between pages keeps a long backfill
 from hogging the shared limits.
 """
@@ -28,7 +29,8 @@ from discord.ext import commands
 
 from cogs.memory.capture import record_from_message
 from cogs.memory.progress import report_progress
-from memory.records import MessageRecord
+from cogs.memory.reruns import Reruns
+from memory.records import MessageRecord, ms_to_datetime
 
 if TYPE_CHECKING:
     from cogs.memory.runtime import MemoryRuntime
@@ -38,6 +40,9 @@ log = logging.getLogger(__name__)
 
 PAGE = 100
 PAGE_PAUSE_S = 0.25
+# a catch-up reads from this long before its READY: what live capture stored while
+# the session was being set up must not hide what was said before it
+OVERLAP_MS = 10 * 60_000
 
 Walkable = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread
 # where messages are read from: a forum holds none itself, only its threads
@@ -64,7 +69,7 @@ class Progress:
 
 
 class Backfiller:
-    """Backfills channels (the admin command) and catches them up at start-up.
+    """Backfills channels (the admin command) and catches them up after each READY.
 
     Its walks run as the runtime's background work: stopping the runtime stops them
     (cursors keep what was committed).
@@ -81,7 +86,7 @@ class Backfiller:
         self.engine = engine
         self.runtime = runtime
         self._running: dict[int, asyncio.Task] = {}  # guild id -> backfill task
-        self._catch_up: asyncio.Task | None = None
+        self.catch_ups = Reruns(runtime, "memory-catch-up")
 
     # -- the command ---------------------------------------------------------------------
 
@@ -179,10 +184,16 @@ class Backfiller:
         await self.runtime.writes.run_and_wait(
             lambda: self._save_cursor(channel.guild.id, channel.id, None, complete=True))
 
-    async def _catch_up_from(self, place: History, missed: list[int]) -> int | None:
-        """Where a channel's catch-up starts: after its newest stored message, or before
-        the oldest message missed at the last stop (a channel's first message too)."""
-        latest = await self.runtime.read(self.engine.storage.messages.latest_id, place.id)
+    async def _catch_up_from(self, place: History, missed: list[int],
+                             before_id: int) -> int | None:
+        """Where a channel's catch-up starts: after its newest message stored before
+        ``before_id`` (or at ``before_id``, when all it holds is newer), or before the
+        oldest message missed at the last stop (a channel's first message too);
+        ``None`` when it holds nothing."""
+        messages = self.engine.storage.messages
+        latest = await self.runtime.read(messages.latest_id, place.id, before_id)
+        if latest is None and await self.runtime.read(messages.latest_id, place.id) is not None:
+            latest = before_id
         starts = [] if latest is None else [latest]
         if missed:
             starts.append(min(missed) - 1)
@@ -236,13 +247,20 @@ class Backfiller:
 
     # -- start-up catch-up ---------------------------------------------------------------
 
-    def catch_up_once(self) -> asyncio.Task:
-        """Start catching up every remembered channel, the first time the bot is ready."""
-        if self._catch_up is None:
-            self._catch_up = self.runtime.spawn(self._catch_up_all(), name="memory-catch-up")
-        return self._catch_up
+    def catch_up_after_ready(self) -> asyncio.Task:
+        """Start catching up every remembered channel, after this READY's predecessor
+        (:mod:`cogs.memory.reruns`).
 
-    async def _catch_up_all(self) -> None:
+        Each channel is read from its newest message stored before the session began
+        (:data:`OVERLAP_MS` before now, on Discord's clock where a message showed it):
+        messages stored live since then must not hide those said while the bot was away.
+        """
+        clock = self.runtime.clock.now_ms()
+        now = clock if clock is not None else int(time.time() * 1000)
+        before_id = discord.utils.time_snowflake(ms_to_datetime(now - OVERLAP_MS))
+        return self.catch_ups.start(functools.partial(self._catch_up_all, before_id))
+
+    async def _catch_up_all(self, before_id: int) -> None:
         started = time.monotonic()
         progress = Progress()
         guilds = self.engine.storage.guilds
@@ -253,7 +271,7 @@ class Backfiller:
                 if isinstance(place, discord.ForumChannel) or not self._can_read(place):
                     continue
                 marks = missed.get(place.id, [])
-                after = await self._catch_up_from(place, marks)
+                after = await self._catch_up_from(place, marks, before_id)
                 if after is None:
                     continue  # never stored here: that is a backfill's job, not a catch-up's
                 try:

@@ -102,6 +102,7 @@ class MemoryListeners(commands.Cog):
 
     @commands.Cog.listener()
     async def on_ready(self) -> None:
-        """Start the retention job; catch up on what was said and deleted while the bot was away."""
+        """Start the retention job; catch up on what was said and deleted while the bot was
+        away.  Every READY: discord.py dispatches one after each fresh session too."""
         self.runtime.start_retention()
-        self.reconciler.start_once(after=self.backfill.catch_up_once())
+        self.reconciler.start_after_ready(after=self.backfill.catch_up_after_ready())

@@ -41,6 +41,7 @@ import discord
 from discord.ext import commands
 
 from cogs.memory.progress import report_progress
+from cogs.memory.reruns import Reruns
 from memory.records import ms_to_datetime
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ class Reconciler:
         self.engine = engine
         self.runtime = runtime
         self._locks: dict[int, asyncio.Lock] = {}  # guild id -> one run at a time
-        self._startup: asyncio.Task | None = None
+        self.runs = Reruns(runtime, "memory-reconcile")  # after each READY
 
     @property
     def _pause_s(self) -> float:
@@ -124,16 +125,17 @@ class Reconciler:
 
     # -- start-up ------------------------------------------------------------------------
 
-    def start_once(self, *, after: asyncio.Task | None = None) -> None:
-        """Reconcile every guild in the background, the first time the bot is ready.
+    def start_after_ready(self, *, after: asyncio.Task | None = None) -> None:
+        """Reconcile every guild in the background after each READY: at start-up, and
+        after every fresh session, when what was deleted while the bot was away was
+        never sent to it (:mod:`cogs.memory.reruns`).
 
         Args:
-            after: Start once this task (the start-up catch-up) is done, so that the
+            after: Start once this task (the READY's catch-up) is done, so that the
                 two do not share Discord's rate limits at the same time.
         """
-        if self._startup is None and self.engine.profile.reconcile.on_start:
-            self._startup = self.runtime.spawn(self.at_start_up(after=after),
-                                               name="memory-reconcile")
+        if self.engine.profile.reconcile.on_start:
+            self.runs.start(functools.partial(self.at_start_up, after=after))
 
     async def at_start_up(self, *, after: asyncio.Task | None = None) -> ReconcileProgress:
         """Forget the guilds the bot left, then reconcile each guild it is in.

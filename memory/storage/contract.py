@@ -232,8 +232,9 @@ class Messages(Protocol):
         """
         ...
 
-    def latest_id(self, channel_id: int) -> int | None:
-        """The newest stored message id in a channel (or thread), ``None`` when none is."""
+    def latest_id(self, channel_id: int, before_id: int | None = None) -> int | None:
+        """The newest stored message id in a channel (or thread), below ``before_id``
+        when given; ``None`` when there is none."""
         ...
 
     def count(self, guild_id: int | None = None) -> int:

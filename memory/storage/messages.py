@@ -228,9 +228,14 @@ class BaseMessages(DialectNoun):
             (channel_id, message_id, max(0, before), channel_id, message_id, max(0, after) + 1))
         return sorted(row[0] for row in rows)
 
-    def latest_id(self, channel_id: int) -> int | None:
-        """The newest stored message id in a channel (or thread), ``None`` when none is."""
-        return self._read("SELECT max(id) FROM messages WHERE channel_id = ?", (channel_id,))[0][0]
+    def latest_id(self, channel_id: int, before_id: int | None = None) -> int | None:
+        """The newest stored message id in a channel (or thread), below ``before_id``
+        when given; ``None`` when there is none."""
+        if before_id is None:
+            return self._read("SELECT max(id) FROM messages WHERE channel_id = ?",
+                              (channel_id,))[0][0]
+        return self._read("SELECT max(id) FROM messages WHERE channel_id = ? AND id < ?",
+                          (channel_id, before_id))[0][0]
 
     def count(self, guild_id: int | None = None) -> int:
         """How many messages are stored (in one guild, or in all)."""

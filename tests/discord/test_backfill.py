@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import discord
 import pytest
@@ -207,13 +207,69 @@ async def test_backfill_and_live_capture_agree(setup):
 
 async def test_start_up_catches_up_from_the_newest_stored_message(setup):
     h, fake = setup
-    payloads = history(h, GENERAL, 120)
+    payloads = history(h, GENERAL, 120)  # an hour ago
     fake.history[GENERAL] = payloads
     known = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=payloads[9])
-    await h.listeners.on_message(known)
-    await settle(h)
+    h.engine.ingest([record_from_message(known)])  # stored by the bot's last run
     await h.listeners.on_ready()
-    await h.backfill._catch_up
+    await h.backfill.catch_ups.task
     await settle(h)
     assert h.engine.storage.messages.count() == 1 + 110  # the known one and everything after it
     assert all("after" in query for _, query in fake.requests)
+
+
+def timed(h: Harness, where: int, minutes_ago: list[float]) -> list[dict]:
+    """Messages posted the given minutes before now, oldest first."""
+    now = datetime.now(timezone.utc)
+    payloads = []
+    for i, minutes in enumerate(minutes_ago):
+        mid = discord.utils.time_snowflake(now - timedelta(minutes=minutes)) + i
+        payloads.append(h.message_payload(
+            f"gap message {i}", author=(ALICE, "alice"), channel=where, id=str(mid),
+            timestamp=discord.utils.snowflake_time(mid).isoformat()))
+    return payloads
+
+
+async def test_a_fresh_session_catches_up_what_was_said_while_the_bot_was_away(setup):
+    # RESUME refused (or an outage past its window): Discord replays nothing, and
+    # discord.py dispatches on_ready again once the new session is set up
+    h, fake = setup
+    general = h.guild.get_channel(GENERAL)
+    payloads = timed(h, GENERAL, [60, 50, 40, 30, 20, 1])
+    fake.history[GENERAL] = payloads[:1]
+    await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=payloads[0]))
+    await h.listeners.on_ready()  # the first session
+    await h.backfill.catch_ups.task
+    await settle(h)
+    fake.history[GENERAL] = payloads  # 50 to 20 minutes ago: said while the bot was away
+    fake.requests.clear()
+    # the new session's first live message is stored before its READY's catch-up reads
+    await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=payloads[5]))
+    await settle(h)
+    await h.listeners.on_ready()
+    await h.backfill.catch_ups.task
+    await settle(h)
+    assert h.engine.storage.messages.count() == 6
+    # read from the newest message stored before the session: not the whole history
+    assert [q.get("after") for p, q in fake.requests if p.endswith(f"/{GENERAL}/messages")] \
+        == [payloads[0]["id"]]
+
+
+async def test_a_ready_during_a_catch_up_queues_one_more_and_no_more(setup):
+    h, fake = setup
+    fake.history[GENERAL] = history(h, GENERAL, 3)
+    h.engine.ingest([record_from_message(discord.Message(
+        state=h.state, channel=h.guild.get_channel(GENERAL), data=fake.history[GENERAL][0]))])
+    fake.stall_after = 0  # the first catch-up's requests hang until released
+    await h.listeners.on_ready()
+    first = h.backfill.catch_ups.task
+    await h.listeners.on_ready()
+    queued = h.backfill.catch_ups.task
+    await h.listeners.on_ready()
+    assert queued is not first and h.backfill.catch_ups.task is queued
+    fake.stall_after = None
+    fake.release()
+    await asyncio.wait_for(queued, 10)
+    assert first.done()
+    await settle(h)
+    assert h.engine.storage.messages.count() == 3

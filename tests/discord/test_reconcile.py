@@ -286,12 +286,28 @@ async def test_admin_command_reports_counts_and_is_admin_only(world):
     assert w.engine.storage.messages.count(OTHER_G) == 7, "the command judges its own server only"
 
 
+async def test_a_fresh_session_reconciles_again(world):
+    # what was deleted while a session was down never reaches the bot: its READY
+    # reconciles as a start-up does
+    w = world
+    h = await restart(w)
+    await h.listeners.on_ready()
+    await h.reconciler.runs.task
+    first = h.reconciler.runs.task
+    delete_on_discord(w, GENERAL, [w.ids(GENERAL)[-1]])
+    await h.listeners.on_ready()  # RESUME refused: a new session
+    assert h.reconciler.runs.task is not first
+    await h.reconciler.runs.task
+    await stop(h)
+    assert forgotten(w, [w.ids(GENERAL)[-1]])
+
+
 async def test_start_up_runs_reconcile_after_the_catch_up(world):
     w = world
     delete_on_discord(w, GENERAL, [w.ids(GENERAL)[0]])
     h = await restart(w)
     await h.listeners.on_ready()
-    await h.reconciler._startup
+    await h.reconciler.runs.task
     await stop(h)
     assert forgotten(w, [w.ids(GENERAL)[0]])
     kinds = [("before" in q) for p, q in w.fake.requests if p.endswith(f"/{GENERAL}/messages")]

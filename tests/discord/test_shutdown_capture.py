@@ -246,7 +246,7 @@ async def test_a_message_the_stop_cannot_store_is_marked_and_caught_up(db_locati
     await again.bot.http.static_login("good-token")
     try:
         await again.listeners.on_ready()
-        await again.backfill._catch_up
+        await again.backfill.catch_ups.task
         await again.runtime.writes.run_and_wait(lambda: None)
         wanted = [m.id for m in [*general, first, after_stop]]
         assert set(again.engine.storage.messages.hydrate(wanted)) == set(wanted)
