@@ -22,6 +22,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import discord
@@ -135,6 +136,15 @@ class Backfiller:
             return [channel]  # voice channels have a text chat but no threads
         places: list[History] = [] if isinstance(channel, discord.ForumChannel) else [channel]
         places.extend(channel.threads)
+        places.extend(await self._archived_threads(channel))
+        return list({p.id: p for p in places}.values())
+
+    async def _archived_threads(
+        self, channel: discord.TextChannel | discord.ForumChannel, since: datetime | None = None,
+    ) -> list[discord.Thread]:
+        """The channel's archived threads, public and private, those archived after
+        ``since`` only when given (Discord lists the latest archived first)."""
+        found: list[discord.Thread] = []
         # forum posts are all public threads; text channels have private ones too
         for private in (False,) if isinstance(channel, discord.ForumChannel) else (False, True):
             try:
@@ -144,13 +154,36 @@ class Backfiller:
                 else:
                     archived = channel.archived_threads(limit=None)
                 async for thread in archived:
-                    places.append(thread)
+                    if since is not None and thread.archive_timestamp < since:
+                        break
+                    found.append(thread)
             except (discord.Forbidden, discord.NotFound):
                 log.debug("cannot list %s archived threads of %s",
                           "private" if private else "public", channel.id)
             except discord.HTTPException as exc:
                 log.warning("listing archived threads of %s failed: %s", channel.id, exc)
-        return list({p.id: p for p in places}.values())
+        return found
+
+    async def _archived_since(self, guild: discord.Guild, before_id: int) -> list[discord.Thread]:
+        """Stored threads archived since the bot last heard from the guild before
+        ``before_id``: those that went on while it was away and were archived before
+        it was back (``guild.threads`` holds the active ones only).  One listing per
+        channel such threads were stored under."""
+        messages = self.engine.storage.messages
+        stored = await self.runtime.read(messages.threads, guild.id)
+        active = {t.id for t in guild.threads}
+        wanted = {tid for tid, _, _ in stored if tid not in active}
+        if not wanted:
+            return []
+        last_heard = await self.runtime.read(messages.latest_in_guild, guild.id, before_id)
+        since = discord.utils.snowflake_time(last_heard if last_heard is not None else before_id)
+        found: list[discord.Thread] = []
+        for parent_id in sorted({parent for tid, parent, _ in stored if tid in wanted}):
+            channel = guild.get_channel(parent_id)
+            if isinstance(channel, (discord.TextChannel, discord.ForumChannel)):
+                found.extend(t for t in await self._archived_threads(channel, since)
+                             if t.id in wanted)
+        return found
 
     def _can_read(self, channel: History) -> bool:
         perms = channel.permissions_for(channel.guild.me)
@@ -266,7 +299,8 @@ class Backfiller:
         guilds = self.engine.storage.guilds
         missed = await self.runtime.read(guilds.missed)  # heard but not stored at the last stop
         for guild in list(self.bot.guilds):
-            places: list[Walkable] = [*self.channels_of(guild), *guild.threads]
+            places: list[Walkable] = [*self.channels_of(guild), *guild.threads,
+                                      *await self._archived_since(guild, before_id)]
             for place in places:
                 if isinstance(place, discord.ForumChannel) or not self._can_read(place):
                     continue

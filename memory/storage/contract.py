@@ -237,6 +237,10 @@ class Messages(Protocol):
         when given; ``None`` when there is none."""
         ...
 
+    def latest_in_guild(self, guild_id: int, before_id: int) -> int | None:
+        """The newest stored message id in a guild below ``before_id``; ``None`` when none is."""
+        ...
+
     def count(self, guild_id: int | None = None) -> int:
         """How many messages are stored (in one guild, or in all)."""
         ...

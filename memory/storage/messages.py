@@ -237,6 +237,11 @@ class BaseMessages(DialectNoun):
         return self._read("SELECT max(id) FROM messages WHERE channel_id = ? AND id < ?",
                           (channel_id, before_id))[0][0]
 
+    def latest_in_guild(self, guild_id: int, before_id: int) -> int | None:
+        """The newest stored message id in a guild below ``before_id``; ``None`` when none is."""
+        return self._read("SELECT max(id) FROM messages WHERE guild_id = ? AND id < ?",
+                          (guild_id, before_id))[0][0]
+
     def count(self, guild_id: int | None = None) -> int:
         """How many messages are stored (in one guild, or in all)."""
         if guild_id is None:

@@ -255,6 +255,40 @@ async def test_a_fresh_session_catches_up_what_was_said_while_the_bot_was_away(s
         == [payloads[0]["id"]]
 
 
+async def test_a_thread_archived_while_the_bot_was_away_is_caught_up(setup):
+    h, fake = setup
+    fake.history[GENERAL] = []
+    old_thread = ARCHIVED + 100
+    for tid in (ARCHIVED, old_thread):
+        h.guild._add_thread(discord.Thread(guild=h.guild, state=h.state,
+                                           data=thread(tid, G, GENERAL, "a thread", owner=ALICE)))
+    payloads = timed(h, ARCHIVED, [60, 55, 50, 40, 30])
+    talk = h.guild.get_thread(ARCHIVED)
+    assert talk is not None
+    # the bot's last run heard the first three and a message in an older thread
+    before = [discord.Message(state=h.state, channel=talk, data=p) for p in payloads[:3]]
+    older = timed(h, old_thread, [600])[0]
+    before.append(discord.Message(state=h.state, channel=h.guild.get_thread(old_thread), data=older))
+    h.engine.ingest([r for r in map(record_from_message, before) if r is not None])
+    # while it was away the last two were posted, and the thread archived 25 minutes ago
+    fake.history[ARCHIVED] = payloads
+    fake.history[old_thread] = [older]
+    archived_at = (datetime.now(timezone.utc) - timedelta(minutes=25)).isoformat()
+    recent = thread(ARCHIVED, G, GENERAL, "a thread", owner=ALICE, archived=True)
+    recent["thread_metadata"]["archive_timestamp"] = archived_at
+    long_ago = thread(old_thread, G, GENERAL, "older", owner=ALICE, archived=True)  # 2026-01-01
+    fake.archived[GENERAL] = [recent, long_ago]  # the latest archived first, as Discord lists
+    for tid in (ARCHIVED, old_thread):
+        h.guild._remove_thread(h.guild.get_thread(tid))  # archived: not in the cache
+    await h.listeners.on_ready()
+    await h.backfill.catch_ups.task
+    await settle(h)
+    assert h.engine.storage.messages.count() == 5 + 1
+    read = {p for p, _ in fake.requests if p.endswith("/messages")}
+    assert any(f"/{ARCHIVED}/" in p for p in read)
+    assert not any(f"/{old_thread}/" in p for p in read), "archived before the bot went away"
+
+
 async def test_a_ready_during_a_catch_up_queues_one_more_and_no_more(setup):
     h, fake = setup
     fake.history[GENERAL] = history(h, GENERAL, 3)

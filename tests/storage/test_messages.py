@@ -174,3 +174,18 @@ def test_a_forgotten_channel_or_thread_leaves_its_row_and_name(
     # the channel is written again by its next message
     engine.ingest([make_record("back again", channel_id=side, channel_name="side room")])
     assert messages.channel_ids_named("side room") == [side]
+
+
+def test_the_newest_stored_message_below_an_id(engine: MemoryEngine, make_record: MakeRecord) -> None:
+    side = CHANNEL + 1
+    records = [make_record(f"message {i}", channel_id=CHANNEL if i % 2 else side, age_days=5 - i)
+               for i in range(5)]
+    engine.ingest(records)
+    messages = engine.storage.messages
+    ids = [r.id for r in records]
+    assert messages.latest_id(CHANNEL) == ids[3]
+    assert messages.latest_id(CHANNEL, before_id=ids[3]) == ids[1]
+    assert messages.latest_id(CHANNEL, before_id=ids[1]) is None
+    assert messages.latest_in_guild(GUILD, ids[4]) == ids[3]
+    assert messages.latest_in_guild(GUILD, ids[0]) is None
+    assert messages.latest_in_guild(GUILD + 1, ids[4] + 1) is None
