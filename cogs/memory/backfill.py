@@ -104,7 +104,8 @@ class Backfiller:
         progress = Progress(channels=len(targets))
         status = await interaction.followup.send(
             f"Backfilling… {progress.line()}", ephemeral=True, wait=True)
-        task = self.runtime.spawn(self.run(targets, progress), name="memory-backfill")
+        viewer = interaction.user if isinstance(interaction.user, discord.Member) else None
+        task = self.runtime.spawn(self.run(targets, progress, viewer), name="memory-backfill")
         self._running[guild.id] = task
         try:
             await report_progress(status, task, progress.line, doing="Backfilling…",
@@ -120,10 +121,14 @@ class Backfiller:
             if isinstance(c, (discord.TextChannel, discord.VoiceChannel, discord.ForumChannel))
         ]
 
-    async def run(self, targets: list[Walkable], progress: Progress) -> None:
-        """Backfill each target and its threads."""
+    async def run(self, targets: list[Walkable], progress: Progress,
+                  viewer: discord.Member | None = None) -> None:
+        """Backfill each target and its threads.  The progress names a channel only
+        when ``viewer`` (the admin who asked) may see it: Manage Server is not View
+        Channel, and a channel's name is not theirs to learn."""
         for channel in targets:
-            progress.current = channel.name
+            shown = viewer is None or channel.permissions_for(viewer).view_channel
+            progress.current = channel.name if shown else ""
             for place in await self._with_threads(channel):
                 await self.walk_back(place, progress)
             progress.done_channels += 1

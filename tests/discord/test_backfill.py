@@ -13,11 +13,23 @@ from datetime import datetime, timedelta, timezone
 import discord
 import pytest
 
+from cogs.memory.backfill import Progress
 from cogs.memory.capture import record_from_message
 from memory.config import Profile, ReconcileConfig
 from memory.engine import MemoryEngine
 from tests.support.builders import HashEmbedder
-from tests.support.discord_harness import READ, Harness, channel, guild, member, role, thread
+from tests.support.discord_harness import (
+    BOT_ID,
+    HIDE,
+    READ,
+    Harness,
+    channel,
+    guild,
+    member,
+    overwrite,
+    role,
+    thread,
+)
 from tests.support.discord_standin import FakeDiscord
 
 G, GENERAL, ARCHIVED = 950, 951, 952
@@ -307,3 +319,23 @@ async def test_a_ready_during_a_catch_up_queues_one_more_and_no_more(setup):
     assert first.done()
     await settle(h)
     assert h.engine.storage.messages.count() == 3
+
+
+async def test_the_progress_names_only_channels_the_admin_can_see(setup):
+    # Manage Server is not View Channel: a hidden channel's name is not the admin's to learn
+    h, fake = setup
+    secret = GENERAL + 100
+    h.state.parse_channel_create(channel(secret, G, "secret-room", overwrites=[
+        overwrite(G, deny=HIDE), overwrite(BOT_ID, allow=READ, member=True)]))
+    fake.stall_after = 0  # every history request hangs: the walk stays on its channel
+    admin = discord.Member(data=member(ALICE, "alice"), guild=h.guild, state=h.state)
+    for target, shown in ((GENERAL, "general"), (secret, "")):
+        fake.requests.clear()
+        progress = Progress(channels=1)
+        walk = asyncio.create_task(h.backfill.run([h.guild.get_channel(target)], progress, admin))
+        while not fake.requests:
+            await asyncio.sleep(0.01)
+        assert progress.current == shown
+        assert "secret-room" not in progress.line()
+        walk.cancel()
+        await asyncio.gather(walk, return_exceptions=True)
