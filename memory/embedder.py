@@ -103,11 +103,13 @@ class SentenceTransformerEmbedder:
                         f"embedder.device is {device!r} but {missing}: use --profile cpu, "
                         "or --profile auto to pick what this machine has"
                     )
-                if os.path.isdir(self._load_from):
-                    os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 log.info("loading embedder %s on %s", self.model_id, device)
+                # a folder (the bundled MiniLM) never asks the hub; nothing else is changed
+                # for the process: a reranker from the hub still downloads
+                local = os.path.isdir(self._load_from)
                 try:
-                    self._model = SentenceTransformer(self._load_from, device=device)
+                    self._model = SentenceTransformer(self._load_from, device=device,
+                                                      local_files_only=local)
                 except OSError as exc:
                     raise ConfigError(
                         f"embedder {self.model_id!r} could not be loaded: {exc}"
