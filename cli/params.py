@@ -119,7 +119,10 @@ class DatabasePath(click.Path):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """Return the path or the PostgreSQL URL, or fail on another URL (checked before
-        ``Path`` folds its ``//``)."""
+        ``Path`` folds its ``//``) or on ``""`` (which ``Path`` would read as ``.``)."""
+        if not str(value).strip():
+            self.fail("an empty database path; name an SQLite file or a postgresql:// URL",
+                      param, ctx)
         try:
             check_location(value)
         except DatabaseFileError as exc:
