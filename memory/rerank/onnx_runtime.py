@@ -91,7 +91,7 @@ class OnnxCrossEncoder:
         except ImportError as exc:
             raise RerankerUnavailable(
                 f"runtime = \"onnx\" needs onnxruntime ({exc}); install the bot's [onnx] extra "
-                "(pip install 'discord-memory-bot[onnx]') or use runtime = \"torch\""
+                "(pip install '.[onnx]' in the repository) or use runtime = \"torch\""
             ) from None
         path = model_file(config.model, config.onnx_file or DEFAULT_ONNX_FILE)
         tokenizer, model_config = _tokenizer_and_config(config.model)

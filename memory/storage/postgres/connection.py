@@ -83,7 +83,7 @@ def driver(url: str = "") -> ModuleType:
         raise DatabaseFileError(
             f"{redact(url) if url else 'a postgresql:// database'} needs the PostgreSQL driver "
             f"({exc.name} is missing): "
-            "pip install 'discord-memory-bot[postgres]' (psycopg, psycopg-pool, pgvector)"
+            "pip install '.[postgres]' in the repository (psycopg, psycopg-pool, pgvector)"
         ) from None
     return psycopg
 
