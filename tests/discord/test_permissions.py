@@ -4,7 +4,8 @@ One server is built from gateway payloads with roles, role and member overwrites
 a private category whose channels sync to it, a channel members may view but not
 read the history of, one whose history only staff may read, a voice channel whose
 text chat only staff may join (Discord asks for Connect there), an age-restricted
-channel, public, private and archived threads, and a second server.
+channel, public, private and archived threads, and a second server; and a gated server
+whose staff channel a guest was added to with View Channel only.
 Every channel holds a message with the same word; each member then searches by
 every route (the engine allow-list, ``/search`` private and public, ``channel:``,
 the context menu, a mention reply), and every cell is checked against a table
@@ -13,6 +14,10 @@ memory is a database of each storage engine (``db_location``).
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 import discord
 import pytest
@@ -346,35 +351,94 @@ async def test_memory_stats_count_only_readable_channels(harness, uid):
     assert f"**{n}** in {n} channels" in first_line
 
 
-GATED_MEMBER = 520
+GATED_MEMBER, GUEST = 520, 1106
+
+
+def gated_server(*, everyone_allows_history: bool = False, guest: bool = False) -> dict:
+    """@everyone may do nothing; a "member" role grants view and history, staff get a
+    channel of their own (or history comes from the staff channel's @everyone overwrite).
+    With ``guest``, a member with no role is added to the staff channel by a member
+    overwrite that allows View Channel only (Discord's "add members"): they see new
+    messages there but may not read its history.  Without the members intent discord.py
+    keys that overwrite by a ``discord.Object``, not a ``Member``."""
+    history = NO_HISTORY if everyone_allows_history else discord.Permissions.none()
+    staff = [overwrite(G, deny=HIDE, allow=history), overwrite(GATED_MEMBER, deny=HIDE),
+             overwrite(STAFF, allow=HIDE if everyone_allows_history else READ)]
+    if guest:
+        staff.append(overwrite(GUEST, allow=HIDE, member=True))
+    return guild(
+        G, "Gated", owner=9999,
+        roles=[role(G, "@everyone", discord.Permissions(send_messages=True), position=0),
+               role(GATED_MEMBER, "member", READ), role(STAFF, "staff", discord.Permissions.none())],
+        members=[member(ALICE, "alice", roles=[GATED_MEMBER, STAFF]),
+                 *([member(GUEST, "guest")] if guest else [])],
+        channels=[channel(GENERAL, G, "general"),
+                  channel(STAFF_ONLY, G, "staff", overwrites=staff)])
+
+
+@asynccontextmanager
+async def gated_harness(tmp_path: Path, **options: bool) -> AsyncIterator[Harness]:
+    """The gated server, with one message with WORD in its staff channel."""
+    engine = MemoryEngine(tmp_path / "gated.sqlite3", Profile(name="test"), HashEmbedder(),
+                          load_reranker=False)
+    h = Harness(engine, [gated_server(**options)])
+    await h.start()
+    try:
+        await h.listeners.on_message(h.message(f"{WORD}: the salary sheet is in /hr/pay",
+                                               author=(OTHER, "olga"), channel=STAFF_ONLY))
+        await h.runtime.writes.stop()
+        h.runtime.writes.start()
+        engine.embed_pending()
+        yield h
+    finally:
+        await h.close()
+        engine.close()
+
+
+def gated_alice(h: Harness) -> discord.Member:
+    return discord.Member(data=member(ALICE, "alice", roles=[GATED_MEMBER, STAFF]),
+                          guild=h.guild, state=h.state)
 
 
 @pytest.mark.parametrize("everyone_allows_history", [False, True])
 async def test_a_gated_server_still_quotes_the_answers_channel(tmp_path, everyone_allows_history):
-    """@everyone may do nothing; a "member" role grants view and history, staff get a
-    channel of their own (or history comes from the staff channel's @everyone overwrite):
-    everyone who sees a public answer there may read its history, so it is quoted."""
-    history = NO_HISTORY if everyone_allows_history else discord.Permissions.none()
-    gated = guild(
-        G, "Gated", owner=9999,
-        roles=[role(G, "@everyone", discord.Permissions(send_messages=True), position=0),
-               role(GATED_MEMBER, "member", READ), role(STAFF, "staff", discord.Permissions.none())],
-        members=[member(ALICE, "alice", roles=[GATED_MEMBER, STAFF])],
-        channels=[channel(GENERAL, G, "general"),
-                  channel(STAFF_ONLY, G, "staff", overwrites=[
-                      overwrite(G, deny=HIDE, allow=history), overwrite(GATED_MEMBER, deny=HIDE),
-                      overwrite(STAFF, allow=HIDE if everyone_allows_history else READ)])])
-    engine = MemoryEngine(tmp_path / "gated.sqlite3", Profile(name="test"), HashEmbedder(),
-                          load_reranker=False)
-    h = Harness(engine, [gated])
-    await h.start()
-    try:
-        alice = discord.Member(data=member(ALICE, "alice", roles=[GATED_MEMBER, STAFF]),
-                               guild=h.guild, state=h.state)
-        readable = readable_channel_ids(alice)
+    """Everyone who sees a public answer in the staff channel may read its history, so
+    it is quoted."""
+    async with gated_harness(tmp_path, everyone_allows_history=everyone_allows_history) as h:
+        readable = readable_channel_ids(gated_alice(h))
         assert readable == {GENERAL, STAFF_ONLY}
         assert public_reply_sources(h.guild.get_channel(GENERAL), readable) == {GENERAL}
         assert public_reply_sources(h.guild.get_channel(STAFF_ONLY), readable) == {STAFF_ONLY}
-    finally:
-        await h.close()
-        engine.close()
+
+
+async def test_a_guest_without_history_keeps_the_channel_out_of_public_answers(tmp_path):
+    """A public answer in the staff channel is seen by the guest, who may not read its
+    history: by no route does it quote that channel."""
+    async with gated_harness(tmp_path, guest=True) as h:
+        room = h.guild.get_channel(STAFF_ONLY)
+        assert room is not None
+        assert any(isinstance(target, discord.Object) for target in room.overwrites)
+        guest = discord.Member(data=member(GUEST, "guest"), guild=h.guild, state=h.state)
+        perms = room.permissions_for(guest)
+        assert perms.view_channel and not perms.read_message_history
+        assert readable_channel_ids(guest) == set()
+        readable = readable_channel_ids(gated_alice(h))
+        assert readable == {GENERAL, STAFF_ONLY}
+        assert public_reply_sources(room, readable) == set()
+
+        mention = h.message(f"<@{BOT_ID}> where is the {WORD}", author=(ALICE, "alice"),
+                            channel=STAFF_ONLY, roles=[GATED_MEMBER, STAFF],
+                            mentions=[user(BOT_ID, "memorybot", bot=True)])
+        await h.dispatch("message", mention)
+        channel_id, payload = h.sent[-1]
+        assert channel_id == STAFF_ONLY  # a public reply, which the guest sees arrive
+        assert "salary sheet" not in str(payload)
+
+        invoker = member(ALICE, "alice", roles=[GATED_MEMBER, STAFF])
+        await h.slash("search", invoker=invoker, where=STAFF_ONLY, query=WORD, private=False)
+        public = h.adapter.followups[0]
+        assert not (public.get("flags") or 0) & 64  # public: the guest sees it
+        assert "salary sheet" not in str(public)
+        # alice herself may read the staff channel: her private search finds it
+        await h.slash("search", invoker=invoker, where=STAFF_ONLY, query=WORD, private=True)
+        assert "salary sheet" in str(h.adapter.followups[-1])
