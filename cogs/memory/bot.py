@@ -104,6 +104,16 @@ class MemoryBot(commands.Bot):
             if self.owns_engine:
                 self.engine.close()
 
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Leaving ``async with bot`` waits for the whole close, cogs and engine included.
+
+        discord.py's own ``__aexit__`` awaits only the connection's close once one has
+        begun.  A SIGTERM during a reconnect begins :meth:`close` and ends ``start``, so
+        the context was left while the cogs were still stopping, and the process could
+        exit before the chunk being embedded was written.
+        """
+        await self.close()
+
     async def hang_up(self) -> None:
         """Close the gateway connection (and the HTTP session), leaving the cogs loaded.
 

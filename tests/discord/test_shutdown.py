@@ -72,6 +72,31 @@ async def test_close_stops_embedding_at_the_next_chunk_and_loses_nothing(tmp_pat
         reopened.close()
 
 
+async def test_leaving_the_bot_while_a_signal_closes_it_waits_for_the_whole_close(tmp_path):
+    # A SIGTERM during a reconnect: the signal's close() begins, start() returns, and
+    # ``async with bot`` is left while the cogs are still stopping.
+    db = tmp_path / "bot.sqlite3"
+    embedder = PacedEmbedder()
+    engine = MemoryEngine(db, Profile(name="test"), embedder, load_reranker=False)
+    make = record_factory()
+    engine.storage.messages.upsert(make(f"backlog message {i}", guild_id=G, channel_id=GENERAL)
+                                   for i in range(BACKLOG))
+    h = Harness(engine, [server()])
+    await h.start()
+    while embedder.calls < 1:
+        await asyncio.sleep(0.01)
+    async with h.bot:
+        closing = asyncio.ensure_future(h.bot.close())  # what the signal handler starts
+        while not h.bot.is_closed():  # hung up: the connection is closed, the cogs stopping
+            await asyncio.sleep(0)
+    assert closing.done(), "the context was left before the cogs and the engine closed"
+    reopened = MemoryEngine(db, Profile(name="test"), HashEmbedder(), load_reranker=False)
+    try:
+        assert BACKLOG - 3 * EMBED_CHUNK <= reopened.storage.backlog.pending_count() < BACKLOG
+    finally:
+        reopened.close()
+
+
 SIGTERM_SCRIPT = """
 import sys, time
 import discord, yarl
