@@ -169,7 +169,7 @@ class MemoryEngine:
         return self.storage.forgetting.forget_channels(channel_ids)
 
     def forget_guild(self, guild_id: int) -> int:
-        """Forget everything from a guild, its settings included."""
+        """Forget everything from a guild, its settings included (not its opt-outs)."""
         removed = self.storage.forgetting.forget_guild(guild_id)
         self.searcher.members.forget(guild_id)  # no name of it stays in memory either
         return removed

@@ -274,8 +274,8 @@ class Messages(Protocol):
         ...
 
     def known_guild_ids(self) -> list[int]:
-        """Every guild something is stored for (messages, channels, settings or opt-outs),
-        ascending."""
+        """Every guild something is stored for (messages, channels or settings), ascending;
+        opt-outs, which outlive their guild, do not count."""
         ...
 
     def channels_with_messages(self, guild_id: int) -> list[tuple[int, int | None]]:
@@ -315,7 +315,12 @@ class Forgetting(Protocol):
 
     def forget_guild(self, guild_id: int) -> int:
         """Forget a guild entirely: messages, channels, names (its members' names there
-        too), settings, opt-outs, cursors."""
+        too), settings, cursors.
+
+        Its opt-outs stay: a member who asked not to be remembered there is not stored
+        again when the bot is invited back.  They hold two ids and nothing the member
+        wrote; ``/memory opt-in`` removes one.
+        """
         ...
 
     def forget_member(self, guild_id: int, author_id: int) -> int:

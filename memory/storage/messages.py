@@ -311,11 +311,13 @@ class BaseMessages(DialectNoun):
     # -- reconciling with what Discord says exists (cogs.reconcile) ----------------------
 
     def known_guild_ids(self) -> list[int]:
-        """Every guild something is stored for: messages, channels or settings, ascending."""
+        """Every guild something is stored for: messages, channels or settings, ascending.
+
+        Opt-outs do not count: they outlive the guild (:meth:`.Forgetting.forget_guild`).
+        """
         return [row[0] for row in self._read(
             "SELECT id FROM guilds UNION SELECT guild_id FROM channels "
-            "UNION SELECT guild_id FROM guild_settings UNION SELECT guild_id FROM member_optouts "
-            "ORDER BY 1")]
+            "UNION SELECT guild_id FROM guild_settings ORDER BY 1")]
 
     def channels_with_messages(self, guild_id: int) -> list[tuple[int, int | None]]:
         """``(channel_id, parent_id)`` of a guild's channels and threads that hold messages."""

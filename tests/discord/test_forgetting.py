@@ -181,6 +181,28 @@ async def test_opt_out_meeting_a_busy_database_waits_and_holds(setup):
     assert not stored(h, later)
 
 
+async def test_an_opt_out_outlives_the_bot_leaving_and_coming_back(setup):
+    """Leaving forgets the server and its settings, but not who asked not to be
+    remembered there: invited back, the bot stores bob's messages only after opt-in."""
+    h, _ = setup
+    await slash_plain(h, "memory opt-out", member(BOB, "bob"))
+    await send(h, "alice before the bot left")
+    await settle(h)
+    await h.dispatch("guild_remove", h.guild)
+    await settle(h)
+    assert h.engine.storage.messages.count(G) == 0
+    assert G not in h.engine.storage.messages.known_guild_ids(), "nothing else of it stays"
+    await h.dispatch("guild_join", h.guild)
+    alice, bob = (await send(h, "alice is back"),
+                  await send(h, "bob, who opted out, is not stored", who=(BOB, "bob")))
+    await settle(h)
+    assert stored(h, alice, bob) == {int(alice["id"])}
+    await slash_plain(h, "memory opt-in", member(BOB, "bob"))
+    after = await send(h, "bob opted in again", who=(BOB, "bob"))
+    await settle(h)
+    assert stored(h, after)
+
+
 async def test_purge_channel_deletes_a_message_still_queued_while_the_database_is_busy(setup):
     h, _ = setup
     first = await send(h, "a plan for the party", where=RANDOM)

@@ -197,7 +197,7 @@ async def test_a_guild_left_offline_is_forgotten_entirely(world):
     assert storage.messages.count(OTHER_G) == 0 and forgotten(w, w.ids(OTHER_CHANNEL))
     assert OTHER_G not in storage.messages.known_guild_ids()
     assert storage.guilds.settings(OTHER_G).retention_days is None
-    assert not storage.guilds.settings(OTHER_G).opted_out
+    assert storage.guilds.settings(OTHER_G).opted_out == {ALICE}, "an opt-out outlives the guild"
     assert progress.guilds_forgotten == 1
     assert storage.messages.count(G) > 0, "the guild the bot is still in is kept"
 

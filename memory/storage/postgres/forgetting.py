@@ -29,7 +29,7 @@ from memory.storage.postgres.database import (
     unlock_ids,
 )
 
-_GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
+_GUILD_TABLES = ("channel_rules", "autoresponse_channels", "backfill_cursors",
                  "missed_messages",
                  "reconcile_cursors", "reconcile_runs", "guild_settings", "index_stats",
                  "member_names")
@@ -81,7 +81,7 @@ class PostgresForgetting:
 
     def forget_guild(self, guild_id: int) -> int:
         """Forget a guild entirely: messages, channels, names (its members' too), settings,
-        opt-outs, cursors."""
+        cursors; its opt-outs stay (:meth:`.Forgetting.forget_guild`)."""
         with self._db.write() as conn:
             lock_guilds(conn, [guild_id])
             removed = self._forget_where(conn, "guild_id = %s", (guild_id,))

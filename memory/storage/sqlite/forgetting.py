@@ -23,7 +23,7 @@ from memory.storage.sqlite.database import SQLiteDatabase, now_ms
 from memory.storage.sqlite.vectors import Vec0Table
 
 # what forgetting a guild removes besides its messages, channels and name
-_GUILD_TABLES = ("channel_rules", "autoresponse_channels", "member_optouts", "backfill_cursors",
+_GUILD_TABLES = ("channel_rules", "autoresponse_channels", "backfill_cursors",
                  "missed_messages", "reconcile_cursors", "reconcile_runs",
                  "guild_settings", "code_stats", "member_names")
 
@@ -85,7 +85,7 @@ class SQLiteForgetting:
 
     def forget_guild(self, guild_id: int) -> int:
         """Forget a guild entirely: messages, channels, members' names there, settings,
-        opt-outs, cursors."""
+        cursors; its opt-outs stay (:meth:`.Forgetting.forget_guild`)."""
         removed = self._forget_where("guild_id = ?", (guild_id,))
         with self._db.write() as conn:
             self._db.erased()  # the guild's, its channels' and its members' names go too
