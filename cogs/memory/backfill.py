@@ -10,7 +10,9 @@ meanwhile stays deleted (its tombstone wins).
 
 After each READY (start-up, and every fresh session after an outage) the bot
 catches up each remembered channel it has stored messages from: everything after
-the newest message stored before the session began.  discord.py's HTTP client waits
+the newest message stored before the session began.  Channels and threads made while
+it was away (after the newest message stored from their guild) are read from their
+start, archived threads among them: live capture never saw them.  discord.py's HTTP client waits
 out Discord's rate limits (429); a short pause between pages keeps a long backfill
 from hogging the shared limits.
 """
@@ -36,6 +38,7 @@ from memory.records import MessageRecord, ms_to_datetime
 if TYPE_CHECKING:
     from cogs.memory.runtime import MemoryRuntime
     from memory.engine import MemoryEngine
+    from memory.settings import GuildSettings
 
 log = logging.getLogger(__name__)
 
@@ -169,28 +172,41 @@ class Backfiller:
                 log.warning("listing archived threads of %s failed: %s", channel.id, exc)
         return found
 
-    async def _archived_since(self, guild: discord.Guild, before_id: int) -> list[discord.Thread]:
-        """Stored threads archived since the bot last heard from the guild before
-        ``before_id``: those that went on while it was away and were archived before
-        it was back (``guild.threads`` holds the active ones only).  One listing per
-        channel such threads were stored under."""
-        messages = self.engine.storage.messages
-        stored = await self.runtime.read(messages.threads, guild.id)
+    async def _archived_since(self, guild: discord.Guild, last_heard: int | None,
+                              before_id: int) -> list[discord.Thread]:
+        """Threads archived since the bot last heard from the guild (``guild.threads``
+        holds the active ones only): stored ones that went on while it was away, and
+        remembered ones made while it was away (:meth:`_made_while_away`).  One listing
+        per channel threads are stored under or may be made in, public and private."""
+        stored = await self.runtime.read(self.engine.storage.messages.threads, guild.id)
         active = {t.id for t in guild.threads}
         wanted = {tid for tid, _, _ in stored if tid not in active}
-        if not wanted:
-            return []
-        last_heard = await self.runtime.read(messages.latest_in_guild, guild.id, before_id)
+        parents = {parent for tid, parent, _ in stored if tid in wanted}
+        settings = await self.runtime.guild_settings.get(guild.id)
+        if last_heard is not None:  # a thread may have been made in any channel
+            parents.update(c.id for c in guild.channels
+                           if isinstance(c, (discord.TextChannel, discord.ForumChannel))
+                           and self._can_read(c) and settings.remembers_channel(c.id))
         since = discord.utils.snowflake_time(last_heard if last_heard is not None else before_id)
         found: list[discord.Thread] = []
-        for parent_id in sorted({parent for tid, parent, _ in stored if tid in wanted}):
+        for parent_id in sorted(parents):
             channel = guild.get_channel(parent_id)
             if isinstance(channel, (discord.TextChannel, discord.ForumChannel)):
                 found.extend(t for t in await self._archived_threads(channel, since)
-                             if t.id in wanted)
+                             if t.id in wanted or self._made_while_away(t, last_heard, settings))
         return found
 
-    def _can_read(self, channel: History) -> bool:
+    @staticmethod
+    def _made_while_away(place: History, last_heard: int | None,
+                         settings: GuildSettings) -> bool:
+        """Whether ``place`` is a remembered channel or thread made after the newest
+        message stored from its guild: the bot was away, so live capture never saw it
+        (a guild it never heard from at all is a backfill's job)."""
+        parent_id = place.parent_id if isinstance(place, discord.Thread) else None
+        return (last_heard is not None and place.id > last_heard
+                and settings.remembers_channel(place.id, parent_id))
+
+    def _can_read(self, channel: Walkable) -> bool:
         perms = channel.permissions_for(channel.guild.me)
         return perms.view_channel and perms.read_message_history
 
@@ -222,12 +238,13 @@ class Backfiller:
         await self.runtime.writes.run_and_wait(
             lambda: self._save_cursor(channel.guild.id, channel.id, None, complete=True))
 
-    async def _catch_up_from(self, place: History, missed: list[int],
-                             before_id: int) -> int | None:
+    async def _catch_up_from(self, place: History, missed: list[int], before_id: int,
+                             made_while_away: bool) -> int | None:
         """Where a channel's catch-up starts: after its newest message stored before
         ``before_id`` (or at ``before_id``, when all it holds is newer), or before the
-        oldest message missed at the last stop (a channel's first message too);
-        ``None`` when it holds nothing."""
+        oldest message missed at the last stop (a channel's first message too), or at
+        its start when it was made while the bot was away; ``None`` when it holds
+        nothing and was there before (reading it is a backfill's job)."""
         messages = self.engine.storage.messages
         latest = await self.runtime.read(messages.latest_id, place.id, before_id)
         if latest is None and await self.runtime.read(messages.latest_id, place.id) is not None:
@@ -235,6 +252,8 @@ class Backfiller:
         starts = [] if latest is None else [latest]
         if missed:
             starts.append(min(missed) - 1)
+        if not starts and made_while_away:
+            starts.append(place.id - 1)  # a thread's first message has the thread's id
         return min(starts, default=None)
 
     async def catch_up(self, channel: History, after_id: int, progress: Progress) -> None:
@@ -301,28 +320,37 @@ class Backfiller:
     async def _catch_up_all(self, before_id: int) -> None:
         started = time.monotonic()
         progress = Progress()
-        guilds = self.engine.storage.guilds
-        missed = await self.runtime.read(guilds.missed)  # heard but not stored at the last stop
+        missed = await self.runtime.read(self.engine.storage.guilds.missed)  # at the last stop
         for guild in list(self.bot.guilds):
-            places: list[Walkable] = [*self.channels_of(guild), *guild.threads,
-                                      *await self._archived_since(guild, before_id)]
-            for place in places:
-                if isinstance(place, discord.ForumChannel) or not self._can_read(place):
-                    continue
-                marks = missed.get(place.id, [])
-                after = await self._catch_up_from(place, marks, before_id)
-                if after is None:
-                    continue  # never stored here: that is a backfill's job, not a catch-up's
-                try:
-                    await self.catch_up(place, after, progress)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.warning("catching up #%s failed: %s", getattr(place, "name", place.id), exc)
-                    continue
-                if marks:
-                    await self.runtime.writes.run_and_wait(
-                        functools.partial(guilds.clear_missed, place.id, marks))
+            await self._catch_up_guild(guild, before_id, missed, progress)
         if progress.fetched:
             log.info("caught up %d messages (%d stored) in %.0f s", progress.fetched,
                      progress.stored, time.monotonic() - started)
+
+    async def _catch_up_guild(self, guild: discord.Guild, before_id: int,
+                              missed: dict[int, list[int]], progress: Progress) -> None:
+        """Catch up every channel and thread of one guild (:meth:`_catch_up_from`)."""
+        guilds = self.engine.storage.guilds
+        last_heard = await self.runtime.read(self.engine.storage.messages.latest_in_guild,
+                                             guild.id, before_id)
+        settings = await self.runtime.guild_settings.get(guild.id)
+        places: list[Walkable] = [*self.channels_of(guild), *guild.threads,
+                                  *await self._archived_since(guild, last_heard, before_id)]
+        for place in places:
+            if isinstance(place, discord.ForumChannel) or not self._can_read(place):
+                continue
+            marks = missed.get(place.id, [])
+            after = await self._catch_up_from(
+                place, marks, before_id, self._made_while_away(place, last_heard, settings))
+            if after is None:
+                continue
+            try:
+                await self.catch_up(place, after, progress)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("catching up #%s failed: %s", getattr(place, "name", place.id), exc)
+                continue
+            if marks:
+                await self.runtime.writes.run_and_wait(
+                    functools.partial(guilds.clear_missed, place.id, marks))

@@ -301,6 +301,43 @@ async def test_a_thread_archived_while_the_bot_was_away_is_caught_up(setup):
     assert not any(f"/{old_thread}/" in p for p in read), "archived before the bot went away"
 
 
+def made(minutes_ago: float) -> int:
+    """A channel or thread id made the given minutes before now."""
+    return discord.utils.time_snowflake(datetime.now(timezone.utc) - timedelta(minutes=minutes_ago))
+
+
+async def test_channels_and_threads_made_while_the_bot_was_away_are_read_from_their_start(
+    setup,
+):
+    h, fake = setup
+    heard = timed(h, GENERAL, [60])  # the bot's last run heard this, an hour ago
+    h.engine.ingest([record_from_message(discord.Message(
+        state=h.state, channel=h.guild.get_channel(GENERAL), data=heard[0]))])
+    fake.history[GENERAL] = heard
+    room, excluded, talk, closed = made(50), made(45), made(40), made(35)
+    h.engine.storage.guilds.update_settings(G, channel_mode="exclude", add_channel=excluded)
+    for cid, name in ((room, "new-room"), (excluded, "not-remembered")):
+        h.state.parse_channel_create(channel(cid, G, name))
+    h.state.parse_thread_create(thread(talk, G, GENERAL, "a new thread", owner=ALICE))
+    archived = thread(closed, G, FORUM, "a post closed already", owner=ALICE, archived=True)
+    archived["thread_metadata"]["archive_timestamp"] = datetime.now(timezone.utc).isoformat()
+    fake.archived[FORUM] = [archived]  # made and archived while away: in no cache
+    for where, minutes in ((room, [49, 48]), (excluded, [44]), (talk, [39, 38, 37])):
+        fake.history[where] = timed(h, where, minutes)
+    fake.history[closed] = [p | {"channel_id": str(closed)} for p in timed(h, FORUM, [34])]
+    fake.history[VOICE] = history(h, VOICE, 4)  # there before, never stored: a backfill's job
+    await h.listeners.on_ready()
+    await h.backfill.catch_ups.task
+    await settle(h)
+    def kept(where: int) -> int:
+        return len(h.engine.storage.messages.hydrate([int(p["id"]) for p in fake.history[where]]))
+
+    assert [kept(c) for c in (room, excluded, talk, closed, VOICE)] == [2, 0, 3, 1, 0]
+    read = [(p, q) for p, q in fake.requests if p.endswith("/messages")]
+    assert {p.split("/")[-2] for p, _ in read} == {str(c) for c in (GENERAL, room, talk, closed)}
+    assert all(q.get("after") for _, q in read), "each read forward, from its start"
+
+
 async def test_a_ready_during_a_catch_up_queues_one_more_and_no_more(setup):
     h, fake = setup
     fake.history[GENERAL] = history(h, GENERAL, 3)
