@@ -19,7 +19,13 @@ from typing import Any, BinaryIO
 import ijson
 
 from memory.errors import ImportFormatError
-from memory.records import DISCORD_EPOCH_MS, MessageRecord, datetime_to_ms, snowflake_time_ms
+from memory.records import (
+    DISCORD_EPOCH_MS,
+    MessageRecord,
+    datetime_to_ms,
+    forwarded_text,
+    snowflake_time_ms,
+)
 from memory.text import valid_unicode
 
 log = logging.getLogger(__name__)
@@ -344,12 +350,7 @@ def _record(raw: Any, ctx: _ChannelContext, times: _TimeCheck) -> MessageRecord 
     message_id = _snowflake(raw.get("id"))
     if message_id is None:
         return None
-    content = _text(raw.get("content"))
-    attachments = tuple(
-        _text(a.get("fileName") or a.get("url")) or "attachment"
-        for a in _list(raw.get("attachments"))
-        if isinstance(a, dict)
-    )
+    content, attachments = _content(raw)
     if not content.strip() and not attachments:
         return None
     author: dict[str, Any] = raw["author"] if isinstance(raw.get("author"), dict) else {}
@@ -377,6 +378,26 @@ def _record(raw: Any, ctx: _ChannelContext, times: _TimeCheck) -> MessageRecord 
     )
 
 
+def _content(raw: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """The message's text and attachment names.  A forward has none of its own: its
+    are the forwarded message's (``forwardedMessage``, as DiscordChatExporter writes
+    it), marked as live capture marks them (:func:`~memory.records.forwarded_text`)."""
+    content, attachments = _text(raw.get("content")), _attachment_names(raw)
+    forwarded = raw.get("forwardedMessage")
+    if not content.strip() and not attachments and isinstance(forwarded, dict):
+        attachments = _attachment_names(forwarded)
+        content = forwarded_text(_text(forwarded.get("content")), attachments)
+    return content, attachments
+
+
+def _attachment_names(message: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(
+        _text(a.get("fileName") or a.get("url")) or "attachment"
+        for a in _list(message.get("attachments"))
+        if isinstance(a, dict)
+    )
+
+
 def _same_channel_reply(reference: dict[str, Any], ctx: _ChannelContext) -> int | None:
     """The replied-to message's id when it is in this channel, else ``None``.
 
@@ -385,6 +406,8 @@ def _same_channel_reply(reference: dict[str, Any], ctx: _ChannelContext) -> int 
     An export without ``channelId`` leaves the check to the store, which embeds a
     reply with its target only when both are in the same channel.
     """
+    if reference.get("type") == "Forward":  # the forwarded message, not a reply
+        return None
     target = _snowflake(reference.get("messageId"))
     channel = reference.get("channelId")
     if target is None or (channel is not None and _snowflake(channel) != ctx.channel_id):

@@ -43,6 +43,17 @@ def datetime_to_ms(value: datetime) -> int:
     return int(value.timestamp() * 1000)
 
 
+# A forward's stored text starts with this.  Discord shows a forward as the forwarder's
+# message, but its words are another message's (a forward carries no text of its own).
+FORWARDED = "[forwarded]"
+
+
+def forwarded_text(content: str, attachments: tuple[str, ...]) -> str:
+    """A forward's stored text: the forwarded words marked :data:`FORWARDED`; ``content``
+    as it is when there is nothing to store (no words and no attachment)."""
+    return f"{FORWARDED} {content}".rstrip() if content.strip() or attachments else content
+
+
 def jump_url(guild_id: int, channel_id: int, message_id: int) -> str:
     """Return the discord.com link that opens a message in the client."""
     return f"https://discord.com/channels/{guild_id}/{channel_id}/{message_id}"

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import discord
 
-from memory.records import MessageRecord, datetime_to_ms
+from memory.records import MessageRecord, datetime_to_ms, forwarded_text
 from memory.text import valid_unicode
 
 
 def record_from_message(message: discord.Message) -> MessageRecord | None:
-    """Convert a guild message to a record; ``None`` for DMs, system and empty messages."""
+    """Convert a guild message to a record; ``None`` for DMs, system and empty messages.
+
+    A forward is stored as the forwarder's message in the channel it was forwarded to
+    (whoever may read that channel sees it there on Discord too), its text marked
+    :data:`~memory.records.FORWARDED`.
+    """
     if message.guild is None or message.type not in (
         discord.MessageType.default, discord.MessageType.reply
     ):
         return None
-    attachments = tuple(valid_unicode(a.filename) for a in message.attachments)
-    content = valid_unicode(message.content)
+    content, attachments = _text(message)
     if not content.strip() and not attachments:
         return None
     channel = message.channel
@@ -50,11 +54,24 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
         parent_id=parent_id,
         reply_to_id=(
             reference.message_id
-            if reference and reference.guild_id and reference.channel_id == channel.id
+            if reference and reference.type is discord.MessageReferenceType.default
+            and reference.guild_id and reference.channel_id == channel.id
             else None
         ),
         attachments=attachments,
     )
+
+
+def _text(message: discord.Message) -> tuple[str, tuple[str, ...]]:
+    """The message's text and attachment names; a forward's are the forwarded message's."""
+    reference = message.reference
+    if (reference is not None and reference.type is discord.MessageReferenceType.forward
+            and message.message_snapshots):
+        snapshot = message.message_snapshots[0]  # Discord forwards one message at a time
+        attachments = tuple(valid_unicode(a.filename) for a in snapshot.attachments)
+        return forwarded_text(valid_unicode(snapshot.content), attachments), attachments
+    return (valid_unicode(message.content),
+            tuple(valid_unicode(a.filename) for a in message.attachments))
 
 
 class Gone:

@@ -131,6 +131,40 @@ def test_record_from_a_gateway_message(tmp_path):
     asyncio.run(scenario())
 
 
+def forward(of: discord.Message | None, content: str, attachments: list[dict] | None = None,
+            embeds: list[dict] | None = None) -> dict:
+    """A forward's gateway fields: a reference of type 1 and a snapshot of the message."""
+    where = of.channel.id if of else RANDOM + 1000  # another server's channel
+    return {"message_reference": {"type": 1, "message_id": str(of.id if of else 77),
+                                  "channel_id": str(where), "guild_id": str(G)},
+            "message_snapshots": [{"message": {
+                "type": 0, "content": content, "embeds": embeds or [],
+                "attachments": attachments or [], "timestamp": "2026-01-01T00:00:00+00:00",
+                "edited_timestamp": None, "flags": 0, "mentions": [], "mention_roles": []}}]}
+
+
+async def test_a_forward_is_stored_as_the_forwarders_message_marked_forwarded(harness):
+    h = harness
+    original = await say(h, "the staging database moves to friday", where=RANDOM)
+    same_channel = await say(h, "", who=(BOB, "bob"), where=RANDOM,
+                             **forward(original, "the staging database moves to friday"))
+    shared = await say(h, "", who=(BOB, "bob"), **forward(None, "", attachments=[{
+        "id": "5", "filename": "roadmap.pdf", "size": 10, "url": "https://cdn.example/r.pdf",
+        "proxy_url": "https://cdn.example/r.pdf"}]))
+    preview = await say(h, "", who=(BOB, "bob"), **forward(None, "", embeds=[{
+        "type": "rich", "title": "a link preview"}]))  # nothing to remember
+    await settle(h)
+    stored = h.engine.storage.messages.hydrate([same_channel.id, shared.id, preview.id])
+    assert set(stored) == {same_channel.id, shared.id}
+    copy = stored[same_channel.id]
+    assert copy.content == "[forwarded] the staging database moves to friday"
+    assert copy.author_id == BOB and copy.channel_id == RANDOM
+    assert copy.reply_to_id is None, "a forward is not a reply to the message it forwards"
+    assert stored[shared.id].content == "[forwarded]"
+    assert stored[shared.id].attachments == ("roadmap.pdf",)
+    assert same_channel.id in ids_for(h, "staging database friday", mode="keyword")
+
+
 async def test_messages_are_stored_edited_and_deleted(harness):
     h = harness
     msg = await say(h, "the wifi password is hunter2")

@@ -184,6 +184,19 @@ def test_attachment_only_message_is_kept(tmp_path: Path) -> None:
     assert record.attachments == ("scan.pdf", "https://x/y.png", "attachment")
 
 
+def test_a_forward_is_imported_as_live_capture_stores_it(tmp_path: Path) -> None:
+    reference = {"type": "Forward", "messageId": "9", "channelId": "901", "guildId": "900"}
+    path = export(tmp_path / "x.json", [
+        msg(10, "", reference=reference, forwardedMessage={
+            "content": "the launch moved to june", "attachments": [{"fileName": "plan.pdf"}]}),
+        msg(11, "", reference=reference, forwardedMessage={"content": 7, "embeds": [{}]}),
+    ], guild={"id": "900"}, channel={"id": "901"})
+    (record,) = read_export(path).records  # a forward of nothing storable is skipped
+    assert record.content == "[forwarded] the launch moved to june"
+    assert record.attachments == ("plan.pdf",)
+    assert record.reply_to_id is None, "a forward is not a reply to what it forwards"
+
+
 @pytest.mark.parametrize(
     "extra, check",
     [
@@ -194,6 +207,9 @@ def test_attachment_only_message_is_kept(tmp_path: Path) -> None:
         pytest.param({"reference": "123"}, lambda r: r.reply_to_id is None, id="reference-str"),
         pytest.param({"reference": {"messageId": "x"}}, lambda r: r.reply_to_id is None,
                      id="reference-bad-id"),
+        pytest.param({"forwardedMessage": "x"}, lambda r: r.id == 10, id="forward-str"),
+        pytest.param({"forwardedMessage": {"content": "not this"}}, lambda r: r.id == 10,
+                     id="forward-with-text-of-its-own"),
         pytest.param({"author": "bob"}, lambda r: r.author_id == 0, id="author-str"),
         pytest.param({"author": {"id": str(2**64), "name": "big"}},
                      lambda r: r.author_id == 0 and r.author_name == "big", id="author-huge-id"),
