@@ -54,6 +54,12 @@ def forwarded_text(content: str, attachments: tuple[str, ...]) -> str:
     return f"{FORWARDED} {content}".rstrip() if content.strip() or attachments else content
 
 
+def poll_text(question: str, answers: list[str]) -> str:
+    """A poll's stored text: its question and answers (a poll has no text of its own)."""
+    listed = "; ".join(a for a in answers if a.strip())
+    return f"[poll] {question}" + (f" (answers: {listed})" if listed else "")
+
+
 def jump_url(guild_id: int, channel_id: int, message_id: int) -> str:
     """Return the discord.com link that opens a message in the client."""
     return f"https://discord.com/channels/{guild_id}/{channel_id}/{message_id}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import discord
 
-from memory.records import MessageRecord, datetime_to_ms, forwarded_text
+from memory.records import MessageRecord, datetime_to_ms, forwarded_text, poll_text
 from memory.text import valid_unicode
 
 
@@ -63,15 +63,21 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
 
 
 def _text(message: discord.Message) -> tuple[str, tuple[str, ...]]:
-    """The message's text and attachment names; a forward's are the forwarded message's."""
+    """The message's text and attachment names; a forward's are the forwarded message's,
+    a poll's its question and answers."""
+    own = (valid_unicode(message.content),
+           tuple(valid_unicode(a.filename) for a in message.attachments))
+    if message.poll is not None and message.poll.question:
+        answers = [valid_unicode(a.text or "") for a in message.poll.answers]
+        poll = poll_text(valid_unicode(message.poll.question), answers)
+        return "\n".join(t for t in (own[0], poll) if t.strip()), own[1]
     reference = message.reference
     if (reference is not None and reference.type is discord.MessageReferenceType.forward
             and message.message_snapshots):
         snapshot = message.message_snapshots[0]  # Discord forwards one message at a time
         attachments = tuple(valid_unicode(a.filename) for a in snapshot.attachments)
         return forwarded_text(valid_unicode(snapshot.content), attachments), attachments
-    return (valid_unicode(message.content),
-            tuple(valid_unicode(a.filename) for a in message.attachments))
+    return own
 
 
 class Gone:

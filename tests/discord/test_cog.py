@@ -165,6 +165,20 @@ async def test_a_forward_is_stored_as_the_forwarders_message_marked_forwarded(ha
     assert same_channel.id in ids_for(h, "staging database friday", mode="keyword")
 
 
+async def test_a_poll_is_stored_with_its_question_and_answers(harness):
+    h = harness
+    expiry = (datetime.now(timezone.utc) + timedelta(hours=24)).isoformat()
+    answers = [{"answer_id": i, "poll_media": {"text": text}}
+               for i, text in enumerate(["the lake", "", "the old mill"], start=1)]
+    poll = await say(h, "", poll={"question": {"text": "Where is the summer picnic?"},
+                                  "answers": answers, "expiry": expiry,
+                                  "allow_multiselect": False, "layout_type": 1})
+    await settle(h)
+    stored = h.engine.storage.messages.hydrate([poll.id])[poll.id]
+    assert stored.content == "[poll] Where is the summer picnic? (answers: the lake; the old mill)"
+    assert poll.id in ids_for(h, "summer picnic old mill", mode="keyword")
+
+
 async def test_messages_are_stored_edited_and_deleted(harness):
     h = harness
     msg = await say(h, "the wifi password is hunter2")
