@@ -62,6 +62,14 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
     )
 
 
+def emptied(message: discord.Message) -> bool:
+    """Whether an edited guild message of a kind that is stored holds nothing to store
+    any more: an edit took out all its text (a sticker, say, is left)."""
+    return (message.guild is not None
+            and message.type in (discord.MessageType.default, discord.MessageType.reply)
+            and record_from_message(message) is None)
+
+
 def _text(message: discord.Message) -> tuple[str, tuple[str, ...]]:
     """The message's text and attachment names; a forward's are the forwarded message's,
     a poll's its question and answers."""

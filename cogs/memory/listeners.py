@@ -15,7 +15,7 @@ import discord
 from discord.ext import commands
 
 from cogs.memory.backfill import Backfiller
-from cogs.memory.capture import record_from_message
+from cogs.memory.capture import emptied, record_from_message
 from cogs.memory.reconcile import Reconciler
 from cogs.memory.runtime import MemoryRuntime
 
@@ -61,6 +61,8 @@ class MemoryListeners(commands.Cog):
             return
         record = record_from_message(message)
         if record is None:
+            if "content" in payload.data and emptied(message):  # its old text must go too
+                self.runtime.writes.put(self.engine.forget_messages, [message.id])
             return
         # an edit of a stored message is always applied: where a new message would not
         # be stored, the stored copy is updated (or forgotten, if its author opted out)

@@ -199,6 +199,21 @@ async def test_messages_are_stored_edited_and_deleted(harness):
     assert h.engine.storage.messages.count() == 0
 
 
+async def test_an_edit_that_takes_out_all_the_text_forgets_the_stored_copy(harness):
+    h = harness
+    sticker = {"sticker_items": [{"id": "7", "name": "wave", "format_type": 1}]}
+    msg = await say(h, "the vault code is 0451", **sticker)
+    await settle(h)
+    assert ids_for(h, "vault code", mode="keyword") == [msg.id]
+    edited = h.message_payload("", author=(ALICE, "alice"), channel=GENERAL, **sticker)
+    edited |= {"id": str(msg.id), "edited_timestamp": datetime.now(timezone.utc).isoformat()}
+    new = discord.Message(state=h.state, channel=msg.channel, data=edited)
+    await h.listeners.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
+    await settle(h)
+    assert h.engine.storage.messages.count() == 0
+    assert not ids_for(h, "vault 0451", mode="keyword")
+
+
 async def test_the_bots_own_messages_are_not_stored_but_other_bots_are(harness):
     h = harness
     await say(h, "I am the bot", who=(BOT_ID, "memorybot"), bot=True)
