@@ -16,7 +16,8 @@ server) is found by asking Discord what still exists:
 3. **Recent messages.**  In each channel that is left, the profile's
    ``reconcile.recent_messages`` newest stored messages are compared with the
    channel's history over the same span; stored ones Discord no longer returns
-   are forgotten.  Older stored messages are not checked.
+   are forgotten, and edits made meanwhile are applied (an edit that took out all
+   the text forgets the message).  Older stored messages are not checked.
 
 Every deletion goes through the runtime's write queue to the engine's forgetting code
 (tombstones, vectors, keyword rows, windows), in order with live writes.  A run
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING
 import discord
 from discord.ext import commands
 
+from cogs.memory.capture import emptied, record_from_message
 from cogs.memory.progress import report_progress
 from cogs.memory.reruns import Reruns
 from memory.records import ms_to_datetime
@@ -74,6 +76,7 @@ class ReconcileProgress:
     channels_unchecked: int = 0
     messages_checked: int = 0
     messages_forgotten: int = 0
+    messages_updated: int = 0
     requests: int = 0
     resumed: bool = False
 
@@ -83,6 +86,8 @@ class ReconcileProgress:
                  f"{self.messages_checked} recent messages compared",
                  f"{self.messages_forgotten} messages forgotten",
                  f"{self.channels_forgotten} channels gone"]
+        if self.messages_updated:
+            parts.append(f"{self.messages_updated} messages updated")
         if self.guilds_forgotten:
             parts.append(f"{self.guilds_forgotten} servers left")
         if self.channels_no_access:
@@ -330,12 +335,13 @@ class Reconciler:
         upper = cursor.before_id if cursor and cursor.run_id == run_id and cursor.before_id else start
         if low is None or upper <= low:
             return
-        seen: list[int] = []
+        seen: list[discord.Message] = []
         progress.requests += 1
         async for message in place.history(limit=None, before=discord.Object(upper)):
-            seen.append(message.id)
+            seen.append(message)
             if len(seen) == PAGE or message.id <= low:
-                upper = await self._settle_span(place, run_id, seen, max(min(seen), low), upper,
+                lowest = min(m.id for m in seen)
+                upper = await self._settle_span(place, run_id, seen, max(lowest, low), upper,
                                                 progress)
                 seen = []
                 if upper <= low:
@@ -346,15 +352,23 @@ class Reconciler:
         await self._settle_span(place, run_id, seen, low, upper, progress)
 
     async def _settle_span(
-        self, place: History, run_id: int, seen: list[int], lower: int,
+        self, place: History, run_id: int, seen: list[discord.Message], lower: int,
         upper: int, progress: ReconcileProgress,
     ) -> int:
-        """Forget stored messages in ``[lower, upper)`` Discord did not return; save the place."""
+        """Forget stored messages in ``[lower, upper)`` Discord did not return (or that an
+        edit emptied), apply the edits of the others; save the place."""
         storage = self.engine.storage
         channel_id, guild_id = place.id, place.guild.id
-        stored = await self.runtime.read(storage.messages.ids_between, channel_id, lower, upper)
-        gone = sorted(set(stored).difference(seen))
+        stored = set(await self.runtime.read(storage.messages.ids_between, channel_id, lower,
+                                             upper))
+        edited = [m for m in seen if m.id in stored and m.edited_at is not None]
+        emptied_ids = {m.id for m in edited if emptied(m)}
+        gone = sorted(stored.difference(m.id for m in seen) | emptied_ids)
         progress.messages_checked += len(stored)
+        edits = [r for r in map(record_from_message, edited) if r is not None]
+        if edits:
+            progress.messages_updated += await self._in_order(
+                lambda: storage.messages.upsert(edits, insert=False).updated)
         if gone:
             removed = await self._forget(lambda: self.engine.forget_messages(gone))
             progress.messages_forgotten += removed
@@ -366,9 +380,13 @@ class Reconciler:
 
     async def _forget(self, deletion: Callable[[], int]) -> int:
         """Run an engine deletion in order with the queued writes; how many it removed."""
-        removed: list[int] = []
-        await self.runtime.writes.run_and_wait(lambda: removed.append(deletion()))
-        return removed[0] if removed else 0
+        return await self._in_order(deletion)
+
+    async def _in_order(self, write: Callable[[], int]) -> int:
+        """Run a write in order with the queued writes; the count it returns."""
+        counted: list[int] = []
+        await self.runtime.writes.run_and_wait(lambda: counted.append(write()))
+        return counted[0] if counted else 0
 
 
 def _readable(place: History) -> bool:

@@ -166,6 +166,29 @@ async def test_messages_deleted_offline_are_forgotten_newer_ones_kept(world):
     assert again.messages_forgotten == 0
 
 
+async def test_edits_made_offline_are_applied_and_an_emptied_message_forgotten(world):
+    w = world
+    history = w.fake.history[GENERAL]
+    now = datetime.now(timezone.utc).isoformat()
+    edited, emptied = history[-2], history[-5]  # among the newest: the span it compares
+    history[history.index(edited)] = edited | {"content": "the meeting moved to noon",
+                                               "edited_timestamp": now}
+    history[history.index(emptied)] = emptied | {
+        "content": "", "edited_timestamp": now,
+        "sticker_items": [{"id": "7", "name": "wave", "format_type": 1}]}
+    h = await restart(w)
+    progress = await h.reconciler.at_start_up()
+    await stop(h)
+    stored = w.engine.storage.messages.hydrate([int(edited["id"])])
+    assert stored[int(edited["id"])].content == "the meeting moved to noon"
+    assert forgotten(w, [int(emptied["id"])])
+    assert progress.messages_updated == 1 and "1 messages updated" in progress.line()
+    h = await restart(w)
+    again = await h.reconciler.at_start_up()
+    await stop(h)
+    assert again.messages_updated == 0, "an edit already applied is not applied again"
+
+
 async def test_a_thread_deleted_offline_is_forgotten(world):
     w = world
     h = await restart(w)
