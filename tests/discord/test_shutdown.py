@@ -40,17 +40,23 @@ def server() -> dict:
                  members=[member(ALICE, "alice")], channels=[channel(GENERAL, G, "general")])
 
 
-async def test_close_stops_embedding_at_the_next_chunk_and_loses_nothing(tmp_path):
-    db = tmp_path / "bot.sqlite3"
+async def embedding_a_backlog(db: Path) -> Harness:
+    """A running bot whose backlog of ``BACKLOG`` messages is embedding its first chunk."""
     embedder = PacedEmbedder()
     engine = MemoryEngine(db, Profile(name="test"), embedder, load_reranker=False)
     make = record_factory()
     engine.storage.messages.upsert(make(f"backlog message {i}", guild_id=G, channel_id=GENERAL)
-                  for i in range(BACKLOG))
+                                   for i in range(BACKLOG))
     h = Harness(engine, [server()])
     await h.start()
-    while embedder.calls < 1:  # the backlog loop is embedding its first chunk
+    while embedder.calls < 1:
         await asyncio.sleep(0.01)
+    return h
+
+
+async def test_close_stops_embedding_at_the_next_chunk_and_loses_nothing(tmp_path):
+    db = tmp_path / "bot.sqlite3"
+    h = await embedding_a_backlog(db)
     queued = [h.message(f"sent just before shutdown {i}", author=(ALICE, "alice"),
                         channel=GENERAL) for i in range(300)]
     for message in queued:
@@ -76,15 +82,7 @@ async def test_leaving_the_bot_while_a_signal_closes_it_waits_for_the_whole_clos
     # A SIGTERM during a reconnect: the signal's close() begins, start() returns, and
     # ``async with bot`` is left while the cogs are still stopping.
     db = tmp_path / "bot.sqlite3"
-    embedder = PacedEmbedder()
-    engine = MemoryEngine(db, Profile(name="test"), embedder, load_reranker=False)
-    make = record_factory()
-    engine.storage.messages.upsert(make(f"backlog message {i}", guild_id=G, channel_id=GENERAL)
-                                   for i in range(BACKLOG))
-    h = Harness(engine, [server()])
-    await h.start()
-    while embedder.calls < 1:
-        await asyncio.sleep(0.01)
+    h = await embedding_a_backlog(db)
     async with h.bot:
         closing = asyncio.ensure_future(h.bot.close())  # what the signal handler starts
         while not h.bot.is_closed():  # hung up: the connection is closed, the cogs stopping
