@@ -156,9 +156,10 @@ class Backfiller:
         # forum posts are all public threads; text channels have private ones too
         for private in (False,) if isinstance(channel, discord.ForumChannel) else (False, True):
             try:
-                if private:
+                if private:  # all of them takes Manage Threads; else those the bot is in
                     assert isinstance(channel, discord.TextChannel)
-                    archived = channel.archived_threads(limit=None, private=True)
+                    joined = not channel.permissions_for(channel.guild.me).manage_threads
+                    archived = channel.archived_threads(limit=None, private=True, joined=joined)
                 else:
                     archived = channel.archived_threads(limit=None)
                 async for thread in archived:
@@ -201,9 +202,15 @@ class Backfiller:
                          settings: GuildSettings) -> bool:
         """Whether ``place`` is a remembered channel or thread made after the newest
         message stored from its guild: the bot was away, so live capture never saw it
-        (a guild it never heard from at all is a backfill's job)."""
-        parent_id = place.parent_id if isinstance(place, discord.Thread) else None
-        return (last_heard is not None and place.id > last_heard
+        (a guild it never heard from at all is a backfill's job).  A thread started on
+        an older message has that message's id, so its creation time is what counts."""
+        if last_heard is None:
+            return False
+        made = discord.utils.snowflake_time(place.id)
+        parent_id = None
+        if isinstance(place, discord.Thread):
+            made, parent_id = place.created_at or made, place.parent_id
+        return (made > discord.utils.snowflake_time(last_heard)
                 and settings.remembers_channel(place.id, parent_id))
 
     def _can_read(self, channel: Walkable) -> bool:
@@ -241,19 +248,20 @@ class Backfiller:
     async def _catch_up_from(self, place: History, missed: list[int], before_id: int,
                              made_while_away: bool) -> int | None:
         """Where a channel's catch-up starts: after its newest message stored before
-        ``before_id`` (or at ``before_id``, when all it holds is newer), or before the
-        oldest message missed at the last stop (a channel's first message too), or at
-        its start when it was made while the bot was away; ``None`` when it holds
-        nothing and was there before (reading it is a backfill's job)."""
+        ``before_id``; at its start when nothing was stored there before and it was made
+        while the bot was away (live capture may have stored some since); at
+        ``before_id`` when all it holds is newer; or before the oldest message missed
+        at the last stop (a channel's first message too), whichever is first.  ``None``
+        when it holds nothing and was there before (reading it is a backfill's job)."""
         messages = self.engine.storage.messages
         latest = await self.runtime.read(messages.latest_id, place.id, before_id)
-        if latest is None and await self.runtime.read(messages.latest_id, place.id) is not None:
+        if latest is None and made_while_away:
+            latest = place.id - 1  # a thread's first message has the thread's id, or a later one
+        elif latest is None and await self.runtime.read(messages.latest_id, place.id) is not None:
             latest = before_id
         starts = [] if latest is None else [latest]
         if missed:
             starts.append(min(missed) - 1)
-        if not starts and made_while_away:
-            starts.append(place.id - 1)  # a thread's first message has the thread's id
         return min(starts, default=None)
 
     async def catch_up(self, channel: History, after_id: int, progress: Progress) -> None:

@@ -336,6 +336,48 @@ async def test_channels_and_threads_made_while_the_bot_was_away_are_read_from_th
     read = [(p, q) for p, q in fake.requests if p.endswith("/messages")]
     assert {p.split("/")[-2] for p, _ in read} == {str(c) for c in (GENERAL, room, talk, closed)}
     assert all(q.get("after") for _, q in read), "each read forward, from its start"
+    # listing every private archived thread takes Manage Threads: the bot lists those it is in
+    private = {p for p in fake.listings if p.endswith("/archived/private")}
+    assert private == {f"/api/v10/channels/{c}/users/@me/threads/archived/private"
+                       for c in (GENERAL, room)}
+
+
+async def test_a_thread_started_while_away_on_an_older_message_is_read(setup):
+    h, fake = setup
+    starter, heard = timed(h, GENERAL, [90, 60])  # the bot's last run heard both
+    h.engine.ingest([record_from_message(discord.Message(
+        state=h.state, channel=h.guild.get_channel(GENERAL), data=p)) for p in (starter, heard)])
+    fake.history[GENERAL] = [starter, heard]
+    talk = int(starter["id"])  # a thread started on a message has the message's id
+    started = thread(talk, G, GENERAL, "started on an old message", owner=ALICE)
+    started["thread_metadata"]["create_timestamp"] = (
+        datetime.now(timezone.utc) - timedelta(minutes=45)).isoformat()
+    h.state.parse_thread_create(started)
+    fake.history[talk] = timed(h, talk, [40, 30, 20])
+    await h.listeners.on_ready()
+    await h.backfill.catch_ups.task
+    await settle(h)
+    assert len(h.engine.storage.messages.hydrate([int(p["id"]) for p in fake.history[talk]])) == 3
+
+
+async def test_a_channel_made_while_away_is_read_from_its_start_after_a_live_message(setup):
+    # a member speaks in the new channel as the bot comes back, before the catch-up
+    h, fake = setup
+    heard = timed(h, GENERAL, [60])
+    h.engine.ingest([record_from_message(discord.Message(
+        state=h.state, channel=h.guild.get_channel(GENERAL), data=heard[0]))])
+    fake.history[GENERAL] = heard
+    room = made(50)
+    h.state.parse_channel_create(channel(room, G, "new-room"))
+    away, live = timed(h, room, [49, 48]), timed(h, room, [0])
+    fake.history[room] = away + live
+    await h.listeners.on_message(discord.Message(state=h.state, channel=h.guild.get_channel(room),
+                                                 data=live[0]))
+    await settle(h)
+    await h.listeners.on_ready()
+    await h.backfill.catch_ups.task
+    await settle(h)
+    assert len(h.engine.storage.messages.hydrate([int(p["id"]) for p in away + live])) == 3
 
 
 async def test_a_ready_during_a_catch_up_queues_one_more_and_no_more(setup):

@@ -38,6 +38,7 @@ class FakeDiscord:
         self.gone: set[int] = set()  # channels whose history answers 404 Unknown Channel
         self.guilds: list[dict[str, Any]] = []  # GET /users/@me/guilds
         self.requests: list[tuple[str, dict[str, str]]] = []
+        self.listings: list[str] = []  # the paths of archived-thread listings asked for
         self.rate_limit_next = 0  # answer the next N history requests with 429
         self.stall_after: int | None = None  # history requests served before the rest hang
         self.gateway_close_code: int | None = 4014
@@ -153,10 +154,12 @@ class FakeDiscord:
         return _json(listed[:limit])
 
     async def _archived(self, request: web.Request) -> web.Response:
+        self.listings.append(request.path)
         threads = self.archived[int(request.match_info["cid"])]
         return _json({"threads": threads, "members": [], "has_more": False})
 
     async def _no_threads(self, request: web.Request) -> web.Response:
+        self.listings.append(request.path)
         return _json({"threads": [], "members": [], "has_more": False})
 
     async def _gateway(self, request: web.Request) -> web.Response:
