@@ -156,13 +156,19 @@ class MemoryEngine:
 
     # -- forgetting: the one deletion API -----------------------------------------------
 
-    def forget_messages(self, message_ids: Iterable[int]) -> int:
+    def forget_messages(self, message_ids: Iterable[int], *, tombstone: bool = True) -> int:
         """Forget messages everywhere (table, keyword index, vectors); they stay forgotten.
+
+        Args:
+            message_ids: The messages.
+            tombstone: ``False`` for messages that still exist but hold nothing to store
+                (an edit took out their text): a later edit that puts text back stores
+                them again.
 
         Returns:
             How many stored messages were removed.
         """
-        return self.storage.forgetting.forget_messages(message_ids)
+        return self.storage.forgetting.forget_messages(message_ids, tombstone=tombstone)
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:
         """Forget every message of these channels and their threads."""

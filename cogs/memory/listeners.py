@@ -62,7 +62,7 @@ class MemoryListeners(commands.Cog):
         record = record_from_message(message)
         if record is None:
             if "content" in payload.data and emptied(message):  # its old text must go too
-                self.runtime.writes.put(self.engine.forget_messages, [message.id])
+                self.runtime.writes.put(self.runtime.forget_emptied, [message.id])
             return
         # an edit of a stored message is always applied: where a new message would not
         # be stored, the stored copy is updated (or forgotten, if its author opted out)

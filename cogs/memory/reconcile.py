@@ -44,7 +44,7 @@ from discord.ext import commands
 from cogs.memory.capture import emptied, record_from_message
 from cogs.memory.progress import report_progress
 from cogs.memory.reruns import Reruns
-from memory.records import ms_to_datetime
+from memory.records import datetime_to_ms, ms_to_datetime
 
 if TYPE_CHECKING:
     from cogs.memory.runtime import MemoryRuntime
@@ -362,13 +362,17 @@ class Reconciler:
         stored = set(await self.runtime.read(storage.messages.ids_between, channel_id, lower,
                                              upper))
         edited = [m for m in seen if m.id in stored and m.edited_at is not None]
-        emptied_ids = {m.id for m in edited if emptied(m)}
-        gone = sorted(stored.difference(m.id for m in seen) | emptied_ids)
+        gone = sorted(stored.difference(m.id for m in seen))
         progress.messages_checked += len(stored)
         edits = [r for r in map(record_from_message, edited) if r is not None]
         if edits:
             progress.messages_updated += await self._in_order(
                 lambda: storage.messages.upsert(edits, insert=False).updated)
+        emptied_at = {m.id: datetime_to_ms(m.edited_at) for m in edited
+                      if m.edited_at is not None and emptied(m)}
+        if emptied_at:
+            progress.messages_forgotten += await self._in_order(
+                functools.partial(self._forget_emptied, emptied_at))
         if gone:
             removed = await self._forget(lambda: self.engine.forget_messages(gone))
             progress.messages_forgotten += removed
@@ -377,6 +381,13 @@ class Reconciler:
         await self.runtime.writes.run_and_wait(
             lambda: storage.guilds.save_reconcile_cursor(guild_id, channel_id, run_id, lower))
         return lower
+
+    def _forget_emptied(self, emptied_at: dict[int, int]) -> int:
+        """Forget the messages an edit emptied (``{id: edit time}``), on the write thread,
+        unless a newer edit is stored: a live one put text back after the page was read."""
+        stored = self.engine.storage.messages.edit_times(list(emptied_at))
+        stale = [i for i, edited in stored.items() if (edited or 0) <= emptied_at[i]]
+        return self.runtime.forget_emptied(stale)
 
     async def _forget(self, deletion: Callable[[], int]) -> int:
         """Run an engine deletion in order with the queued writes; how many it removed."""

@@ -170,7 +170,7 @@ class MemoryRuntime:
         """Deal with the writes the stop could not apply (:func:`_finish_at_stop`)."""
         await _finish_at_stop(
             left, new=self.store_messages, guilds=self.engine.storage.guilds,
-            order_free=(self.store_edits, self.engine.forget_messages,
+            order_free=(self.store_edits, self.engine.forget_messages, self.forget_emptied,
                         self.engine.forget_channels, self.forget_guilds))
 
     def reload_chat(self) -> None:
@@ -254,6 +254,11 @@ class MemoryRuntime:
         never stored is not stored now.
         """
         self.engine.storage.messages.upsert(records, insert=False)
+
+    def forget_emptied(self, message_ids: list[int]) -> int:
+        """Forget messages an edit left with nothing to store, without a tombstone: they
+        still exist, and a later edit that puts text back stores them again."""
+        return self.engine.forget_messages(message_ids, tombstone=False)
 
     def forget_guilds(self, guild_ids: list[int]) -> None:
         """Forget every guild in ``guild_ids`` (the bot left them)."""

@@ -292,6 +292,10 @@ class Messages(Protocol):
         """Stored message ids of a channel with ``low <= id < high``, oldest first."""
         ...
 
+    def edit_times(self, ids: Sequence[int]) -> dict[int, int | None]:
+        """``{id: edited_at}`` of those of ``ids`` stored (``None``: never edited)."""
+        ...
+
 
 class Forgetting(Protocol):
     """Every deletion: messages leave the table, the keyword index, the vectors and
@@ -303,9 +307,13 @@ class Forgetting(Protocol):
     antecedent go back to the backlog.
     """
 
-    def forget_messages(self, ids: Iterable[int]) -> int:
+    def forget_messages(self, ids: Iterable[int], *, tombstone: bool = True) -> int:
         """Forget these messages; ids never stored are tombstoned too, so a late copy
-        (a gateway event racing the delete, a backfill page, a re-import) stays out."""
+        (a gateway event racing the delete, a backfill page, a re-import) stays out.
+
+        ``tombstone=False`` removes them without a tombstone: a message that still
+        exists but holds nothing to store (an edit took out its text) is stored again
+        when a later edit puts text back."""
         ...
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:

@@ -212,6 +212,13 @@ async def test_an_edit_that_takes_out_all_the_text_forgets_the_stored_copy(harne
     await settle(h)
     assert h.engine.storage.messages.count() == 0
     assert not ids_for(h, "vault 0451", mode="keyword")
+    # the message still exists: text put back by a later edit is stored again
+    again = edited | {"content": "the vault code is now 9999",
+                      "edited_timestamp": datetime.now(timezone.utc).isoformat()}
+    new = discord.Message(state=h.state, channel=msg.channel, data=again)
+    await h.listeners.on_raw_message_edit(discord.RawMessageUpdateEvent(again, new))
+    await settle(h)
+    assert ids_for(h, "vault 9999", mode="keyword") == [msg.id]
 
 
 async def test_the_bots_own_messages_are_not_stored_but_other_bots_are(harness):

@@ -166,22 +166,38 @@ async def test_messages_deleted_offline_are_forgotten_newer_ones_kept(world):
     assert again.messages_forgotten == 0
 
 
+def gone_untombstoned(w: World, ids: list[int]) -> bool:
+    """Gone from the rows, the keyword index and the vectors, with no tombstone."""
+    rows = inspect(w.engine.storage)
+    return (rows.message_rows(ids), rows.index_rows(ids), rows.tombstones(ids)) == (0, 0, 0)
+
+
 async def test_edits_made_offline_are_applied_and_an_emptied_message_forgotten(world):
     w = world
     history = w.fake.history[GENERAL]
-    now = datetime.now(timezone.utc).isoformat()
-    edited, emptied = history[-2], history[-5]  # among the newest: the span it compares
+    now = datetime.now(timezone.utc)
+    sticker = {"sticker_items": [{"id": "7", "name": "wave", "format_type": 1}]}
+    # among the newest: the span it compares
+    edited, emptied, refilled = history[-2], history[-5], history[-7]
     history[history.index(edited)] = edited | {"content": "the meeting moved to noon",
-                                               "edited_timestamp": now}
-    history[history.index(emptied)] = emptied | {
-        "content": "", "edited_timestamp": now,
-        "sticker_items": [{"id": "7", "name": "wave", "format_type": 1}]}
+                                               "edited_timestamp": now.isoformat()}
+    history[history.index(emptied)] = emptied | {"content": "", **sticker,
+                                                 "edited_timestamp": now.isoformat()}
+    # emptied offline, then put back live before the run reads the page (a stale page)
+    history[history.index(refilled)] = refilled | {"content": "", **sticker,
+                                                   "edited_timestamp": now.isoformat()}
     h = await restart(w)
+    back = refilled | {"content": "put back", **sticker,
+                       "edited_timestamp": (now + timedelta(seconds=5)).isoformat()}
+    live = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=back)
+    await h.listeners.on_raw_message_edit(discord.RawMessageUpdateEvent(back, live))
     progress = await h.reconciler.at_start_up()
     await stop(h)
-    stored = w.engine.storage.messages.hydrate([int(edited["id"])])
+    stored = w.engine.storage.messages.hydrate([int(edited["id"]), int(refilled["id"])])
     assert stored[int(edited["id"])].content == "the meeting moved to noon"
-    assert forgotten(w, [int(emptied["id"])])
+    assert stored[int(refilled["id"])].content == "put back", "the newer live edit stays"
+    # still on Discord with a sticker: no tombstone, so text put back later is stored
+    assert gone_untombstoned(w, [int(emptied["id"])])
     assert progress.messages_updated == 1 and "1 messages updated" in progress.line()
     h = await restart(w)
     again = await h.reconciler.at_start_up()

@@ -48,8 +48,9 @@ class PostgresForgetting:
     def __init__(self, database: PostgresDatabase) -> None:
         self._db = database
 
-    def forget_messages(self, ids: Iterable[int]) -> int:
-        """Forget these messages; ids never stored are tombstoned too.
+    def forget_messages(self, ids: Iterable[int], *, tombstone: bool = True) -> int:
+        """Forget these messages; ids never stored are tombstoned too (unless
+        ``tombstone`` is false: :meth:`.Forgetting.forget_messages`).
 
         Returns:
             How many messages existed and were removed.
@@ -61,7 +62,7 @@ class PostgresForgetting:
             held = lock_ids(conn, wanted)
             lock_guilds(conn, [row[0] for row in conn.execute(
                 "SELECT DISTINCT guild_id FROM messages WHERE id = ANY(%s)", (held,))])
-            removed = self.forget_in(conn, held)
+            removed = self.forget_in(conn, held, tombstone=tombstone)
             unlock_ids(conn, held)
         return removed
 
@@ -115,8 +116,9 @@ class PostgresForgetting:
 
     # -- inside another noun's transaction (package-internal) ------------------------------
 
-    def forget_in(self, conn: Any, ids: Sequence[int]) -> int:
-        """Delete ``ids`` everywhere inside the caller's transaction; tombstone them.
+    def forget_in(self, conn: Any, ids: Sequence[int], *, tombstone: bool = True) -> int:
+        """Delete ``ids`` everywhere inside the caller's transaction; tombstone them
+        (unless ``tombstone`` is false).
 
         The caller holds the write locks of the guilds the stored ones belong to.
 
@@ -126,8 +128,10 @@ class PostgresForgetting:
         if not ids:
             return 0
         ids = sorted(set(ids))
-        conn.execute("INSERT INTO tombstones(message_id, deleted_at) "
-                     "SELECT unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING", (ids, now_ms()))
+        if tombstone:
+            conn.execute("INSERT INTO tombstones(message_id, deleted_at) "
+                         "SELECT unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING",
+                         (ids, now_ms()))
         self._reembed_dependants(conn, ids)
         places = conn.execute("DELETE FROM messages WHERE id = ANY(%s) RETURNING channel_id, id",
                               (ids,)).fetchall()

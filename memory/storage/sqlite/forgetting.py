@@ -51,11 +51,11 @@ class SQLiteForgetting:
         self._db = database
         self._table = table
 
-    def forget_messages(self, ids: Iterable[int]) -> int:
+    def forget_messages(self, ids: Iterable[int], *, tombstone: bool = True) -> int:
         """Remove messages from the table, the keyword index and the vectors, for good.
 
-        Each id gets a tombstone; messages whose vectors carried its text as their
-        antecedent are re-embedded.
+        Each id gets a tombstone (unless ``tombstone`` is false: :meth:`.Forgetting.forget_messages`);
+        messages whose vectors carried its text as their antecedent are re-embedded.
 
         Returns:
             How many messages existed and were removed.
@@ -64,7 +64,7 @@ class SQLiteForgetting:
         if not ids:
             return 0
         with self._db.write() as conn, self._db.erasing(conn, len(ids)):
-            return self.forget_in(conn, ids)
+            return self.forget_in(conn, ids, tombstone=tombstone)
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:
         """Forget every message in these channels and in their threads, their backfill
@@ -120,8 +120,9 @@ class SQLiteForgetting:
 
     # -- inside another noun's transaction (package-internal) ------------------------------
 
-    def forget_in(self, conn: Any, ids: Sequence[int]) -> int:
-        """Delete ``ids`` everywhere inside the caller's transaction; tombstone them.
+    def forget_in(self, conn: Any, ids: Sequence[int], *, tombstone: bool = True) -> int:
+        """Delete ``ids`` everywhere inside the caller's transaction; tombstone them
+        (unless ``tombstone`` is false).
 
         Returns:
             How many of them were stored.
@@ -129,11 +130,12 @@ class SQLiteForgetting:
         if not ids:
             return 0
         self._db.erased()
-        now = now_ms()
-        conn.executemany(
-            "INSERT OR IGNORE INTO tombstones(message_id, deleted_at) VALUES (?, ?)",
-            [(i, now) for i in ids],
-        )
+        if tombstone:
+            now = now_ms()
+            conn.executemany(
+                "INSERT OR IGNORE INTO tombstones(message_id, deleted_at) VALUES (?, ?)",
+                [(i, now) for i in ids],
+            )
         self._reembed_dependants(conn, ids)
         places = conn.execute(
             f"SELECT channel_id, id FROM messages WHERE id {IN_IDS}", (id_list(ids),)
