@@ -7,8 +7,11 @@ which decides what a queued batch stores, reads with :meth:`SettingsCache.read_n
 and hands what it read back to the loop, which owns the cache.  Changes made here
 apply at once (:meth:`SettingsCache.keep`); changes another process made apply once
 :class:`~cogs.memory.follow.Follower` sees the settings version move and drops them
-all (:meth:`SettingsCache.drop_all`).  A failed read never drops a message: the last
-known settings are used (opt-outs are enforced again where messages are written).
+all (:meth:`SettingsCache.drop_all`).  A failed read never drops a message and never
+stores one against the rules: the last known settings are used (opt-outs are enforced
+again where messages are written), and with none known the read fails as busy, so the
+write queue tries the batch again (defaulting to "remember every channel" would store
+messages of excluded channels).
 """
 
 from __future__ import annotations
@@ -54,14 +57,18 @@ class SettingsCache:
         return len(self._cached)
 
     async def get(self, guild_id: int) -> GuildSettings:
-        """This guild's settings: the cached ones while fresh, else read now and kept."""
+        """This guild's settings: the cached ones while fresh, else read now and kept.
+
+        Raises:
+            StorageBusy: They could not be read and none are known (:func:`_last_known`).
+        """
         cached = self._cached.get(guild_id)
         if _fresh(cached):
             return cached[1]
         epoch = self._epoch
         try:
             settings = await self._read(self._guilds.settings, guild_id)
-        except Exception as exc:  # never drop a message over a settings read
+        except Exception as exc:
             return _last_known(guild_id, cached, exc)
         if epoch == self._epoch:  # else a change was seen meanwhile: read again next time
             self.keep(guild_id, settings)
@@ -84,7 +91,7 @@ class SettingsCache:
         except (StorageBusy, DiskFullError):
             raise  # the queue retries the batch: its writes would meet the same
         except Exception as exc:  # never drop a message over a settings read
-            return _last_known(guild_id, cached, exc)
+            return _last_known(guild_id, cached, exc)  # or raise StorageBusy: retried
         try:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._keep_if_current, guild_id, settings, epoch)
@@ -134,7 +141,14 @@ def _fresh(cached: _Cached | None) -> TypeGuard[_Cached]:
 
 
 def _last_known(guild_id: int, cached: _Cached | None, exc: Exception) -> GuildSettings:
-    """The settings to use when reading them failed: the cached ones, stale or not."""
+    """The settings to use when reading them failed: the cached ones, stale or not.
+
+    Raises:
+        StorageBusy: None are cached.  No default is safe: "every channel" would store
+            an excluded channel's messages, so the caller tries again later.
+    """
+    if cached is None:
+        log.warning("reading guild %d settings failed (%s); none are known", guild_id, exc)
+        raise StorageBusy(f"the settings of guild {guild_id} could not be read: {exc}") from exc
     log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
-    # opt-outs are enforced again where messages are written
-    return cached[1] if cached is not None else GuildSettings(guild_id)
+    return cached[1]  # opt-outs are enforced again where messages are written

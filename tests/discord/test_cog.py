@@ -343,6 +343,31 @@ async def test_retention_purges_old_messages(harness):
     assert h.engine.storage.guilds.settings(G).retention_days == 30
 
 
+async def test_a_failed_settings_read_with_none_known_is_tried_again_not_defaulted(
+    harness, monkeypatch
+):
+    """With nothing cached (the follower dropped it), a failed read (a pooled PostgreSQL
+    connection the server closed) once fell back to "remember every channel"."""
+    h = harness
+    h.engine.storage.guilds.update_settings(G, channel_mode="exclude", add_channel=RANDOM)
+    h.runtime.guild_settings.drop_all()
+    guilds, failed = h.engine.storage.guilds, []
+    real = guilds.settings
+
+    def settings_once_failing(guild_id: int):
+        if not failed:
+            failed.append(guild_id)
+            raise OSError("server closed the connection unexpectedly")
+        return real(guild_id)
+
+    monkeypatch.setattr(guilds, "settings", settings_once_failing)
+    excluded = await say(h, "bob's disciplinary hearing is on friday", where=RANDOM)
+    kept = await say(h, "the picnic is on saturday")
+    await settle(h, embed=False)
+    assert failed == [G]
+    assert set(h.engine.storage.messages.hydrate([excluded.id, kept.id])) == {kept.id}
+
+
 class _HostClockAhead(datetime):
     """``datetime.now`` of a host clock 20 years ahead."""
 
