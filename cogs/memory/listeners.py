@@ -66,7 +66,11 @@ class MemoryListeners(commands.Cog):
             return
         # an edit of a stored message is always applied: where a new message would not
         # be stored, the stored copy is updated (or forgotten, if its author opted out)
-        self.runtime.writes.put(self.runtime.store_edits, [record])
+        if isinstance(message.channel, (discord.abc.GuildChannel, discord.Thread)):
+            self.runtime.writes.put(self.runtime.store_edits, [record])
+        else:  # a thread not cached (archived): its parent, which settings may exclude,
+            # is unknown, so only a stored copy is updated (catch-up and backfill store)
+            self.runtime.writes.put(self.runtime.apply_edits, [record])
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:

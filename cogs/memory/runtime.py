@@ -170,7 +170,8 @@ class MemoryRuntime:
         """Deal with the writes the stop could not apply (:func:`_finish_at_stop`)."""
         await _finish_at_stop(
             left, new=self.store_messages, guilds=self.engine.storage.guilds,
-            order_free=(self.store_edits, self.engine.forget_messages, self.forget_emptied,
+            order_free=(self.store_edits, self.apply_edits, self.engine.forget_messages,
+                        self.forget_emptied,
                         self.engine.forget_channels, self.forget_guilds))
 
     def reload_chat(self) -> None:

@@ -221,6 +221,33 @@ async def test_an_edit_that_takes_out_all_the_text_forgets_the_stored_copy(harne
     assert ids_for(h, "vault 9999", mode="keyword") == [msg.id]
 
 
+async def test_an_edit_in_a_thread_not_cached_only_updates_a_stored_copy(harness):
+    # an archived thread is not in discord.py's cache: its parent (here an excluded
+    # channel) is unknown, so the edit must not store a message never stored
+    h = harness
+    archived = h.bot.get_partial_messageable(RANDOM + 500, guild_id=G)
+    stored_before = h.message("the offsite is in march", author=(ALICE, "alice"), channel=RANDOM)
+    record = replace(record_from_message(stored_before), channel_id=archived.id,
+                     parent_id=RANDOM, channel_type="public_thread")
+    h.engine.storage.messages.upsert([record])  # stored before the channel was excluded
+    h.engine.storage.guilds.update_settings(G, channel_mode="exclude", add_channel=RANDOM)
+    h.runtime.guild_settings.drop_all()
+
+    async def edit(message_id: int, text: str) -> None:
+        data = h.message_payload(text, author=(ALICE, "alice"), channel=GENERAL) | {
+            "id": str(message_id), "channel_id": str(archived.id),
+            "edited_timestamp": datetime.now(timezone.utc).isoformat()}
+        new = discord.Message(state=h.state, channel=archived, data=data)
+        await h.listeners.on_raw_message_edit(discord.RawMessageUpdateEvent(data, new))
+
+    await edit(stored_before.id + 1, "salary of bob is 91k")  # never stored
+    await edit(stored_before.id, "the offsite moved to april")
+    await settle(h, embed=False)
+    stored = h.engine.storage.messages.hydrate([stored_before.id, stored_before.id + 1])
+    assert set(stored) == {stored_before.id}
+    assert stored[stored_before.id].content == "the offsite moved to april"
+
+
 async def test_the_bots_own_messages_are_not_stored_but_other_bots_are(harness):
     h = harness
     await say(h, "I am the bot", who=(BOT_ID, "memorybot"), bot=True)
