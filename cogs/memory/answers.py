@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import discord
 
+from cogs.memory.errors import engine_error
 from cogs.memory.render import render_hits
 from memory.config import Profile
 from memory.context import Context, build_messages
@@ -299,8 +300,8 @@ async def answer_mention(
     try:
         context = await fetch_context(engine, message, question,
                                     allowed_channel_ids=allowed_channel_ids, run=run)
-    except MemoryBotError as exc:
-        return await _reply(message, content=f"Search failed: {exc}")
+    except MemoryBotError as exc:  # said in the channel: a database's text stays in the log
+        return await _reply(message, content=f"Search failed: {engine_error('mention reply', exc)}")
     if client is None or not context:
         return await _reply(message, embed=hits_embed(context, message.guild))
     name = bot_name or (me.display_name if me is not None else "MemoryBot")

@@ -301,6 +301,19 @@ def test_without_a_chat_model_the_hits_are_listed(harness, world):
     assert not harness.discord.edits
 
 
+def test_a_database_error_is_said_in_the_channel_without_its_text(harness, world):
+    # a database's error names its file (and on PostgreSQL its host): the operator's
+    # business, not the channel's
+    harness.engine.embed_pending()
+    harness.engine.storage.meta.set("embedding_dim", "garbage")  # a damaged meta row
+    run(answer_mention(mention(harness, "when is the raid?"), harness.engine, None,
+                       allowed_channel_ids=(GENERAL,)))
+    (sent,) = harness.discord.sent
+    assert sent["content"].startswith("Search failed: Something went wrong (trace id")
+    assert "bot.sqlite3" not in sent["content"] and str(harness.engine.storage.database.location) \
+        not in sent["content"]
+
+
 def test_nothing_found_still_gets_a_reply(harness, world, standin):
     run(answer_mention(mention(harness, "zebra quantum pottery"), harness.engine,
                        standin_client(standin, "ok"), allowed_channel_ids=(SECRET + 1,)))
