@@ -17,6 +17,13 @@ from cogs.memory.reconcile import Reconciler
 from cogs.memory.runtime import MemoryRuntime
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 
+# A place an admin names.  A thread comes as Discord describes it: archived ones are not
+# in discord.py's cache, and these commands need only its id and mention (backfill
+# fetches it).
+Spoken = (discord.TextChannel | discord.VoiceChannel | discord.StageChannel
+          | app_commands.AppCommandThread)  # where mentions are answered
+Place = Spoken | discord.ForumChannel
+
 
 @app_commands.guild_only()
 @app_commands.default_permissions(manage_guild=True)
@@ -45,8 +52,7 @@ class AdminCommands(
     @app_commands.checks.has_permissions(manage_guild=True)
     async def admin_backfill(
         self, interaction: discord.Interaction,
-        channel: discord.TextChannel | discord.Thread | discord.VoiceChannel
-        | discord.ForumChannel | None = None,
+        channel: Place | None = None,
     ) -> None:
         """Backfill history with a progress message edited in place."""
         await self.backfill.command(interaction, channel)
@@ -78,7 +84,7 @@ class AdminCommands(
     @app_commands.checks.has_permissions(manage_guild=True)
     async def admin_purge_channel(
         self, interaction: discord.Interaction,
-        channel: discord.TextChannel | discord.Thread | discord.VoiceChannel | discord.ForumChannel,
+        channel: Place,
     ) -> None:
         """Delete a channel's and its threads' stored messages."""
         await interaction.response.defer(ephemeral=True, thinking=True)
@@ -93,7 +99,7 @@ class AdminCommands(
     @app_commands.checks.has_permissions(manage_guild=True)
     async def admin_autoresponse(
         self, interaction: discord.Interaction, mode: str,
-        channel: discord.TextChannel | discord.Thread | discord.VoiceChannel | None = None,
+        channel: Spoken | None = None,
     ) -> None:
         """Switch mention answers off, on everywhere, or on in chosen channels."""
         settings = await self.runtime.update_settings(
@@ -126,7 +132,7 @@ class AdminCommands(
     @app_commands.checks.has_permissions(manage_guild=True)
     async def channels_add(
         self, interaction: discord.Interaction,
-        channel: discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread,
+        channel: Place,
     ) -> None:
         """Add a channel to the include/exclude list."""
         settings = await self.runtime.update_settings(guild_id_of(interaction), add_channel=channel.id)
@@ -136,7 +142,7 @@ class AdminCommands(
     @app_commands.checks.has_permissions(manage_guild=True)
     async def channels_remove(
         self, interaction: discord.Interaction,
-        channel: discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread,
+        channel: Place,
     ) -> None:
         """Remove a channel from the include/exclude list."""
         settings = await self.runtime.update_settings(guild_id_of(interaction),

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import discord
+from discord import app_commands
 from discord.ext import commands
 
 from cogs.memory.capture import record_from_message
@@ -48,9 +49,10 @@ PAGE_PAUSE_S = 0.25
 # the session was being set up must not hide what was said before it
 OVERLAP_MS = 10 * 60_000
 
-Walkable = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.Thread
+Walkable = (discord.TextChannel | discord.VoiceChannel | discord.StageChannel | discord.ForumChannel
+            | discord.Thread)
 # where messages are read from: a forum holds none itself, only its threads
-History = discord.TextChannel | discord.VoiceChannel | discord.Thread
+History = discord.TextChannel | discord.VoiceChannel | discord.StageChannel | discord.Thread
 
 
 @dataclass
@@ -94,7 +96,8 @@ class Backfiller:
 
     # -- the command ---------------------------------------------------------------------
 
-    async def command(self, interaction: discord.Interaction, channel: Walkable | None) -> None:
+    async def command(self, interaction: discord.Interaction,
+                      channel: Walkable | app_commands.AppCommandThread | None) -> None:
         """Run a backfill for the command, editing one progress message in place."""
         guild = interaction.guild
         assert guild is not None  # the command is guild-only
@@ -103,6 +106,12 @@ class Backfiller:
                 "A backfill is already running in this server.", ephemeral=True)
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
+        if isinstance(channel, app_commands.AppCommandThread):
+            try:
+                channel = await channel.fetch()  # archived threads are not in the cache
+            except (discord.Forbidden, discord.NotFound):
+                await interaction.followup.send("I cannot read that thread.", ephemeral=True)
+                return
         targets = [channel] if channel is not None else self.channels_of(guild)
         progress = Progress(channels=len(targets))
         status = await interaction.followup.send(
@@ -121,7 +130,8 @@ class Backfiller:
         """Every channel in a guild that holds messages (threads are walked under them)."""
         return [
             c for c in guild.channels
-            if isinstance(c, (discord.TextChannel, discord.VoiceChannel, discord.ForumChannel))
+            if isinstance(c, (discord.TextChannel, discord.VoiceChannel, discord.StageChannel,
+                              discord.ForumChannel))
         ]
 
     async def run(self, targets: list[Walkable], progress: Progress,
@@ -140,8 +150,8 @@ class Backfiller:
     async def _with_threads(self, channel: Walkable) -> list[History]:
         if isinstance(channel, discord.Thread):
             return [channel]
-        if isinstance(channel, discord.VoiceChannel):
-            return [channel]  # voice channels have a text chat but no threads
+        if isinstance(channel, (discord.VoiceChannel, discord.StageChannel)):
+            return [channel]  # voice and stage channels have a text chat but no threads
         places: list[History] = [] if isinstance(channel, discord.ForumChannel) else [channel]
         places.extend(channel.threads)
         places.extend(await self._archived_threads(channel))

@@ -211,7 +211,7 @@ class MemoryCog(commands.Cog):
         # a thread comes as Discord describes it: archived ones are not in discord.py's
         # cache, and only the id is needed (the allow-list judges who may read it)
         channel: discord.TextChannel | app_commands.AppCommandThread | discord.VoiceChannel
-        | discord.ForumChannel | None = None,
+        | discord.StageChannel | discord.ForumChannel | None = None,
         author: discord.Member | None = None,
         after: str | None = None,
         before: str | None = None,

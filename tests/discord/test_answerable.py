@@ -30,7 +30,18 @@ from tests.discord.test_permissions import (  # noqa: F401  (harness: the permis
     harness,
 )
 from tests.support.builders import HashEmbedder
-from tests.support.discord_harness import BOT_ID, READ, Harness, channel, guild, member, next_id, role, user
+from tests.support.discord_harness import (
+    BOT_ID,
+    READ,
+    Harness,
+    archived_thread,
+    channel,
+    guild,
+    member,
+    next_id,
+    role,
+    user,
+)
 
 G, HALL = 300, 301
 ALICE = 3001
@@ -161,15 +172,6 @@ async def test_a_command_the_bot_no_longer_has_is_answered(small):
 
 # -- /search channel:<archived thread> ------------------------------------------------------
 
-def archived(thread_id: int, parent_id: int, private: bool) -> dict[str, Any]:
-    """The thread as an interaction's ``resolved`` data carries it (discord.py has no cache entry)."""
-    return {"id": str(thread_id), "name": f"archived {thread_id}", "type": 12 if private else 11,
-            "permissions": "0", "parent_id": str(parent_id), "owner_id": "9999",
-            "member_count": 1, "message_count": 1,
-            "thread_metadata": {"archived": True, "auto_archive_duration": 1440,
-                                "archive_timestamp": "2026-01-01T00:00:00+00:00", "locked": False}}
-
-
 @pytest.mark.parametrize("uid", list(READABLE))
 @pytest.mark.parametrize(("thread_id", "parent_id", "private"), [
     (ARCHIVED_STAFF_THREAD, STAFF_ONLY, False), (ARCHIVED_PRIVATE, GENERAL, True)])
@@ -181,7 +183,8 @@ async def test_search_in_an_archived_thread_follows_who_may_read_it(
     data = {"id": str(next_id()), "name": "search", "type": 1, "options": [
         {"name": "query", "type": 3, "value": WORD},
         {"name": "channel", "type": 7, "value": str(thread_id)}],
-        "resolved": {"channels": {str(thread_id): archived(thread_id, parent_id, private)}}}
+        "resolved": {"channels": {str(thread_id): archived_thread(thread_id, parent_id,
+                                                                  private=private)}}}
     await deliver(h, data, _invoker(uid), GENERAL)
     texts = h.adapter.texts()
     assert not any("Something went wrong" in t for t in texts), texts

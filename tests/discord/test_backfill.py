@@ -23,6 +23,7 @@ from tests.support.discord_harness import (
     HIDE,
     READ,
     Harness,
+    archived_thread,
     channel,
     guild,
     member,
@@ -109,6 +110,35 @@ async def test_backfill_reads_channels_and_archived_threads_through_a_rate_limit
     fake.requests.clear()
     await backfill(h)
     assert not [r for r in fake.requests if r[0].endswith("/messages")]
+
+
+async def test_a_stage_channels_text_chat_is_backfilled_and_caught_up(setup):
+    h, fake = setup
+    stage = FORUM + 100
+    h.state.parse_channel_create(channel(stage, G, "town-hall", type=13) | VOICE_FIELDS)
+    fake.history[stage] = history(h, stage, 5)
+    summary = await backfill(h)
+    assert "5 stored" in summary, summary
+    fake.history[stage] = fake.history[stage] + timed(h, stage, [1])  # said while away
+    await h.listeners.on_ready()
+    await h.backfill.catch_ups.task
+    await settle(h)
+    assert len(h.engine.storage.messages.hydrate([int(p["id"]) for p in fake.history[stage]])) == 6
+
+
+async def test_an_archived_thread_named_to_the_backfill_is_fetched_and_read(setup):
+    h, fake = setup
+    gone = ARCHIVED + 200  # archived: not in discord.py's cache, described by the interaction
+    fake.channels[gone] = thread(gone, G, GENERAL, "an old thread", owner=ALICE, archived=True)
+    fake.history[gone] = [p | {"channel_id": str(gone)} for p in history(h, GENERAL, 4)]
+    await h.slash("memory-admin backfill", invoker=member(ADMIN, "admin"), where=GENERAL,
+                  permissions=MANAGE, archived=[archived_thread(gone, GENERAL)], channel=str(gone))
+    assert "4 stored" in h.adapter.edits[-1]["content"], h.adapter.edits[-1]
+    fake.forbidden.add(gone + 1)  # one the bot may not read
+    await h.slash("memory-admin backfill", invoker=member(ADMIN, "admin"), where=GENERAL,
+                  permissions=MANAGE, archived=[archived_thread(gone + 1, GENERAL)],
+                  channel=str(gone + 1))
+    assert h.adapter.followups[-1]["content"] == "I cannot read that thread."
 
 
 @pytest.mark.parametrize("event", ["guild_channel_delete", "guild_remove"])

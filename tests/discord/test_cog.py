@@ -33,6 +33,7 @@ from tests.support.discord_harness import (
     BOT_ID,
     READ,
     Harness,
+    archived_thread,
     channel,
     guild,
     member,
@@ -337,6 +338,25 @@ async def test_admins_choose_channels_and_purge_them(harness):
     await h.slash("memory-admin purge-channel", invoker=bob(), where=GENERAL, permissions=admin,
                   channel=h.guild.get_channel(GENERAL))
     assert "Forgot 2 messages" in h.adapter.followups[-1]["content"]
+    assert h.engine.storage.messages.count() == 0
+
+
+async def test_admin_commands_take_an_archived_thread(harness):
+    # not in discord.py's cache: Discord describes it in the interaction, and purging
+    # or listing it must not fail on the missing cache entry
+    h = harness
+    admin = discord.Permissions(manage_guild=True)
+    gone = RANDOM + 500
+    said = h.message("notes from the old thread", author=(ALICE, "alice"), channel=GENERAL)
+    h.engine.storage.messages.upsert([replace(record_from_message(said), channel_id=gone,
+                                              parent_id=GENERAL, channel_type="public_thread")])
+    described = [archived_thread(gone, GENERAL)]
+    await h.slash("memory-admin channels add", invoker=bob(), where=GENERAL, permissions=admin,
+                  archived=described, channel=str(gone))
+    assert gone in h.engine.storage.guilds.settings(G).channels
+    await h.slash("memory-admin purge-channel", invoker=bob(), where=GENERAL, permissions=admin,
+                  archived=described, channel=str(gone))
+    assert f"Forgot 1 messages from <#{gone}>" in h.adapter.followups[-1]["content"]
     assert h.engine.storage.messages.count() == 0
 
 

@@ -90,6 +90,16 @@ class CaptureAdapter(AsyncWebhookAdapter):
         return out
 
 
+def archived_thread(thread_id: int, parent_id: int, *, private: bool = False) -> dict[str, Any]:
+    """An archived thread as an interaction's ``resolved`` data carries it (discord.py has
+    no cache entry for it)."""
+    return {"id": str(thread_id), "name": f"archived {thread_id}", "type": 12 if private else 11,
+            "permissions": "0", "parent_id": str(parent_id), "owner_id": "9999",
+            "member_count": 1, "message_count": 1,
+            "thread_metadata": {"archived": True, "auto_archive_duration": 1440,
+                                "archive_timestamp": "2026-01-01T00:00:00+00:00", "locked": False}}
+
+
 class Harness:
     """A MemoryBot whose connection state is filled from guild payloads.
 
@@ -188,8 +198,13 @@ class Harness:
 
     async def slash(self, command: str, *, invoker: dict[str, Any], where: int,
                     permissions: discord.Permissions | None = None,
+                    archived: Iterable[dict[str, Any]] = (),
                     **options: Any) -> discord.Interaction:
-        """Run a slash command (``"group sub"`` for subcommands) as ``invoker`` in channel ``where``."""
+        """Run a slash command (``"group sub"`` for subcommands) as ``invoker`` in channel ``where``.
+
+        An option naming a thread not in the cache takes its id, with the thread in
+        ``archived`` (:func:`archived_thread`), as the interaction's resolved data.
+        """
         names = command.split()
         cmd = self.bot.tree.get_command(names[0])
         for name in names[1:]:
@@ -213,6 +228,8 @@ class Harness:
                                                                "archive_timestamp": "2026-01-01T00:00:00+00:00",
                                                                "locked": False}}
                                           if isinstance(v, discord.Thread) else {})}
+        for payload in archived:
+            resolved.setdefault("channels", {})[payload["id"]] = payload
         data = {"id": str(next_id()), "name": names[0], "type": 1, "options": option_list,
                 **({"resolved": resolved} if resolved else {})}
         return await self._interact(data, invoker, where, permissions)
