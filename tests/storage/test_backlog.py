@@ -20,7 +20,7 @@ import pytest
 import memory.embedding
 from memory.engine import MemoryEngine
 from memory.records import MessageRecord
-from memory.storage import Storage
+from memory.storage import Storage, claims
 from memory.text import EMBED_CHARS
 from tests.support.builders import GUILD, HashEmbedder
 from tests.support.inspection import Inspector
@@ -228,6 +228,32 @@ def test_two_embedders_never_embed_the_same_message(
     edited = replace(records[200], content="an edited message about bicycles")
     engines[0].ingest([edited])
     inspector(storage).check_vector_statistics()
+
+
+def test_a_claim_is_never_empty_while_unclaimed_messages_remain(
+    make_engine, make_record: MakeRecord, make_location: Callable[[str], str]
+) -> None:
+    """An empty claim tells an embedder the backlog is done.  On PostgreSQL a claim
+    committed after another's read could take every row that read chose, and the
+    second claim came back empty with thousands left: its embedder stopped early."""
+    db = make_location("shared")
+    make_engine(db).storage.messages.upsert(make_record(f"m {i}") for i in range(3000))
+    engines = [make_engine(db) for _ in range(3)]
+    left_at_empty: list[int] = []
+
+    def claim_all(engine: MemoryEngine) -> None:
+        owner = claims.process_owner()
+        while engine.storage.backlog.claim(16, owner=owner):
+            pass
+        probe = engines[2].storage.backlog.claim(1, owner=claims.process_owner())
+        left_at_empty.append(len(probe))  # unclaimed messages remained when it said none
+
+    threads = [threading.Thread(target=claim_all, args=(e,)) for e in engines[:2]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert left_at_empty == [0, 0]
 
 
 class BlockingEmbedder(HashEmbedder):

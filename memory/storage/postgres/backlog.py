@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 # holds (memory.text.EMBED_CHARS), so one huge message cannot fill the memory
 
 
+# Reads of the backlog one claim makes when other claims keep taking what it read.
+CLAIM_TRIES = 5
+
+
 def owner_key(owner: str) -> int:
     """The 64-bit advisory lock key of a claim owner (signed, as PostgreSQL's bigint)."""
     return int.from_bytes(hashlib.blake2b(owner.encode(), digest_size=8).digest(), "big",
@@ -69,14 +73,20 @@ class PostgresBacklog(BaseBacklog):
         now = now_ms()
         with self._db.write() as conn:
             self._take_back(conn, now)
-            candidates = [row[0] for row in conn.execute(
-                f"SELECT m.id FROM messages m WHERE NOT m.embedded AND {KEPT} AND NOT EXISTS "
-                "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
-                "ORDER BY m.id LIMIT %s FOR UPDATE OF m SKIP LOCKED", (int(limit),))]
-            ids = [row[0] for row in conn.execute(
-                "INSERT INTO embedding_claims(message_id, owner, lock_key, expires_at) "
-                "SELECT unnest(%s::bigint[]), %s, %s, %s ON CONFLICT DO NOTHING "
-                "RETURNING message_id", (candidates, owner, key, now + int(ttl_s * 1000)))]
+            for _ in range(CLAIM_TRIES):
+                candidates = [row[0] for row in conn.execute(
+                    f"SELECT m.id FROM messages m WHERE NOT m.embedded AND {KEPT} AND NOT EXISTS "
+                    "(SELECT 1 FROM embedding_claims c WHERE c.message_id = m.id) "
+                    "ORDER BY m.id LIMIT %s FOR UPDATE OF m SKIP LOCKED", (int(limit),))]
+                ids = [row[0] for row in conn.execute(
+                    "INSERT INTO embedding_claims(message_id, owner, lock_key, expires_at) "
+                    "SELECT unnest(%s::bigint[]), %s, %s, %s ON CONFLICT DO NOTHING "
+                    "RETURNING message_id", (candidates, owner, key, now + int(ttl_s * 1000)))]
+                # All taken: another claim committed after this SELECT's snapshot, on rows
+                # it could still lock (nothing of theirs changed).  Read again: an empty
+                # answer would tell the caller the backlog is done.
+                if ids or not candidates:
+                    break
         return self.messages(ids)
 
     def _hold(self, owner: str) -> int:
