@@ -347,28 +347,52 @@ class Backfiller:
 
     async def _catch_up_guild(self, guild: discord.Guild, before_id: int,
                               missed: dict[int, list[int]], progress: Progress) -> None:
-        """Catch up every channel and thread of one guild (:meth:`_catch_up_from`)."""
+        """Catch up every channel and thread of one guild (:meth:`_catch_up_from`).
+
+        Each start is held as a missed mark until its read succeeds: a catch-up cut
+        short (Discord failing a request, a restart) starts there again next time,
+        instead of after the live messages stored meanwhile.
+        """
         guilds = self.engine.storage.guilds
+        plan = await self._plan_catch_up(guild, before_id, missed)
+        if not plan:
+            return
+        await self.runtime.writes.run_and_wait(functools.partial(
+            guilds.mark_missed, [(guild.id, place.id, after + 1) for place, after, _ in plan]))
+        read: list[tuple[int, list[int]]] = []
+        for place, after, marks in plan:
+            try:
+                await self.catch_up(place, after, progress)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("catching up #%s failed (read again at the next catch-up): %s",
+                            getattr(place, "name", place.id), exc)
+                continue
+            read.append((place.id, [*marks, after + 1]))
+
+        def clear() -> None:
+            for channel_id, marks in read:
+                guilds.clear_missed(channel_id, marks)
+
+        await self.runtime.writes.run_and_wait(clear)
+
+    async def _plan_catch_up(self, guild: discord.Guild, before_id: int,
+                             missed: dict[int, list[int]]
+                             ) -> list[tuple[History, int, list[int]]]:
+        """``(place, after_id, marks)`` of every place of a guild a catch-up reads."""
         last_heard = await self.runtime.read(self.engine.storage.messages.latest_in_guild,
                                              guild.id, before_id)
         settings = await self.runtime.guild_settings.get(guild.id)
         places: list[Walkable] = [*self.channels_of(guild), *guild.threads,
                                   *await self._archived_since(guild, last_heard, before_id)]
+        plan: list[tuple[History, int, list[int]]] = []
         for place in places:
             if isinstance(place, discord.ForumChannel) or not self._can_read(place):
                 continue
             marks = missed.get(place.id, [])
             after = await self._catch_up_from(
                 place, marks, before_id, self._made_while_away(place, last_heard, settings))
-            if after is None:
-                continue
-            try:
-                await self.catch_up(place, after, progress)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("catching up #%s failed: %s", getattr(place, "name", place.id), exc)
-                continue
-            if marks:
-                await self.runtime.writes.run_and_wait(
-                    functools.partial(guilds.clear_missed, place.id, marks))
+            if after is not None:
+                plan.append((place, after, marks))
+        return plan

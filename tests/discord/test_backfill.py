@@ -297,6 +297,31 @@ async def test_a_fresh_session_catches_up_what_was_said_while_the_bot_was_away(s
         == [payloads[0]["id"]]
 
 
+async def test_a_catch_up_that_fails_is_read_again_from_where_it_began(setup):
+    # the read fails (Discord refuses it for a while); live capture goes on storing, and
+    # the next catch-up must still start before the gap, not after the live messages
+    h, fake = setup
+    general = h.guild.get_channel(GENERAL)
+    payloads = timed(h, GENERAL, [60, 50, 40, 30, 20, 1])  # 50-30: said while away
+    await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=payloads[0]))
+    await settle(h)
+    fake.history[GENERAL] = payloads[:4]
+    fake.forbidden.add(GENERAL)
+    await h.listeners.on_ready()
+    await h.backfill.catch_ups.task
+    await settle(h)
+    for p in payloads[4:]:  # heard live since
+        await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=p))
+    await settle(h)
+    fake.forbidden.clear()
+    fake.history[GENERAL] = payloads
+    await h.listeners.on_ready()  # a fresh session, later
+    await h.backfill.catch_ups.task
+    await settle(h)
+    assert len(h.engine.storage.messages.hydrate([int(p["id"]) for p in payloads])) == 6
+    assert h.engine.storage.guilds.missed() == {}, "read: its marks are cleared"
+
+
 async def test_a_thread_archived_while_the_bot_was_away_is_caught_up(setup):
     h, fake = setup
     fake.history[GENERAL] = []
