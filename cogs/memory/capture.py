@@ -76,7 +76,8 @@ def _text(message: discord.Message) -> tuple[str, tuple[str, ...]]:
     own = (valid_unicode(message.content),
            tuple(valid_unicode(a.filename) for a in message.attachments))
     if message.poll is not None and message.poll.question:
-        answers = [valid_unicode(a.text or "") for a in message.poll.answers]
+        answers = [valid_unicode(a.text or (a.emoji.name if a.emoji else ""))
+                   for a in message.poll.answers]  # an answer may be an emoji alone
         poll = poll_text(valid_unicode(message.poll.question), answers)
         return "\n".join(t for t in (own[0], poll) if t.strip()), own[1]
     reference = message.reference

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 PRIVACY_NOTICE = """\
 **What this bot remembers**
 • The text, attachment names, author, channel and time of messages in this server's \
-channels it can read (admins choose which channels with `/memory-admin channels`).
+channels it can read (admins choose which channels with `/memory-admin channels`); \
+a poll's question and answers; a forward's text, marked as forwarded.
 • Nothing from DMs. Nothing from members who used `/memory opt-out`.
 
 **Who can find it**
@@ -37,7 +38,8 @@ would store you again, keeping the old one would keep what you took back).
 including ones still being saved, and stops storing you (a backfill or import too) until \
 `/memory opt-in`.
 • `/memory opt-out` stops storing your new messages; `/memory opt-in` resumes.
-• Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten.
+• Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten \
+(except who opted out: invited back, it still does not store them).
 • Admins may set a retention period (`/memory-admin retention`): older messages are never \
 stored or shown, and are deleted within the hour. Admins may also purge channels."""
 

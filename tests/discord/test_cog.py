@@ -171,12 +171,16 @@ async def test_a_poll_is_stored_with_its_question_and_answers(harness):
     expiry = (datetime.now(timezone.utc) + timedelta(hours=24)).isoformat()
     answers = [{"answer_id": i, "poll_media": {"text": text}}
                for i, text in enumerate(["the lake", "", "the old mill"], start=1)]
+    answers.append({"answer_id": 4, "poll_media": {"text": "", "emoji": {"id": None,
+                                                                         "name": "🌲"}}})
+    answers.append({"answer_id": 5, "poll_media": {"text": "", "emoji": {"id": "77", "name": "tacos"}}})
     poll = await say(h, "", poll={"question": {"text": "Where is the summer picnic?"},
                                   "answers": answers, "expiry": expiry,
                                   "allow_multiselect": False, "layout_type": 1})
     await settle(h)
     stored = h.engine.storage.messages.hydrate([poll.id])[poll.id]
-    assert stored.content == "[poll] Where is the summer picnic? (answers: the lake; the old mill)"
+    assert stored.content == ("[poll] Where is the summer picnic? "
+                              "(answers: the lake; the old mill; 🌲; tacos)")
     assert poll.id in ids_for(h, "summer picnic old mill", mode="keyword")
 
 
