@@ -111,13 +111,15 @@ class MemberCommands(
 
     @app_commands.command(name="privacy", description="What the bot stores and how to remove it")
     async def privacy(self, interaction: discord.Interaction) -> None:
-        """The privacy notice, naming every server the active profile sends text to."""
-        notice = PRIVACY_NOTICE
+        """The privacy notice, then (in a second message: one holds 2,000 characters) every
+        server the active profile sends text to."""
+        await interaction.response.send_message(PRIVACY_NOTICE, ephemeral=True)
         remote = remote_parts(self.engine.profile.llm, self.runtime.chat is not None,
                               self.engine.rerankers.current())
         if remote:
-            notice += "\n\n**Servers that receive message text**\n" + "\n".join(remote) + "\n" + HOSTED_COPIES
-        await interaction.response.send_message(notice, ephemeral=True)
+            await interaction.followup.send(
+                "**Servers that receive message text**\n" + "\n".join(remote) + "\n"
+                + HOSTED_COPIES, ephemeral=True)
 
 
 HOSTED_COPIES = (

@@ -528,13 +528,21 @@ async def test_privacy_notice(harness):
     text = harness.adapter.callbacks[-1]["data"]["content"]
     assert "forget-me" in text and "opt-out" in text and "channels *you* can read" in text
     assert "chat model" not in text
-    # with a chat model, the notice says where quoted messages go
+    # with a chat model, a second message says where quoted messages go
     harness.engine.profile = replace(harness.engine.profile, llm=LLMConfig(
         base_url="http://llm.internal.example:8080/v1", model="qwen3-8b"))
     harness.runtime.chat = make_chat_client(harness.engine.profile)
     await harness.slash("memory privacy", invoker=bob(), where=GENERAL)
-    text = harness.adapter.callbacks[-1]["data"]["content"]
-    assert "`qwen3-8b` at `llm.internal.example`" in text
+    assert harness.adapter.callbacks[-1]["data"]["content"] == text
+    remote = harness.adapter.followups[-1]
+    assert "`qwen3-8b` at `llm.internal.example`" in remote["content"]
+    assert remote["flags"] == 64, "ephemeral, like the notice"
+    # Discord refuses a message over 2,000 characters: the longest names still fit
+    harness.engine.profile = replace(harness.engine.profile, llm=LLMConfig(
+        base_url=f"http://{'h' * 63}.{'i' * 60}.example/v1", model="m" * 200))
+    harness.runtime.chat = make_chat_client(harness.engine.profile)
+    await harness.slash("memory privacy", invoker=bob(), where=GENERAL)
+    assert max(len(text), len(harness.adapter.followups[-1]["content"])) <= 2000
 
 
 async def test_the_profile_switch_is_for_the_bot_owner_only(harness):
