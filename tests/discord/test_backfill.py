@@ -90,6 +90,18 @@ async def settle(h: Harness) -> None:
     h.runtime.writes.start()
 
 
+async def ready(h: Harness) -> None:
+    """A READY (start-up, or a fresh session): wait for its catch-up to be stored."""
+    await h.listeners.on_ready()
+    await h.backfill.catch_ups.task
+    await settle(h)
+
+
+def kept(h: Harness, payloads: list[dict]) -> int:
+    """How many of these messages are stored."""
+    return len(h.engine.storage.messages.hydrate([int(p["id"]) for p in payloads]))
+
+
 async def test_backfill_reads_channels_and_archived_threads_through_a_rate_limit(setup):
     h, fake = setup
     fake.history[GENERAL] = history(h, GENERAL, 250)
@@ -120,10 +132,8 @@ async def test_a_stage_channels_text_chat_is_backfilled_and_caught_up(setup):
     summary = await backfill(h)
     assert "5 stored" in summary, summary
     fake.history[stage] = fake.history[stage] + timed(h, stage, [1])  # said while away
-    await h.listeners.on_ready()
-    await h.backfill.catch_ups.task
-    await settle(h)
-    assert len(h.engine.storage.messages.hydrate([int(p["id"]) for p in fake.history[stage]])) == 6
+    await ready(h)
+    assert kept(h, fake.history[stage]) == 6
 
 
 async def test_an_archived_thread_named_to_the_backfill_is_fetched_and_read(setup):
@@ -253,9 +263,7 @@ async def test_start_up_catches_up_from_the_newest_stored_message(setup):
     fake.history[GENERAL] = payloads
     known = discord.Message(state=h.state, channel=h.guild.get_channel(GENERAL), data=payloads[9])
     h.engine.ingest([record_from_message(known)])  # stored by the bot's last run
-    await h.listeners.on_ready()
-    await h.backfill.catch_ups.task
-    await settle(h)
+    await ready(h)
     assert h.engine.storage.messages.count() == 1 + 110  # the known one and everything after it
     assert all("after" in query for _, query in fake.requests)
 
@@ -288,9 +296,7 @@ async def test_a_fresh_session_catches_up_what_was_said_while_the_bot_was_away(s
     # the new session's first live message is stored before its READY's catch-up reads
     await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=payloads[5]))
     await settle(h)
-    await h.listeners.on_ready()
-    await h.backfill.catch_ups.task
-    await settle(h)
+    await ready(h)
     assert h.engine.storage.messages.count() == 6
     # read from the newest message stored before the session: not the whole history
     assert [q.get("after") for p, q in fake.requests if p.endswith(f"/{GENERAL}/messages")] \
@@ -307,9 +313,7 @@ async def test_a_catch_up_that_fails_is_read_again_from_where_it_began(setup):
     await settle(h)
     fake.history[GENERAL] = payloads[:4]
     fake.forbidden.add(GENERAL)
-    await h.listeners.on_ready()
-    await h.backfill.catch_ups.task
-    await settle(h)
+    await ready(h)
     for p in payloads[4:]:  # heard live since
         await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=p))
     await settle(h)
@@ -318,7 +322,7 @@ async def test_a_catch_up_that_fails_is_read_again_from_where_it_began(setup):
     await h.listeners.on_ready()  # a fresh session, later
     await h.backfill.catch_ups.task
     await settle(h)
-    assert len(h.engine.storage.messages.hydrate([int(p["id"]) for p in payloads])) == 6
+    assert kept(h, payloads) == 6
     assert h.engine.storage.guilds.missed() == {}, "read: its marks are cleared"
 
 
@@ -347,9 +351,7 @@ async def test_a_thread_archived_while_the_bot_was_away_is_caught_up(setup):
     fake.archived[GENERAL] = [recent, long_ago]  # the latest archived first, as Discord lists
     for tid in (ARCHIVED, old_thread):
         h.guild._remove_thread(h.guild.get_thread(tid))  # archived: not in the cache
-    await h.listeners.on_ready()
-    await h.backfill.catch_ups.task
-    await settle(h)
+    await ready(h)
     assert h.engine.storage.messages.count() == 5 + 1
     read = {p for p, _ in fake.requests if p.endswith("/messages")}
     assert any(f"/{ARCHIVED}/" in p for p in read)
@@ -381,13 +383,9 @@ async def test_channels_and_threads_made_while_the_bot_was_away_are_read_from_th
         fake.history[where] = timed(h, where, minutes)
     fake.history[closed] = [p | {"channel_id": str(closed)} for p in timed(h, FORUM, [34])]
     fake.history[VOICE] = history(h, VOICE, 4)  # there before, never stored: a backfill's job
-    await h.listeners.on_ready()
-    await h.backfill.catch_ups.task
-    await settle(h)
-    def kept(where: int) -> int:
-        return len(h.engine.storage.messages.hydrate([int(p["id"]) for p in fake.history[where]]))
-
-    assert [kept(c) for c in (room, excluded, talk, closed, VOICE)] == [2, 0, 3, 1, 0]
+    await ready(h)
+    assert [kept(h, fake.history[c]) for c in (room, excluded, talk, closed, VOICE)] \
+        == [2, 0, 3, 1, 0]
     read = [(p, q) for p, q in fake.requests if p.endswith("/messages")]
     assert {p.split("/")[-2] for p, _ in read} == {str(c) for c in (GENERAL, room, talk, closed)}
     assert all(q.get("after") for _, q in read), "each read forward, from its start"
@@ -409,10 +407,8 @@ async def test_a_thread_started_while_away_on_an_older_message_is_read(setup):
         datetime.now(timezone.utc) - timedelta(minutes=45)).isoformat()
     h.state.parse_thread_create(started)
     fake.history[talk] = timed(h, talk, [40, 30, 20])
-    await h.listeners.on_ready()
-    await h.backfill.catch_ups.task
-    await settle(h)
-    assert len(h.engine.storage.messages.hydrate([int(p["id"]) for p in fake.history[talk]])) == 3
+    await ready(h)
+    assert kept(h, fake.history[talk]) == 3
 
 
 async def test_a_channel_made_while_away_is_read_from_its_start_after_a_live_message(setup):
@@ -429,10 +425,8 @@ async def test_a_channel_made_while_away_is_read_from_its_start_after_a_live_mes
     await h.listeners.on_message(discord.Message(state=h.state, channel=h.guild.get_channel(room),
                                                  data=live[0]))
     await settle(h)
-    await h.listeners.on_ready()
-    await h.backfill.catch_ups.task
-    await settle(h)
-    assert len(h.engine.storage.messages.hydrate([int(p["id"]) for p in away + live])) == 3
+    await ready(h)
+    assert kept(h, away + live) == 3
 
 
 async def test_a_ready_during_a_catch_up_queues_one_more_and_no_more(setup):
