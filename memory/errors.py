@@ -71,6 +71,12 @@ class SettingsError(MemoryBotError):
     """A guild setting or its value is unknown."""
 
 
+class SettingsUnreadable(MemoryBotError):
+    """A guild's settings could not be read and none are known, so what they decide
+    (which channels are remembered) cannot be judged now.  Its text names no file or
+    host (the cause is logged where it happened)."""
+
+
 class SearchInputError(MemoryBotError):
     """A search request is malformed (empty query list, bad filter, bad limit)."""
 

@@ -259,13 +259,14 @@ class Backfiller:
                              made_while_away: bool) -> int | None:
         """Where a channel's catch-up starts: after its newest message stored before
         ``before_id``; at its start when nothing was stored there before and it was made
-        while the bot was away (live capture may have stored some since); at
-        ``before_id`` when all it holds is newer; or before the oldest message missed
-        at the last stop (a channel's first message too), whichever is first.  ``None``
-        when it holds nothing and was there before (reading it is a backfill's job)."""
+        while the bot was away (live capture may have stored some since), unless a mark
+        says how far it was read; at ``before_id`` when all it holds is newer; or before
+        its oldest mark (a message missed at the last stop, a catch-up's start or end),
+        whichever is first.  ``None`` when it holds nothing and was there before (reading
+        it is a backfill's job)."""
         messages = self.engine.storage.messages
         latest = await self.runtime.read(messages.latest_id, place.id, before_id)
-        if latest is None and made_while_away:
+        if latest is None and made_while_away and not missed:  # a mark says how far it was read
             latest = place.id - 1  # a thread's first message has the thread's id, or a later one
         elif latest is None and await self.runtime.read(messages.latest_id, place.id) is not None:
             latest = before_id
@@ -274,18 +275,25 @@ class Backfiller:
             starts.append(min(missed) - 1)
         return min(starts, default=None)
 
-    async def catch_up(self, channel: History, after_id: int, progress: Progress) -> None:
-        """Read what was posted in ``channel`` after message ``after_id``."""
+    async def catch_up(self, channel: History, after_id: int, progress: Progress) -> int | None:
+        """Read what was posted in ``channel`` after message ``after_id``.
+
+        Returns:
+            The id of the newest message read; ``None`` when there was none.
+        """
         page: list[discord.Message] = []
+        newest = None
         async for message in channel.history(limit=None, after=discord.Object(after_id),
                                              oldest_first=True):
             page.append(message)
+            newest = message.id
             if len(page) >= PAGE:
                 await self._store(channel, page, progress, save_cursor=False)
                 page = []
                 await asyncio.sleep(PAGE_PAUSE_S)
         if page:
             await self._store(channel, page, progress, save_cursor=False)
+        return newest
 
     async def _store(
         self, channel: History, page: list[discord.Message], progress: Progress,
@@ -340,7 +348,13 @@ class Backfiller:
         progress = Progress()
         missed = await self.runtime.read(self.engine.storage.guilds.missed)  # at the last stop
         for guild in list(self.bot.guilds):
-            await self._catch_up_guild(guild, before_id, missed, progress)
+            try:
+                await self._catch_up_guild(guild, before_id, missed, progress)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # one guild's trouble does not cost the others theirs
+                log.warning("catching up guild %d failed (read again at the next catch-up): "
+                            "%s", guild.id, exc)
         if progress.fetched:
             log.info("caught up %d messages (%d stored) in %.0f s", progress.fetched,
                      progress.stored, time.monotonic() - started)
@@ -351,31 +365,43 @@ class Backfiller:
 
         Each start is held as a missed mark until its read succeeds: a catch-up cut
         short (Discord failing a request, a restart) starts there again next time,
-        instead of after the live messages stored meanwhile.
+        instead of after the live messages stored meanwhile.  A place read with nothing
+        of it stored keeps a mark where the read ended, so the next catch-up goes on
+        from there rather than from its start.
         """
-        guilds = self.engine.storage.guilds
         plan = await self._plan_catch_up(guild, before_id, missed)
         if not plan:
             return
         await self.runtime.writes.run_and_wait(functools.partial(
-            guilds.mark_missed, [(guild.id, place.id, after + 1) for place, after, _ in plan]))
-        read: list[tuple[int, list[int]]] = []
+            self._mark, [(place, after + 1) for place, after, _ in plan]))
+        read: list[tuple[History, list[int], int]] = []
+        messages = self.engine.storage.messages
         for place, after, marks in plan:
             try:
-                await self.catch_up(place, after, progress)
+                newest = await self.catch_up(place, after, progress)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("catching up #%s failed (read again at the next catch-up): %s",
                             getattr(place, "name", place.id), exc)
                 continue
-            read.append((place.id, [*marks, after + 1]))
+            read.append((place, [*marks, after + 1], (newest or after) + 1))
 
-        def clear() -> None:
-            for channel_id, marks in read:
-                guilds.clear_missed(channel_id, marks)
+        def settle() -> None:
+            for place, marks, read_to in read:
+                self.engine.storage.guilds.clear_missed(place.id, marks)
+                if messages.latest_id(place.id) is None:
+                    self._mark([(place, read_to)])
 
-        await self.runtime.writes.run_and_wait(clear)
+        await self.runtime.writes.run_and_wait(settle)
+
+    def _mark(self, starts: list[tuple[History, int]]) -> None:
+        """Record where places' catch-ups start, on the write thread, unless they are gone
+        (the bot left, the channel was deleted: their marks went with them)."""
+        gone = self.runtime.gone
+        self.engine.storage.guilds.mark_missed(
+            (place.guild.id, place.id, start) for place, start in starts
+            if not gone.holds(place.guild.id, place.id, getattr(place, "parent_id", None)))
 
     async def _plan_catch_up(self, guild: discord.Guild, before_id: int,
                              missed: dict[int, list[int]]

@@ -238,15 +238,21 @@ class MemoryRuntime:
         arrives, with nothing awaited first that a stop could cut short.  The settings
         are those the listener would have read (:meth:`SettingsCache.read_now`).
         """
-        remembered, _ = self.guild_settings.remembered(records)
-        self.engine.storage.messages.upsert(remembered)
+        split = self.guild_settings.remembered(records)
+        self.engine.storage.messages.upsert(split.kept)
+        if split.held:  # their settings cannot be read now: the next catch-up reads them
+            self.engine.storage.guilds.mark_missed(
+                (r.guild_id, r.channel_id, r.id) for r in split.held)
+            log.warning("%d new messages held for the next catch-up: their server's "
+                        "settings could not be read", len(split.held))
 
     def store_edits(self, records: list[MessageRecord]) -> None:
         """Apply edits: a message the settings let the bot remember is (re)stored; one
-        they do not is only updated where stored (or forgotten, if its author opted out)."""
-        remembered, others = self.guild_settings.remembered(records)
-        self.engine.storage.messages.upsert(remembered)
-        self.apply_edits(others)
+        they do not (or whose guild's settings cannot be read) is only updated where
+        stored (or forgotten, if its author opted out)."""
+        split = self.guild_settings.remembered(records)
+        self.engine.storage.messages.upsert(split.kept)
+        self.apply_edits([*split.others, *split.held])
 
     def apply_edits(self, records: list[MessageRecord]) -> None:
         """Apply edits to stored messages only (an edit in a channel no longer remembered).

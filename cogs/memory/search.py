@@ -29,7 +29,7 @@ from cogs.memory.permissions import StoredThread, public_reply_sources, readable
 from cogs.memory.render import render_hits, withheld_note
 from cogs.memory.runtime import MemoryRuntime
 from memory.context import Context
-from memory.errors import SearchInputError
+from memory.errors import SearchInputError, SettingsUnreadable
 from memory.records import SearchResult
 from memory.search import SearchRequest
 
@@ -125,7 +125,11 @@ class MemoryCog(commands.Cog):
             return
         if message.author.bot or not _mentions_bot(message, me.id):
             return
-        settings = await self.runtime.guild_settings.get(message.guild.id)
+        try:
+            settings = await self.runtime.guild_settings.get(message.guild.id)
+        except SettingsUnreadable:  # where it may answer cannot be judged: it does not
+            log.warning("mention from %s not answered: settings unreadable", message.author.id)
+            return
         channel = message.channel
         parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
         if not settings.answers_in(channel.id, parent_id):

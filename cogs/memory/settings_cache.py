@@ -9,9 +9,10 @@ apply at once (:meth:`SettingsCache.keep`); changes another process made apply o
 :class:`~cogs.memory.follow.Follower` sees the settings version move and drops them
 all (:meth:`SettingsCache.drop_all`).  A failed read never drops a message and never
 stores one against the rules: the last known settings are used (opt-outs are enforced
-again where messages are written), and with none known the read fails as busy, so the
-write queue tries the batch again (defaulting to "remember every channel" would store
-messages of excluded channels).
+again where messages are written).  With none known it raises
+:class:`~memory.errors.SettingsUnreadable` (defaulting to "remember every channel" would
+store messages of excluded channels): :meth:`SettingsCache.remembered` then holds that
+guild's records back, and the other guilds' are stored as ever.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeGuard
 
-from memory.errors import DiskFullError, StorageBusy
+from memory.errors import DiskFullError, SettingsUnreadable, StorageBusy
 from memory.records import MessageRecord
 from memory.settings import GuildSettings
 from memory.storage.contract import Guilds
@@ -30,6 +32,15 @@ from memory.storage.contract import Guilds
 log = logging.getLogger(__name__)
 
 SETTINGS_TTL_S = 60.0
+
+
+@dataclass
+class Remembered:
+    """Records split by their guild's settings (:meth:`SettingsCache.remembered`)."""
+
+    kept: list[MessageRecord]  # the settings remember them
+    others: list[MessageRecord]  # they do not (a channel left out, an opted-out author)
+    held: list[MessageRecord]  # their guild's settings could not be read
 _Cached = tuple[float, GuildSettings]  # when it was kept (monotonic), the settings
 
 
@@ -60,7 +71,7 @@ class SettingsCache:
         """This guild's settings: the cached ones while fresh, else read now and kept.
 
         Raises:
-            StorageBusy: They could not be read and none are known (:func:`_last_known`).
+            SettingsUnreadable: They could not be read and none are known.
         """
         cached = self._cached.get(guild_id)
         if _fresh(cached):
@@ -81,6 +92,7 @@ class SettingsCache:
         Raises:
             StorageBusy: The database is busy (the write queue retries the batch).
             DiskFullError: The disk is full (likewise).
+            SettingsUnreadable: They could not be read otherwise, and none are known.
         """
         cached = self._cached.get(guild_id)
         if _fresh(cached):
@@ -91,7 +103,7 @@ class SettingsCache:
         except (StorageBusy, DiskFullError):
             raise  # the queue retries the batch: its writes would meet the same
         except Exception as exc:  # never drop a message over a settings read
-            return _last_known(guild_id, cached, exc)  # or raise StorageBusy: retried
+            return _last_known(guild_id, cached, exc)
         try:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._keep_if_current, guild_id, settings, epoch)
@@ -99,21 +111,26 @@ class SettingsCache:
             pass
         return settings
 
-    def remembered(self, records: list[MessageRecord]
-                   ) -> tuple[list[MessageRecord], list[MessageRecord]]:
+    def remembered(self, records: list[MessageRecord]) -> Remembered:
         """Split ``records`` by whether their guild's settings (read now, on the write
-        thread) remember them: ``(remembered, others)``."""
-        settings: dict[int, GuildSettings] = {}
-        kept: list[MessageRecord] = []
-        others: list[MessageRecord] = []
+        thread) remember them; those of a guild whose settings cannot be read are held."""
+        settings: dict[int, GuildSettings | None] = {}
+        split = Remembered([], [], [])
         for record in records:
             if record.guild_id not in settings:
-                settings[record.guild_id] = self.read_now(record.guild_id)
+                try:
+                    settings[record.guild_id] = self.read_now(record.guild_id)
+                except SettingsUnreadable:
+                    settings[record.guild_id] = None
             rules = settings[record.guild_id]
-            keep = (rules.remembers_channel(record.channel_id, record.parent_id)
-                    and rules.remembers_author(record.author_id))
-            (kept if keep else others).append(record)
-        return kept, others
+            if rules is None:
+                split.held.append(record)
+            elif (rules.remembers_channel(record.channel_id, record.parent_id)
+                  and rules.remembers_author(record.author_id)):
+                split.kept.append(record)
+            else:
+                split.others.append(record)
+        return split
 
     def keep(self, guild_id: int, settings: GuildSettings) -> None:
         """Cache ``settings`` as the guild's, from now (a change this process made)."""
@@ -144,11 +161,12 @@ def _last_known(guild_id: int, cached: _Cached | None, exc: Exception) -> GuildS
     """The settings to use when reading them failed: the cached ones, stale or not.
 
     Raises:
-        StorageBusy: None are cached.  No default is safe: "every channel" would store
-            an excluded channel's messages, so the caller tries again later.
+        SettingsUnreadable: None are cached.  No default is safe: "every channel" would
+            store an excluded channel's messages.
     """
     if cached is None:
         log.warning("reading guild %d settings failed (%s); none are known", guild_id, exc)
-        raise StorageBusy(f"the settings of guild {guild_id} could not be read: {exc}") from exc
+        raise SettingsUnreadable(
+            "this server's settings could not be read just now; try again in a moment") from exc
     log.warning("reading guild %d settings failed (%s); using the last known", guild_id, exc)
     return cached[1]  # opt-outs are enforced again where messages are written

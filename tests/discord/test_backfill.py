@@ -30,6 +30,7 @@ from tests.support.discord_harness import (
     overwrite,
     role,
     thread,
+    user,
 )
 from tests.support.discord_standin import FakeDiscord
 
@@ -324,6 +325,81 @@ async def test_a_catch_up_that_fails_is_read_again_from_where_it_began(setup):
     await settle(h)
     assert kept(h, payloads) == 6
     assert h.engine.storage.guilds.missed() == {}, "read: its marks are cleared"
+
+
+async def test_a_new_channel_whose_messages_are_not_stored_is_not_read_whole_each_time(setup):
+    # purged after it was caught up: its tombstones keep it empty, and each READY must go
+    # on from where the last read ended, not read the channel from its start again
+    h, fake = setup
+    heard = timed(h, GENERAL, [60])  # stored by the bot's last run
+    h.engine.ingest([record_from_message(discord.Message(
+        state=h.state, channel=h.guild.get_channel(GENERAL), data=heard[0]))])
+    fake.history[GENERAL] = heard
+    room = made(50)
+    h.state.parse_channel_create(channel(room, G, "new-room"))
+    fake.history[room] = timed(h, room, [49, 48, 47])
+    await ready(h)
+    await h.slash("memory-admin purge-channel", invoker=member(ADMIN, "admin"), where=GENERAL,
+                  permissions=MANAGE, channel=h.guild.get_channel(room))
+    await ready(h)  # read once more from its start (the purge took its marks too)
+    fake.requests.clear()
+    await ready(h)
+    reads = [q["after"] for p, q in fake.requests if p.endswith(f"/{room}/messages")]
+    assert reads == [fake.history[room][-1]["id"]], "from the newest message read before"
+    assert kept(h, fake.history[room]) == 0, "the purge holds"
+
+
+async def test_one_guilds_trouble_does_not_stop_the_others_catch_up(setup, monkeypatch):
+    h, fake = setup
+    other, hall = 990, 991
+    me = member(BOT_ID, "memorybot") | {"user": user(BOT_ID, "memorybot", bot=True)}
+    h.state.parse_guild_create(guild(other, "Other", owner=ADMIN,
+                                     members=[member(ALICE, "alice"), me],
+                                     roles=[role(other, "@everyone", READ, position=0)],
+                                     channels=[channel(hall, other, "hall")]))
+    h.guilds.append(h.bot.get_guild(other))  # the bot joined a second server
+    payloads = {GENERAL: timed(h, GENERAL, [60, 30]), hall: timed(h, hall, [59, 29])}
+    for where, (first, _) in payloads.items():  # the first stored by the bot's last run
+        place = h.find_guild(where).get_channel(where)
+        h.engine.ingest([record_from_message(discord.Message(state=h.state, channel=place,
+                                                             data=first))])
+        fake.history[where] = payloads[where]
+    h.runtime.guild_settings.drop_all()
+    real = h.engine.storage.guilds.settings
+
+    def settings(guild_id: int):
+        if guild_id == G:  # whichever guild comes first, the other is caught up
+            raise OSError("server closed the connection unexpectedly")
+        return real(guild_id)
+
+    monkeypatch.setattr(h.engine.storage.guilds, "settings", settings)
+    await ready(h)
+    assert kept(h, payloads[hall]) == 2 and kept(h, payloads[GENERAL]) == 1
+
+
+async def test_a_guild_left_during_its_catch_up_keeps_no_marks(setup):
+    # the bot is removed while a page of a channel made while it was away is checked:
+    # the page stores nothing, and the mark of how far it was read must not outlive it
+    h, fake = setup
+    heard = timed(h, GENERAL, [60])
+    h.engine.ingest([record_from_message(discord.Message(
+        state=h.state, channel=h.guild.get_channel(GENERAL), data=heard[0]))])
+    fake.history[GENERAL] = heard
+    room = made(50)
+    h.state.parse_channel_create(channel(room, G, "new-room"))
+    fake.history[room] = timed(h, room, [49])
+    original = h.runtime.remembers
+
+    async def remembers(message):
+        if message.channel.id == room:
+            await h.dispatch("guild_remove", h.guild)
+            await settle(h)
+        return await original(message)
+
+    h.runtime.remembers = remembers
+    await ready(h)
+    assert h.engine.storage.guilds.missed() == {}, "its marks went with it"
+    assert G not in h.engine.storage.messages.known_guild_ids()
 
 
 async def test_a_thread_archived_while_the_bot_was_away_is_caught_up(setup):

@@ -394,29 +394,42 @@ async def test_retention_purges_old_messages(harness):
     assert h.engine.storage.guilds.settings(G).retention_days == 30
 
 
-async def test_a_failed_settings_read_with_none_known_is_tried_again_not_defaulted(
+async def test_a_guild_whose_settings_cannot_be_read_is_held_back_not_defaulted(
     harness, monkeypatch
 ):
     """With nothing cached (the follower dropped it), a failed read (a pooled PostgreSQL
-    connection the server closed) once fell back to "remember every channel"."""
+    connection the server closed, a damaged row) once fell back to "remember every
+    channel"; raised as busy instead, it stalled every later write of every guild."""
     h = harness
+    stored = await say(h, "the offsite is in march")
+    await settle(h, embed=False)
     h.engine.storage.guilds.update_settings(G, channel_mode="exclude", add_channel=RANDOM)
     h.runtime.guild_settings.drop_all()
-    guilds, failed = h.engine.storage.guilds, []
-    real = guilds.settings
 
-    def settings_once_failing(guild_id: int):
-        if not failed:
-            failed.append(guild_id)
-            raise OSError("server closed the connection unexpectedly")
-        return real(guild_id)
+    def unreadable(guild_id: int):
+        raise OSError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(guilds, "settings", settings_once_failing)
+    monkeypatch.setattr(h.engine.storage.guilds, "settings", unreadable)
     excluded = await say(h, "bob's disciplinary hearing is on friday", where=RANDOM)
-    kept = await say(h, "the picnic is on saturday")
+    held = await say(h, "the picnic is on saturday")
+    edited = h.message_payload("the offsite moved to april", author=(ALICE, "alice"),
+                               channel=GENERAL) | {
+        "id": str(stored.id), "edited_timestamp": datetime.now(timezone.utc).isoformat()}
+    new = discord.Message(state=h.state, channel=stored.channel, data=edited)
+    await h.listeners.on_raw_message_edit(discord.RawMessageUpdateEvent(edited, new))
+    later: list[int] = []
+    h.runtime.writes.put(lambda items: later.extend(items), [1])  # any write queued after
     await settle(h, embed=False)
-    assert failed == [G]
-    assert set(h.engine.storage.messages.hydrate([excluded.id, kept.id])) == {kept.id}
+    assert later == [1], "the queue went on"
+    found = h.engine.storage.messages.hydrate([excluded.id, held.id, stored.id])
+    assert set(found) == {stored.id} and found[stored.id].content == "the offsite moved to april"
+    monkeypatch.undo()
+    # held for the catch-up, which reads the channels again once the settings can be read
+    assert h.engine.storage.guilds.missed() == {RANDOM: [excluded.id], GENERAL: [held.id]}
+    ask = h.message(f"<@{BOT_ID}> when is the offsite?", author=(ALICE, "alice"),
+                    channel=GENERAL, mentions=[user(BOT_ID, "memorybot", bot=True)])
+    monkeypatch.setattr(h.engine.storage.guilds, "settings", unreadable)
+    await h.search.on_mention(ask)  # where it may answer cannot be judged: no answer, no error
 
 
 class _HostClockAhead(datetime):
