@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from datetime import datetime
@@ -156,19 +156,22 @@ class MemoryEngine:
 
     # -- forgetting: the one deletion API -----------------------------------------------
 
-    def forget_messages(self, message_ids: Iterable[int], *, tombstone: bool = True) -> int:
+    def forget_messages(self, message_ids: Iterable[int]) -> int:
         """Forget messages everywhere (table, keyword index, vectors); they stay forgotten.
-
-        Args:
-            message_ids: The messages.
-            tombstone: ``False`` for messages that still exist but hold nothing to store
-                (an edit took out their text): a later edit that puts text back stores
-                them again.
 
         Returns:
             How many stored messages were removed.
         """
-        return self.storage.forgetting.forget_messages(message_ids, tombstone=tombstone)
+        return self.storage.forgetting.forget_messages(message_ids)
+
+    def forget_emptied(self, edits: Mapping[int, int]) -> int:
+        """Forget messages an edit left with nothing to store (``{id: edit time}``): a
+        copy edited later (text put back) is stored again, an older one never.
+
+        Returns:
+            How many stored messages were removed.
+        """
+        return self.storage.forgetting.forget_emptied(edits)
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:
         """Forget every message of these channels and their threads."""

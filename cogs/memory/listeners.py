@@ -18,6 +18,7 @@ from cogs.memory.backfill import Backfiller
 from cogs.memory.capture import emptied, record_from_message
 from cogs.memory.reconcile import Reconciler
 from cogs.memory.runtime import MemoryRuntime
+from memory.records import datetime_to_ms
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ class MemoryListeners(commands.Cog):
         record = record_from_message(message)
         if record is None:
             if "content" in payload.data and emptied(message):  # its old text must go too
-                self.runtime.writes.put(self.runtime.forget_emptied, [message.id])
+                when = datetime_to_ms(message.edited_at or discord.utils.utcnow())
+                self.runtime.writes.put(self.runtime.forget_emptied, [(message.id, when)])
             return
         # an edit of a stored message is always applied: where a new message would not
         # be stored, the stored copy is updated (or forgotten, if its author opted out)

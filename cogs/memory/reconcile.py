@@ -386,8 +386,8 @@ class Reconciler:
         """Forget the messages an edit emptied (``{id: edit time}``), on the write thread,
         unless a newer edit is stored: a live one put text back after the page was read."""
         stored = self.engine.storage.messages.edit_times(list(emptied_at))
-        stale = [i for i, edited in stored.items() if (edited or 0) <= emptied_at[i]]
-        return self.runtime.forget_emptied(stale)
+        return self.runtime.forget_emptied(
+            [(i, emptied_at[i]) for i, edited in stored.items() if (edited or 0) <= emptied_at[i]])
 
     async def _forget(self, deletion: Callable[[], int]) -> int:
         """Run an engine deletion in order with the queued writes; how many it removed."""

@@ -262,10 +262,11 @@ class MemoryRuntime:
         """
         self.engine.storage.messages.upsert(records, insert=False)
 
-    def forget_emptied(self, message_ids: list[int]) -> int:
-        """Forget messages an edit left with nothing to store, without a tombstone: they
-        still exist, and a later edit that puts text back stores them again."""
-        return self.engine.forget_messages(message_ids, tombstone=False)
+    def forget_emptied(self, edits: list[tuple[int, int]]) -> int:
+        """Forget messages an edit left with nothing to store, ``(id, edit time)``: they
+        still exist, so a later edit that puts text back stores them again, while an
+        older copy (a stale page) does not bring back what was taken out."""
+        return self.engine.forget_emptied(dict(edits))
 
     def forget_guilds(self, guild_ids: list[int]) -> None:
         """Forget every guild in ``guild_ids`` (the bot left them)."""

@@ -307,13 +307,16 @@ class Forgetting(Protocol):
     antecedent go back to the backlog.
     """
 
-    def forget_messages(self, ids: Iterable[int], *, tombstone: bool = True) -> int:
+    def forget_messages(self, ids: Iterable[int]) -> int:
         """Forget these messages; ids never stored are tombstoned too, so a late copy
-        (a gateway event racing the delete, a backfill page, a re-import) stays out.
+        (a gateway event racing the delete, a backfill page, a re-import) stays out."""
+        ...
 
-        ``tombstone=False`` removes them without a tombstone: a message that still
-        exists but holds nothing to store (an edit took out its text) is stored again
-        when a later edit puts text back."""
+    def forget_emptied(self, edits: Mapping[int, int]) -> int:
+        """Forget messages an edit left with nothing to store (``{id: edit time}``, unix
+        ms), without a tombstone: they still exist, and a copy edited later (text put
+        back) is stored again; one edited at or before that time (a stale page, an old
+        export) is not.  Returns how many were stored."""
         ...
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:

@@ -9,13 +9,26 @@ keyword index); then it calls these, inside the same transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memory.storage.dialect import Dialect
 from memory.storage.guilds import settings_changed
 
-__all__ = ["drop_channel_rows", "drop_guild_rows", "drop_member_names", "drop_unknown_authors"]
+__all__ = ["drop_channel_rows", "drop_guild_rows", "drop_member_names", "drop_unknown_authors",
+           "record_emptied"]
+
+
+def record_emptied(conn: Any, dialect: Dialect, edits: Mapping[int, int]) -> None:
+    """Record that these messages were emptied by an edit at these times (unix ms): no
+    copy edited at or before then is stored again (:meth:`.Forgetting.forget_emptied`).
+    Inside the caller's write transaction."""
+    sql = dialect.sql(
+        "INSERT INTO emptied_messages(message_id, edited_at) VALUES (?, ?) "
+        "ON CONFLICT (message_id) DO UPDATE SET edited_at = CASE WHEN excluded.edited_at > "
+        "emptied_messages.edited_at THEN excluded.edited_at ELSE emptied_messages.edited_at END")
+    for message_id, edited_at in sorted(edits.items()):  # a few per edit event or page
+        conn.execute(sql, (message_id, edited_at))
 
 
 def drop_guild_rows(conn: Any, dialect: Dialect, guild_id: int, tables: Sequence[str]) -> None:

@@ -136,18 +136,27 @@ class BaseMessages(DialectNoun):
     ) -> tuple[list[MessageRecord], list[MessageRecord]]:
         """Split ``records`` into those that may be stored and those whose author opted out.
 
-        Deleted (tombstoned) messages are in neither: they stay deleted.
+        Deleted (tombstoned) messages are in neither: they stay deleted; nor is a copy of
+        a message an edit emptied that is no newer than that edit (its taken-out text).
         """
         if not records:
             return records, []
         gone = self._tombstoned(conn, {r.id for r in records})
+        emptied = self._emptied_at(conn, [r.id for r in records])
         opted_out = self._opted_out(conn, {r.guild_id for r in records})
         admitted: list[MessageRecord] = []
         withheld: list[MessageRecord] = []
         for r in records:
-            if r.id not in gone:
-                (withheld if (r.guild_id, r.author_id) in opted_out else admitted).append(r)
+            if r.id in gone or (r.id in emptied and (r.edited_at or 0) <= emptied[r.id]):
+                continue
+            (withheld if (r.guild_id, r.author_id) in opted_out else admitted).append(r)
         return admitted, withheld
+
+    def _emptied_at(self, conn: Any, ids: list[int]) -> dict[int, int]:
+        """When an edit emptied those of ``ids`` it did (:meth:`.Forgetting.forget_emptied`)."""
+        return {row[0]: row[1] for row in conn.execute(self._dialect.sql(
+            f"SELECT message_id, edited_at FROM emptied_messages "
+            f"WHERE {self._dialect.in_ids('message_id')}"), (self._dialect.ids(ids),))}
 
     def _admit(self, conn: Any, records: list[MessageRecord], *, insert: bool) -> Admission:
         """Decide, inside the upsert's transaction, what of ``records`` it writes (see

@@ -69,6 +69,7 @@ TABLES: tuple[Table, ...] = (
     Table("messages", ("id",), ("id", "guild_id", "channel_id", "author_id", "created_at",
                                 "edited_at", "content", "reply_to_id", "attachments", "embedded")),
     Table("tombstones", ("message_id",), ("message_id", "deleted_at")),
+    Table("emptied_messages", ("message_id",), ("message_id", "edited_at")),
     Table("guild_settings", ("guild_id",), ("guild_id", "channel_mode", "retention_days",
                                             "autoresponse")),
     Table("channel_rules", ("guild_id", "channel_id"), ("guild_id", "channel_id")),

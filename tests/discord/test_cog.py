@@ -217,6 +217,10 @@ async def test_an_edit_that_takes_out_all_the_text_forgets_the_stored_copy(harne
     await settle(h)
     assert h.engine.storage.messages.count() == 0
     assert not ids_for(h, "vault 0451", mode="keyword")
+    # a page of history read before that edit (a backfill, a catch-up) stores nothing
+    h.runtime.writes.put(h.runtime.store_messages, [record_from_message(msg)])
+    await settle(h)
+    assert not ids_for(h, "vault 0451", mode="keyword")
     # the message still exists: text put back by a later edit is stored again
     again = edited | {"content": "the vault code is now 9999",
                       "edited_timestamp": datetime.now(timezone.utc).isoformat()}

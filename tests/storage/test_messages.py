@@ -126,6 +126,25 @@ def test_delete_purges_messages_fts_and_vectors(
     assert all(h.id == keep.id for h in result.hits)
 
 
+def test_an_emptied_message_takes_back_only_copies_edited_later(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    """An edit took out all its text: forgotten everywhere, with no tombstone (it still
+    exists on Discord), and only a copy edited after that edit is stored again."""
+    said = make_record("the vault code is 0451", edited_at=None)
+    engine.ingest([said])
+    emptied_at = said.created_at + 60_000
+    assert engine.forget_emptied({said.id: emptied_at}) == 1
+    assert row_counts(engine.storage, inspector) == {"messages": 0, "fts": 0, "vectors": 0}
+    assert inspector(engine.storage).tombstones([said.id]) == 0
+    stale = engine.storage.messages.upsert([said, replace(said, edited_at=emptied_at)])
+    assert (stale.inserted, stale.tombstoned) == (0, 2), "a page read before the edit, an old export"
+    back = replace(said, content="the vault code is now 9999", edited_at=emptied_at + 1)
+    assert engine.storage.messages.upsert([back]).inserted == 1
+    assert keyword_ids(engine.storage, "9999") == {said.id}
+    assert keyword_ids(engine.storage, "0451") == set()
+
+
 def test_delete_before_embedding(engine: MemoryEngine, make_record: MakeRecord) -> None:
     record = make_record("never embedded")
     engine.storage.messages.upsert([record])

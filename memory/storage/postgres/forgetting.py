@@ -15,10 +15,15 @@ for as long as those keep them): docs/privacy.md, "On PostgreSQL", says what to 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from memory.storage.forgetting import drop_channel_rows, drop_guild_rows, drop_member_names
+from memory.storage.forgetting import (
+    drop_channel_rows,
+    drop_guild_rows,
+    drop_member_names,
+    record_emptied,
+)
 from memory.storage.postgres import vectors, windows
 from memory.storage.postgres.connection import DIALECT
 from memory.storage.postgres.database import (
@@ -48,21 +53,29 @@ class PostgresForgetting:
     def __init__(self, database: PostgresDatabase) -> None:
         self._db = database
 
-    def forget_messages(self, ids: Iterable[int], *, tombstone: bool = True) -> int:
-        """Forget these messages; ids never stored are tombstoned too (unless
-        ``tombstone`` is false: :meth:`.Forgetting.forget_messages`).
+    def forget_messages(self, ids: Iterable[int]) -> int:
+        """Forget these messages; ids never stored are tombstoned too.
 
         Returns:
             How many messages existed and were removed.
         """
-        wanted = sorted({int(i) for i in ids})
+        return self._forget_ids(sorted({int(i) for i in ids}), None)
+
+    def forget_emptied(self, edits: Mapping[int, int]) -> int:
+        """Forget messages an edit emptied, recording when (:meth:`.Forgetting.forget_emptied`)."""
+        return self._forget_ids(sorted(edits), edits)
+
+    def _forget_ids(self, wanted: list[int], emptied: Mapping[int, int] | None) -> int:
+        """Forget ``wanted``: tombstoned, or (``emptied``) recorded as emptied at a time."""
         if not wanted:
             return 0
         with self._db.write() as conn:
             held = lock_ids(conn, wanted)
             lock_guilds(conn, [row[0] for row in conn.execute(
                 "SELECT DISTINCT guild_id FROM messages WHERE id = ANY(%s)", (held,))])
-            removed = self.forget_in(conn, held, tombstone=tombstone)
+            if emptied is not None:
+                record_emptied(conn, DIALECT, emptied)
+            removed = self.forget_in(conn, held, tombstone=emptied is None)
             unlock_ids(conn, held)
         return removed
 

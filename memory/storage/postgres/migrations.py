@@ -355,6 +355,15 @@ MIGRATIONS: list[Migration] = [
     """,
     # 8: no message text, word or name in pg_statistic (docs/privacy.md).
     text_out_of_statistics,
+    # 9: messages an edit left with nothing to store: forgotten without a tombstone
+    # (they still exist: text put back later is stored), and no copy edited at or
+    # before this time (a stale page, an old export) brings the taken-out text back.
+    """
+    CREATE TABLE IF NOT EXISTS emptied_messages (
+        message_id bigint PRIMARY KEY,
+        edited_at bigint NOT NULL  -- unix ms of the edit that emptied it
+    );
+    """,
 ]
 
 

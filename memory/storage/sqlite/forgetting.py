@@ -13,10 +13,15 @@ keyword indexes instead of erasing word by word (:func:`.scrub.erasing`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from memory.storage.forgetting import drop_channel_rows, drop_guild_rows, drop_member_names
+from memory.storage.forgetting import (
+    drop_channel_rows,
+    drop_guild_rows,
+    drop_member_names,
+    record_emptied,
+)
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.connection import DIALECT, IN_IDS, id_list
 from memory.storage.sqlite.database import SQLiteDatabase, now_ms
@@ -51,11 +56,11 @@ class SQLiteForgetting:
         self._db = database
         self._table = table
 
-    def forget_messages(self, ids: Iterable[int], *, tombstone: bool = True) -> int:
+    def forget_messages(self, ids: Iterable[int]) -> int:
         """Remove messages from the table, the keyword index and the vectors, for good.
 
-        Each id gets a tombstone (unless ``tombstone`` is false: :meth:`.Forgetting.forget_messages`);
-        messages whose vectors carried its text as their antecedent are re-embedded.
+        Each id gets a tombstone; messages whose vectors carried its text as their
+        antecedent are re-embedded.
 
         Returns:
             How many messages existed and were removed.
@@ -64,7 +69,15 @@ class SQLiteForgetting:
         if not ids:
             return 0
         with self._db.write() as conn, self._db.erasing(conn, len(ids)):
-            return self.forget_in(conn, ids, tombstone=tombstone)
+            return self.forget_in(conn, ids)
+
+    def forget_emptied(self, edits: Mapping[int, int]) -> int:
+        """Forget messages an edit emptied, recording when (:meth:`.Forgetting.forget_emptied`)."""
+        if not edits:
+            return 0
+        with self._db.write() as conn, self._db.erasing(conn, len(edits)):
+            record_emptied(conn, DIALECT, edits)
+            return self.forget_in(conn, sorted(edits), tombstone=False)
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:
         """Forget every message in these channels and in their threads, their backfill

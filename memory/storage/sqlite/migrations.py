@@ -271,6 +271,15 @@ MIGRATIONS: list[Migration] = [
         PRIMARY KEY (channel_id, message_id)
     );
     """,
+    # 14: messages an edit left with nothing to store: forgotten without a tombstone
+    # (they still exist: text put back later is stored), and no copy edited at or
+    # before this time (a stale page, an old export) brings the taken-out text back.
+    """
+    CREATE TABLE IF NOT EXISTS emptied_messages (
+        message_id INTEGER PRIMARY KEY,
+        edited_at INTEGER NOT NULL  -- unix ms of the edit that emptied it
+    );
+    """,
 ]
 
 
