@@ -32,7 +32,7 @@ _MONTH = "|".join(sorted(MONTHS, key=len, reverse=True))
 _AGO = re.compile(rf"\b(\d+|{'|'.join(_NUMBERS)})\s+(?:of\s+)?({'|'.join(_UNITS)})\s+ago\b")
 _LAST = re.compile(r"\b(last|this|past)\s+(week|month|year|weekend)\b")
 _IN_MONTH = re.compile(rf"\b(?:in|during|since|on|from|of)\s+(?:early\s+|late\s+|mid\s+)?({_MONTH})\b"
-                       r"(?:\s+(?:of\s+)?(\d{4}))?")
+                       r"(?:\s+(?:of\s+)?(\d{4})\b)?")
 _MONTH_YEAR = re.compile(rf"\b({_MONTH})\s+(\d{{4}})\b")
 _RECENT = re.compile(
     r"\b(recent|recently|lately|latest|newest|last\s+time|these\s+days|nowadays|"
@@ -63,9 +63,16 @@ def parse_when(query: str, now: datetime) -> TimeSpan | None:
 
     Understood: today, yesterday, N days/weeks/months/years ago, last/this/past
     week/month/year/weekend, "in May" (the latest May not after ``now``),
-    "in May 2023", "May 2023".
+    "in May 2023", "May 2023".  A date no calendar holds ("in May 0000", "999999 days
+    ago") names none: it is words of the query, not a reason to fail the search.
     """
-    text = query.lower()
+    try:
+        return _parse(query.lower(), now)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _parse(text: str, now: datetime) -> TimeSpan | None:
     now = now.astimezone(timezone.utc)
     midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
     if re.search(r"\byesterday\b", text):

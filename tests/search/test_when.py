@@ -47,9 +47,24 @@ def test_time_expressions(query: str, start: datetime, end: datetime | None) -> 
 @pytest.mark.parametrize("query", [
     "when did the raid move to 9", "what may I bring", "how many weeks does it take",
     "the last of the tomatoes", "", "march of the penguins", "\x00", "a" * 10_000,
+    # no calendar holds these: words of the query, never a failed search
+    "printer in may 0000", "printer in december 9999", "printer 999999 days ago",
 ])
 def test_no_time_expression_is_guessed(query: str) -> None:
     assert parse_when(query, NOW) is None
+
+
+def test_a_five_digit_year_is_not_read_as_its_first_four() -> None:
+    span = parse_when("in may 10000", NOW)
+    assert span is not None and span.start.year == 2026  # "in May"; 10000 is just a word
+
+
+def test_a_date_no_calendar_holds_still_searches(
+    engine: MemoryEngine, make_record: Callable[..., MessageRecord]
+) -> None:
+    engine.ingest([make_record("the printer jammed again")])
+    for query in ("printer in december 9999", "printer 999999 days ago"):
+        assert engine.search(query, guild_id=GUILD, mode="keyword").hits
 
 
 @pytest.mark.parametrize("query, recent", [
