@@ -37,6 +37,8 @@ _MAX_ID = 2**63 - 1  # SQLite INTEGER
 # outside 1..9999 in UTC would not even read back as a datetime.
 _TIME_RANGE_MS = (DISCORD_EPOCH_MS, snowflake_time_ms(_MAX_ID))
 THREAD_TYPES = {"GuildPublicThread", "GuildPrivateThread", "GuildNewsThread"}
+# DiscordChatExporter's direct-message channels (exported under a "guild" of id 0)
+PRIVATE_CHAT_TYPES = {"DirectTextChat", "DirectGroupTextChat"}
 # System notices carry no conversation worth remembering.
 SKIPPED_TYPES = {
     "RecipientAdd", "RecipientRemove", "Call", "ChannelNameChange", "ChannelIconChange",
@@ -76,6 +78,10 @@ class ExportStream:
         guild_id, channel_id = _snowflake(guild.get("id")), _snowflake(channel.get("id"))
         if guild_id is None or channel_id is None:
             raise ImportFormatError(f"{self.path}: export lacks a valid guild.id or channel.id")
+        if guild_id == 0 or _text(channel.get("type")) in PRIVATE_CHAT_TYPES:
+            # the bot remembers servers' channels only, as live capture does
+            raise ImportFormatError(f"{self.path}: a direct-message export; only server "
+                                    "channels are remembered")
         self.context = _ChannelContext(
             guild_id=guild_id,
             guild_name=_text(guild.get("name")),

@@ -331,6 +331,19 @@ def test_malformed_file_is_an_import_format_error(
     assert message in str(excinfo.value)
 
 
+@pytest.mark.parametrize("guild, kind", [
+    ({"id": "0", "name": "Direct Messages"}, "DirectTextChat"),
+    ({"id": "0", "name": "Direct Messages"}, "DirectGroupTextChat"),
+    ({"id": "900", "name": "odd"}, "DirectTextChat"),
+])
+def test_a_direct_message_export_is_refused(tmp_path: Path, guild: dict, kind: str) -> None:
+    # live capture never stores a DM: neither does an import
+    path = export(tmp_path / "dm.json", [msg(10, "private dm about passwords")], guild=guild,
+                  channel={"id": "9001", "name": "alice", "type": kind})
+    with pytest.raises(ImportFormatError, match="direct-message export"):
+        read_export(path)
+
+
 def test_bad_files_are_reported_while_the_others_import(
     tmp_path: Path, engine: MemoryEngine
 ) -> None:
