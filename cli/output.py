@@ -14,6 +14,7 @@ import click
 from memory.engine import MemoryEngine
 from memory.errors import MemoryBotError
 from memory.records import SearchResult, ms_to_datetime
+from memory.text import clean
 
 
 def progress_bar(total: int, desc: str, unit: str = "msg") -> tuple[Callable[[int], None], Any]:
@@ -73,11 +74,15 @@ def format_result(result: SearchResult, *, debug: bool = False, width: int = 90)
         kw = f"{h.keyword_score:5.2f}" if h.keyword_score is not None else "  -  "
         rr = f" rerank {h.rerank_score:.3f}" if h.rerank_score is not None else ""
         when = ms_to_datetime(h.created_at).strftime("%Y-%m-%d")
-        text = " ".join(h.content.split())
+        # stored text is anyone's: no control or format character reaches the terminal
+        # (an escape sequence, a newline forging a result line, a direction override)
+        text = clean(h.content)
+        if h.attachments:
+            text += (" " if text else "") + f"[attached: {clean(', '.join(h.attachments))}]"
         text = text if len(text) <= width else text[: width - 1] + "…"
         lines.append(
             f"{rank:>2}. score {h.score:.4f} sim {sim} bm25 {kw} bonus {h.bonus:+.4f}{rr}  "
-            f"#{h.channel_name} {when} {h.author_name}\n    {text}"
+            f"#{clean(h.channel_name)} {when} {clean(h.author_name)}\n    {text}"
         )
     t = result.trace
     threshold = f"{t.threshold:.2f} ({t.threshold_mode})" if t.threshold is not None else t.threshold_mode

@@ -280,6 +280,27 @@ def test_keys_after_the_messages_list_are_still_read(tmp_path: Path) -> None:
     assert [r.content for r in read_export(path).records] == ["the second list's kettle"]
 
 
+def test_search_output_passes_no_control_character_to_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # an escape sequence sets the terminal's title; a newline in a name forges a result row
+    db, path = tmp_path / "m.sqlite3", tmp_path / "hostile.json"
+    write_export(path, json.dumps({
+        "guild": {"id": "900", "name": "g"},
+        "channel": {"id": "901", "name": "chan\nfake", "type": "GuildTextChat"},
+        "messages": [
+            msg(1100000000000000001, "widget \x1b[31mRED\x1b[0m \x1b]0;pwned\x07 \u202eevil",
+                author={"id": "3", "name": "bob", "nickname": "Bob\n 2. score 9.9 fake line"}),
+            msg(1100000000000000002, "", attachments=[{"fileName": "widget\x1b[2J.png"}])]}))
+    assert run_cli(capsys, "--db", db, *PROFILE, "import", "--no-embed", path)[0] == 0
+    code, out, err = run_cli(capsys, "--db", db, *PROFILE, "search", "widget", "--mode",
+                             "keyword")
+    assert code == 0, err
+    assert not [c for c in out if c != "\n" and (ord(c) < 32 or c in "\x7f\u202e")]
+    assert sum(line.lstrip().startswith(("1.", "2.")) for line in out.splitlines()) == 2
+    assert "[attached: widget [2J.png]" in out, "an attachment-only hit shows its file"
+
+
 # -- 7. a database URL for --db ------------------------------------------------------------
 
 
