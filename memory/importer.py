@@ -7,6 +7,8 @@ channel (DiscordChatExporter puts a thread's parent in ``categoryId``).
 
 from __future__ import annotations
 
+import codecs
+import io
 import itertools
 import logging
 from collections.abc import Iterator, Sequence
@@ -205,7 +207,8 @@ def _reason(exc: BaseException) -> str:
 
 @contextmanager
 def _open_json(path: Path) -> Iterator[BinaryIO]:
-    """The file in binary, past a UTF-8 byte order mark if it has one."""
+    """The file in binary, past a UTF-8 byte order mark if it has one, each byte that is
+    not UTF-8 read as U+FFFD (:class:`_ValidUtf8`)."""
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -213,7 +216,40 @@ def _open_json(path: Path) -> Iterator[BinaryIO]:
     with handle:
         if handle.read(3) != _BOM:
             handle.seek(0)
-        yield handle
+        valid = _ValidUtf8(handle)
+        yield io.BufferedReader(valid)
+        if valid.replaced:
+            log.warning("%s: bytes that are not UTF-8 were read as U+FFFD (a file saved in "
+                        "another encoding, in part?)", path)
+
+
+class _ValidUtf8(io.RawIOBase):
+    """A binary file as valid UTF-8: a byte that is not (one character of a message
+    saved in Latin-1, say) becomes U+FFFD, costing that character, where a strict
+    reader gave up on the rest of the file."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self._raw = raw
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._pending = b""
+        self.replaced = False  # whether any byte was replaced
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            chunk = self._raw.read(1 << 16)
+            text = self._decoder.decode(chunk, final=not chunk)
+            self.replaced |= text.count("\ufffd") > chunk.count(b"\xef\xbf\xbd")
+            self._pending = text.encode("utf-8")
+            if not chunk:
+                break
+        count = min(len(buffer), len(self._pending))
+        buffer[:count] = self._pending[:count]
+        self._pending = self._pending[count:]
+        return count
 
 
 def _read_header(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -4,6 +4,7 @@ odd exports, bad files reported per file, and idempotent re-imports."""
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -329,6 +330,22 @@ def test_malformed_file_is_an_import_format_error(
         read_export(path)
     assert str(path) in str(excinfo.value)
     assert message in str(excinfo.value)
+
+
+def test_a_byte_that_is_not_utf8_costs_one_character_not_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # message 3 saved in Latin-1: a strict reader gave up on messages 3 to 9
+    path = export(tmp_path / "mixed.json", [msg(10 + i, f"message {i} at the cafe")
+                                            for i in range(10)])
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b"message 3 at the cafe", "message 3 at the café".encode(
+        "latin-1")))
+    with caplog.at_level(logging.WARNING, logger="memory.importer"):
+        records = list(read_export(path).records)
+    assert [r.content for r in records][2:5] == [
+        "message 2 at the cafe", "message 3 at the caf\ufffd", "message 4 at the cafe"]
+    assert len(records) == 10 and "not UTF-8" in caplog.text
 
 
 @pytest.mark.parametrize("guild, kind", [
