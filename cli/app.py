@@ -115,6 +115,7 @@ def _import_line(summary: ImportSummary) -> str:
         (summary.misplaced, "with an id already stored in another channel (not stored)"),
         (summary.tombstoned, "deleted before (not stored again)"),
         (summary.opted_out, "by members who opted out (not stored)"),
+        (summary.emptied, "stored copies forgotten (an edit took out all their text)"),
     ]
     return (f"{summary.files} files ({len(summary.errors)} unreadable{damaged}), "
             f"{summary.inserted} new, {summary.updated} updated, {summary.unchanged} unchanged, "

@@ -149,7 +149,8 @@ class MemoryEngine:
         Raises:
             ImportFormatError: A path does not exist.
         """
-        summary = store_exports(self.storage.messages, paths, on_file=on_file)
+        summary = store_exports(self.storage.messages, paths, on_file=on_file,
+                                forget_emptied=self.storage.forgetting.forget_emptied)
         if embed:
             summary.embedded = self.embed_pending(progress=on_embedded)
         return summary

@@ -75,6 +75,7 @@ class ExportStream:
         """
         self.path = Path(path)
         self.skipped = 0
+        self.emptied: dict[int, int] = {}  # messages an edit left empty: id -> edit time
         self._times = _TimeCheck()
         guild, channel = _read_header(self.path)
         guild_id, channel_id = _snowflake(guild.get("id")), _snowflake(channel.get("id"))
@@ -108,6 +109,8 @@ class ExportStream:
                     record = _record(raw, self.context, self._times)
                     if record is None:
                         self.skipped += 1
+                        if (emptying := _emptying_edit(raw)) is not None:
+                            self.emptied[emptying[0]] = emptying[1]
                     else:
                         yield record
                 self._times.report(self.path)
@@ -418,6 +421,19 @@ def _record(raw: Any, ctx: _ChannelContext, times: _TimeCheck) -> MessageRecord 
         reply_to_id=_same_channel_reply(reference, ctx),
         attachments=attachments,
     )
+
+
+def _emptying_edit(raw: Any) -> tuple[int, int] | None:
+    """``(id, edit time)`` of a message an edit left with nothing to store (its text
+    taken out, a sticker left): live capture forgets the stored copy, and so does an
+    import (:meth:`.Forgetting.forget_emptied`)."""
+    if not isinstance(raw, dict) or _text(raw.get("type", "Default")) in SKIPPED_TYPES:
+        return None
+    message_id, edited = _snowflake(raw.get("id")), _time_ms(raw.get("timestampEdited"))
+    if message_id is None or edited is None:
+        return None
+    content, attachments = _content(raw)
+    return None if content.strip() or attachments else (message_id, edited)
 
 
 def _content(raw: dict[str, Any]) -> tuple[str, tuple[str, ...]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
@@ -61,6 +61,7 @@ class ImportSummary:
     tombstoned: int = 0
     opted_out: int = 0
     damaged: int = 0
+    emptied: int = 0  # stored copies forgotten: an edit in the export took out their text
     errors: list[str] = field(default_factory=list)
 
     def add(self, stats: UpsertStats, skipped: int) -> None:
@@ -94,12 +95,15 @@ class PartialImport(ImportFormatError):
 
 
 def store_exports(
-    messages: Messages, paths: Iterable[str | Path], *, on_file: Progress | None = None
+    messages: Messages, paths: Iterable[str | Path], *, on_file: Progress | None = None,
+    forget_emptied: Callable[[Mapping[int, int]], int] | None = None,
 ) -> ImportSummary:
     """Store every DiscordChatExporter file under ``paths`` (not embedded yet).
 
     Unreadable files are reported in the summary, not raised, so one bad file
-    does not stop an import of many.
+    does not stop an import of many.  A message an edit left with nothing to store
+    is given to ``forget_emptied`` (:meth:`.Forgetting.forget_emptied`): its stored
+    copy, if no newer, goes.
 
     Raises:
         ImportFormatError: A path does not exist.
@@ -119,6 +123,8 @@ def store_exports(
             stats = exc.partial if isinstance(exc, PartialImport) else UpsertStats()
             summary.damaged += any(astuple(stats))  # some of it was read before the damage
         summary.add(stats, export.skipped)
+        if forget_emptied is not None and export.emptied:
+            summary.emptied += forget_emptied(export.emptied)
     return summary
 
 

@@ -370,9 +370,9 @@ class Reconciler:
                 lambda: storage.messages.upsert(edits, insert=False).updated)
         emptied_at = {m.id: datetime_to_ms(m.edited_at) for m in edited
                       if m.edited_at is not None and emptied(m)}
-        if emptied_at:
+        if emptied_at:  # a copy edited since (a live edit put text back) stays
             progress.messages_forgotten += await self._in_order(
-                functools.partial(self._forget_emptied, emptied_at))
+                functools.partial(self.runtime.forget_emptied, list(emptied_at.items())))
         if gone:
             removed = await self._forget(lambda: self.engine.forget_messages(gone))
             progress.messages_forgotten += removed
@@ -381,13 +381,6 @@ class Reconciler:
         await self.runtime.writes.run_and_wait(
             lambda: storage.guilds.save_reconcile_cursor(guild_id, channel_id, run_id, lower))
         return lower
-
-    def _forget_emptied(self, emptied_at: dict[int, int]) -> int:
-        """Forget the messages an edit emptied (``{id: edit time}``), on the write thread,
-        unless a newer edit is stored: a live one put text back after the page was read."""
-        stored = self.engine.storage.messages.edit_times(list(emptied_at))
-        return self.runtime.forget_emptied(
-            [(i, emptied_at[i]) for i, edited in stored.items() if (edited or 0) <= emptied_at[i]])
 
     async def _forget(self, deletion: Callable[[], int]) -> int:
         """Run an engine deletion in order with the queued writes; how many it removed."""

@@ -292,10 +292,6 @@ class Messages(Protocol):
         """Stored message ids of a channel with ``low <= id < high``, oldest first."""
         ...
 
-    def edit_times(self, ids: Sequence[int]) -> dict[int, int | None]:
-        """``{id: edited_at}`` of those of ``ids`` stored (``None``: never edited)."""
-        ...
-
 
 class Forgetting(Protocol):
     """Every deletion: messages leave the table, the keyword index, the vectors and
@@ -316,7 +312,8 @@ class Forgetting(Protocol):
         """Forget messages an edit left with nothing to store (``{id: edit time}``, unix
         ms), without a tombstone: they still exist, and a copy edited later (text put
         back) is stored again; one edited at or before that time (a stale page, an old
-        export) is not.  Returns how many were stored."""
+        export) is not.  A stored copy edited after that time stays.  Returns how many
+        were removed."""
         ...
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:

@@ -19,16 +19,25 @@ __all__ = ["drop_channel_rows", "drop_guild_rows", "drop_member_names", "drop_un
            "record_emptied"]
 
 
-def record_emptied(conn: Any, dialect: Dialect, edits: Mapping[int, int]) -> None:
+def record_emptied(conn: Any, dialect: Dialect, edits: Mapping[int, int]) -> list[int]:
     """Record that these messages were emptied by an edit at these times (unix ms): no
     copy edited at or before then is stored again (:meth:`.Forgetting.forget_emptied`).
-    Inside the caller's write transaction."""
+    Inside the caller's write transaction.
+
+    Returns:
+        Those stored whose copy is no newer than that edit: the ones to forget (a copy
+        edited since, text put back, stays).
+    """
     sql = dialect.sql(
         "INSERT INTO emptied_messages(message_id, edited_at) VALUES (?, ?) "
         "ON CONFLICT (message_id) DO UPDATE SET edited_at = CASE WHEN excluded.edited_at > "
         "emptied_messages.edited_at THEN excluded.edited_at ELSE emptied_messages.edited_at END")
     for message_id, edited_at in sorted(edits.items()):  # a few per edit event or page
         conn.execute(sql, (message_id, edited_at))
+    stored = conn.execute(dialect.sql(
+        f"SELECT id, edited_at FROM messages WHERE {dialect.in_ids('id')}"),
+        (dialect.ids(sorted(edits)),)).fetchall()
+    return sorted(row[0] for row in stored if (row[1] or 0) <= edits[row[0]])
 
 
 def drop_guild_rows(conn: Any, dialect: Dialect, guild_id: int, tables: Sequence[str]) -> None:

@@ -340,12 +340,6 @@ class BaseMessages(DialectNoun):
             "SELECT min(id) FROM (SELECT id FROM messages WHERE channel_id = ? AND id < ? "
             "ORDER BY id DESC LIMIT ?) s", (channel_id, below_id, max(0, count)))[0][0]
 
-    def edit_times(self, ids: Sequence[int]) -> dict[int, int | None]:
-        """``{id: edited_at}`` of those of ``ids`` stored (``None``: never edited)."""
-        return {row[0]: row[1] for row in self._read(
-            f"SELECT id, edited_at FROM messages WHERE {self._dialect.in_ids('id')}",
-            (self._dialect.ids(ids),))}
-
     def ids_between(self, channel_id: int, low: int, high: int) -> list[int]:
         """Stored message ids of a channel with ``low <= id < high``, oldest first."""
         return [row[0] for row in self._read(

@@ -332,6 +332,22 @@ def test_malformed_file_is_an_import_format_error(
     assert message in str(excinfo.value)
 
 
+def test_an_edit_that_took_out_all_the_text_forgets_the_stored_copy(
+    tmp_path: Path, engine: MemoryEngine
+) -> None:
+    # the same message in an older export and in a newer one, edited down to a sticker
+    sticker = {"stickers": [{"id": "7", "name": "wave"}]}
+    older = export(tmp_path / "old.json", [msg(10, "my phone number is 555-0199", **sticker)])
+    newer = export(tmp_path / "new.json", [msg(10, "", timestampEdited="2026-03-01T12:00:00Z",
+                                               **sticker)])
+    engine.import_exports([older])
+    summary = engine.import_exports([newer])
+    assert summary.emptied == 1 and engine.storage.messages.count() == 0
+    assert not engine.search("phone number", mode="keyword").hits
+    again = engine.import_exports([older])  # the old export once more: it stays out
+    assert again.inserted == 0 and engine.storage.messages.count() == 0
+
+
 def test_a_byte_that_is_not_utf8_costs_one_character_not_the_rest(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

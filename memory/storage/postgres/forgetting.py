@@ -74,9 +74,9 @@ class PostgresForgetting:
             lock_guilds(conn, [row[0] for row in conn.execute(
                 "SELECT DISTINCT guild_id FROM messages WHERE id = ANY(%s)", (held,))])
             if emptied is not None:
-                record_emptied(conn, DIALECT, emptied)
+                held = record_emptied(conn, DIALECT, emptied)
             removed = self.forget_in(conn, held, tombstone=emptied is None)
-            unlock_ids(conn, held)
+            unlock_ids(conn, wanted)
         return removed
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:

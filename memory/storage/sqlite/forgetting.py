@@ -76,8 +76,7 @@ class SQLiteForgetting:
         if not edits:
             return 0
         with self._db.write() as conn, self._db.erasing(conn, len(edits)):
-            record_emptied(conn, DIALECT, edits)
-            return self.forget_in(conn, sorted(edits), tombstone=False)
+            return self.forget_in(conn, record_emptied(conn, DIALECT, edits), tombstone=False)
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:
         """Forget every message in these channels and in their threads, their backfill
