@@ -331,10 +331,7 @@ async def test_a_new_channel_whose_messages_are_not_stored_is_not_read_whole_eac
     # purged after it was caught up: its tombstones keep it empty, and each READY must go
     # on from where the last read ended, not read the channel from its start again
     h, fake = setup
-    heard = timed(h, GENERAL, [60])  # stored by the bot's last run
-    h.engine.ingest([record_from_message(discord.Message(
-        state=h.state, channel=h.guild.get_channel(GENERAL), data=heard[0]))])
-    fake.history[GENERAL] = heard
+    heard_an_hour_ago(h, fake)
     room = made(50)
     h.state.parse_channel_create(channel(room, G, "new-room"))
     fake.history[room] = timed(h, room, [49, 48, 47])
@@ -381,10 +378,7 @@ async def test_a_guild_left_during_its_catch_up_keeps_no_marks(setup):
     # the bot is removed while a page of a channel made while it was away is checked:
     # the page stores nothing, and the mark of how far it was read must not outlive it
     h, fake = setup
-    heard = timed(h, GENERAL, [60])
-    h.engine.ingest([record_from_message(discord.Message(
-        state=h.state, channel=h.guild.get_channel(GENERAL), data=heard[0]))])
-    fake.history[GENERAL] = heard
+    heard_an_hour_ago(h, fake)
     room = made(50)
     h.state.parse_channel_create(channel(room, G, "new-room"))
     fake.history[room] = timed(h, room, [49])
@@ -434,6 +428,13 @@ async def test_a_thread_archived_while_the_bot_was_away_is_caught_up(setup):
     assert not any(f"/{old_thread}/" in p for p in read), "archived before the bot went away"
 
 
+def heard_an_hour_ago(h: Harness, fake: FakeDiscord) -> None:
+    """#general's history: one message, an hour ago, stored by the bot's last run."""
+    fake.history[GENERAL] = timed(h, GENERAL, [60])
+    h.engine.ingest([record_from_message(discord.Message(
+        state=h.state, channel=h.guild.get_channel(GENERAL), data=fake.history[GENERAL][0]))])
+
+
 def made(minutes_ago: float) -> int:
     """A channel or thread id made the given minutes before now."""
     return discord.utils.time_snowflake(datetime.now(timezone.utc) - timedelta(minutes=minutes_ago))
@@ -443,10 +444,7 @@ async def test_channels_and_threads_made_while_the_bot_was_away_are_read_from_th
     setup,
 ):
     h, fake = setup
-    heard = timed(h, GENERAL, [60])  # the bot's last run heard this, an hour ago
-    h.engine.ingest([record_from_message(discord.Message(
-        state=h.state, channel=h.guild.get_channel(GENERAL), data=heard[0]))])
-    fake.history[GENERAL] = heard
+    heard_an_hour_ago(h, fake)
     room, excluded, talk, closed = made(50), made(45), made(40), made(35)
     h.engine.storage.guilds.update_settings(G, channel_mode="exclude", add_channel=excluded)
     for cid, name in ((room, "new-room"), (excluded, "not-remembered")):
@@ -490,10 +488,7 @@ async def test_a_thread_started_while_away_on_an_older_message_is_read(setup):
 async def test_a_channel_made_while_away_is_read_from_its_start_after_a_live_message(setup):
     # a member speaks in the new channel as the bot comes back, before the catch-up
     h, fake = setup
-    heard = timed(h, GENERAL, [60])
-    h.engine.ingest([record_from_message(discord.Message(
-        state=h.state, channel=h.guild.get_channel(GENERAL), data=heard[0]))])
-    fake.history[GENERAL] = heard
+    heard_an_hour_ago(h, fake)
     room = made(50)
     h.state.parse_channel_create(channel(room, G, "new-room"))
     away, live = timed(h, room, [49, 48]), timed(h, room, [0])
