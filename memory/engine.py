@@ -167,11 +167,8 @@ class MemoryEngine:
 
     def forget_emptied(self, edits: Mapping[int, int]) -> int:
         """Forget messages an edit left with nothing to store (``{id: edit time}``): a
-        copy edited later (text put back) is stored again, an older one never.
-
-        Returns:
-            How many stored messages were removed.
-        """
+        copy edited later (text put back) is stored again, an older one never; how many
+        stored messages were removed."""
         return self.storage.forgetting.forget_emptied(edits)
 
     def forget_channels(self, channel_ids: Iterable[int]) -> int:

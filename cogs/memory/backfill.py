@@ -112,7 +112,7 @@ class Backfiller:
             except (discord.Forbidden, discord.NotFound):
                 await interaction.followup.send("I cannot read that thread.", ephemeral=True)
                 return
-        targets = [channel] if channel is not None else self.channels_of(guild)
+        targets = [channel] if channel is not None else channels_of(guild)
         progress = Progress(channels=len(targets))
         status = await interaction.followup.send(
             f"Backfilling… {progress.line()}", ephemeral=True, wait=True)
@@ -124,15 +124,6 @@ class Backfiller:
                                   noun="Backfill", guild_id=guild.id)
         finally:
             self._running.pop(guild.id, None)
-
-    @staticmethod
-    def channels_of(guild: discord.Guild) -> list[Walkable]:
-        """Every channel in a guild that holds messages (threads are walked under them)."""
-        return [
-            c for c in guild.channels
-            if isinstance(c, (discord.TextChannel, discord.VoiceChannel, discord.StageChannel,
-                              discord.ForumChannel))
-        ]
 
     async def run(self, targets: list[Walkable], progress: Progress,
                   viewer: discord.Member | None = None) -> None:
@@ -154,34 +145,8 @@ class Backfiller:
             return [channel]  # voice and stage channels have a text chat but no threads
         places: list[History] = [] if isinstance(channel, discord.ForumChannel) else [channel]
         places.extend(channel.threads)
-        places.extend(await self._archived_threads(channel))
+        places.extend(await archived_threads(channel))
         return list({p.id: p for p in places}.values())
-
-    async def _archived_threads(
-        self, channel: discord.TextChannel | discord.ForumChannel, since: datetime | None = None,
-    ) -> list[discord.Thread]:
-        """The channel's archived threads, public and private, those archived after
-        ``since`` only when given (Discord lists the latest archived first)."""
-        found: list[discord.Thread] = []
-        # forum posts are all public threads; text channels have private ones too
-        for private in (False,) if isinstance(channel, discord.ForumChannel) else (False, True):
-            try:
-                if private:  # all of them takes Manage Threads; else those the bot is in
-                    assert isinstance(channel, discord.TextChannel)
-                    joined = not channel.permissions_for(channel.guild.me).manage_threads
-                    archived = channel.archived_threads(limit=None, private=True, joined=joined)
-                else:
-                    archived = channel.archived_threads(limit=None)
-                async for thread in archived:
-                    if since is not None and thread.archive_timestamp < since:
-                        break
-                    found.append(thread)
-            except (discord.Forbidden, discord.NotFound):
-                log.debug("cannot list %s archived threads of %s",
-                          "private" if private else "public", channel.id)
-            except discord.HTTPException as exc:
-                log.warning("listing archived threads of %s failed: %s", channel.id, exc)
-        return found
 
     async def _archived_since(self, guild: discord.Guild, last_heard: int | None,
                               before_id: int) -> list[discord.Thread]:
@@ -197,42 +162,22 @@ class Backfiller:
         if last_heard is not None:  # a thread may have been made in any channel
             parents.update(c.id for c in guild.channels
                            if isinstance(c, (discord.TextChannel, discord.ForumChannel))
-                           and self._can_read(c) and settings.remembers_channel(c.id))
+                           and can_read(c) and settings.remembers_channel(c.id))
         since = discord.utils.snowflake_time(last_heard if last_heard is not None else before_id)
         found: list[discord.Thread] = []
         for parent_id in sorted(parents):
             channel = guild.get_channel(parent_id)
             if isinstance(channel, (discord.TextChannel, discord.ForumChannel)):
-                found.extend(t for t in await self._archived_threads(channel, since)
-                             if t.id in wanted or self._made_while_away(t, last_heard, settings))
+                found.extend(t for t in await archived_threads(channel, since)
+                             if t.id in wanted or made_while_away(t, last_heard, settings))
         return found
-
-    @staticmethod
-    def _made_while_away(place: History, last_heard: int | None,
-                         settings: GuildSettings) -> bool:
-        """Whether ``place`` is a remembered channel or thread made after the newest
-        message stored from its guild: the bot was away, so live capture never saw it
-        (a guild it never heard from at all is a backfill's job).  A thread started on
-        an older message has that message's id, so its creation time is what counts."""
-        if last_heard is None:
-            return False
-        made = discord.utils.snowflake_time(place.id)
-        parent_id = None
-        if isinstance(place, discord.Thread):
-            made, parent_id = place.created_at or made, place.parent_id
-        return (made > discord.utils.snowflake_time(last_heard)
-                and settings.remembers_channel(place.id, parent_id))
-
-    def _can_read(self, channel: Walkable) -> bool:
-        perms = channel.permissions_for(channel.guild.me)
-        return perms.view_channel and perms.read_message_history
 
     # -- walking history -----------------------------------------------------------------
 
     async def walk_back(self, channel: History, progress: Progress) -> None:
         """Read ``channel`` from its saved position back to its first message."""
         guilds = self.engine.storage.guilds
-        if not self._can_read(channel):
+        if not can_read(channel):
             progress.skipped_channels += 1
             return
         cursor = await self.runtime.read(guilds.backfill_cursor, channel.id)
@@ -410,15 +355,73 @@ class Backfiller:
         last_heard = await self.runtime.read(self.engine.storage.messages.latest_in_guild,
                                              guild.id, before_id)
         settings = await self.runtime.guild_settings.get(guild.id)
-        places: list[Walkable] = [*self.channels_of(guild), *guild.threads,
+        places: list[Walkable] = [*channels_of(guild), *guild.threads,
                                   *await self._archived_since(guild, last_heard, before_id)]
         plan: list[tuple[History, int, list[int]]] = []
         for place in places:
-            if isinstance(place, discord.ForumChannel) or not self._can_read(place):
+            if isinstance(place, discord.ForumChannel) or not can_read(place):
                 continue
             marks = missed.get(place.id, [])
             after = await self._catch_up_from(
-                place, marks, before_id, self._made_while_away(place, last_heard, settings))
+                place, marks, before_id, made_while_away(place, last_heard, settings))
             if after is not None:
                 plan.append((place, after, marks))
         return plan
+
+
+async def archived_threads(
+    channel: discord.TextChannel | discord.ForumChannel, since: datetime | None = None,
+) -> list[discord.Thread]:
+    """The channel's archived threads, public and private, those archived after
+    ``since`` only when given (Discord lists the latest archived first)."""
+    found: list[discord.Thread] = []
+    # forum posts are all public threads; text channels have private ones too
+    for private in (False,) if isinstance(channel, discord.ForumChannel) else (False, True):
+        try:
+            if private:  # all of them takes Manage Threads; else those the bot is in
+                assert isinstance(channel, discord.TextChannel)
+                joined = not channel.permissions_for(channel.guild.me).manage_threads
+                archived = channel.archived_threads(limit=None, private=True, joined=joined)
+            else:
+                archived = channel.archived_threads(limit=None)
+            async for thread in archived:
+                if since is not None and thread.archive_timestamp < since:
+                    break
+                found.append(thread)
+        except (discord.Forbidden, discord.NotFound):
+            log.debug("cannot list %s archived threads of %s",
+                      "private" if private else "public", channel.id)
+        except discord.HTTPException as exc:
+            log.warning("listing archived threads of %s failed: %s", channel.id, exc)
+    return found
+
+
+def made_while_away(place: History, last_heard: int | None,
+                     settings: GuildSettings) -> bool:
+    """Whether ``place`` is a remembered channel or thread made after the newest
+    message stored from its guild: the bot was away, so live capture never saw it
+    (a guild it never heard from at all is a backfill's job).  A thread started on
+    an older message has that message's id, so its creation time is what counts."""
+    if last_heard is None:
+        return False
+    made = discord.utils.snowflake_time(place.id)
+    parent_id = None
+    if isinstance(place, discord.Thread):
+        made, parent_id = place.created_at or made, place.parent_id
+    return (made > discord.utils.snowflake_time(last_heard)
+            and settings.remembers_channel(place.id, parent_id))
+
+
+def can_read(channel: Walkable) -> bool:
+    """Whether the bot may read ``channel``'s history (by the cache)."""
+    perms = channel.permissions_for(channel.guild.me)
+    return perms.view_channel and perms.read_message_history
+
+
+def channels_of(guild: discord.Guild) -> list[Walkable]:
+    """Every channel in a guild that holds messages (threads are walked under them)."""
+    return [
+        c for c in guild.channels
+        if isinstance(c, (discord.TextChannel, discord.VoiceChannel, discord.StageChannel,
+                          discord.ForumChannel))
+    ]
