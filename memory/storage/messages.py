@@ -285,13 +285,19 @@ class BaseMessages(DialectNoun):
             (guild_id,))]
 
     def channel_ids_named(self, name: str, guild_id: int | None = None) -> list[int]:
-        """Return the ids of stored channels called ``name`` (case-insensitive)."""
-        sql = "SELECT id FROM channels WHERE lower(name) = lower(?)"
-        params: list[Any] = [name]
+        """Return the ids of stored channels called ``name``, case ignored as Unicode does.
+
+        Compared here, not in SQL: SQLite's ``lower()`` folds only ASCII, PostgreSQL's
+        folds by the database's locale, and a guild has at most a few thousand channels.
+        """
+        sql = "SELECT id, name FROM channels"
+        params: list[Any] = []
         if guild_id is not None:
-            sql += " AND guild_id = ?"
+            sql += " WHERE guild_id = ?"
             params.append(guild_id)
-        return [row[0] for row in self._read(sql, params)]
+        wanted = name.casefold()
+        return [row[0] for row in self._read(sql + " ORDER BY id", params)
+                if row[1] is not None and row[1].casefold() == wanted]
 
     def guild_stats(
         self, guild_id: int, author_id: int | None = None, channel_ids: Iterable[int] | None = None

@@ -195,6 +195,25 @@ def test_a_forgotten_channel_or_thread_leaves_its_row_and_name(
     assert messages.channel_ids_named("side room") == [side]
 
 
+def test_a_channel_name_matches_whatever_its_case_in_any_script(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    accented, greek, german = CHANNEL + 1, CHANNEL + 2, CHANNEL + 3
+    engine.ingest([
+        make_record("bonjour", channel_id=accented, channel_name="général"),
+        make_record("γεια", channel_id=greek, channel_name="Συζήτηση"),
+        make_record("hallo", channel_id=german, channel_name="straße"),
+    ])
+    messages = engine.storage.messages
+
+    assert messages.channel_ids_named("GÉNÉRAL") == [accented]
+    assert messages.channel_ids_named("ΣΥΖΉΤΗΣΗ") == [greek]
+    assert messages.channel_ids_named("STRASSE") == [german]
+    assert messages.channel_ids_named("général", guild_id=GUILD) == [accented]
+    assert messages.channel_ids_named("général", guild_id=GUILD + 1) == []
+    assert messages.channel_ids_named("generál") == []
+
+
 def test_the_newest_stored_message_below_an_id(engine: MemoryEngine, make_record: MakeRecord) -> None:
     side = CHANNEL + 1
     records = [make_record(f"message {i}", channel_id=CHANNEL if i % 2 else side, age_days=5 - i)
