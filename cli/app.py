@@ -133,7 +133,8 @@ def _unreadable(errors: list[str]) -> str:
 @click.argument("queries", nargs=-1, required=True)
 @click.option("--guild", type=SNOWFLAKE, help="Guild id (default: every guild).")
 @click.option("--channel", "channels", type=ID_OR_NAME, multiple=True,
-              help="Channel id or name (repeatable); a channel includes its threads.")
+              help="Channel id or name, any case (repeatable); a channel or forum includes "
+              "its threads.")
 @click.option("--author", "authors", type=ID_OR_NAME, multiple=True,
               help="Author id, name or display name (repeatable).")
 @click.option("--after", type=ISO_DATE, help="Only messages after this date (ISO 8601).")

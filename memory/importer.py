@@ -92,6 +92,8 @@ class ExportStream:
             channel_name=_text(channel.get("name")),
             channel_type=_text(channel.get("type")),
             parent_id=_parent_id(channel),
+            # a thread's parent is its "category" (a forum's name is stored only so)
+            parent_name=_text(channel.get("category")) if _parent_id(channel) is not None else "",
         )
 
     def records(self) -> Iterator[MessageRecord]:
@@ -356,6 +358,7 @@ class _ChannelContext:
     channel_name: str
     channel_type: str
     parent_id: int | None
+    parent_name: str
 
 
 def _parent_id(channel: dict[str, Any]) -> int | None:
@@ -418,6 +421,7 @@ def _record(raw: Any, ctx: _ChannelContext, times: _TimeCheck) -> MessageRecord 
         channel_name=ctx.channel_name,
         channel_type=ctx.channel_type,
         parent_id=ctx.parent_id,
+        parent_name=ctx.parent_name,
         reply_to_id=_same_channel_reply(reference, ctx),
         attachments=attachments,
     )

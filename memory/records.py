@@ -71,7 +71,9 @@ class MessageRecord:
 
     Times are unix milliseconds (UTC).  ``parent_id`` is the parent channel of a
     thread, ``None`` for a normal channel or when the source does not know it;
-    ``channel_type`` and ``channel_name`` are ``""`` when the source does not know
+    ``parent_name`` is that parent's name (a forum holds no messages of its own, so
+    its name is known only from its threads' messages).  ``channel_type``,
+    ``channel_name`` and ``parent_name`` are ``""`` when the source does not know
     them.  Unknown fields never overwrite what the store already knows.
     """
 
@@ -88,6 +90,7 @@ class MessageRecord:
     channel_name: str = ""
     channel_type: str = ""
     parent_id: int | None = None
+    parent_name: str = ""
     edited_at: int | None = None
     reply_to_id: int | None = None
     attachments: tuple[str, ...] = ()

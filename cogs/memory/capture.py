@@ -33,6 +33,7 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
         return None
     channel = message.channel
     parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
+    parent = channel.parent if isinstance(channel, discord.Thread) else None
     author = message.author
     reference = message.reference
     return MessageRecord(
@@ -52,6 +53,7 @@ def record_from_message(message: discord.Message) -> MessageRecord | None:
         # type: "" tells the store that this event does not know it
         channel_type=str(channel.type) if channel.type is not None else "",
         parent_id=parent_id,
+        parent_name=valid_unicode(parent.name) if parent is not None else "",
         reply_to_id=(
             reference.message_id
             if reference and reference.type is discord.MessageReferenceType.default

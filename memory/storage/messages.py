@@ -21,8 +21,8 @@ from memory.storage.dialect import Dialect, DialectNoun
 from memory.storage.member_names import AUTHOR_JOIN, AUTHOR_NAME
 
 __all__ = [
-    "MESSAGE_COLUMNS", "Admission", "BaseMessages", "known_type", "message_fields", "message_row",
-    "names_key", "newer_version", "split_attachments",
+    "MESSAGE_COLUMNS", "Admission", "BaseMessages", "channel_rows", "known_type", "message_fields",
+    "message_row", "names_key", "newer_version", "split_attachments",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,18 @@ def names_key(r: MessageRecord) -> tuple:
     """Every field an upsert writes to the guild, channel, author and names rows."""
     return (
         r.guild_id, r.guild_name, r.channel_id, r.parent_id, r.channel_name, r.channel_type,
-        r.author_id, r.author_name, r.author_display_name, r.author_is_bot,
+        r.parent_name, r.author_id, r.author_name, r.author_display_name, r.author_is_bot,
     )
+
+
+def channel_rows(r: MessageRecord) -> list[tuple[int, int, int | None, str, str]]:
+    """The ``(id, guild_id, parent_id, name, type)`` rows of ``channels`` a record names:
+    its channel, and a thread's parent when the record knows the parent's name (a
+    forum's row exists only so: ``--channel <forum>`` then finds its posts)."""
+    rows = [(r.channel_id, r.guild_id, r.parent_id, r.channel_name, known_type(r.channel_type))]
+    if r.parent_id is not None and r.parent_name.strip():
+        rows.append((r.parent_id, r.guild_id, None, r.parent_name, ""))
+    return rows
 
 
 def message_row(r: MessageRecord) -> tuple:

@@ -214,6 +214,9 @@ async def test_backfill_reads_voice_chats_and_forum_posts(setup):
     assert h.engine.storage.messages.count() == 9
     read = {path.split("/")[-2] for path, _ in fake.requests if path.endswith("/messages")}
     assert read == {str(GENERAL), str(VOICE), str(POST)}, "never the forum itself"
+    # the forum's name is stored from its posts' messages: the CLI's --channel finds them
+    assert h.engine.storage.messages.channel_ids_named("HELP-forum", G) == [FORUM]
+    assert h.engine.storage.messages.expand_channels([FORUM]) == (FORUM, POST)
 
 
 async def test_backfill_resumes_after_a_crash_without_duplicates(setup):

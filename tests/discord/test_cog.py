@@ -127,6 +127,7 @@ def test_record_from_a_gateway_message(tmp_path):
         assert record.parent_id is None
         in_thread = record_from_message(h.message("hi", author=(ALICE, "alice"), channel=THREAD))
         assert in_thread.channel_id == THREAD and in_thread.parent_id == GENERAL
+        assert (in_thread.parent_name, record.parent_name) == ("general", "")
         engine.close()
 
     asyncio.run(scenario())

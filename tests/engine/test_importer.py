@@ -276,6 +276,20 @@ def test_thread_export_records_parent(tmp_path: Path) -> None:
     assert parents == [901, 902, None, None]
 
 
+def test_a_thread_export_alone_names_its_parent(tmp_path: Path, engine: MemoryEngine) -> None:
+    """A forum holds no messages of its own: its name comes from its posts' exports."""
+    post = {"id": "950", "type": "GuildPublicThread", "categoryId": "901",
+            "category": "help-forum", "name": "printer jams"}
+    text = {"id": "953", "type": "GuildTextChat", "categoryId": "800", "category": "Chat",
+            "name": "general"}
+    engine.import_exports([export(tmp_path / "post.json", [msg(10)], channel=post),
+                           export(tmp_path / "text.json", [msg(11)], channel=text)])
+    messages = engine.storage.messages
+    assert messages.channel_ids_named("help-forum") == [901]
+    assert messages.expand_channels([901]) == (901, 950)
+    assert messages.channel_ids_named("Chat") == [], "a text channel's category is no channel"
+
+
 def test_partitioned_exports_are_all_imported(tmp_path: Path, engine: MemoryEngine) -> None:
     folder = tmp_path / "exports"
     export(folder / "Tiny guild - chat [901].json", [msg(1000 + i, f"part one {i}")

@@ -214,6 +214,30 @@ def test_a_channel_name_matches_whatever_its_case_in_any_script(
     assert messages.channel_ids_named("generál") == []
 
 
+def test_a_threads_record_names_its_parent_without_changing_what_is_known(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    forum, post, text, thread = CHANNEL + 1, CHANNEL + 2, CHANNEL + 3, CHANNEL + 4
+    engine.ingest([
+        make_record("a forum post", channel_id=post, parent_id=forum, parent_name="help-forum",
+                    channel_type="GuildPublicThread", channel_name="printer jams"),
+        make_record("in the room", channel_id=text, channel_name="room", channel_type="GuildTextChat"),
+        make_record("in its thread", channel_id=thread, parent_id=text, parent_name="room renamed",
+                    channel_type="GuildPublicThread", channel_name="side"),
+        make_record("unnamed parent", channel_id=thread, parent_id=text, parent_name="",
+                    channel_type="GuildPublicThread", channel_name="side"),
+    ])
+    messages = engine.storage.messages
+    assert messages.channel_ids_named("help-forum") == [forum]
+    assert messages.expand_channels([forum]) == (forum, post)
+    assert messages.channel_ids_named("room renamed") == [text]  # the newer name
+    assert messages.channel_ids_named("room") == []
+    assert sorted(messages.channels_with_messages(GUILD)) == [
+        (post, forum), (text, None), (thread, text)], "a forum holds no messages"
+    assert engine.forget_channels([forum]) == 1  # the forum purged: its row goes with its posts
+    assert messages.channel_ids_named("help-forum") == []
+
+
 def test_the_newest_stored_message_below_an_id(engine: MemoryEngine, make_record: MakeRecord) -> None:
     side = CHANNEL + 1
     records = [make_record(f"message {i}", channel_id=CHANNEL if i % 2 else side, age_days=5 - i)

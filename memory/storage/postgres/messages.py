@@ -16,7 +16,7 @@ from typing import Any
 
 from memory.records import MessageRecord
 from memory.storage.contract import UpsertStats
-from memory.storage.messages import BaseMessages, known_type, message_row, names_key, newer_version
+from memory.storage.messages import BaseMessages, channel_rows, message_row, names_key, newer_version
 from memory.storage.postgres import windows
 from memory.storage.postgres.connection import DIALECT
 from memory.storage.postgres.database import (
@@ -125,9 +125,8 @@ def _write_names(conn: Any, records: list[MessageRecord]) -> None:
     guilds = _merged(conn, "guilds", ("id",), ("name",), [
         ((r.guild_id,), {"name": r.guild_name}) for r in records])
     channels = _merged(conn, "channels", ("id",), ("guild_id", "parent_id", "name", "type"), [
-        ((r.channel_id,), {"guild_id": r.guild_id, "parent_id": r.parent_id,
-                           "name": r.channel_name, "type": known_type(r.channel_type)})
-        for r in records])
+        ((row[0],), dict(zip(("guild_id", "parent_id", "name", "type"), row[1:])))
+        for r in records for row in channel_rows(r)])
     authors = _merged(conn, "authors", ("id",), ("is_bot",), [
         ((r.author_id,), {"is_bot": bool(r.author_is_bot)}) for r in records])
     # the names an author has in each guild: another guild's row is never touched

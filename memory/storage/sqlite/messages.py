@@ -16,7 +16,7 @@ from typing import Any
 
 from memory.records import MessageRecord
 from memory.storage.contract import UpsertStats
-from memory.storage.messages import BaseMessages, known_type, message_row, names_key, newer_version
+from memory.storage.messages import BaseMessages, channel_rows, message_row, names_key, newer_version
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.connection import DIALECT, IN_IDS, id_list
 from memory.storage.sqlite.database import SQLiteDatabase
@@ -150,13 +150,13 @@ def _write_names(conn: Any, r: MessageRecord) -> None:
         "name = CASE WHEN excluded.name != '' THEN excluded.name ELSE name END",
         (r.guild_id, r.guild_name),
     )
-    conn.execute(
+    conn.executemany(
         "INSERT INTO channels(id, guild_id, parent_id, name, type) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT(id) DO UPDATE SET "
         "parent_id = COALESCE(excluded.parent_id, parent_id), "
         "name = CASE WHEN excluded.name != '' THEN excluded.name ELSE name END, "
         "type = CASE WHEN excluded.type != '' THEN excluded.type ELSE type END",
-        (r.channel_id, r.guild_id, r.parent_id, r.channel_name, known_type(r.channel_type)),
+        channel_rows(r),
     )
     conn.execute(
         "INSERT INTO authors(id, is_bot) VALUES (?, ?) "
