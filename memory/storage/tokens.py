@@ -6,6 +6,11 @@ SQLite's keyword index (``search_fts``, ``window_fts``) splits text with FTS5's
 words, so it runs that very tokenizer in this process, on an in-memory SQLite table:
 the same case folding, accent removal, Porter stems and CJK runs, by construction.
 SQLite (with FTS5) is a dependency of the bot on either engine.
+
+One difference is needed: PostgreSQL's B-tree indexes refuse an entry over about
+2,700 bytes, and a pasted key or a long CJK run without punctuation is one token.
+Tokens are cut to :data:`MAX_TERM_BYTES` (at a character boundary), for the index and
+for queries alike, so such a message is stored and its word still found.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from collections.abc import Sequence
 
 from memory.storage.sqlite.connection import sqlite_driver
 
-__all__ = ["TOKENIZE", "Tokenizer", "tokenizer"]
+__all__ = ["MAX_TERM_BYTES", "TOKENIZE", "Tokenizer", "tokenizer"]
 
 TOKENIZE = "porter unicode61 remove_diacritics 2"  # SQLite's search_fts and window_fts
+MAX_TERM_BYTES = 240  # a term's UTF-8 length in PostgreSQL's indexes (they allow ~2,700)
 
 
 class Tokenizer:
@@ -55,12 +61,19 @@ class Tokenizer:
             finally:
                 self._conn.execute("ROLLBACK")  # the table is only ever a scratch pad
         for doc, column, term in rows:
-            out[doc][int(column[1])].append(term)
+            out[doc][int(column[1])].append(_capped(term))
         return out
 
     def words(self, text: str) -> list[str]:
         """The tokens of one piece of text (a query term may give none, or several)."""
         return self.columns([(text,)])[0][0]
+
+
+def _capped(term: str) -> str:
+    """``term`` cut to at most :data:`MAX_TERM_BYTES` of UTF-8, never inside a character."""
+    if len(term) * 4 <= MAX_TERM_BYTES:  # the usual word: no encoding needed
+        return term
+    return term.encode()[:MAX_TERM_BYTES].decode(errors="ignore")
 
 
 _tokenizer: Tokenizer | None = None

@@ -3,6 +3,8 @@ vectors; deletes; threads and their parents."""
 
 from __future__ import annotations
 
+import random
+import string
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -236,6 +238,24 @@ def test_a_threads_record_names_its_parent_without_changing_what_is_known(
         (post, forum), (text, None), (thread, text)], "a forum holds no messages"
     assert engine.forget_channels([forum]) == 1  # the forum purged: its row goes with its posts
     assert messages.channel_ids_named("help-forum") == []
+
+
+def test_a_message_of_one_very_long_word_is_stored_and_found(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    """A pasted key or a CJK run without punctuation is one token of thousands of bytes:
+    PostgreSQL's indexes refused it, and the message was lost."""
+    rng = random.Random(7)
+    key = "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(2900))
+    cjk = "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(1000))  # 3,000 bytes
+    pasted, written = make_record(f"my key is {key} ok"), make_record(cjk)
+    assert engine.storage.messages.upsert([pasted, written]).inserted == 2
+    assert keyword_ids(engine.storage, key) == {pasted.id}
+    assert keyword_ids(engine.storage, cjk) == {written.id}
+    # an edit that adds such a word still takes the old text out
+    edited = replace(pasted, content=f"new key {key[::-1]}", edited_at=pasted.created_at + 1)
+    assert engine.storage.messages.upsert([edited]).updated == 1
+    assert engine.storage.messages.hydrate([pasted.id])[pasted.id].content.startswith("new key")
 
 
 def test_the_newest_stored_message_below_an_id(engine: MemoryEngine, make_record: MakeRecord) -> None:

@@ -22,7 +22,7 @@ import pytest
 from memory.errors import DatabaseFileError, StorageBusy
 from memory.filters import Filters
 from memory.records import MessageRecord
-from memory.storage import open_storage
+from memory.storage import open_storage, tokens
 from memory.storage.postgres import PostgresStorage
 from memory.storage.postgres.connection import is_postgres_url, redact
 from memory.storage.postgres.database import GUILD_LOCKS
@@ -393,6 +393,39 @@ def test_migration_3_moves_jsonb_documents_to_postings(
         for (words, field), ranked in before.items():
             found = again.keywords.ranked([words], 50, Filters(guild_id=GUILD), field=field)
             assert ranked and [m for m, _ in found] == [m for m, _ in ranked]
+    finally:
+        again.close()
+
+
+def test_migration_10_cuts_the_long_words_an_older_version_stored(
+    postgres_url: Callable[..., str], postgres_server: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A word of 241-2,700 bytes was stored whole: its documents are written again with
+    it cut, so the query (cut the same way) finds it and every total stays right."""
+    url = postgres_url()
+    word = "k" * 400
+    monkeypatch.setattr(tokens, "MAX_TERM_BYTES", 2_600)  # as an older version stored it
+    storage = PostgresStorage(url)
+    storage.messages.upsert([_record(1, f"the key is {word}"), _record(2, "no key here"),
+                             _record(3, "near the key")])
+    storage.close()
+    with postgres_server.connect(database_name(url)) as conn:
+        assert conn.execute("SELECT count(*) FROM message_postings WHERE "
+                            "octet_length(term) = 400").fetchone() == (1,)
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 10")
+    monkeypatch.undo()
+    again = PostgresStorage(url)
+    try:
+        assert again.database.schema_version() >= 10
+        with postgres_server.connect(database_name(url)) as conn:
+            assert conn.execute(
+                "SELECT max(octet_length(term)) FROM (SELECT term FROM message_postings UNION "
+                "ALL SELECT term FROM window_postings UNION ALL SELECT term FROM keyword_terms) t"
+            ).fetchone() == (tokens.MAX_TERM_BYTES,)
+        PostgresInspector(url).check_keyword_index()
+        found = again.keywords.ranked([word], 5, Filters(guild_id=GUILD))
+        assert [m for m, _ in found] == [_record(1, "").id]
     finally:
         again.close()
 

@@ -21,6 +21,7 @@ from typing import Any
 from memory.errors import DatabaseFileError
 from memory.storage import migrations as shared
 from memory.storage.postgres.connection import one_line
+from memory.storage.tokens import MAX_TERM_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,22 @@ def text_out_of_statistics(conn: Any) -> None:
             conn.execute(f"ALTER TABLE {table} ALTER COLUMN {column} SET STATISTICS 0")
     if clear is None:
         conn.execute(MIGRATIONS[5])  # the set-aside table's migration runs again: the trigger
+
+
+def capped_terms(conn: Any) -> None:
+    """Keyword documents holding a word longer than :data:`~memory.storage.tokens.MAX_TERM_BYTES`
+    are written again with it cut, as queries now cut it (a longer one was refused)."""
+    # imported here: the keyword index needs the database module, which runs migrations
+    from memory.storage.postgres.windows import index_rows
+
+    ids = [row[0] for row in conn.execute(
+        "SELECT id FROM message_postings WHERE octet_length(term) > %s "
+        "UNION SELECT id FROM window_postings WHERE octet_length(term) > %s",
+        (MAX_TERM_BYTES, MAX_TERM_BYTES))]
+    if ids:
+        index_rows(conn, conn.execute("SELECT id, author, content, attachments, context, "
+                                      "context_ids, contentful FROM search_text "
+                                      "WHERE id = ANY(%s)", (ids,)).fetchall())
 
 
 MIGRATIONS: list[Migration] = [
@@ -364,6 +381,9 @@ MIGRATIONS: list[Migration] = [
         edited_at bigint NOT NULL  -- unix ms of the edit that emptied it
     );
     """,
+    # 10: a word is cut to memory.storage.tokens.MAX_TERM_BYTES (PostgreSQL's indexes
+    # refused a message holding one of ~2,700 bytes): the documents of longer ones again.
+    capped_terms,
 ]
 
 

@@ -16,7 +16,6 @@ import numpy as np
 
 from memory.storage.postgres import PostgresStorage, keywords, vectors, windows
 from memory.storage.transfer import BOOLEANS, BY_NAME, Table
-from memory.storage.windows import WindowRow
 
 
 class PostgresEndpoint:
@@ -74,7 +73,7 @@ class PostgresEndpoint:
                 new = set(keys) - known
             conn.cursor().executemany(_insert(table, replace), rows)
             if table.name == "search_text":
-                _index_documents(conn, [row for row in rows if replace or row[0] in new])
+                windows.index_rows(conn, [row for row in rows if replace or row[0] in new])
             elif table.name == "message_vectors":
                 counts: dict[int, int] = {}
                 for row in rows:
@@ -140,21 +139,3 @@ def _delete_vectors(conn: Any, ids: Sequence[int]) -> None:
                                     "RETURNING guild_id", (list(ids),)):
         counts[guild_id] = counts.get(guild_id, 0) - 1
     vectors._count(conn, counts)
-
-
-def _index_documents(conn: Any, rows: Sequence[tuple]) -> None:
-    """The keyword documents of copied ``search_text`` rows (their messages are copied)."""
-    if not rows:
-        return
-    places = {row[0]: row[1:] for row in conn.execute(
-        "SELECT id, channel_id, created_at, reply_to_id, guild_id, author_id, attachments "
-        "FROM messages WHERE id = ANY(%s)", ([row[0] for row in rows],))}
-    changed = []
-    for row in rows:
-        if row[0] not in places:
-            continue
-        channel, created, reply, guild, author, attachments = places[row[0]]
-        message = WindowRow(row[0], channel, created, "", "", row[2], attachments, reply,
-                               guild, author)
-        changed.append(((row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6])), message))
-    windows.write_documents(conn, changed)

@@ -18,10 +18,10 @@ import numpy as np
 
 from memory.storage.postgres import keywords
 from memory.storage.postgres.connection import DIALECT
-from memory.storage.windows import Entry, WindowIndex
+from memory.storage.windows import Entry, WindowIndex, WindowRow
 
-__all__ = ["WINDOWS", "drop_rows", "refresh_vectors", "reindex", "vector_table_exists",
-           "vectors_changed", "write_documents"]
+__all__ = ["WINDOWS", "drop_rows", "index_rows", "refresh_vectors", "reindex",
+           "vector_table_exists", "vectors_changed", "write_documents"]
 
 
 def vector_table_exists(conn: Any) -> bool:
@@ -79,3 +79,22 @@ def write_documents(conn: Any, changed: list[Entry]) -> None:
         keywords.Document(row.id, row.guild_id, row.channel_id, row.author_id, row.created_at,
                           bool(row.attachments), entry[6], (entry[1], entry[2], entry[3], entry[4]))
         for entry, row in changed])
+
+
+def index_rows(conn: Any, rows: Sequence[tuple]) -> None:
+    """Write the keyword documents of ``search_text`` rows (all its columns, in order)
+    whose messages are stored: rows copied by ``migrate-db``, or re-tokenized."""
+    if not rows:
+        return
+    places = {row[0]: row[1:] for row in conn.execute(
+        "SELECT id, channel_id, created_at, reply_to_id, guild_id, author_id, attachments "
+        "FROM messages WHERE id = ANY(%s)", ([row[0] for row in rows],))}
+    changed = []
+    for row in rows:
+        if row[0] not in places:
+            continue
+        channel, created, reply, guild, author, attachments = places[row[0]]
+        message = WindowRow(row[0], channel, created, "", "", row[2], attachments, reply,
+                            guild, author)
+        changed.append(((row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6])), message))
+    write_documents(conn, changed)
