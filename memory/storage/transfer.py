@@ -70,6 +70,9 @@ TABLES: tuple[Table, ...] = (
                                 "edited_at", "content", "reply_to_id", "attachments", "embedded")),
     Table("tombstones", ("message_id",), ("message_id", "deleted_at")),
     Table("emptied_messages", ("message_id",), ("message_id", "edited_at")),
+    # messages heard but not stored (held, or their catch-up failed): the next catch-up's
+    # only way back to them once later messages are stored
+    Table("missed_messages", ("channel_id", "message_id"), ("channel_id", "message_id", "guild_id")),
     Table("guild_settings", ("guild_id",), ("guild_id", "channel_mode", "retention_days",
                                             "autoresponse")),
     Table("channel_rules", ("guild_id", "channel_id"), ("guild_id", "channel_id")),

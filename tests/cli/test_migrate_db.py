@@ -45,6 +45,7 @@ def _fill(location: str, count: int = 300) -> None:
     storage.guilds.save_backfill_cursor(GUILD, CHANNEL, 12345)
     storage.guilds.begin_reconcile_run(GUILD, 99)
     storage.guilds.save_reconcile_cursor(GUILD, CHANNEL, 99, 555)
+    storage.guilds.mark_missed([(GUILD, CHANNEL, records[-1].id + 7)])  # heard, not stored
     storage.forgetting.forget_messages([records[3].id, 424242])
     storage.meta.active_profile = "cpu"
     embedder = HashEmbedder(32)
@@ -67,6 +68,7 @@ def _same_memory(a: str, b: str) -> None:
         assert first.guilds.settings(GUILD) == second.guilds.settings(GUILD)
         assert first.guilds.backfill_cursor(CHANNEL) == second.guilds.backfill_cursor(CHANNEL)
         assert first.guilds.reconcile_cursor(CHANNEL) == second.guilds.reconcile_cursor(CHANNEL)
+        assert first.guilds.missed() == second.guilds.missed() != {}
         assert first.meta.active_profile == second.meta.active_profile
         for term in ("kayak", "cafe", "map", "user3"):
             assert ([m for m, _ in first.keywords.ranked([term], 20, Filters(guild_id=GUILD))]
