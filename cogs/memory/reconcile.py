@@ -24,8 +24,10 @@ Every deletion goes through the runtime's write queue to the engine's forgetting
 saves each channel's position after every page (``reconcile_cursors``), so a run
 stopped by a restart resumes where it was.  discord.py waits out Discord's 429s;
 ``reconcile.pause_s`` after each request keeps a run from crowding out live
-traffic.  Only messages older than the run's start are judged, so a message
-posted during a run is never mistaken for a deleted one.
+traffic.  Only messages older than the run's start are judged, and a missing one
+newer than every message Discord returned for its channel is looked up on its own
+before it is forgotten: a message posted during a run is never mistaken for a deleted
+one, even when the host's clock runs ahead of Discord's.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ PAGE = 100  # messages per history request (Discord's maximum)
 GUILDS_PAGE = 200  # guilds per GET /users/@me/guilds
 LOG_EVERY_S = 30.0  # a long run's progress in the log
 UNKNOWN_CHANNEL = 10003  # Discord's JSON error code for a channel that does not exist
+UNKNOWN_MESSAGE = 10008  # ... and for a message that does not exist
 
 Place = discord.abc.GuildChannel | discord.Thread
 # where messages live (a forum or a category holds none of its own)
@@ -332,37 +335,45 @@ class Reconciler:
         start = discord.utils.time_snowflake(ms_to_datetime(run_id))
         low = await self.runtime.read(self.engine.storage.messages.recent_floor, channel_id, start,
                                   count)
-        upper = cursor.before_id if cursor and cursor.run_id == run_id and cursor.before_id else start
+        resumed = cursor is not None and cursor.run_id == run_id and cursor.before_id
+        upper = cursor.before_id if resumed else start
         if low is None or upper <= low:
             return
+        # every id below one Discord returned existed when it was read; one above may
+        # have been posted since (the run's start comes from the host's clock)
+        existed = upper if resumed else 0
         seen: list[discord.Message] = []
         progress.requests += 1
         async for message in place.history(limit=None, before=discord.Object(upper)):
             seen.append(message)
+            existed = max(existed, message.id)
             if len(seen) == PAGE or message.id <= low:
                 lowest = min(m.id for m in seen)
                 upper = await self._settle_span(place, run_id, seen, max(lowest, low), upper,
-                                                progress)
+                                                progress, existed)
                 seen = []
                 if upper <= low:
                     return
                 await asyncio.sleep(self._pause_s)
                 progress.requests += 1
         # the channel's first message was reached: what is stored below it is gone too
-        await self._settle_span(place, run_id, seen, low, upper, progress)
+        await self._settle_span(place, run_id, seen, low, upper, progress, existed)
 
     async def _settle_span(
         self, place: History, run_id: int, seen: list[discord.Message], lower: int,
-        upper: int, progress: ReconcileProgress,
+        upper: int, progress: ReconcileProgress, existed: int,
     ) -> int:
-        """Forget stored messages in ``[lower, upper)`` Discord did not return (or that an
-        edit emptied), apply the edits of the others; save the place."""
+        """Forget stored messages in ``[lower, upper)`` Discord did not return (those above
+        ``existed`` once Discord says they do not exist) or that an edit emptied, apply
+        the edits of the others; save the place."""
         storage = self.engine.storage
         channel_id, guild_id = place.id, place.guild.id
         stored = set(await self.runtime.read(storage.messages.ids_between, channel_id, lower,
                                              upper))
         edited = [m for m in seen if m.id in stored and m.edited_at is not None]
         gone = sorted(stored.difference(m.id for m in seen))
+        if unsure := [i for i in gone if i > existed]:
+            gone = [i for i in gone if i <= existed] + await self._unknown(place, unsure, progress)
         progress.messages_checked += len(stored)
         edits = [r for r in map(record_from_message, edited) if r is not None]
         if edits:
@@ -381,6 +392,23 @@ class Reconciler:
         await self.runtime.writes.run_and_wait(
             lambda: storage.guilds.save_reconcile_cursor(guild_id, channel_id, run_id, lower))
         return lower
+
+    async def _unknown(self, place: History, ids: list[int],
+                       progress: ReconcileProgress) -> list[int]:
+        """Those of ``ids`` Discord says do not exist; any other answer keeps a message
+        (the next run judges it again)."""
+        unknown = []
+        for message_id in ids:
+            progress.requests += 1
+            try:
+                await place.fetch_message(message_id)
+            except discord.NotFound as exc:
+                if exc.code == UNKNOWN_MESSAGE:
+                    unknown.append(message_id)
+            except discord.HTTPException as exc:
+                log.warning("reconcile: looking up message %d failed (%s); kept", message_id, exc)
+            await asyncio.sleep(self._pause_s)
+        return unknown
 
     async def _forget(self, deletion: Callable[[], int]) -> int:
         """Run an engine deletion in order with the queued writes; how many it removed."""

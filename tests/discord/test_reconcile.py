@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 
@@ -164,6 +165,45 @@ async def test_messages_deleted_offline_are_forgotten_newer_ones_kept(world):
     again = await h.reconciler.at_start_up()
     await stop(h)
     assert again.messages_forgotten == 0
+
+
+async def test_a_message_posted_during_the_run_is_kept_when_the_host_clock_runs_ahead(
+    world, monkeypatch
+):
+    """The run's start comes from the host's clock: ten minutes ahead of Discord's, a
+    message posted after its channel's page was read had an id below the start and was
+    judged deleted (forgotten and tombstoned for good)."""
+    w = world
+    host_time = time.time
+    monkeypatch.setattr(time, "time", lambda: host_time() + 600)
+    deleted = [w.ids(GENERAL)[-1]]  # the newest: above every message Discord returns
+    delete_on_discord(w, GENERAL, deleted)
+    h = await restart(w)
+    posted: list[int] = []
+    settle = h.reconciler._settle_span
+
+    async def post_then_settle(place, *args):
+        if place.id == GENERAL and not posted:  # after the page was read, before it is settled
+            live = h.message_payload("posted during the run", author=(ALICE, "alice"),
+                                     channel=GENERAL)
+            live["id"] = str(discord.utils.time_snowflake(datetime.now(timezone.utc)))
+            w.fake.history[GENERAL].append(live)
+            posted.append(int(live["id"]))
+            await h.listeners.on_message(discord.Message(
+                state=h.state, channel=h.guild.get_channel(GENERAL), data=live))
+            await h.runtime.writes.run_and_wait(lambda: None)
+        return await settle(place, *args)
+
+    monkeypatch.setattr(h.reconciler, "_settle_span", post_then_settle)
+    await h.reconciler.at_start_up()
+    await stop(h)
+
+    rows = inspect(w.engine.storage)
+    assert (rows.message_rows(posted), rows.tombstones(posted)) == (1, 0)
+    assert forgotten(w, deleted)
+    looked_up = [path for path, _ in w.fake.requests if "/messages/" in path]
+    assert sorted(looked_up) == sorted(f"/api/v10/channels/{GENERAL}/messages/{i}"
+                                       for i in (*posted, *deleted))
 
 
 def gone_untombstoned(w: World, ids: list[int]) -> bool:

@@ -51,6 +51,7 @@ class FakeDiscord:
         app = web.Application()
         app.router.add_get("/api/v10/users/@me", self._me)
         app.router.add_get("/api/v10/channels/{cid}/messages", self._messages)
+        app.router.add_get("/api/v10/channels/{cid}/messages/{mid}", self._message)
         app.router.add_get("/api/v10/channels/{cid}", self._channel)
         app.router.add_get("/api/v10/users/@me/guilds", self._guilds)
         app.router.add_get("/api/v10/channels/{cid}/threads/archived/public", self._archived)
@@ -128,6 +129,17 @@ class FakeDiscord:
         else:
             messages = messages[:limit]
         return _json(messages)
+
+    async def _message(self, request: web.Request) -> web.Response:
+        self.requests.append((request.path, dict(request.query)))
+        cid = int(request.match_info["cid"])
+        refusal = self._refusal(cid)
+        if refusal is not None:
+            return refusal
+        for message in self.history[cid]:
+            if message["id"] == request.match_info["mid"]:
+                return _json(message)
+        return _json({"message": "Unknown Message", "code": 10008}, status=404)
 
     def _refusal(self, cid: int) -> web.Response | None:
         if cid in self.forbidden:
