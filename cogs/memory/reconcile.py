@@ -335,13 +335,13 @@ class Reconciler:
         start = discord.utils.time_snowflake(ms_to_datetime(run_id))
         low = await self.runtime.read(self.engine.storage.messages.recent_floor, channel_id, start,
                                   count)
-        resumed = cursor is not None and cursor.run_id == run_id and cursor.before_id
-        upper = cursor.before_id if resumed else start
+        resumed = cursor.before_id if cursor is not None and cursor.run_id == run_id else None
+        upper = resumed or start
         if low is None or upper <= low:
             return
         # every id below one Discord returned existed when it was read; one above may
         # have been posted since (the run's start comes from the host's clock)
-        existed = upper if resumed else 0
+        existed = resumed or 0
         seen: list[discord.Message] = []
         progress.requests += 1
         async for message in place.history(limit=None, before=discord.Object(upper)):
