@@ -15,8 +15,10 @@ import pytest
 
 import bot
 from memory.engine import MemoryEngine
+from memory.filters import Filters
 from memory.records import MessageRecord, ms_to_datetime
 from memory.storage import open_storage
+from memory.storage.sqlite import scrub
 from tests.support.builders import CHANNEL, GUILD
 from tests.support.sqlite import sql_write
 
@@ -92,6 +94,35 @@ def test_forgotten_text_and_vectors_leave_the_file_and_the_wal(
 
     assert traces(tmp_db, needles) == {"db": [], "wal": []}
     assert engine.search(secret, guild_id=GUILD, mode="keyword").hits == []
+
+
+@pytest.mark.parametrize("how", ["forget_messages", "forget_member"])
+def test_a_large_forget_rebuilds_the_keyword_index(
+    make_record: Callable[..., MessageRecord], tmp_db: str, monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    """Forget-me of a prolific member erased word by word (about 11 ms a message), where
+    every other large forget rebuilds the index (2,000 of 8,000: 15.3 s against 2.5 s)."""
+    rebuilt: list[bool] = []
+    real = scrub._rebuilt_after
+
+    def spy(conn: object) -> object:
+        rebuilt.append(True)
+        return real(conn)
+
+    monkeypatch.setattr(scrub, "_rebuilt_after", spy)
+    storage = open_storage(tmp_db)
+    try:
+        records = [make_record(f"line {i} about boats", author_id=9 if i % 3 == 0 else 1)
+                   for i in range(300)]
+        storage.messages.upsert(records)
+        theirs = [r.id for r in records if r.author_id == 9]
+        removed = (storage.forgetting.forget_messages(theirs) if how == "forget_messages"
+                   else storage.forgetting.forget_member(GUILD, 9))
+        assert (removed, rebuilt) == (100, [True])
+        assert not storage.keywords.ranked(["boats"], 500, Filters(author_ids=(9,)))
+    finally:
+        storage.close()
 
 
 @pytest.mark.parametrize("deleted", ["thread", "channel"])

@@ -121,7 +121,8 @@ class SQLiteForgetting:
                          (guild_id, author_id))
             ids = [row[0] for row in conn.execute(
                 "SELECT id FROM messages WHERE guild_id = ? AND author_id = ?", (guild_id, author_id))]
-            removed = self.forget_in(conn, ids)
+            with self._db.erasing(conn, len(ids)):  # a prolific member: rebuilt, not word by word
+                removed = self.forget_in(conn, ids)
             self._db.erased()  # their name leaves the file too
             drop_member_names(conn, DIALECT, guild_id, author_id)
         return removed
