@@ -12,7 +12,8 @@ from discord import app_commands
 from discord.ext import commands
 
 from cogs.memory.backfill import Backfiller
-from cogs.memory.guild_only import guild_id_of
+from cogs.memory.guild_only import guild_id_of, member_of
+from cogs.memory.permissions import can_read
 from cogs.memory.reconcile import Reconciler
 from cogs.memory.runtime import MemoryRuntime
 from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
@@ -23,6 +24,14 @@ from memory.settings import AUTORESPONSE_MODES, CHANNEL_MODES, GuildSettings
 Spoken = (discord.TextChannel | discord.VoiceChannel | discord.StageChannel
           | app_commands.AppCommandThread)  # where mentions are answered
 Place = Spoken | discord.ForumChannel
+
+
+def _may_read(interaction: discord.Interaction, place: Place) -> bool:
+    """Whether the admin may read ``place`` (a thread as Discord resolved it: their
+    permissions there come with it)."""
+    if isinstance(place, app_commands.AppCommandThread):
+        return place.permissions.view_channel and place.permissions.read_message_history
+    return can_read(member_of(interaction), place)
 
 
 @app_commands.guild_only()
@@ -86,11 +95,14 @@ class AdminCommands(
         self, interaction: discord.Interaction,
         channel: Place,
     ) -> None:
-        """Delete a channel's and its threads' stored messages."""
+        """Delete a channel's and its threads' stored messages (how many only to an
+        admin who may read the channel: Manage Server is not View Channel)."""
         await interaction.response.defer(ephemeral=True, thinking=True)
         removed = await self.runtime.forget(self.engine.forget_channels, [channel.id])
+        what = (f"{removed} messages" if _may_read(interaction, channel)
+                else "everything stored")
         await interaction.followup.send(
-            f"Forgot {removed} messages from {channel.mention} and its threads.", ephemeral=True)
+            f"Forgot {what} from {channel.mention} and its threads.", ephemeral=True)
 
     @app_commands.command(name="autoresponse", description="When the bot answers mentions")
     @app_commands.describe(mode="off, mention (everywhere) or channels (only listed ones)",

@@ -66,7 +66,8 @@ class MemberCommands(
         """Counts for this guild's channels the member can read, theirs, the backlog, the profile."""
         await interaction.response.defer(ephemeral=True, thinking=True)
         guild_id = guild_id_of(interaction)
-        readable = await self.search.allowed_channels(member_of(interaction))
+        readable = await self.search.allowed_channels(member_of(interaction),
+                                                      asked_in=interaction.channel)
         stats = await self.runtime.read(self.engine.storage.messages.guild_stats, guild_id,
                                         interaction.user.id, readable)
         settings = await self.runtime.guild_settings.get(guild_id)

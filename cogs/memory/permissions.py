@@ -3,11 +3,14 @@
 A search on behalf of a member may only find messages in channels and threads
 that member can read *now* (view channel + read message history; for a voice or
 stage channel's text chat also connect; for a private thread: a current member of
-it, or someone who can manage threads in its parent).  A reply that others will
-read (a mention reply, ``/search private:False``) is further limited to sources
-that everyone who can read the reply channel can also read: its own channel only
-where nobody who sees new messages there is refused its history, and never an
-age-restricted channel elsewhere.
+it, or someone who can manage threads in its parent).  An age-restricted channel
+(and its threads) Discord shows to no one under 18, whatever their permissions, and
+the bot cannot know a member's age: it answers only requests made past the age gate,
+inside an age-restricted channel or in an age-restricted server (:func:`age_verified`).
+A reply that others will read (a mention reply, ``/search private:False``) is further
+limited to sources that everyone who can read the reply channel can also read: its
+own channel only where nobody who sees new messages there is refused its history,
+never an age-restricted channel elsewhere, and no voice or stage chat but its own.
 
 Everything is computed from discord.py's cache at request time; the engine gets
 the result as ``SearchRequest.allowed_channel_ids`` and filters inside its KNN
@@ -84,8 +87,25 @@ def can_read(member: discord.Member, channel: discord.abc.GuildChannel | discord
     return _reads(channel.permissions_for(member), channel)
 
 
+def age_verified(place: object) -> bool:
+    """Whether a request made in ``place`` comes from past Discord's age gate: the
+    channel (for a thread, its parent) is age-restricted, or the whole server is."""
+    guild = getattr(place, "guild", None)
+    if not isinstance(guild, discord.Guild):
+        return False
+    if guild.nsfw_level is discord.NSFWLevel.age_restricted:
+        return True
+    return _age_restricted(place)
+
+
+def _age_restricted(channel: object) -> bool:
+    is_nsfw = getattr(channel, "is_nsfw", None)  # a thread's follows its parent
+    return bool(is_nsfw()) if callable(is_nsfw) else False
+
+
 def readable_channel_ids(
-    member: discord.Member, stored_threads: Iterable[StoredThread] = ()
+    member: discord.Member, stored_threads: Iterable[StoredThread] = (), *,
+    age_verified: bool = False,
 ) -> frozenset[int]:
     """Ids of every channel and thread in ``member``'s guild they can read now.
 
@@ -93,6 +113,8 @@ def readable_channel_ids(
         member: The member a search serves (with their current roles).
         stored_threads: Threads the database has messages from, so archived ones
             the cache does not hold are judged too.
+        age_verified: The request comes from past the age gate (:func:`age_verified`);
+            otherwise age-restricted channels and their threads are left out.
     """
     guild = member.guild
     readable: set[int] = set()
@@ -100,12 +122,14 @@ def readable_channel_ids(
     for channel in guild.channels:
         if isinstance(channel, discord.CategoryChannel):
             continue
+        if not age_verified and _age_restricted(channel):
+            continue  # its threads, cached or stored, find no parent permissions either
         perms = channel.permissions_for(member)
         parent_perms[channel.id] = perms
         if _reads(perms, channel):
             readable.add(channel.id)
     for thread in guild.threads:
-        if can_read(member, thread):
+        if (age_verified or not _age_restricted(thread)) and can_read(member, thread):
             readable.add(thread.id)
     for stored in stored_threads:
         if stored.id in readable or guild.get_thread(stored.id) is not None:
@@ -121,10 +145,12 @@ def readable_channel_ids(
 def everyone_can_read(channel: discord.abc.GuildChannel | discord.Thread | None) -> bool:
     """Whether every member of the guild can read ``channel``.
 
-    True when ``@everyone`` may view it and read its history (and connect, for a
-    voice or stage channel) and no role or member overwrite takes any of it away;
-    for a public thread, when that holds for its parent.  An age-restricted channel
-    is never everyone's: Discord keeps it from members under 18.
+    True when ``@everyone`` may view it and read its history and no role or member
+    overwrite takes any of it away; for a public thread, when that holds for its
+    parent.  An age-restricted channel is never everyone's: Discord keeps it from
+    members under 18.  Nor is a voice or stage channel's chat: a member in timeout may
+    not connect, and without Connect its chat is closed (a reply inside it may still
+    quote it, :func:`public_reply_sources`).
     """
     if channel is None:
         return False
@@ -132,16 +158,15 @@ def everyone_can_read(channel: discord.abc.GuildChannel | discord.Thread | None)
         return not channel.is_private() and everyone_can_read(channel.parent)
     if isinstance(channel, discord.CategoryChannel):
         return False
-    if getattr(channel, "nsfw", False):
+    if getattr(channel, "nsfw", False) or isinstance(channel, _VOCAL):
         return False
     if not _reads(channel.permissions_for(channel.guild.default_role), channel):
         return False
-    return not _denies(channel, _CONNECTING if isinstance(channel, _VOCAL) else _READING)
+    return not _denies(channel, _READING)
 
 
 _HISTORY = discord.Permissions(read_message_history=True).value
 _READING = discord.Permissions(view_channel=True, read_message_history=True).value
-_CONNECTING = discord.Permissions(view_channel=True, read_message_history=True, connect=True).value
 
 
 def _history_for_all_who_see(channel: discord.abc.GuildChannel) -> bool:

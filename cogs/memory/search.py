@@ -25,7 +25,12 @@ from discord.ext import commands
 import cogs.memory.answers as answers
 from cogs.memory.errors import answering
 from cogs.memory.guild_only import member_of
-from cogs.memory.permissions import StoredThread, public_reply_sources, readable_channel_ids
+from cogs.memory.permissions import (
+    StoredThread,
+    age_verified,
+    public_reply_sources,
+    readable_channel_ids,
+)
 from cogs.memory.render import render_hits, withheld_note
 from cogs.memory.runtime import MemoryRuntime
 from memory.context import Context
@@ -70,29 +75,34 @@ class MemoryCog(commands.Cog):
     # -- allow-lists -----------------------------------------------------------------------
 
     async def allowed_channels(
-        self, member: discord.Member, reply_channel: Place | None = None
+        self, member: discord.Member, reply_channel: Place | None = None, *,
+        asked_in: object = None,
     ) -> frozenset[int]:
         """The channel ids a search for ``member`` may look in.
 
         With ``reply_channel`` (a reply others will read), only sources everyone who
-        can read that channel can read too.
+        can read that channel can read too.  ``asked_in``: where the member asked (the
+        reply channel by default); age-restricted channels answer only from past the
+        age gate (:func:`~cogs.memory.permissions.age_verified`).
         """
-        readable, safe = await self._scopes(member, reply_channel)
+        readable, safe = await self._scopes(member, reply_channel, asked_in)
         return readable if safe is None else safe
 
     async def _scopes(
-        self, member: discord.Member, reply_channel: Place | None
+        self, member: discord.Member, reply_channel: Place | None, asked_in: object = None,
     ) -> tuple[frozenset[int], frozenset[int] | None]:
         """What ``member`` can read, and what a reply in ``reply_channel`` may quote (if any)."""
         rows = await self.runtime.read(self.engine.storage.messages.threads, member.guild.id)
         threads = [StoredThread(*row) for row in rows]
-        readable = readable_channel_ids(member, threads)
+        readable = readable_channel_ids(
+            member, threads, age_verified=age_verified(asked_in or reply_channel))
         if reply_channel is None:
             return readable, None
         return readable, public_reply_sources(reply_channel, readable, threads)
 
     async def member_search(
-        self, member: discord.Member, request: SearchRequest, *, reply_channel: Place | None = None
+        self, member: discord.Member, request: SearchRequest, *,
+        reply_channel: Place | None = None, asked_in: object = None,
     ) -> tuple[SearchResult, int]:
         """Search as ``member`` sees the server; returns the result and how many were withheld.
 
@@ -100,7 +110,7 @@ class MemoryCog(commands.Cog):
         are left out, and a second, cheaper search (no reranking) counts how many of
         the member's own top results that withheld.
         """
-        readable, public = await self._scopes(member, reply_channel)
+        readable, public = await self._scopes(member, reply_channel, asked_in)
         safe = readable if public is None else public
         request = replace(request, guild_id=member.guild.id)
         result = await self.runtime.search(replace(request, allowed_channel_ids=safe))
@@ -191,7 +201,7 @@ class MemoryCog(commands.Cog):
         place = _place(source.channel)
         if place is None and not private:
             raise SearchInputError("cannot tell who reads this channel; ask with private=True")
-        readable, public = await self._scopes(member, None if private else place)
+        readable, public = await self._scopes(member, None if private else place, place)
         return await answers.fetch_context(
             self.engine, source, query, allowed_channel_ids=readable if public is None else public,
             budget_tokens=budget_tokens, run=self.runtime.searching,
@@ -238,7 +248,8 @@ class MemoryCog(commands.Cog):
             private = True  # who reads this channel cannot be judged: answer only the member
         await interaction.response.defer(ephemeral=private, thinking=True)
         result, withheld = await self.member_search(
-            member_of(interaction), request, reply_channel=None if private else place
+            member_of(interaction), request, reply_channel=None if private else place,
+            asked_in=place,
         )
         await interaction.followup.send(
             embed=render_hits(result, f"🔎 {query}", interaction.guild),
@@ -256,7 +267,8 @@ class MemoryCog(commands.Cog):
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
         request = SearchRequest(queries=(query[:500],), limit=6)
-        result, _ = await self.member_search(member_of(interaction), request)
+        result, _ = await self.member_search(member_of(interaction), request,
+                                             asked_in=interaction.channel)
         result.hits = [h for h in result.hits if h.id != message.id][:5]
         await interaction.followup.send(
             embed=render_hits(result, "Related messages", interaction.guild), ephemeral=True,

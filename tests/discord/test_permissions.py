@@ -70,6 +70,9 @@ READABLE = {
     EVE: {GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, PUBLIC_THREAD, ARCHIVED_STAFF_THREAD,
           STAFF_VOICE, ADULTS, HELP_DESK},
 }
+# Asked outside an age-restricted channel (in a server that is not), nobody is past
+# Discord's age gate: the age-restricted channel is left out of every search.
+SEARCHABLE = {uid: channels - {ADULTS} for uid, channels in READABLE.items()}
 # What a public reply in #general may quote: channels every member can read (not the
 # age-restricted one: Discord keeps it from members under 18).
 PUBLIC_IN_GENERAL = {GENERAL, PUBLIC_THREAD}
@@ -172,15 +175,23 @@ def stored_threads(h: Harness) -> list[StoredThread]:
 @pytest.mark.parametrize("uid", list(READABLE))
 def test_readable_channels_match_discords_rules(harness, uid):
     readable = readable_channel_ids(as_member(harness, uid), stored_threads(harness))
-    assert readable == READABLE[uid]
+    assert readable == SEARCHABLE[uid]
+    past_the_gate = readable_channel_ids(as_member(harness, uid), stored_threads(harness),
+                                         age_verified=True)
+    assert past_the_gate == READABLE[uid]
 
 
 @pytest.mark.parametrize("uid", list(READABLE))
 async def test_a_search_finds_exactly_what_the_member_can_read(harness, uid):
     result, withheld = await harness.search.member_search(
         as_member(harness, uid), SearchRequest(queries=(WORD,), limit=50))
-    assert {hit.channel_id for hit in result.hits} == READABLE[uid]
+    assert {hit.channel_id for hit in result.hits} == SEARCHABLE[uid]
     assert withheld == 0
+    # asked inside the age-restricted channel: past the gate
+    result, _ = await harness.search.member_search(
+        as_member(harness, uid), SearchRequest(queries=(WORD,), limit=50),
+        asked_in=harness.guild.get_channel(ADULTS))
+    assert {hit.channel_id for hit in result.hits} == READABLE[uid]
 
 
 @pytest.mark.parametrize("uid", list(READABLE))
@@ -200,7 +211,7 @@ async def test_a_public_answer_in_general_quotes_only_what_everyone_there_reads(
     result, withheld = await harness.search.member_search(
         as_member(harness, uid), SearchRequest(queries=(WORD,), limit=50), reply_channel=general)
     assert {hit.channel_id for hit in result.hits} == PUBLIC_IN_GENERAL & READABLE[uid]
-    assert withheld == len(READABLE[uid] - PUBLIC_IN_GENERAL)
+    assert withheld == len(SEARCHABLE[uid] - PUBLIC_IN_GENERAL)
 
 
 async def test_a_public_answer_in_a_private_category_may_quote_that_category(harness):
@@ -209,7 +220,7 @@ async def test_a_public_answer_in_a_private_category_may_quote_that_category(har
         as_member(harness, ALICE), SearchRequest(queries=(WORD,), limit=50),
         reply_channel=staff_only)
     assert {hit.channel_id for hit in result.hits} == PUBLIC_IN_STAFF_ONLY
-    assert withheld == len(READABLE[ALICE] - PUBLIC_IN_STAFF_ONLY)
+    assert withheld == len(SEARCHABLE[ALICE] - PUBLIC_IN_STAFF_ONLY)
 
 
 @pytest.mark.parametrize(("where", "quoted"), [
@@ -248,7 +259,7 @@ async def test_a_member_who_loses_a_role_loses_its_channels_at_once(harness):
     # the staff role is removed: the next interaction or message carries her new roles
     eve_now = discord.Member(data=member(EVE, "eve", roles=[]), guild=h.guild, state=h.state)
     after, _ = await h.search.member_search(eve_now, SearchRequest(queries=(WORD,), limit=50))
-    assert {hit.channel_id for hit in after.hits} == {GENERAL, NO_BOB, PUBLIC_THREAD, ADULTS}
+    assert {hit.channel_id for hit in after.hits} == {GENERAL, NO_BOB, PUBLIC_THREAD}
 
 
 async def test_leaving_a_private_thread_hides_it(harness):
@@ -264,7 +275,8 @@ async def test_an_overwrite_added_later_applies_to_the_next_search(harness):
     h = harness
     h.state.parse_channel_update(channel(GENERAL, G, "general", parent=PUBLIC_CAT,
                                          overwrites=[overwrite(BOB, deny=HIDE, member=True)]))
-    result, _ = await h.search.member_search(as_member(h, BOB), SearchRequest(queries=(WORD,), limit=50))
+    result, _ = await h.search.member_search(as_member(h, BOB), SearchRequest(queries=(WORD,), limit=50),
+                                             asked_in=h.guild.get_channel(ADULTS))
     # no general, and its public thread went with it
     assert {hit.channel_id for hit in result.hits} == {ADULTS}
 
@@ -290,7 +302,7 @@ def _invoker(uid: int) -> dict:
 async def test_slash_search_private_and_public(harness, uid):
     h = harness
     await h.slash("search", invoker=_invoker(uid), where=GENERAL, query=WORD, limit=10)
-    assert _quoted(h.adapter.texts()) == READABLE[uid]
+    assert _quoted(h.adapter.texts()) == SEARCHABLE[uid]
     h.adapter.followups.clear()
     await h.slash("search", invoker=_invoker(uid), where=GENERAL, query=WORD, limit=10,
                   private=False)
@@ -300,7 +312,7 @@ async def test_slash_search_private_and_public(harness, uid):
     # issue 30.3: the public answer says nothing of what it left out (that channels the
     # audience cannot read hold matches is news to them); the asker alone is told
     assert "more result" not in str(public) and "withheld" not in str(public)
-    hidden = len(READABLE[uid] - PUBLIC_IN_GENERAL)
+    hidden = len(SEARCHABLE[uid] - PUBLIC_IN_GENERAL)
     assert [(n["flags"], f"{hidden} more result" in n["content"]) for n in to_the_asker] == (
         [(64, True)] if hidden else [])
     assert _quoted([str(n) for n in to_the_asker]) == set()
@@ -333,7 +345,7 @@ async def test_the_context_menu_is_private_and_permission_safe(harness):
     h = harness
     target = h.message(f"{WORD} question", author=(BOB, "bob"), channel=GENERAL)
     results = await _run_context_menu(h, BOB, target)
-    assert _quoted(results) <= READABLE[BOB]
+    assert _quoted(results) <= SEARCHABLE[BOB]
     assert h.adapter.callbacks[0]["data"]["flags"] == 64
 
 
@@ -347,8 +359,11 @@ async def _run_context_menu(h: Harness, uid: int, target: discord.Message) -> li
 async def test_memory_stats_count_only_readable_channels(harness, uid):
     await harness.slash("memory stats", invoker=_invoker(uid), where=GENERAL)
     first_line = harness.adapter.followups[-1]["content"].split("\n")[0]
-    n = len(READABLE[uid])
+    n = len(SEARCHABLE[uid])
     assert f"**{n}** in {n} channels" in first_line
+    await harness.slash("memory stats", invoker=_invoker(uid), where=ADULTS)
+    n = len(READABLE[uid])  # asked past the age gate
+    assert f"**{n}** in {n} channels" in harness.adapter.followups[-1]["content"]
 
 
 GATED_MEMBER, GUEST = 520, 1106
@@ -442,3 +457,67 @@ async def test_a_guest_without_history_keeps_the_channel_out_of_public_answers(t
         # alice herself may read the staff channel: her private search finds it
         await h.slash("search", invoker=invoker, where=STAFF_ONLY, query=WORD, private=True)
         assert "salary sheet" in str(h.adapter.followups[-1])
+
+
+# -- Discord's age gate -----------------------------------------------------------------------
+
+async def test_an_age_restricted_channel_answers_only_past_the_age_gate(harness):
+    """Discord shows an age-restricted channel to no member under 18, whatever their
+    permissions; the bot cannot know an age, so it quotes one only to a request made
+    inside an age-restricted channel (or in an age-restricted server)."""
+    h = harness
+    await h.slash("search", invoker=_invoker(BOB), where=GENERAL, query=WORD, limit=10)
+    assert ADULTS not in _quoted(h.adapter.texts())
+    target = h.message(f"{WORD} question", author=(BOB, "bob"), channel=GENERAL)
+    assert ADULTS not in _quoted(await _run_context_menu(h, BOB, target))
+    h.adapter.followups.clear()
+    await h.slash("search", invoker=_invoker(BOB), where=ADULTS, query=WORD, limit=10)
+    assert ADULTS in _quoted(h.adapter.texts())
+    # the whole server age-restricted (Discord's NSFW level 3): every member passed the gate
+    h.state.parse_guild_update(server() | {"nsfw_level": 3})
+    h.adapter.followups.clear()
+    await h.slash("search", invoker=_invoker(BOB), where=GENERAL, query=WORD, limit=10)
+    assert _quoted(h.adapter.texts()) == READABLE[BOB]
+
+
+# -- a member in timeout may not connect: no voice chat is every member's ---------------------
+
+async def test_a_public_answer_quotes_no_voice_chat_a_timed_out_reader_cannot_read(harness):
+    """discord.py's timeout rule (as Discord's) takes Connect away, and without it a voice
+    chat is closed: a room open to everyone is still no source for a public answer in
+    another channel, where a member in timeout reads it."""
+    h = harness
+    lounge = 650
+    h.state.parse_channel_create(channel(lounge, G, "lounge", type=2, overwrites=[
+        overwrite(G, allow=CONNECT)]) | {"bitrate": 64000, "user_limit": 0, "guild_id": str(G)})
+    await h.listeners.on_message(h.message(f"{WORD} note in channel {lounge}",
+                                           author=(OTHER, "olga"), channel=lounge))
+    await h.runtime.writes.stop()
+    h.runtime.writes.start()
+    h.engine.embed_pending()
+    timed_out = discord.Member(data=member(BOB, "bob", roles=ROLES[BOB])
+                               | {"communication_disabled_until": "2999-01-01T00:00:00+00:00"},
+                               guild=h.guild, state=h.state)
+    assert lounge not in await h.search.allowed_channels(timed_out)
+    assert lounge in await h.search.allowed_channels(as_member(h, ALICE))
+    assert not everyone_can_read(h.guild.get_channel(lounge))
+    quoted = await h.search.allowed_channels(as_member(h, ALICE), h.guild.get_channel(GENERAL))
+    assert lounge not in quoted
+    inside = await h.search.allowed_channels(as_member(h, ALICE), h.guild.get_channel(lounge))
+    assert lounge in inside  # a reply inside the room may quote it
+
+
+# -- Manage Server is not View Channel ----------------------------------------------------------
+
+async def test_purge_channel_tells_counts_only_to_an_admin_who_may_read_it(harness):
+    h = harness
+    await h.slash("memory-admin purge-channel", invoker=_invoker(BOB), where=GENERAL,
+                  permissions=discord.Permissions(manage_guild=True),
+                  channel=h.guild.get_channel(STAFF_ONLY))
+    assert h.adapter.followups[-1]["content"] == (
+        f"Forgot everything stored from <#{STAFF_ONLY}> and its threads.")
+    await h.slash("memory-admin purge-channel", invoker=_invoker(ALICE), where=GENERAL,
+                  permissions=discord.Permissions(manage_guild=True),
+                  channel=h.guild.get_channel(STAFF_LOG))
+    assert h.adapter.followups[-1]["content"] == (
+        f"Forgot 1 messages from <#{STAFF_LOG}> and its threads.")

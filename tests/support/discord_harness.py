@@ -92,7 +92,7 @@ class CaptureAdapter(AsyncWebhookAdapter):
 
 def archived_thread(thread_id: int, parent_id: int, *, private: bool = False) -> dict[str, Any]:
     """An archived thread as an interaction's ``resolved`` data carries it (discord.py has
-    no cache entry for it)."""
+    no cache entry for it); :meth:`Harness.slash` puts the invoker's permissions there."""
     return {"id": str(thread_id), "name": f"archived {thread_id}", "type": 12 if private else 11,
             "permissions": "0", "parent_id": str(parent_id), "owner_id": "9999",
             "member_count": 1, "message_count": 1,
@@ -203,8 +203,15 @@ class Harness:
         """Run a slash command (``"group sub"`` for subcommands) as ``invoker`` in channel ``where``.
 
         An option naming a thread not in the cache takes its id, with the thread in
-        ``archived`` (:func:`archived_thread`), as the interaction's resolved data.
+        ``archived`` (:func:`archived_thread`), as the interaction's resolved data.  A
+        resolved channel carries the invoker's permissions in it, as Discord sends them.
         """
+        home = self.find_guild(where)
+        who = discord.Member(data=invoker, guild=home, state=self.state)
+
+        def seen(place: Any) -> str:
+            return str(place.permissions_for(who).value) if place is not None else "0"
+
         names = command.split()
         cmd = self.bot.tree.get_command(names[0])
         for name in names[1:]:
@@ -222,14 +229,16 @@ class Harness:
             if isinstance(v, discord.abc.GuildChannel | discord.Thread):
                 resolved.setdefault("channels", {})[str(v.id)] = {
                     "id": str(v.id), "name": v.name, "type": v.type.value,
-                    "permissions": "0", **({"parent_id": str(v.parent_id),
+                    "permissions": seen(v), **({"parent_id": str(v.parent_id),
                                            "thread_metadata": {"archived": False,
                                                                "auto_archive_duration": 1440,
                                                                "archive_timestamp": "2026-01-01T00:00:00+00:00",
                                                                "locked": False}}
                                           if isinstance(v, discord.Thread) else {})}
         for payload in archived:
-            resolved.setdefault("channels", {})[payload["id"]] = payload
+            parent = home.get_channel(int(payload["parent_id"]))
+            resolved.setdefault("channels", {})[payload["id"]] = payload | {
+                "permissions": seen(parent)}
         data = {"id": str(next_id()), "name": names[0], "type": 1, "options": option_list,
                 **({"resolved": resolved} if resolved else {})}
         return await self._interact(data, invoker, where, permissions)

@@ -51,7 +51,7 @@ class FakeDiscord:
         app = web.Application()
         app.router.add_get("/api/v10/users/@me", self._me)
         app.router.add_get("/api/v10/channels/{cid}/messages", self._messages)
-        app.router.add_get("/api/v10/channels/{cid}/messages/{mid}", self._message)
+        app.router.add_get("/api/v10/channels/{cid}/messages/{mid}", self._one_message)
         app.router.add_get("/api/v10/channels/{cid}", self._channel)
         app.router.add_get("/api/v10/users/@me/guilds", self._guilds)
         app.router.add_get("/api/v10/channels/{cid}/threads/archived/public", self._archived)
@@ -130,7 +130,7 @@ class FakeDiscord:
             messages = messages[:limit]
         return _json(messages)
 
-    async def _message(self, request: web.Request) -> web.Response:
+    async def _one_message(self, request: web.Request) -> web.Response:
         self.requests.append((request.path, dict(request.query)))
         cid = int(request.match_info["cid"])
         refusal = self._refusal(cid)
