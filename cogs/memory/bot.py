@@ -101,8 +101,8 @@ class MemoryBot(commands.Bot):
             await self.hang_up()
             await super().close()
         finally:
-            if self.owns_engine:
-                self.engine.close()
+            if self.owns_engine:  # off the loop: it waits for an engine call in progress
+                await asyncio.to_thread(self.engine.close)
 
     async def __aexit__(self, *exc_info: object) -> None:
         """Leaving ``async with bot`` waits for the whole close, cogs and engine included.

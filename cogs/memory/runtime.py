@@ -74,6 +74,7 @@ RETENTION_INTERVAL_H = 1.0
 SEARCH_WORKERS = 2  # searches running at once; more wait their turn on the event loop
 SEARCH_QUEUE = 8  # searches waiting before new ones are turned away
 SHUTDOWN_WRITES_S = 3.0  # queued writes get this long at stop: the whole stop stays under 5 s
+SHUTDOWN_WORKERS_S = 1.0  # then a search, read or embedding chunk still running, off the loop
 SHUTDOWN_MARKS_S = 1.0  # then what could not be stored is marked for the catch-up, this long
 # A stop waits for the chunk being embedded: 256 took 3-4 s on a loaded 2-core machine,
 # which alone broke the 5 s bound.  The encoder batches within a chunk anyway.
@@ -160,11 +161,29 @@ class MemoryRuntime:
         self._write_pool.shutdown(wait=not left, cancel_futures=True)
         if left:
             await self._finish_left(left)
-        for pool in (self._search_pool, self._read_pool, self._embed_pool):
-            pool.shutdown(wait=True, cancel_futures=True)
+        await self._release_workers()
         if self.chat is not None:
-            self.chat.close()
+            await asyncio.to_thread(self.chat.close)
         gc.unfreeze()  # what the bot held may be collected again (a process may start another)
+
+    async def _release_workers(self) -> None:
+        """Stop the search, read and embedding threads, waiting off the event loop (up to
+        :data:`SHUTDOWN_WORKERS_S`) for work still running: a rerank or a chunk stuck
+        behind another process's lock holds up nothing else.  What is given up writes
+        nothing a restart does not redo (reads; a claimed chunk stays pending)."""
+        pools = (self._search_pool, self._read_pool, self._embed_pool)
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+        def join() -> None:
+            for pool in pools:
+                pool.shutdown(wait=True)
+
+        joined = _in_daemon_thread(join)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(joined), SHUTDOWN_WORKERS_S)
+        except TimeoutError:
+            log.warning("stopped without waiting for a search, read or embedding still running")
 
     async def _finish_left(self, left: list[Write]) -> None:
         """Deal with the writes the stop could not apply (:func:`_finish_at_stop`)."""
@@ -174,11 +193,16 @@ class MemoryRuntime:
                         self.forget_emptied,
                         self.engine.forget_channels, self.forget_guilds))
 
-    def reload_chat(self) -> None:
-        """Use the chat model of the engine's current profile (after a profile switch)."""
-        old, self.chat = self.chat, make_chat_client(self.engine.profile)
+    async def reload_chat(self) -> None:
+        """Use the chat model of the engine's current profile (after a profile switch).
+
+        The client is made and the old one closed off the event loop: an HTTP client
+        loads the system's certificates (50-160 ms measured).
+        """
+        new = await asyncio.to_thread(make_chat_client, self.engine.profile)
+        old, self.chat = self.chat, new
         if old is not None:
-            old.close()
+            await asyncio.to_thread(old.close)
 
     async def switch_profile(self, profile: Profile, *, remember: bool = True) -> None:
         """Load ``profile``'s reranker in the background, swap it in, then its chat model.
@@ -192,7 +216,7 @@ class MemoryRuntime:
             Exception: Whatever stopped the new reranker loading; the old profile stays.
         """
         await asyncio.wrap_future(self.engine.switch_profile(profile, remember=remember))
-        self.reload_chat()
+        await self.reload_chat()
 
     # -- worker threads --------------------------------------------------------------------
 
@@ -439,6 +463,8 @@ def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
     future: Future[T] = Future()
 
     def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return  # given up on before it began
         try:
             future.set_result(fn(*args))
         except BaseException as exc:

@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,6 +94,56 @@ async def test_leaving_the_bot_while_a_signal_closes_it_waits_for_the_whole_clos
         assert BACKLOG - 3 * EMBED_CHUNK <= reopened.storage.backlog.pending_count() < BACKLOG
     finally:
         reopened.close()
+
+
+async def test_close_does_not_wait_on_the_event_loop_for_work_still_running(tmp_path):
+    """A rerank still running at close (or an embedding chunk behind another process's
+    lock) held the event loop: the pools were shut with wait=True on it.  The close now
+    waits off the loop, a second at most; the engine closes off the loop too, and a new
+    chat client is made off it."""
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
+                          load_reranker=False)
+    h = Harness(engine, [server()])
+    await h.start()
+    loop_thread = threading.current_thread()
+    search_began, let_go = threading.Event(), threading.Event()
+    safety = threading.Timer(30, let_go.set)  # the old code waits for it, on the loop
+    safety.start()
+
+    def slow_search() -> None:
+        search_began.set()
+        let_go.wait()
+
+    searching = asyncio.ensure_future(h.runtime.searching(slow_search))
+    while not search_began.is_set():
+        await asyncio.sleep(0.01)
+    closed_on: list[threading.Thread] = []
+    real_close = engine.close
+    engine.close = lambda: (closed_on.append(threading.current_thread()), real_close())[1]
+    try:
+        await h.bot.close()
+        assert not let_go.is_set(), "the close waited for the search"
+        assert closed_on and closed_on[0] is not loop_thread
+    finally:
+        let_go.set()
+        safety.cancel()
+        searching.cancel()
+
+
+async def test_a_new_chat_model_is_made_off_the_event_loop(tmp_path, monkeypatch):
+    engine = MemoryEngine(tmp_path / "bot.sqlite3", Profile(name="test"), HashEmbedder(),
+                          load_reranker=False)
+    h = Harness(engine, [server()])
+    await h.start()
+    made_on: list[threading.Thread] = []
+    # the module the running extension loaded (unloading an extension drops its modules)
+    monkeypatch.setattr(sys.modules[type(h.runtime).__module__], "make_chat_client",
+                        lambda profile: made_on.append(threading.current_thread()))
+    try:
+        await h.runtime.reload_chat()
+        assert made_on and made_on[0] is not threading.current_thread()
+    finally:
+        await h.bot.close()
 
 
 SIGTERM_SCRIPT = """
