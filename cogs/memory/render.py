@@ -21,10 +21,24 @@ _MASKED_LINK_CHARS = re.compile(r"([\[\]()<>])")
 
 
 def inert(text: str, limit: int = SNIPPET) -> str:
-    """One line of stored text, shortened, with markdown, links and mentions disarmed."""
+    """One line of stored text with markdown, links and mentions disarmed, at most
+    ``limit`` characters once disarmed (escaping lengthens it: Discord refuses an embed
+    whose title or field is over its limit), never cut inside an escape."""
     text = " ".join(text.split())
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
+    out = _disarmed(text)
+    if len(out) <= limit:
+        return out
+    low, high = 0, min(len(text), limit)  # the longest prefix that fits, by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(_disarmed(text[:middle])) < limit:
+            low = middle
+        else:
+            high = middle - 1
+    return _disarmed(text[:low]) + "…"
+
+
+def _disarmed(text: str) -> str:
     text = discord.utils.escape_markdown(text)
     text = _MASKED_LINK_CHARS.sub(r"\\\1", text)
     return discord.utils.escape_mentions(text)
