@@ -12,7 +12,7 @@ from datetime import datetime
 
 from memory.errors import SearchInputError
 from memory.records import datetime_to_ms
-from memory.text import valid_unicode
+from memory.text import clean, valid_unicode
 
 MAX_QUERIES = 20
 # The characters a search's queries hold in all.  No question is longer: a Discord
@@ -76,7 +76,9 @@ def validate(request: SearchRequest) -> list[str]:
     if len(request.queries) > MAX_QUERIES:  # before reading them: a million is refused at once
         raise SearchInputError(
             f"at most {MAX_QUERIES} queries per search, got {len(request.queries)}")
-    queries = [q for q in (valid_unicode(str(q)).strip() for q in request.queries) if q]
+    # a query of zero-width or control characters alone is blank too: it matched
+    # unrelated messages by their vectors
+    queries = [q for q in (valid_unicode(str(q)).strip() for q in request.queries) if clean(q)]
     if not queries:
         raise SearchInputError("give at least one non-empty query")
     total = sum(len(q) for q in queries)
