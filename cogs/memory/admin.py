@@ -7,6 +7,8 @@ settings, and the check still applies.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import discord
 from discord import app_commands
 from discord.ext import commands
@@ -118,7 +120,7 @@ class AdminCommands(
             guild_id_of(interaction), autoresponse=mode,
             toggle_autoresponse_channel=channel.id if channel else None,
         )
-        where = ", ".join(f"<#{c}>" for c in sorted(settings.autoresponse_channels)) or "none yet"
+        where = mentions(settings.autoresponse_channels) or "none yet"
         text = {"off": "I will not answer mentions.", "mention": "I answer mentions everywhere.",
                 "channels": f"I answer mentions in: {where}."}[settings.autoresponse]
         await interaction.response.send_message(text, ephemeral=True)
@@ -162,9 +164,19 @@ class AdminCommands(
         await interaction.response.send_message(describe_channels(settings), ephemeral=True)
 
 
+LISTED_MAX = 40  # channels a reply names: Discord refuses a message over 2,000 characters
+
+
+def mentions(channel_ids: Iterable[int]) -> str:
+    """The channels as mentions, at most :data:`LISTED_MAX` of them and how many more."""
+    ids = sorted(channel_ids)
+    named = ", ".join(f"<#{c}>" for c in ids[:LISTED_MAX])
+    return named + (f" and {len(ids) - LISTED_MAX} more" if len(ids) > LISTED_MAX else "")
+
+
 def describe_channels(settings: GuildSettings) -> str:
     """The channel mode and list, as an admin reads them."""
-    listed = ", ".join(f"<#{c}>" for c in sorted(settings.channels)) or "none"
+    listed = mentions(settings.channels) or "none"
     meaning = {
         "all": "every channel the bot can read is remembered",
         "include": f"only these are remembered: {listed}",

@@ -330,6 +330,27 @@ async def test_forget_me_opt_out_and_opt_in(harness):
     assert ids_for(h, "rooibos", mode="keyword")
 
 
+async def test_a_long_channel_list_keeps_admin_replies_under_discords_limit(harness):
+    """Past about 80 channels the list made a reply over 2,000 characters: Discord refused
+    it, so the admin read an error though the change was saved, and `channels show`
+    never worked again."""
+    h = harness
+    admin = discord.Permissions(manage_guild=True)
+    many = [10**17 + i for i in range(120)]
+    for channel_id in many:
+        await h.runtime.update_settings(G, add_channel=channel_id,
+                                        toggle_autoresponse_channel=channel_id)
+    await h.slash("memory-admin channels mode", invoker=bob(), where=GENERAL, permissions=admin,
+                  mode="include")
+    await h.slash("memory-admin channels show", invoker=bob(), where=GENERAL, permissions=admin)
+    await h.slash("memory-admin autoresponse", invoker=bob(), where=GENERAL, permissions=admin,
+                  mode="channels")
+    replies = [c["data"]["content"] for c in h.adapter.callbacks[-3:]]
+    assert all(len(reply) <= 2000 for reply in replies), [len(r) for r in replies]
+    assert all("and 80 more" in reply for reply in replies)
+    assert f"<#{many[0]}>" in replies[1] and f"<#{many[-1]}>" not in replies[1]
+
+
 async def test_admins_choose_channels_and_purge_them(harness):
     h = harness
     admin = discord.Permissions(manage_guild=True)
