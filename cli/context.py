@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memory.config import Profile, load_profile
+from memory.config import ConfigError, Profile, load_profile
 from memory.engine import MemoryEngine
 from memory.errors import MemoryBotError
 from memory.storage.postgres.connection import is_postgres_url
@@ -43,8 +43,18 @@ class Settings:
 
 
 def resolve_profile(settings: Settings, stored: str | None = None) -> Profile:
-    """The profile named on the command line, else the stored one, else ``cpu``."""
-    return load_profile(settings.profile or stored or "cpu")
+    """The profile named on the command line, else the stored one, else ``cpu``.
+
+    Raises:
+        ConfigError: The profile cannot be loaded (one the database chose says so).
+    """
+    if settings.profile or not stored:
+        return load_profile(settings.profile or "cpu")
+    try:
+        return load_profile(stored)
+    except ConfigError as exc:
+        raise ConfigError(f"the database names profile {stored!r}, chosen with /memory-owner "
+                          f"profile, which cannot be loaded ({exc}); pick one with --profile") from None
 
 
 def profile_storage_url(profile: str) -> str:

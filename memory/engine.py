@@ -331,7 +331,7 @@ class MemoryEngine:
         # the choice is stored first: if that fails (StorageBusy) nothing has changed
         # here, and the reranker manager undoes the swap
         if remember:
-            self.storage.meta.active_profile = profile.name
+            self.storage.meta.active_profile = profile.reference
         self.profile = replace(self.profile, reranker=profile.reranker, llm=profile.llm,
-                               name=profile.name)
+                               name=profile.name, source=profile.source)
         self._token_counter = None  # the chat model may have changed

@@ -106,7 +106,7 @@ class MemoryRuntime:
         self._stop_embedding = threading.Event()  # set at stop: embedding ends at its next chunk
         self._background: set[asyncio.Task] = set()
         self.follower = Follower(  # other processes' settings and profile changes
-            engine.storage, read=self.read, profile_name=lambda: engine.rerankers.profile_name,
+            engine.storage, read=self.read, profile_name=lambda: engine.profile.reference,
             drop_settings=self.guild_settings.drop_all, spawn=self.spawn,
             switch_profile=functools.partial(self.switch_profile, remember=False),
         )

@@ -48,6 +48,17 @@ class Profile:
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
 
+    @property
+    def reference(self) -> str:
+        """What :func:`load_profile` loads this profile by again (the choice a database
+        stores): its name when it is the shipped file of that name or built in code, else
+        its file's absolute path.  A custom ``cpu.toml`` stored as ``cpu`` loaded the
+        shipped one at the next start; ``mine.toml`` stored as ``mine`` loaded nothing."""
+        if self.source.startswith("<"):
+            return self.name
+        path = Path(self.source).resolve()
+        return self.name if path == (PROFILES_DIR / f"{self.name}.toml").resolve() else str(path)
+
 
 _SECTIONS = {
     "embedder": EmbedderConfig, "search": SearchConfig, "reranker": RerankerConfig,

@@ -756,3 +756,31 @@ def test_the_default_profile_searches_without_the_qwen_weights(tmp_path: Path) -
         else:  # the reason is logged once, on one line
             (line,) = [line for line in result.stderr.splitlines() if "not on this machine" in line]
             assert line.startswith("INFO cli.app: reranker unavailable")
+
+
+def test_a_profile_switched_to_by_path_is_the_one_later_commands_load(tmp_path, capsys):
+    """/memory-owner profile /x/cpu.toml stored "cpu": the next start silently loaded the
+    shipped cpu profile; /x/mine.toml stored "mine", and every later command failed."""
+    from cli.context import Settings, resolve_profile
+    from memory.config import load_profile
+    from memory.engine import MemoryEngine
+    from tests.support.builders import HashEmbedder
+
+    custom = tmp_path / "cpu.toml"
+    custom.write_text('[search]\nrrf_k = 77\n[reranker]\nbackend = "none"\n', encoding="utf-8")
+    db = tmp_path / "memory.sqlite3"
+    engine = MemoryEngine(db, load_profile("cpu-fast"), HashEmbedder(), load_reranker=False)
+    try:
+        engine.switch_profile(load_profile(str(custom))).result(timeout=60)
+        assert engine.storage.meta.active_profile == str(custom.resolve())
+        engine.switch_profile(load_profile("cpu-fast")).result(timeout=60)
+        assert engine.storage.meta.active_profile == "cpu-fast"  # a shipped one: by name
+        engine.switch_profile(load_profile(str(custom))).result(timeout=60)
+    finally:
+        engine.close()
+    stored = load_profile(str(custom)).reference
+    assert resolve_profile(Settings(db=db, profile=None), stored).search.rrf_k == 77
+    custom.unlink()  # the file the database names is gone: said so, with the way out
+    code, _out, err = run_cli(capsys, "--db", db, "search", "x")
+    assert code == 2 and "the database names profile" in error_line(err)
+    assert "--profile" in error_line(err)
