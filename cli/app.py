@@ -33,6 +33,7 @@ from memory.config import available_profiles
 from memory.engine import MemoryEngine
 from memory.errors import ImportFormatError, MemoryBotError, SearchInputError
 from memory.ingest import ImportSummary
+from memory.text import clean
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ def import_command(settings: Settings, paths: tuple[Path, ...], no_embed: bool) 
     finally:
         engine.close()
     click.echo(_import_line(summary))
-    for error in summary.errors:
-        click.echo(f"  skipped file: {error}", err=True)
+    for error in summary.errors:  # a damaged file's bytes may hold terminal escapes
+        click.echo(f"  skipped file: {clean(error)}", err=True)
     return 0
 
 
@@ -330,6 +331,9 @@ def main(argv: Sequence[str] | None = None, *, prog_name: str = "bot.py") -> int
         return _error(exc.format_message())
     except MemoryBotError as exc:
         return _error(str(exc))
+    except OSError as exc:  # a path too long, a folder this user may not enter, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _error(f"{where}{exc.strerror or exc}")
     except (KeyboardInterrupt, click.exceptions.Abort):
         click.echo("interrupted; work committed so far is kept", err=True)
         return 130
@@ -337,5 +341,5 @@ def main(argv: Sequence[str] | None = None, *, prog_name: str = "bot.py") -> int
 
 
 def _error(message: str) -> int:
-    click.echo(f"error: {' '.join(message.split())}", err=True)
+    click.echo(f"error: {clean(message)}", err=True)  # one line, no terminal escapes
     return 2

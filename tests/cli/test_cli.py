@@ -784,3 +784,33 @@ def test_a_profile_switched_to_by_path_is_the_one_later_commands_load(tmp_path, 
     code, _out, err = run_cli(capsys, "--db", db, "search", "x")
     assert code == 2 and "the database names profile" in error_line(err)
     assert "--profile" in error_line(err)
+
+
+@pytest.mark.parametrize("where", ["db", "import", "profile"])
+def test_a_path_too_long_is_one_error_line(tmp_path, capsys, where):
+    long = tmp_path / ("y" * 300)
+    argv = {"db": ["--db", f"{long}.sqlite3", "stats"],
+            "import": ["--db", tmp_path / "m.sqlite3", "import", f"{long}.json"],
+            "profile": ["--db", tmp_path / "m.sqlite3", "--profile", long, "import", BENCH_MINI]}[where]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert "too long" in error_line(err).lower()
+
+
+def test_a_damaged_export_prints_no_terminal_escapes(tmp_path, capsys):
+    bad = tmp_path / "esc.json"
+    bad.write_bytes(b'{"guild": \x1b]0;PWNED\x07\x1b[31mRED')
+    code, out, err = run_cli(capsys, "--db", tmp_path / "m.sqlite3", "import", "--no-embed", bad)
+    assert code == 2
+    assert "\x1b" not in err and "\x07" not in err and "\x1b" not in out
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://u:s3cret@[bad", "postgresql://h/db?bogus=1", "postgres://a b/c",
+    "postgresql://u:s3cret@h/db%zz",
+])
+def test_a_malformed_postgresql_url_is_one_error_line_without_its_password(capsys, url):
+    code, out, err = run_cli(capsys, "--db", url, "stats")
+    assert code == 2 and out == ""
+    line = error_line(err)
+    assert "not a usable PostgreSQL URL" in line and "s3cret" not in line

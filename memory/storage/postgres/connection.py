@@ -52,8 +52,12 @@ _SECRET_PARAMETERS = {"password", "sslpassword"}  # libpq's connection parameter
 
 def redact(url: str) -> str:
     """``url`` without its password, in the user part or a query parameter (what logs,
-    errors and ``stats`` show)."""
-    parts = urlsplit(url)
+    errors and ``stats`` show); one that cannot be parsed shows only its scheme."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (parses the port: "host:x" raises here)
+    except ValueError:
+        return f"{url.split(':', 1)[0]}://… (unreadable URL)"
     if parts.password is not None:
         netloc = parts.netloc.rsplit("@", 1)
         user = netloc[0].split(":", 1)[0]
@@ -102,6 +106,9 @@ def connect(url: str, **kwargs: Any) -> Any:
             f"cannot connect to {redact(url)}: {one_line(exc)}; check the URL, that the "
             "server runs, and the role's password"
         ) from exc
+    except psycopg.ProgrammingError as exc:  # libpq cannot read it: an unknown option, ...
+        reason = one_line(exc).replace(url, redact(url))  # libpq quotes the URL, password too
+        raise DatabaseFileError(f"{redact(url)} is not a usable PostgreSQL URL: {reason}") from None
 
 
 def register_vector(conn: Any) -> None:
