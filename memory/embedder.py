@@ -108,13 +108,14 @@ class SentenceTransformerEmbedder:
                 # for the process: a reranker from the hub still downloads
                 local = os.path.isdir(self._load_from)
                 try:
-                    self._model = SentenceTransformer(self._load_from, device=device,
-                                                      local_files_only=local)
-                except OSError as exc:
+                    model = SentenceTransformer(self._load_from, device=device,
+                                                local_files_only=local)
+                    self._dimension = model.get_embedding_dimension()
+                except Exception as exc:  # OSError, an empty or foreign folder, a bad JSON file
                     raise ConfigError(
                         f"embedder {self.model_id!r} could not be loaded: {exc}"
                     ) from exc
-                self._dimension = self._model.get_embedding_dimension()
+                self._model = model
                 self._model.eval()
         return self._model
 

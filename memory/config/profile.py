@@ -107,6 +107,8 @@ def _table_fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
 
 
 def _validate_profile(profile: Profile) -> Profile:
+    if not profile.embedder.model.strip():
+        raise ConfigError(f"{profile.source}: embedder.model must name a model or a folder")
     s = profile.search
     if s.threshold_floor > s.threshold_start:
         raise ConfigError(f"{profile.source}: search.threshold_floor must be <= threshold_start")

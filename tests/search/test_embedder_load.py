@@ -12,6 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from memory.config import ConfigError, EmbedderConfig, parse_profile
+from memory.embedder import SentenceTransformerEmbedder
+
 ROOT = Path(__file__).resolve().parents[2]
 
 LOAD = """
@@ -32,3 +37,23 @@ def test_the_bundled_embedder_loads_without_the_hub_and_leaves_it_reachable() ->
                           text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["384", "None", "None"]
+
+
+@pytest.mark.parametrize("folder", ["empty", "foreign", "broken-json"])
+def test_a_folder_that_is_no_model_is_a_config_error(tmp_path: Path, folder: str) -> None:
+    """An empty folder, a folder of something else, or a damaged modules.json raised
+    ValueError or JSONDecodeError, a traceback for `import` and `reembed`."""
+    model = tmp_path / folder
+    model.mkdir()
+    if folder == "foreign":
+        (model / "notes.txt").write_text("not a model", encoding="utf-8")
+    if folder == "broken-json":
+        (model / "modules.json").write_text("[1", encoding="utf-8")
+    embedder = SentenceTransformerEmbedder(EmbedderConfig(model=str(model), device="cpu"))
+    with pytest.raises(ConfigError, match="could not be loaded"):
+        embedder.embed(["hello"])
+
+
+def test_a_blank_embedder_model_is_refused_by_the_profile() -> None:
+    with pytest.raises(ConfigError, match="embedder.model"):
+        parse_profile("blank", {"embedder": {"model": "  "}}, "blank.toml")
