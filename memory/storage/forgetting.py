@@ -15,8 +15,8 @@ from typing import Any
 from memory.storage.dialect import Dialect
 from memory.storage.guilds import settings_changed
 
-__all__ = ["drop_channel_rows", "drop_guild_rows", "drop_member_names", "drop_unknown_authors",
-           "record_emptied"]
+__all__ = ["drop_channel_rows", "drop_guild_rows", "drop_left_behind", "drop_member_names",
+           "drop_unknown_authors", "record_emptied"]
 
 
 def record_emptied(conn: Any, dialect: Dialect, edits: Mapping[int, int]) -> list[int]:
@@ -74,6 +74,25 @@ def drop_channel_rows(conn: Any, dialect: Dialect, channel_ids: Sequence[int]) -
     conn.execute(dialect.sql(
         f"DELETE FROM channels WHERE {dialect.in_ids('id')} AND NOT EXISTS "
         "(SELECT 1 FROM messages m WHERE m.channel_id = channels.id)"), (ids,))
+
+
+def drop_left_behind(conn: Any, dialect: Dialect, gone: Sequence[tuple[int, int, int]]) -> None:
+    """After messages ``(channel_id, guild_id, author_id)`` are forgotten (retention, a
+    deletion, forget-me): the rows of their threads that hold no message any more (a
+    thread's name is text a member wrote), and their authors' names in a guild where no
+    message of theirs is left.  Inside the caller's write transaction."""
+    if not gone:
+        return
+    conn.execute(dialect.sql(
+        f"DELETE FROM channels WHERE {dialect.in_ids('id')} AND parent_id IS NOT NULL AND "
+        "NOT EXISTS (SELECT 1 FROM messages m WHERE m.channel_id = channels.id)"),
+        (dialect.ids(sorted({channel for channel, _, _ in gone})),))
+    pairs = sorted({(guild, author) for _, guild, author in gone})
+    conn.cursor().executemany(dialect.sql(
+        "DELETE FROM member_names WHERE guild_id = ? AND author_id = ? AND NOT EXISTS "
+        "(SELECT 1 FROM messages m WHERE m.guild_id = member_names.guild_id "
+        "AND m.author_id = member_names.author_id)"), pairs)
+    drop_unknown_authors(conn, dialect, sorted({author for _, author in pairs}))
 
 
 def drop_member_names(conn: Any, dialect: Dialect, guild_id: int, author_id: int) -> None:

@@ -21,7 +21,7 @@ import bot
 from cli.app import main
 from memory.engine import MemoryEngine
 from memory.filters import Filters
-from memory.records import MessageRecord
+from memory.records import MessageRecord, ms_to_datetime
 from memory.search.members import MemberIndex
 from memory.storage import Storage, open_storage
 from memory.storage.postgres import migrations as postgres_migrations
@@ -110,6 +110,42 @@ def test_forget_me_removes_that_guilds_names_only(
     assert inspector(engine.storage).author_rows(ALICE) == 0
 
 
+def test_retention_and_deletions_leave_no_thread_title_or_name_behind(
+    engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
+) -> None:
+    """Only a channel's deletion dropped its row: after retention (or forget-me, or single
+    deletions) emptied a thread, the title a member wrote stayed, and so did the names of
+    a member with no message left in that guild."""
+    title, shared, forum, post = "Alice's treatment questions", CHANNEL + 60, CHANNEL + 61, CHANNEL + 62
+    thread = CHANNEL + 50
+    in_thread = dict(parent_id=HOME_CHANNEL, channel_type="GuildPublicThread")
+    old = make_record("did the second round help", guild_id=HOME, channel_id=thread,
+                      channel_name=title, author_id=ALICE, author_display_name=SECRET,
+                      age_days=40, **in_thread)
+    kept = make_record("still here", guild_id=HOME, channel_id=shared, channel_name="shared",
+                       author_id=BOB, age_days=1, **in_thread)
+    gone = make_record("gone soon", guild_id=HOME, channel_id=shared, channel_name="shared",
+                       author_id=ALICE,
+                       author_display_name=SECRET, age_days=1, **in_thread)
+    forum_post = make_record("a forum post", guild_id=HOME, channel_id=post, parent_id=forum,
+                             parent_name="help-forum", channel_name="printer jams",
+                             channel_type="GuildPublicThread", author_id=BOB, age_days=1)
+    away, _ = alice_in_both(make_record)
+    engine.storage.messages.upsert([old, kept, gone, forum_post, away])
+    messages = engine.storage.messages
+
+    assert engine.forget_older_than(HOME, ms_to_datetime(old.created_at + 86_400_000)) == 1
+    assert messages.channel_ids_named(title) == [] and not holds_text(engine.storage, title)
+    assert HOME in inspector(engine.storage).member_names(ALICE)  # her message in `shared`
+    assert engine.forget_messages([gone.id]) == 1
+    assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally")}
+    assert not holds_text(engine.storage, SECRET)
+    assert messages.channel_ids_named("shared") == [shared], "a thread with messages keeps it"
+    assert engine.forget_messages([forum_post.id]) == 1
+    assert messages.channel_ids_named("printer jams") == []
+    assert messages.channel_ids_named("help-forum") == [forum], "a channel's name stays"
+
+
 def test_opting_out_removes_that_guilds_names_only(
     engine: MemoryEngine, make_record: MakeRecord, inspector: Inspect
 ) -> None:
@@ -131,9 +167,9 @@ def test_forgetting_a_guild_removes_its_members_names(
     bobs = make_record("only here", guild_id=HOME, channel_id=HOME_CHANNEL, author_id=BOB,
                        author_name="bob", author_display_name="Bobby")
     engine.storage.messages.upsert([away, home, bobs])
-    engine.forget_messages([bobs.id])  # a message's last trace going leaves the name ...
-    assert inspector(engine.storage).member_names(BOB) == {HOME: ("bob", "Bobby")}
-    engine.forget_guild(HOME)  # ... forgetting the guild does not
+    engine.forget_messages([bobs.id])  # his last message there takes his name with it
+    assert inspector(engine.storage).member_names(BOB) == {}
+    engine.forget_guild(HOME)  # and forgetting the guild takes every name it held
     assert inspector(engine.storage).member_names(ALICE) == {AWAY: ("alice", "Ally")}
     assert inspector(engine.storage).member_names(BOB) == {}
     assert inspector(engine.storage).author_rows(BOB) == 0

@@ -21,6 +21,7 @@ from typing import Any
 from memory.storage.forgetting import (
     drop_channel_rows,
     drop_guild_rows,
+    drop_left_behind,
     drop_member_names,
     record_emptied,
 )
@@ -146,12 +147,14 @@ class PostgresForgetting:
                          "SELECT unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING",
                          (ids, now_ms()))
         self._reembed_dependants(conn, ids)
-        places = conn.execute("DELETE FROM messages WHERE id = ANY(%s) RETURNING channel_id, id",
-                              (ids,)).fetchall()
+        rows = conn.execute("DELETE FROM messages WHERE id = ANY(%s) "
+                            "RETURNING channel_id, id, guild_id, author_id", (ids,)).fetchall()
         conn.execute("DELETE FROM embedding_claims WHERE message_id = ANY(%s)", (ids,))
         vectors.delete(conn, ids)  # after the rows: no window vector is made for them
-        windows.reindex(conn, places)  # their rows go; neighbours' windows lose their text
-        return len(places)
+        # their rows go; neighbours' windows lose their text
+        windows.reindex(conn, [(row[0], row[1]) for row in rows])
+        drop_left_behind(conn, DIALECT, [(row[0], row[2], row[3]) for row in rows])
+        return len(rows)
 
     def edited(self, conn: Any, ids: Sequence[int]) -> None:
         """Messages whose text changed: their vectors, and those of the messages that

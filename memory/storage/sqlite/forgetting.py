@@ -19,6 +19,7 @@ from typing import Any
 from memory.storage.forgetting import (
     drop_channel_rows,
     drop_guild_rows,
+    drop_left_behind,
     drop_member_names,
     record_emptied,
 )
@@ -150,12 +151,14 @@ class SQLiteForgetting:
                 [(i, now) for i in ids],
             )
         self._reembed_dependants(conn, ids)
-        places = conn.execute(
-            f"SELECT channel_id, id FROM messages WHERE id {IN_IDS}", (id_list(ids),)
-        ).fetchall()
+        rows = conn.execute(
+            f"SELECT channel_id, id, guild_id, author_id FROM messages WHERE id {IN_IDS}",
+            (id_list(ids),)).fetchall()
         removed = conn.execute(f"DELETE FROM messages WHERE id {IN_IDS}", (id_list(ids),)).rowcount
         self._table.delete(conn, ids)  # after the rows: no window vector is made for them
-        windows.reindex(conn, places)  # their rows go; neighbours' windows lose their text
+        # their rows go; neighbours' windows lose their text
+        windows.reindex(conn, [(row[0], row[1]) for row in rows])
+        drop_left_behind(conn, DIALECT, [(row[0], row[2], row[3]) for row in rows])
         return removed
 
     def edited(self, conn: Any, ids: Sequence[int]) -> None:
