@@ -478,13 +478,16 @@ def _same_channel_reply(reference: dict[str, Any], ctx: _ChannelContext) -> int 
 
 
 def _snowflake(value: Any) -> int | None:
-    """An id as SQLite can store it (0 <= id < 2**63), or ``None`` for anything else."""
+    """An id as SQLite can store it (0 <= id < 2**63), or ``None`` for anything else.
+
+    A string id is ASCII digits only, as the CLI's ids: ``int()`` also reads ``"1_0"``
+    as 10, and spaces, signs and other scripts' digits, so an odd id became another.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         return None
-    try:
-        number = int(value)
-    except ValueError:
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
         return None
+    number = int(value)
     return number if 0 <= number <= _MAX_ID else None
 
 

@@ -446,3 +446,15 @@ def test_a_file_damaged_part_way_keeps_what_came_before(
     assert summary.inserted == engine.storage.messages.count() >= 1
     (error,) = summary.errors
     assert "cut.json" in error and "after" in error
+
+
+def test_an_id_is_ascii_digits_or_no_id(tmp_path: Path) -> None:
+    """int() read "1_0" as 10 (guild 10 was stored), and took spaces, signs and Arabic-Indic
+    digits: an odd id became another message's or server's."""
+    odd = ["1_0", " 123 ", "+5", "١٢٣", "12.0"]
+    path = export(tmp_path / "odd.json", [msg(m) for m in odd] + [msg(77)])
+    parsed = read_export(path)
+    assert [r.id for r in parsed.records] == [77] and parsed.skipped == len(odd)
+    for guild_id in ("1_0", "٩٠٠"):
+        with pytest.raises(ImportFormatError, match="valid guild.id"):
+            read_export(export(tmp_path / "g.json", [msg(1)], guild={"id": guild_id}))
