@@ -373,7 +373,8 @@ class Reconciler:
         edited = [m for m in seen if m.id in stored and m.edited_at is not None]
         gone = sorted(stored.difference(m.id for m in seen))
         if unsure := [i for i in gone if i > existed]:
-            gone = [i for i in gone if i <= existed] + await self._unknown(place, unsure, progress)
+            gone = [i for i in gone if i <= existed] + await unknown_messages(
+                place, unsure, progress, self._pause_s)
         progress.messages_checked += len(stored)
         edits = [r for r in map(record_from_message, edited) if r is not None]
         if edits:
@@ -393,23 +394,6 @@ class Reconciler:
             lambda: storage.guilds.save_reconcile_cursor(guild_id, channel_id, run_id, lower))
         return lower
 
-    async def _unknown(self, place: History, ids: list[int],
-                       progress: ReconcileProgress) -> list[int]:
-        """Those of ``ids`` Discord says do not exist; any other answer keeps a message
-        (the next run judges it again)."""
-        unknown = []
-        for message_id in ids:
-            progress.requests += 1
-            try:
-                await place.fetch_message(message_id)
-            except discord.NotFound as exc:
-                if exc.code == UNKNOWN_MESSAGE:
-                    unknown.append(message_id)
-            except discord.HTTPException as exc:
-                log.warning("reconcile: looking up message %d failed (%s); kept", message_id, exc)
-            await asyncio.sleep(self._pause_s)
-        return unknown
-
     async def _forget(self, deletion: Callable[[], int]) -> int:
         """Run an engine deletion in order with the queued writes; how many it removed."""
         return await self._in_order(deletion)
@@ -419,6 +403,24 @@ class Reconciler:
         counted: list[int] = []
         await self.runtime.writes.run_and_wait(lambda: counted.append(write()))
         return counted[0] if counted else 0
+
+
+async def unknown_messages(place: History, ids: list[int], progress: ReconcileProgress,
+                           pause_s: float) -> list[int]:
+    """Those of ``ids`` Discord says do not exist in ``place``; any other answer keeps a
+    message (the next run judges it again)."""
+    unknown = []
+    for message_id in ids:
+        progress.requests += 1
+        try:
+            await place.fetch_message(message_id)
+        except discord.NotFound as exc:
+            if exc.code == UNKNOWN_MESSAGE:
+                unknown.append(message_id)
+        except discord.HTTPException as exc:
+            log.warning("reconcile: looking up message %d failed (%s); kept", message_id, exc)
+        await asyncio.sleep(pause_s)
+    return unknown
 
 
 def _readable(place: History) -> bool:

@@ -32,7 +32,7 @@ import functools
 import gc
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -161,29 +161,10 @@ class MemoryRuntime:
         self._write_pool.shutdown(wait=not left, cancel_futures=True)
         if left:
             await self._finish_left(left)
-        await self._release_workers()
+        await release_workers((self._search_pool, self._read_pool, self._embed_pool))
         if self.chat is not None:
             await asyncio.to_thread(self.chat.close)
         gc.unfreeze()  # what the bot held may be collected again (a process may start another)
-
-    async def _release_workers(self) -> None:
-        """Stop the search, read and embedding threads, waiting off the event loop (up to
-        :data:`SHUTDOWN_WORKERS_S`) for work still running: a rerank or a chunk stuck
-        behind another process's lock holds up nothing else.  What is given up writes
-        nothing a restart does not redo (reads; a claimed chunk stays pending)."""
-        pools = (self._search_pool, self._read_pool, self._embed_pool)
-        for pool in pools:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-        def join() -> None:
-            for pool in pools:
-                pool.shutdown(wait=True)
-
-        joined = _in_daemon_thread(join)
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(joined), SHUTDOWN_WORKERS_S)
-        except TimeoutError:
-            log.warning("stopped without waiting for a search, read or embedding still running")
 
     async def _finish_left(self, left: list[Write]) -> None:
         """Deal with the writes the stop could not apply (:func:`_finish_at_stop`)."""
@@ -194,11 +175,8 @@ class MemoryRuntime:
                         self.engine.forget_channels, self.forget_guilds))
 
     async def reload_chat(self) -> None:
-        """Use the chat model of the engine's current profile (after a profile switch).
-
-        The client is made and the old one closed off the event loop: an HTTP client
-        loads the system's certificates (50-160 ms measured).
-        """
+        """Use the chat model of the engine's current profile (after a profile switch),
+        made off the event loop (an HTTP client loads the certificates: 50-160 ms)."""
         new = await asyncio.to_thread(make_chat_client, self.engine.profile)
         old, self.chat = self.chat, new
         if old is not None:
@@ -455,6 +433,24 @@ async def _finish_at_stop(
         log.warning("applied at stop, after the write queue: %s", describe(applied))
     if undone := [w for i, w in enumerate(now) if i not in finished]:
         log.error("stopped with these edits and deletions not applied: %s", describe(undone))
+
+
+async def release_workers(pools: Sequence[ThreadPoolExecutor]) -> None:
+    """Stop these pools' threads, waiting off the event loop (up to
+    :data:`SHUTDOWN_WORKERS_S`) for work still running: a rerank or a chunk stuck behind
+    another process's lock holds up nothing else.  What is given up writes nothing a
+    restart does not redo (reads; a claimed chunk stays pending)."""
+    for pool in pools:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    def join() -> None:
+        for pool in pools:
+            pool.shutdown(wait=True)
+
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(_in_daemon_thread(join)), SHUTDOWN_WORKERS_S)
+    except TimeoutError:
+        log.warning("stopped without waiting for a search, read or embedding still running")
 
 
 def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> Future[T]:

@@ -41,12 +41,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memory.filters import Filters
-from memory.storage.postgres.database import PostgresDatabase
 from memory.storage.postgres.filters import filter_sql
 from memory.storage.tokens import tokenizer
+
+if TYPE_CHECKING:  # the database runs the migrations, and migration 10 writes documents
+    from memory.storage.postgres.database import PostgresDatabase
 
 K1, B = 1.2, 0.75  # FTS5's bm25() constants
 MESSAGE_WEIGHTS = (1.0, 1.0, 0.5)  # author, content, attachments: as SQLite's bm25() call

@@ -21,6 +21,7 @@ from typing import Any
 from memory.errors import DatabaseFileError
 from memory.storage import migrations as shared
 from memory.storage.postgres.connection import one_line
+from memory.storage.postgres.windows import index_rows
 from memory.storage.tokens import MAX_TERM_BYTES
 
 log = logging.getLogger(__name__)
@@ -120,9 +121,6 @@ def text_out_of_statistics(conn: Any) -> None:
 def capped_terms(conn: Any) -> None:
     """Keyword documents holding a word longer than :data:`~memory.storage.tokens.MAX_TERM_BYTES`
     are written again with it cut, as queries now cut it (a longer one was refused)."""
-    # imported here: the keyword index needs the database module, which runs migrations
-    from memory.storage.postgres.windows import index_rows
-
     ids = [row[0] for row in conn.execute(
         "SELECT id FROM message_postings WHERE octet_length(term) > %s "
         "UNION SELECT id FROM window_postings WHERE octet_length(term) > %s",
