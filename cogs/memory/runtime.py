@@ -97,7 +97,7 @@ class MemoryRuntime:
         self._search_pool = ThreadPoolExecutor(SEARCH_WORKERS, thread_name_prefix="memory-search")
         self._embed_pool = ThreadPoolExecutor(1, thread_name_prefix="memory-embed")
         self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
-        self.writes = WriteQueue(self._write)
+        self.writes = WriteQueue(self._write, given_up=functools.partial(_mark_given_up, self))
         self.shards = Shards.of(bot)
         self.guild_settings = SettingsCache(engine.storage.guilds, self.read)
         self.clock = DiscordClock()  # Discord's time, measured from the gateway
@@ -377,6 +377,25 @@ class MemoryRuntime:
         expire = functools.partial(self.engine.forget_expired,
                                    discord_now_ms=self.clock.now_ms())
         return await self.forget(expire, guild_id, days)
+
+
+def _mark_given_up(runtime: MemoryRuntime, writes: list[Write]) -> None:
+    """New messages the write queue gave up on are marked for the next catch-up, which
+    reads them from Discord again: without a mark it reads only after the newest message
+    stored, and the messages stored after them would hide them.  The mark is a write
+    in the queue too, left out where their place is gone by then (the bot left, the
+    channel was deleted: their marks went with it)."""
+    records = [r for w in writes if w.apply == runtime.store_messages for r in w.items]
+    if not records:
+        return
+    log.warning("marking %d messages given up for the next catch-up: %s",
+                len(records), [r.id for r in records])
+    guilds, gone = runtime.engine.storage.guilds, runtime.gone
+
+    def mark_missed(given_up: list[MessageRecord]) -> None:
+        guilds.mark_missed((r.guild_id, r.channel_id, r.id) for r in gone.present(given_up))
+
+    runtime.writes.put(mark_missed, records)
 
 
 async def _finish_at_stop(

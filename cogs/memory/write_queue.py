@@ -14,7 +14,8 @@ items alone, in order: a write the database refuses for good (a bug, a record it
 cannot hold) is given up by itself, never with the other members' messages and
 deletions that happened to share its batch.  When several items in a row fail too,
 the error is the database's, not theirs: the rest of the batch is given up at once
-rather than tried item by item for minutes.
+rather than tried item by item for minutes.  What is given up is handed to the
+queue's ``given_up`` (the runtime marks new messages for the next catch-up).
 """
 
 from __future__ import annotations
@@ -69,10 +70,14 @@ class WriteQueue:
 
     Args:
         run: Runs a blocking callable off the event loop (the runtime's write thread).
+        given_up: Called on the event loop with the writes given up (each failed for
+            good, or untried after a run of failures), so what they carried is not lost.
     """
 
-    def __init__(self, run: Callable[[Callable[[], None]], Awaitable[None]]) -> None:
+    def __init__(self, run: Callable[[Callable[[], None]], Awaitable[None]],
+                 given_up: Callable[[list[Write]], None] | None = None) -> None:
         self._run = run
+        self._given_up = given_up
         self._queue: asyncio.Queue[Write] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._applying: list[Write] = []  # the batch on the write thread now
@@ -158,6 +163,7 @@ class WriteQueue:
         if failed is None or not several:
             if failed is not None:
                 _give_up(batch, GIVE_UP_AFTER, failed)
+                self._hand_over(batch)
             _settle(batch, failed)
             return
         log.warning("a batch of %d writes keeps failing (%s); applying its items one by one",
@@ -182,11 +188,22 @@ class WriteQueue:
                 in_a_row += 1
                 error = failed = exc
                 _give_up([single], SPLIT_TRIES, exc, trace=in_a_row == 1)
+                self._hand_over([single])
             _settle([write], error)
             self._applying = [w for w in self._applying if w is not write]
         if untried:
             log.error("%d items in a row failed alike; giving up on the %d after them untried: %s",
                       SYSTEMIC_AFTER, len(untried), describe(untried))
+            self._hand_over(untried)
+
+    def _hand_over(self, writes: list[Write]) -> None:
+        """Hand writes given up to ``given_up``; its own failure is logged, never raised."""
+        if self._given_up is None:
+            return
+        try:
+            self._given_up(writes)
+        except Exception:
+            log.exception("could not hand over the writes given up: %s", describe(writes))
 
     async def _attempt(self, batch: list[Write], tries: int) -> BaseException | None:
         """Apply ``batch`` until it commits (``None``) or fails ``tries`` times for a

@@ -330,6 +330,30 @@ async def test_a_catch_up_that_fails_is_read_again_from_where_it_began(setup):
     assert h.engine.storage.guilds.missed() == {}, "read: its marks are cleared"
 
 
+async def test_a_live_message_the_write_queue_gives_up_on_is_caught_up_later(setup, monkeypatch):
+    # the database refuses one message for good (not a busy lock); the messages after it
+    # are stored, so the next catch-up, reading after the newest stored, would skip it
+    # unless the queue marked it missed when it gave up
+    monkeypatch.setattr("cogs.memory.write_queue.RETRY_MAX_S", 0.001)
+    h, fake = setup
+    general = h.guild.get_channel(GENERAL)
+    payloads = timed(h, GENERAL, [60, 50, 30, 1])
+    refused = int(payloads[1]["id"])
+    with h.engine.storage.database.write() as conn:
+        conn.execute(f"CREATE TRIGGER refuse BEFORE INSERT ON messages WHEN NEW.id = {refused} "
+                     "BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    for p in payloads:
+        await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=p))
+    await settle(h)
+    assert kept(h, payloads) == 3
+    with h.engine.storage.database.write() as conn:
+        conn.execute("DROP TRIGGER refuse")
+    fake.history[GENERAL] = payloads
+    await ready(h)  # a fresh session, later
+    assert kept(h, payloads) == 4
+    assert h.engine.storage.guilds.missed() == {}, "read: its marks are cleared"
+
+
 async def test_a_new_channel_whose_messages_are_not_stored_is_not_read_whole_each_time(setup):
     # purged after it was caught up: its tombstones keep it empty, and each READY must go
     # on from where the last read ended, not read the channel from its start again
