@@ -30,10 +30,18 @@ Place = Spoken | discord.ForumChannel
 
 def _may_read(interaction: discord.Interaction, place: Place) -> bool:
     """Whether the admin may read ``place`` (a thread as Discord resolved it: their
-    permissions there come with it)."""
+    permissions there come with it, but they are its parent's, which do not say whether
+    the admin is in a private thread: one the cache holds is judged as a search judges it,
+    any other only opens to those who may manage threads)."""
+    member = member_of(interaction)
     if isinstance(place, app_commands.AppCommandThread):
-        return place.permissions.view_channel and place.permissions.read_message_history
-    return can_read(member_of(interaction), place)
+        cached = member.guild.get_thread(place.id)
+        if cached is not None:
+            return can_read(member, cached)
+        perms = place.permissions
+        return (perms.view_channel and perms.read_message_history
+                and (place.type is not discord.ChannelType.private_thread or perms.manage_threads))
+    return can_read(member, place)
 
 
 @app_commands.guild_only()

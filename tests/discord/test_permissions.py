@@ -38,6 +38,7 @@ from tests.support.discord_harness import (
     NO_HISTORY,
     READ,
     Harness,
+    archived_thread,
     channel,
     guild,
     member,
@@ -521,3 +522,23 @@ async def test_purge_channel_tells_counts_only_to_an_admin_who_may_read_it(harne
                   channel=h.guild.get_channel(STAFF_LOG))
     assert h.adapter.followups[-1]["content"] == (
         f"Forgot 1 messages from <#{STAFF_LOG}> and its threads.")
+
+
+@pytest.mark.parametrize(("uid", "thread_id", "told"), [
+    (BOB, PRIVATE_THREAD, False), (BOB, ARCHIVED_PRIVATE, False),  # not in it, no Manage Threads
+    (ALICE, PRIVATE_THREAD, True), (CAROL, ARCHIVED_PRIVATE, True),  # a member; a thread manager
+])
+async def test_purge_channel_tells_a_private_threads_count_only_to_who_may_read_it(
+    harness, uid, thread_id, told
+):
+    """Discord's resolved permissions for a thread are its parent's: they do not say whether
+    the admin is in a private thread, so they alone cannot open its count."""
+    h = harness
+    # the thread as Discord resolves it, with the admin's permissions in its parent
+    await h.slash("memory-admin purge-channel", invoker=_invoker(uid), where=GENERAL,
+                  permissions=discord.Permissions(manage_guild=True),
+                  channel=discord.Object(thread_id),
+                  archived=[archived_thread(thread_id, GENERAL, private=True)])
+    what = "1 messages" if told else "everything stored"
+    assert h.adapter.followups[-1]["content"] == (
+        f"Forgot {what} from <#{thread_id}> and its threads.")
