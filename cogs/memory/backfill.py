@@ -32,6 +32,7 @@ from discord import app_commands
 from discord.ext import commands
 
 from cogs.memory.capture import record_from_message
+from cogs.memory.permissions import can_read as member_can_read
 from cogs.memory.progress import report_progress
 from cogs.memory.reruns import Reruns
 from memory.records import MessageRecord, ms_to_datetime
@@ -131,7 +132,7 @@ class Backfiller:
         when ``viewer`` (the admin who asked) may see it: Manage Server is not View
         Channel, and a channel's name is not theirs to learn."""
         for channel in targets:
-            shown = viewer is None or channel.permissions_for(viewer).view_channel
+            shown = viewer is None or _sees(viewer, channel)
             progress.current = channel.name if shown else ""
             for place in await self._with_threads(channel):
                 await self.walk_back(place, progress)
@@ -416,6 +417,14 @@ def can_read(channel: Walkable) -> bool:
     """Whether the bot may read ``channel``'s history (by the cache)."""
     perms = channel.permissions_for(channel.guild.me)
     return perms.view_channel and perms.read_message_history
+
+
+def _sees(member: discord.Member, channel: Walkable) -> bool:
+    """Whether ``member`` sees ``channel`` and its name: View Channel, and for a private
+    thread (whose permissions are its parent's) what opens it to a search too."""
+    if isinstance(channel, discord.Thread) and channel.is_private():
+        return member_can_read(member, channel)
+    return channel.permissions_for(member).view_channel
 
 
 def channels_of(guild: discord.Guild) -> list[Walkable]:

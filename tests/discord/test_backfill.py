@@ -565,3 +565,22 @@ async def test_the_progress_names_only_channels_the_admin_can_see(setup):
         assert "secret-room" not in progress.line()
         walk.cancel()
         await asyncio.gather(walk, return_exceptions=True)
+
+
+async def test_the_progress_names_a_private_thread_only_to_who_may_read_it(setup):
+    # a thread's permissions are its parent's: seeing #general does not open its private
+    # threads (nor their names, which a member wrote)
+    h, fake = setup
+    hidden = GENERAL + 200
+    h.guild._add_thread(discord.Thread(guild=h.guild, state=h.state, data=thread(
+        hidden, G, GENERAL, "plans for the surprise", owner=ADMIN, private=True)))
+    fake.stall_after = 0  # every history request hangs: the walk stays on its thread
+    admin = discord.Member(data=member(ALICE, "alice"), guild=h.guild, state=h.state)
+    progress = Progress(channels=1)
+    walk = asyncio.create_task(h.backfill.run([h.guild.get_thread(hidden)], progress, admin))
+    while not fake.requests:
+        await asyncio.sleep(0.01)
+    assert progress.current == ""
+    assert "surprise" not in progress.line()
+    walk.cancel()
+    await asyncio.gather(walk, return_exceptions=True)
