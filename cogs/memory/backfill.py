@@ -66,12 +66,14 @@ class Progress:
     stored: int = 0
     skipped_channels: int = 0
     current: str = ""
+    uncounted: bool = False  # places the admin cannot read were read but not counted
 
     def line(self) -> str:
         return (
             f"{self.done_channels}/{self.channels} channels · {self.fetched} messages read · "
             f"{self.stored} stored" + (f" · now in #{self.current}" if self.current else "")
             + (f" · {self.skipped_channels} unreadable" if self.skipped_channels else "")
+            + (" · what you cannot read is not counted" if self.uncounted else "")
         )
 
 
@@ -129,13 +131,16 @@ class Backfiller:
     async def run(self, targets: list[Walkable], progress: Progress,
                   viewer: discord.Member | None = None) -> None:
         """Backfill each target and its threads.  The progress names a channel only
-        when ``viewer`` (the admin who asked) may see it: Manage Server is not View
-        Channel, and a channel's name is not theirs to learn."""
+        when ``viewer`` (the admin who asked) may see it, and counts the messages of a
+        channel or thread only when they may read it: Manage Server is not View
+        Channel, and a channel's name or how much it holds is not theirs to learn."""
         for channel in targets:
             shown = viewer is None or _sees(viewer, channel)
             progress.current = channel.name if shown else ""
             for place in await self._with_threads(channel):
-                await self.walk_back(place, progress)
+                counted = viewer is None or member_can_read(viewer, place)
+                progress.uncounted |= not counted
+                await self.walk_back(place, progress if counted else Progress())
             progress.done_channels += 1
         progress.current = ""
 

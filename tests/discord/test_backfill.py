@@ -584,3 +584,22 @@ async def test_the_progress_names_a_private_thread_only_to_who_may_read_it(setup
     assert "surprise" not in progress.line()
     walk.cancel()
     await asyncio.gather(walk, return_exceptions=True)
+
+
+async def test_the_progress_counts_only_what_the_admin_can_read(setup):
+    # Manage Server is not View Channel: how much a hidden channel holds is not the
+    # admin's to learn either (as purge-channel's count); it is still backfilled
+    h, fake = setup
+    secret = GENERAL + 100
+    h.state.parse_channel_create(channel(secret, G, "secret-room", overwrites=[
+        overwrite(G, deny=HIDE), overwrite(BOT_ID, allow=READ, member=True)]))
+    fake.history[secret] = history(h, secret, 7)
+    fake.history[GENERAL] = history(h, GENERAL, 2)
+    await h.slash("memory-admin backfill", invoker=member(ALICE, "alice"), where=GENERAL,
+                  permissions=MANAGE, channel=h.guild.get_channel(secret))
+    summary = h.adapter.edits[-1]["content"]
+    assert summary.startswith("Backfill finished") and "7" not in summary, summary
+    assert kept(h, fake.history[secret]) == 7
+    await h.slash("memory-admin backfill", invoker=member(ALICE, "alice"), where=GENERAL,
+                  permissions=MANAGE, channel=h.guild.get_channel(GENERAL))
+    assert "2 stored" in h.adapter.edits[-1]["content"]
