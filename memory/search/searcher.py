@@ -330,7 +330,11 @@ class Searcher:
     def _empty_reason(self, hits: list[Hit], request: SearchRequest) -> str | None:
         if hits:
             return None
-        if not self.storage.messages.has_any(request.guild_id):
+        allowed = request.allowed_channel_ids
+        if allowed is not None:  # a member's search: what the rest of the server holds is not theirs
+            if not self.storage.messages.has_any(request.guild_id, allowed):
+                return "nothing is stored from the channels you can read"
+        elif not self.storage.messages.has_any(request.guild_id):
             return "nothing is stored for this server yet"
         if request.mode != "keyword" and self.storage.meta.embedding_model() is None:
             return "messages are stored but not embedded yet; run `python bot.py embed`"

@@ -245,8 +245,11 @@ class Messages(Protocol):
         """How many messages are stored (in one guild, or in all)."""
         ...
 
-    def has_any(self, guild_id: int | None = None) -> bool:
-        """Whether anything is stored (in one guild, or at all); cheaper than counting."""
+    def has_any(
+        self, guild_id: int | None = None, channel_ids: Iterable[int] | None = None
+    ) -> bool:
+        """Whether anything is stored (in one guild, or at all; only in ``channel_ids``
+        when given); cheaper than counting."""
         ...
 
     def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:

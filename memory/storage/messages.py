@@ -267,10 +267,20 @@ class BaseMessages(DialectNoun):
             return int(self._read("SELECT count(*) FROM messages")[0][0])
         return int(self._read("SELECT count(*) FROM messages WHERE guild_id = ?", (guild_id,))[0][0])
 
-    def has_any(self, guild_id: int | None = None) -> bool:
-        """Whether anything is stored (in one guild, or at all); cheaper than counting."""
-        where, params = ("WHERE guild_id = ?", [guild_id]) if guild_id is not None else ("", [])
-        return bool(self._read(f"SELECT EXISTS (SELECT 1 FROM messages {where})", params)[0][0])
+    def has_any(
+        self, guild_id: int | None = None, channel_ids: Iterable[int] | None = None
+    ) -> bool:
+        """Whether anything is stored (in one guild, or at all; only in ``channel_ids``
+        when given); cheaper than counting."""
+        where, params = ["TRUE"], []
+        if guild_id is not None:
+            where.append("guild_id = ?")
+            params.append(guild_id)
+        if channel_ids is not None:
+            where.append(self._dialect.in_ids("channel_id"))
+            params.append(self._dialect.ids(channel_ids))
+        sql = f"SELECT EXISTS (SELECT 1 FROM messages WHERE {' AND '.join(where)})"
+        return bool(self._read(sql, params)[0][0])
 
     def members(self, guild_id: int | None) -> list[tuple[int, str, str]]:
         """Return ``(author_id, name, display_name)`` of everyone with stored messages.

@@ -271,3 +271,22 @@ def test_the_newest_stored_message_below_an_id(engine: MemoryEngine, make_record
     assert messages.latest_in_guild(GUILD, ids[4]) == ids[3]
     assert messages.latest_in_guild(GUILD, ids[0]) is None
     assert messages.latest_in_guild(GUILD + 1, ids[4] + 1) is None
+
+
+def test_an_empty_search_says_nothing_of_channels_the_member_cannot_read(
+    engine: MemoryEngine, make_record: MakeRecord
+) -> None:
+    hidden = make_record("the hidden plans", channel_id=CHANNEL + 1)
+    engine.ingest([hidden])
+    assert engine.storage.messages.has_any(GUILD, [CHANNEL + 1])
+    assert not engine.storage.messages.has_any(GUILD, [CHANNEL])
+    assert not engine.storage.messages.has_any(GUILD, [])
+
+    # the server holds messages, none where they may read
+    result = engine.search("plans", guild_id=GUILD, allowed_channel_ids=(CHANNEL,), mode="keyword")
+    assert result.empty_reason == "nothing is stored from the channels you can read"
+    result = engine.search("plans", guild_id=GUILD, allowed_channel_ids=(CHANNEL + 1,),
+                           mode="keyword")
+    assert [h.id for h in result.hits] == [hidden.id]
+    result = engine.search("plans", guild_id=GUILD + 1, mode="keyword")
+    assert result.empty_reason == "nothing is stored for this server yet"
