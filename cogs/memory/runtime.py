@@ -45,7 +45,14 @@ from cogs.memory.discord_clock import DiscordClock
 from cogs.memory.follow import Follower
 from cogs.memory.settings_cache import SettingsCache
 from cogs.memory.shards import Shards
-from cogs.memory.write_queue import Apply, Write, WriteQueue, apply_in_order, describe
+from cogs.memory.write_queue import (
+    Apply,
+    LaterTries,
+    Write,
+    WriteQueue,
+    apply_in_order,
+    describe,
+)
 from memory.config import Profile
 from memory.errors import (
     DiskFullError,
@@ -97,7 +104,8 @@ class MemoryRuntime:
         self._search_pool = ThreadPoolExecutor(SEARCH_WORKERS, thread_name_prefix="memory-search")
         self._embed_pool = ThreadPoolExecutor(1, thread_name_prefix="memory-embed")
         self._search_slots = asyncio.Semaphore(SEARCH_WORKERS + SEARCH_QUEUE)
-        self.writes = WriteQueue(self._write, given_up=functools.partial(_mark_given_up, self))
+        self.writes = WriteQueue(self._write, given_up=functools.partial(_given_up, self))
+        self.later = LaterTries(self.writes, self.spawn)  # deletions and edits given up
         self.shards = Shards.of(bot)
         self.guild_settings = SettingsCache(engine.storage.guilds, self.read)
         self.clock = DiscordClock()  # Discord's time, measured from the gateway
@@ -156,7 +164,7 @@ class MemoryRuntime:
         self.follower.follow_changes.cancel()
         for task in list(self._background):
             task.cancel()
-        left = await self.writes.stop(SHUTDOWN_WRITES_S)
+        left = await self.writes.stop(SHUTDOWN_WRITES_S) + self.later.take()
         # a write thread still busy with a batch (a locked database) is not waited for
         self._write_pool.shutdown(wait=not left, cancel_futures=True)
         if left:
@@ -168,11 +176,14 @@ class MemoryRuntime:
 
     async def _finish_left(self, left: list[Write]) -> None:
         """Deal with the writes the stop could not apply (:func:`_finish_at_stop`)."""
-        await _finish_at_stop(
-            left, new=self.store_messages, guilds=self.engine.storage.guilds,
-            order_free=(self.store_edits, self.apply_edits, self.engine.forget_messages,
-                        self.forget_emptied,
-                        self.engine.forget_channels, self.forget_guilds))
+        await _finish_at_stop(left, new=self.store_messages, guilds=self.engine.storage.guilds,
+                              order_free=self.order_free)
+
+    @property
+    def order_free(self) -> tuple[Apply, ...]:
+        """The edits and deletions: what the next start could not find again."""
+        return (self.store_edits, self.apply_edits, self.engine.forget_messages,
+                self.forget_emptied, self.engine.forget_channels, self.forget_guilds)
 
     async def reload_chat(self) -> None:
         """Use the chat model of the engine's current profile (after a profile switch),
@@ -379,12 +390,14 @@ class MemoryRuntime:
         return await self.forget(expire, guild_id, days)
 
 
-def _mark_given_up(runtime: MemoryRuntime, writes: list[Write]) -> None:
-    """New messages the write queue gave up on are marked for the next catch-up, which
-    reads them from Discord again: without a mark it reads only after the newest message
-    stored, and the messages stored after them would hide them.  The mark is a write
-    in the queue too, left out where their place is gone by then (the bot left, the
-    channel was deleted: their marks went with it)."""
+def _given_up(runtime: MemoryRuntime, writes: list[Write]) -> None:
+    """What the write queue gave up on is not dropped.  Edits and deletions go back into
+    the queue later (:class:`LaterTries`).  New messages are marked for the next
+    catch-up, which reads them from Discord again: without a mark it reads only after
+    the newest message stored, and the messages stored after them would hide them.  The
+    mark is a write in the queue too, left out where their place is gone by then (the
+    bot left, the channel was deleted: their marks went with it)."""
+    runtime.later.add([w for w in writes if w.apply in runtime.order_free])
     records = [r for w in writes if w.apply == runtime.store_messages for r in w.items]
     if not records:
         return

@@ -24,8 +24,9 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from memory.errors import DiskFullError, StorageBusy
 from memory.records import MessageRecord
@@ -43,6 +44,7 @@ SYSTEMIC_AFTER = 5  # items of a split batch given up in a row: the rest are giv
 # timeouts, i.e. StorageBusy.  Said at WARNING after this long, then this often.
 BUSY_WARN_AFTER_S = 60.0
 BUSY_WARN_EVERY_S = 300.0
+RETRY_GIVEN_UP_S = 600.0  # a deletion or an edit given up goes back into the queue this much later
 
 
 def is_busy(exc: BaseException) -> bool:
@@ -233,6 +235,47 @@ class WriteQueue:
                 return None
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, RETRY_MAX_S)
+
+
+class LaterTries:
+    """Deletions and edits the queue gave up on, put back into it every
+    :data:`RETRY_GIVEN_UP_S` until they land.
+
+    A new message given up can be read from Discord again by the next catch-up; a
+    deletion or an edit cannot be found again (a reconcile reads only recent
+    messages), so until it lands the deleted or edited-out text would stay stored.
+    What still waits when the bot stops is taken (:meth:`take`) and finished with the
+    writes the stop left.
+
+    Args:
+        queue: The write queue they go back into.
+        spawn: Runs the waiting in the background (cancelled when the runtime stops).
+    """
+
+    def __init__(self, queue: WriteQueue,
+                 spawn: Callable[[Coroutine[Any, Any, None]], object]) -> None:
+        self._queue = queue
+        self._spawn = spawn
+        self._waiting: list[Write] = []
+
+    def add(self, writes: list[Write]) -> None:
+        """Try ``writes`` again later (each alone, as the queue gave them up)."""
+        if not writes:
+            return
+        log.warning("trying again in %.0f s: %s", RETRY_GIVEN_UP_S, describe(writes))
+        if not self._waiting:
+            self._spawn(self._put_back_later())
+        self._waiting.extend(writes)
+
+    def take(self) -> list[Write]:
+        """The writes still waiting, no longer to be put back."""
+        waiting, self._waiting = self._waiting, []
+        return waiting
+
+    async def _put_back_later(self) -> None:
+        await asyncio.sleep(RETRY_GIVEN_UP_S)
+        for write in self.take():
+            self._queue.put(write.apply, write.items)
 
 
 class _BusySpell:

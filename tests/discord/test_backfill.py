@@ -354,6 +354,43 @@ async def test_a_live_message_the_write_queue_gives_up_on_is_caught_up_later(set
     assert h.engine.storage.guilds.missed() == {}, "read: its marks are cleared"
 
 
+def refuse_deleting(h: Harness, message_id: int) -> None:
+    with h.engine.storage.database.write() as conn:
+        conn.execute(f"CREATE TRIGGER refuse BEFORE DELETE ON messages WHEN OLD.id = {message_id} "
+                     "BEGIN SELECT RAISE(ABORT, 'refused'); END")
+
+
+@pytest.mark.parametrize("when", ["later", "at stop"])
+async def test_a_deletion_the_write_queue_gives_up_on_is_tried_again(setup, monkeypatch, when):
+    # the database refuses a deletion for a while (not a busy lock): a reconcile reads only
+    # recent messages, so given up for good the deleted text would stay stored
+    monkeypatch.setattr("cogs.memory.write_queue.RETRY_MAX_S", 0.001)
+    monkeypatch.setattr("cogs.memory.write_queue.RETRY_GIVEN_UP_S", 0.2 if when == "later" else 60)
+    h, _ = setup
+    general = h.guild.get_channel(GENERAL)
+    payloads = timed(h, GENERAL, [30, 20])
+    for p in payloads:
+        await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=p))
+    await settle(h)
+    deleted = int(payloads[0]["id"])
+    refuse_deleting(h, deleted)
+    await h.listeners.on_raw_message_delete(discord.RawMessageDeleteEvent(
+        {"id": str(deleted), "channel_id": str(GENERAL), "guild_id": str(G)}))
+    await settle(h)
+    assert kept(h, payloads) == 2, "given up while refused"
+    with h.engine.storage.database.write() as conn:
+        conn.execute("DROP TRIGGER refuse")
+    if when == "later":  # put back into the queue 0.2 s after it was given up
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if kept(h, payloads) == 1:
+                break
+    else:
+        await h.runtime.stop()
+    assert kept(h, payloads) == 1
+    assert h.engine.storage.messages.hydrate([int(payloads[1]["id"])])
+
+
 async def test_a_new_channel_whose_messages_are_not_stored_is_not_read_whole_each_time(setup):
     # purged after it was caught up: its tombstones keep it empty, and each READY must go
     # on from where the last read ended, not read the channel from its start again
