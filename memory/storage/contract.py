@@ -1,10 +1,11 @@
 """The storage contract: what the rest of the bot may ask of a database, engine-neutral.
 
-A :class:`Storage` is one database seen as eight nouns, each a small
+A :class:`Storage` is one database seen as nine nouns, each a small
 :class:`~typing.Protocol`: the :class:`Database` itself, the :class:`Messages`, their
 :class:`Forgetting`, the :class:`Guilds`' settings and progress, the embedding
 :class:`Backlog`, the :class:`Meta` data (which embedding model the vectors belong
-to), the :class:`KeywordIndex` and the :class:`VectorIndex`.  SQLite
+to), the :class:`KeywordIndex`, the :class:`VectorIndex` and the :class:`Quotes` of the
+bot's public answers.  SQLite
 (:mod:`memory.storage.sqlite`) is the first engine that implements it; a second one
 implements the same Protocols and passes the same tests (``tests/storage/``).
 
@@ -52,8 +53,8 @@ from memory.settings import GuildSettings
 
 __all__ = [
     "EXACT_KNN_MAX", "BackfillCursor", "Backlog", "Database", "Forgetting", "GuildStats", "Guilds",
-    "KeywordIndex", "Messages", "Meta", "ReconcileCursor", "Storage", "StoreStats",
-    "UpsertStats", "VectorIndex", "store_stats",
+    "KeywordIndex", "Messages", "Meta", "PostedAnswer", "Quotes", "ReconcileCursor", "Storage",
+    "StoreStats", "UpsertStats", "VectorIndex", "store_stats",
 ]
 
 
@@ -96,6 +97,15 @@ class ReconcileCursor:
     run_id: int
     before_id: int | None
     complete: bool
+
+
+@dataclass(frozen=True)
+class PostedAnswer:
+    """One public message of the bot that quotes stored messages: where it is (ids only)."""
+
+    answer_id: int
+    channel_id: int
+    guild_id: int
 
 
 @dataclass(frozen=True)
@@ -346,6 +356,40 @@ class Forgetting(Protocol):
 
     def forget_older_than(self, guild_id: int, cutoff_ms: int) -> int:
         """Forget a guild's messages created before ``cutoff_ms`` (unix milliseconds)."""
+        ...
+
+
+class Quotes(Protocol):
+    """Which stored messages each public answer of the bot quotes, and the answers due
+    to be taken down because one of those is gone.
+
+    A public answer (``/search private:False``, a mention reply and its extra parts)
+    shows the text of the messages it quotes to everyone in its channel.  When one of
+    them is forgotten — whichever ``forget_*`` of :class:`Forgetting` does it, in the
+    same transaction — or edited so that its text or attachments change, the answer
+    becomes *due*: the bot replaces it on Discord (:mod:`cogs.memory.retractions`).
+    An answer of a guild that is forgotten whole (the bot left it) is dropped, not
+    due: the bot can no longer edit there.  Ids only, never what a message said.
+    """
+
+    def record(self, answers: Iterable[tuple[PostedAnswer, Sequence[int]]]) -> list[int]:
+        """Record each answer with the ids of the messages it quotes, in one transaction.
+
+        An answer quoting a message no longer stored (forgotten after the answer was
+        written, before this) is due at once instead.  Recording the same answer again
+        changes nothing.
+
+        Returns:
+            The answer ids due at once.
+        """
+        ...
+
+    def due(self, limit: int = 100) -> list[PostedAnswer]:
+        """Up to ``limit`` answers due to be taken down, oldest first."""
+        ...
+
+    def retracted(self, answer_ids: Iterable[int]) -> None:
+        """These answers are taken down (or can no longer be): they are no longer due."""
         ...
 
 
@@ -804,6 +848,11 @@ class Storage(Protocol):
     @property
     def vectors(self) -> VectorIndex:
         """Vector search and window vectors."""
+        ...
+
+    @property
+    def quotes(self) -> Quotes:
+        """What the bot's public answers quote, and the answers due to be taken down."""
         ...
 
     def stats(self) -> StoreStats:

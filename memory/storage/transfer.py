@@ -73,6 +73,10 @@ TABLES: tuple[Table, ...] = (
     # messages heard but not stored (held, or their catch-up failed): the next catch-up's
     # only way back to them once later messages are stored
     Table("missed_messages", ("channel_id", "message_id"), ("channel_id", "message_id", "guild_id")),
+    # the bot's public answers: what each quotes, and those due to be taken down
+    Table("answer_quotes", ("answer_id", "quoted_id"), ("answer_id", "quoted_id", "channel_id",
+                                                       "guild_id")),
+    Table("retractions", ("answer_id",), ("answer_id", "channel_id", "guild_id")),
     Table("guild_settings", ("guild_id",), ("guild_id", "channel_mode", "retention_days",
                                             "autoresponse")),
     Table("channel_rules", ("guild_id", "channel_id"), ("guild_id", "channel_id")),

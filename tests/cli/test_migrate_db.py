@@ -19,6 +19,7 @@ from memory.filters import Filters
 from memory.records import MessageRecord
 from memory.storage import open_storage
 from memory.storage import transfer as transfer_module
+from memory.storage.contract import PostedAnswer
 from tests.support.builders import BASE_MS, CHANNEL, GUILD, HashEmbedder, snowflake
 from tests.support.engines import inspect
 from tests.support.postgres import PostgresServer
@@ -46,6 +47,9 @@ def _fill(location: str, count: int = 300) -> None:
     storage.guilds.begin_reconcile_run(GUILD, 99)
     storage.guilds.save_reconcile_cursor(GUILD, CHANNEL, 99, 555)
     storage.guilds.mark_missed([(GUILD, CHANNEL, records[-1].id + 7)])  # heard, not stored
+    # public answers: one quoting stored messages, one due (it quoted records[3])
+    storage.quotes.record([(PostedAnswer(9001, CHANNEL, GUILD), [records[1].id, records[2].id]),
+                           (PostedAnswer(9002, CHANNEL, GUILD), [records[3].id])])
     storage.forgetting.forget_messages([records[3].id, 424242])
     storage.meta.active_profile = "cpu"
     embedder = HashEmbedder(32)
@@ -69,6 +73,7 @@ def _same_memory(a: str, b: str) -> None:
         assert first.guilds.backfill_cursor(CHANNEL) == second.guilds.backfill_cursor(CHANNEL)
         assert first.guilds.reconcile_cursor(CHANNEL) == second.guilds.reconcile_cursor(CHANNEL)
         assert first.guilds.missed() == second.guilds.missed() != {}
+        assert first.quotes.due() == second.quotes.due() != []
         assert first.meta.active_profile == second.meta.active_profile
         for term in ("kayak", "cafe", "map", "user3"):
             assert ([m for m, _ in first.keywords.ranked([term], 20, Filters(guild_id=GUILD))]

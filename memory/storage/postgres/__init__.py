@@ -22,6 +22,7 @@ FTS5's own words for the keywords, any number of processes on one database.
                     similarity floor
 ``windows``         the conversational windows both keyword fields share
 ``filters``         a search's filters as SQL conditions
+``quotes``          what public answers quote (the shared noun, with locks)
 ==================  ===========================================================
 
 What both engines do alike is written once in :mod:`memory.storage` (over the
@@ -42,6 +43,7 @@ from memory.storage.postgres.guilds import PostgresGuilds
 from memory.storage.postgres.keywords import PostgresKeywordIndex
 from memory.storage.postgres.messages import PostgresMessages
 from memory.storage.postgres.meta import PostgresMeta
+from memory.storage.postgres.quotes import PostgresQuotes
 from memory.storage.postgres.rebuild import PostgresRebuild
 from memory.storage.postgres.vectors import PostgresVectorIndex
 
@@ -71,6 +73,7 @@ class PostgresStorage:
         self.keywords = PostgresKeywordIndex(self.database)
         self.vectors = PostgresVectorIndex(self.database, self.meta)
         self.rebuild = PostgresRebuild(self.database, self.meta, self.backlog)
+        self.quotes = PostgresQuotes(self.database)
 
     def stats(self) -> StoreStats:
         """Counts and metadata for the ``stats`` command."""

@@ -34,11 +34,14 @@ from memory.storage.postgres.database import (
     now_ms,
     unlock_ids,
 )
+from memory.storage.quotes import quotes_gone
 
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "backfill_cursors",
                  "missed_messages",
                  "reconcile_cursors", "reconcile_runs", "guild_settings", "index_stats",
-                 "member_names")
+                 "member_names",
+                 # the bot left: its answers there can no longer be edited
+                 "answer_quotes", "retractions")
 
 
 def expand_channels(conn: Any, channel_ids: Sequence[int]) -> tuple[int, ...]:
@@ -147,6 +150,7 @@ class PostgresForgetting:
                          "SELECT unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING",
                          (ids, now_ms()))
         self._reembed_dependants(conn, ids)
+        quotes_gone(conn, DIALECT, ids)  # the public answers quoting them are taken down
         rows = conn.execute("DELETE FROM messages WHERE id = ANY(%s) "
                             "RETURNING channel_id, id, guild_id, author_id", (ids,)).fetchall()
         conn.execute("DELETE FROM embedding_claims WHERE message_id = ANY(%s)", (ids,))
@@ -158,9 +162,11 @@ class PostgresForgetting:
 
     def edited(self, conn: Any, ids: Sequence[int]) -> None:
         """Messages whose text changed: their vectors, and those of the messages that
-        carried their old text as antecedent, go (all of them wait in the backlog)."""
+        carried their old text as antecedent, go (all of them wait in the backlog); the
+        public answers quoting the old text are due to be taken down."""
         vectors.delete(conn, ids)
         self._reembed_dependants(conn, ids)
+        quotes_gone(conn, DIALECT, ids)
 
     def inserted(self, conn: Any, ids: Sequence[int]) -> None:
         """Messages just stored: the message after each in its channel, embedded with the

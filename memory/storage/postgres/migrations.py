@@ -382,6 +382,24 @@ MIGRATIONS: list[Migration] = [
     # 10: a word is cut to memory.storage.tokens.MAX_TERM_BYTES (PostgreSQL's indexes
     # refused a message holding one of ~2,700 bytes): the documents of longer ones again.
     capped_terms,
+    # 11: the bot's public answers and the stored messages each quotes; an answer whose
+    # quoted message is forgotten or edited is due to be taken down (ids only).
+    """
+    CREATE TABLE IF NOT EXISTS answer_quotes (
+        answer_id bigint NOT NULL,  -- the bot's message on Discord
+        quoted_id bigint NOT NULL,  -- a stored message it shows
+        channel_id bigint NOT NULL,  -- the answer's channel or thread
+        guild_id bigint NOT NULL,
+        PRIMARY KEY (answer_id, quoted_id)
+    );
+    CREATE INDEX IF NOT EXISTS answer_quotes_quoted ON answer_quotes(quoted_id);
+    CREATE INDEX IF NOT EXISTS answer_quotes_guild ON answer_quotes(guild_id);
+    CREATE TABLE IF NOT EXISTS retractions (
+        answer_id bigint PRIMARY KEY,
+        channel_id bigint NOT NULL,
+        guild_id bigint NOT NULL
+    );
+    """,
 ]
 
 

@@ -24,8 +24,9 @@
 
 What both engines do alike is written once in :mod:`memory.storage` (``windows``,
 ``guilds``, ``meta``, ``messages``, ``backlog``, ``forgetting``, ``rebuild``,
-``filters``, ``similarity``, over the :mod:`~memory.storage.dialect` seam); the
-modules here subclass it with SQLite's own SQL.
+``filters``, ``similarity``, ``quotes``, over the :mod:`~memory.storage.dialect` seam);
+the modules here subclass it with SQLite's own SQL (``quotes`` needs none: it is used
+as it is).
 
 Nouns call each other inside one transaction through package-internal methods that
 take the open connection (an upsert forgets an opted-out member's edited message and
@@ -38,9 +39,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from memory.storage.contract import StoreStats, store_stats
+from memory.storage.quotes import BaseQuotes
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.backlog import SQLiteBacklog
-from memory.storage.sqlite.connection import as_disk_full
+from memory.storage.sqlite.connection import DIALECT, as_disk_full
 from memory.storage.sqlite.database import SQLiteDatabase
 from memory.storage.sqlite.forgetting import SQLiteForgetting
 from memory.storage.sqlite.guilds import SQLiteGuilds
@@ -83,6 +85,7 @@ class SQLiteStorage:
         self.keywords = SQLiteKeywordIndex(self.database)
         self.vectors = SQLiteVectorIndex(self.database, table, self.meta)
         self.rebuild = SQLiteRebuild(self.database, self.meta, table, self.backlog)
+        self.quotes = BaseQuotes(self.database, DIALECT)
         if not self.database.read_only:
             self._prepare(path)
 

@@ -23,6 +23,7 @@ from memory.storage.forgetting import (
     drop_member_names,
     record_emptied,
 )
+from memory.storage.quotes import quotes_gone
 from memory.storage.sqlite import windows
 from memory.storage.sqlite.connection import DIALECT, IN_IDS, id_list
 from memory.storage.sqlite.database import SQLiteDatabase, now_ms
@@ -31,7 +32,9 @@ from memory.storage.sqlite.vectors import Vec0Table
 # what forgetting a guild removes besides its messages, channels and name
 _GUILD_TABLES = ("channel_rules", "autoresponse_channels", "backfill_cursors",
                  "missed_messages", "reconcile_cursors", "reconcile_runs",
-                 "guild_settings", "code_stats", "member_names")
+                 "guild_settings", "code_stats", "member_names",
+                 # the bot left: its answers there can no longer be edited
+                 "answer_quotes", "retractions")
 
 
 def expand_channels(read: Any, channel_ids: Sequence[int]) -> tuple[int, ...]:
@@ -151,6 +154,7 @@ class SQLiteForgetting:
                 [(i, now) for i in ids],
             )
         self._reembed_dependants(conn, ids)
+        quotes_gone(conn, DIALECT, ids)  # the public answers quoting them are taken down
         rows = conn.execute(
             f"SELECT channel_id, id, guild_id, author_id FROM messages WHERE id {IN_IDS}",
             (id_list(ids),)).fetchall()
@@ -166,11 +170,13 @@ class SQLiteForgetting:
 
         Inside the caller's transaction (an upsert's): their own vectors and those of
         the messages that carried their old text as antecedent go (all of them wait
-        in the backlog again), and the write-ahead log is emptied after the commit.
+        in the backlog again), the public answers quoting the old text are due to be
+        taken down, and the write-ahead log is emptied after the commit.
         """
         self._db.erased()  # the author removed the old text: it leaves the file too
         self._table.delete(conn, ids)
         self._reembed_dependants(conn, ids)
+        quotes_gone(conn, DIALECT, ids)
 
     def tombstoned(self, ids: Iterable[int]) -> set[int]:
         """Those of ``ids`` forgotten before (an upsert leaves them out)."""

@@ -280,6 +280,24 @@ MIGRATIONS: list[Migration] = [
         edited_at INTEGER NOT NULL  -- unix ms of the edit that emptied it
     );
     """,
+    # 15: the bot's public answers and the stored messages each quotes; an answer whose
+    # quoted message is forgotten or edited is due to be taken down (ids only).
+    """
+    CREATE TABLE IF NOT EXISTS answer_quotes (
+        answer_id INTEGER NOT NULL,  -- the bot's message on Discord
+        quoted_id INTEGER NOT NULL,  -- a stored message it shows
+        channel_id INTEGER NOT NULL,  -- the answer's channel or thread
+        guild_id INTEGER NOT NULL,
+        PRIMARY KEY (answer_id, quoted_id)
+    );
+    CREATE INDEX IF NOT EXISTS answer_quotes_quoted ON answer_quotes(quoted_id);
+    CREATE INDEX IF NOT EXISTS answer_quotes_guild ON answer_quotes(guild_id);
+    CREATE TABLE IF NOT EXISTS retractions (
+        answer_id INTEGER PRIMARY KEY,
+        channel_id INTEGER NOT NULL,
+        guild_id INTEGER NOT NULL
+    );
+    """,
 ]
 
 
