@@ -384,8 +384,9 @@ class Quotes(Protocol):
         """
         ...
 
-    def due(self, limit: int = 100) -> list[PostedAnswer]:
-        """Up to ``limit`` answers due to be taken down, oldest first."""
+    def due(self, limit: int = 100, guild_ids: Iterable[int] | None = None) -> list[PostedAnswer]:
+        """Up to ``limit`` answers due to be taken down, oldest first (only in
+        ``guild_ids`` when given: a process takes down only its own guilds' answers)."""
         ...
 
     def retracted(self, answer_ids: Iterable[int]) -> None:

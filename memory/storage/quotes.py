@@ -72,11 +72,16 @@ class BaseQuotes(DialectNoun):
                     [(answer.answer_id, q, answer.channel_id, answer.guild_id) for q in quoted])
         return due
 
-    def due(self, limit: int = 100) -> list[PostedAnswer]:
-        """Up to ``limit`` answers due to be taken down, oldest first."""
+    def due(self, limit: int = 100, guild_ids: Iterable[int] | None = None) -> list[PostedAnswer]:
+        """Up to ``limit`` answers due to be taken down, oldest first (only in ``guild_ids``
+        when given)."""
+        where, params = "", [limit]
+        if guild_ids is not None:
+            where, params = f"WHERE {self._dialect.in_ids('guild_id')} ", [
+                self._dialect.ids(sorted(set(guild_ids))), limit]
         return [PostedAnswer(*row) for row in self._read(
-            "SELECT answer_id, channel_id, guild_id FROM retractions ORDER BY answer_id LIMIT ?",
-            (limit,))]
+            f"SELECT answer_id, channel_id, guild_id FROM retractions {where}"
+            "ORDER BY answer_id LIMIT ?", params)]
 
     def retracted(self, answer_ids: Iterable[int]) -> None:
         """These answers are taken down (or can no longer be): no longer due."""

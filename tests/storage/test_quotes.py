@@ -109,6 +109,8 @@ def test_the_answers_of_a_guild_the_bot_left_are_dropped_not_due(
     assert storage.quotes.due() == []
     storage.forgetting.forget_messages([theirs.id])
     assert storage.quotes.due() == [answer(8, OTHER_GUILD, OTHER_GUILD + 1)]
+    assert storage.quotes.due(guild_ids=[OTHER_GUILD]) == storage.quotes.due()
+    assert storage.quotes.due(guild_ids=[GUILD]) == [], "another process's guilds are its own"
 
 
 def test_due_answers_come_oldest_first_within_the_limit(
