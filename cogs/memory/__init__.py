@@ -23,7 +23,8 @@ the cogs that share it:
 and their helpers: ``capture`` (messages become records), ``write_queue`` (the
 ordered, retrying write queue), ``follow`` (other processes' settings and profile
 changes), ``permissions`` (who may read what), ``answers`` (grounded answers),
-``render`` (embeds), ``errors`` (every failure answered with a trace id),
+``render`` (embeds), ``retractions`` (public answers taken down when a message they
+quote is deleted or edited), ``errors`` (every failure answered with a trace id),
 ``guild_only``, ``shards`` (which guilds this process answers for, when the bot's
 shards are spread over several processes sharing one database).
 

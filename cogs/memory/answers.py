@@ -57,6 +57,9 @@ PLACEHOLDER = "…"
 NO_MENTIONS = discord.AllowedMentions.none()
 _CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
 
+# Told which messages the reply posted (ids) and which stored messages they show
+# (``Retractions.record`` with the guild and channel bound: taken down if one goes).
+Recorder = Callable[[list[int], list[int]], None]
 # Runs a blocking engine call off the event loop: ``asyncio.to_thread`` by default; the
 # search cog passes the runtime's bounded search pool (``MemoryRuntime.searching``).
 Runner = Callable[..., Awaitable[Any]]
@@ -281,6 +284,7 @@ async def answer_mention(
     bot_name: str | None = None,
     throttle: EditThrottle | None = None,
     run: Runner = asyncio.to_thread,
+    record: Recorder | None = None,
 ) -> discord.Message | None:
     """Reply to a message with a grounded answer, or with the list of hits.
 
@@ -289,6 +293,10 @@ async def answer_mention(
     and finally shows the answer with ``[n]`` as jump links, split over up to
     three messages.  Without a client, with nothing retrieved, or on any failure
     or timeout of the model, the reply is the list of hits (never silence).
+
+    ``record`` is told the messages posted and the stored messages they show: the
+    hits listed, or for the model's answer every line it was given (it may quote or
+    paraphrase any of them).
 
     Returns:
         The reply, or ``None`` when there was no question to answer.
@@ -302,8 +310,11 @@ async def answer_mention(
                                     allowed_channel_ids=allowed_channel_ids, run=run)
     except MemoryBotError as exc:  # said in the channel: a database's text stays in the log
         return await _reply(message, content=f"Search failed: {engine_error('mention reply', exc)}")
+    listed = [hit.id for hit in context.hits[:FALLBACK_HITS]]
     if client is None or not context:
-        return await _reply(message, embed=hits_embed(context, message.guild))
+        reply = await _reply(message, embed=hits_embed(context, message.guild))
+        _record(record, [reply], listed)
+        return reply
     name = bot_name or (me.display_name if me is not None else "MemoryBot")
     messages = build_messages(question, context, bot=name)
     reply = await _reply(message, content=PLACEHOLDER)
@@ -318,11 +329,21 @@ async def answer_mention(
         note = f"The chat model could not answer ({kind}); these are the matches"
         await _edit(reply, content=None,
                     embed=hits_embed(context, message.guild, note=note))
+        _record(record, [reply], listed)
         return reply
     await _edit(reply, content=parts[0])
-    for part in parts[1:]:
-        await message.channel.send(part, allowed_mentions=NO_MENTIONS)
+    posted = [reply]
+    try:
+        for part in parts[1:]:
+            posted.append(await message.channel.send(part, allowed_mentions=NO_MENTIONS))
+    finally:  # what was posted is recorded, even when a later part failed
+        _record(record, posted, [line.id for line in context.lines])
     return reply
+
+
+def _record(record: Recorder | None, posted: list[discord.Message], quoted: list[int]) -> None:
+    if record is not None and quoted:
+        record([m.id for m in posted], quoted)
 
 
 async def _reply(message: discord.Message, **fields: Any) -> discord.Message:

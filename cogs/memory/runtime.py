@@ -9,8 +9,9 @@ it and hands it to every memory cog; ``teardown`` stops it after the cogs are go
   on its own, so a slow rerank never delays storing a message.
 * **Order.**  Deletions (forget-me, purges, retention) run in the same queue as the
   writes they must win against (:meth:`MemoryRuntime.forget`).
-* **Loops.**  The embedding backlog every few seconds and retention every hour; a
-  failure is logged and retried, never the end of a loop.
+* **Loops.**  The embedding backlog every few seconds, public answers whose quoted
+  messages are gone taken down every few seconds (:mod:`cogs.memory.retractions`),
+  retention every hour; a failure is logged and retried, never the end of a loop.
 * **Other processes.**  Several bot processes may share the database (shards spread
   over processes, or a command-line tool beside the bot); :mod:`cogs.memory.follow`
   picks up their settings and profile changes within seconds.
@@ -43,6 +44,7 @@ from cogs.memory.answers import make_chat_client
 from cogs.memory.capture import Gone
 from cogs.memory.discord_clock import DiscordClock
 from cogs.memory.follow import Follower
+from cogs.memory.retractions import Retractions
 from cogs.memory.settings_cache import SettingsCache
 from cogs.memory.shards import Shards
 from cogs.memory.write_queue import (
@@ -119,6 +121,7 @@ class MemoryRuntime:
             switch_profile=functools.partial(self.switch_profile, remember=False),
         )
         self.chat: ChatClient | None = make_chat_client(engine.profile)  # None without [llm]
+        self.retractions = Retractions(bot, engine.storage.quotes, self.writes, self.read)
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -135,6 +138,7 @@ class MemoryRuntime:
         self._stop_embedding.clear()
         self.embed_backlog.start()
         self.follower.follow_changes.start()
+        self.retractions.retract_loop.start()
 
     def owns(self, guild_id: int) -> bool:
         """Whether ``guild_id`` is this process's: its shard runs here (always, unsharded)."""
@@ -162,28 +166,26 @@ class MemoryRuntime:
         self.enforce_retention.cancel()
         self.embed_backlog.cancel()
         self.follower.follow_changes.cancel()
+        self.retractions.retract_loop.cancel()
         for task in list(self._background):
             task.cancel()
-        left = await self.writes.stop(SHUTDOWN_WRITES_S) + self.later.take()
+        left = await self.writes.stop(SHUTDOWN_WRITES_S)
         # a write thread still busy with a batch (a locked database) is not waited for
         self._write_pool.shutdown(wait=not left, cancel_futures=True)
-        if left:
-            await self._finish_left(left)
+        if left := left + self.later.take():
+            await _finish_at_stop(left, new=self.store_messages, order_free=self.order_free,
+                                  guilds=self.engine.storage.guilds)
         await release_workers((self._search_pool, self._read_pool, self._embed_pool))
         if self.chat is not None:
             await asyncio.to_thread(self.chat.close)
         gc.unfreeze()  # what the bot held may be collected again (a process may start another)
 
-    async def _finish_left(self, left: list[Write]) -> None:
-        """Deal with the writes the stop could not apply (:func:`_finish_at_stop`)."""
-        await _finish_at_stop(left, new=self.store_messages, guilds=self.engine.storage.guilds,
-                              order_free=self.order_free)
-
     @property
     def order_free(self) -> tuple[Apply, ...]:
-        """The edits and deletions: what the next start could not find again."""
+        """Edits, deletions, public answers' quotes: what the next start could not find."""
         return (self.store_edits, self.apply_edits, self.engine.forget_messages,
-                self.forget_emptied, self.engine.forget_channels, self.forget_guilds)
+                self.forget_emptied, self.retractions.record_now,
+                self.engine.forget_channels, self.forget_guilds)
 
     async def reload_chat(self) -> None:
         """Use the chat model of the engine's current profile (after a profile switch),
@@ -418,9 +420,10 @@ async def _finish_at_stop(
     their own (the write thread may be stuck on its batch).
 
     New messages are marked for the next start's catch-up, which reads them from
-    Discord.  Then deletions and edits are applied, each alone: their order against
-    the stuck batch does not matter (tombstones and edit times decide what a later
-    store may do), and the next start could not find them again (its reconcile reads
+    Discord.  Then deletions, edits and public answers' quotes are applied, each alone:
+    their order against the stuck batch does not matter (tombstones and edit times
+    decide what a later store may do; an answer recorded after a message it quotes
+    went is due at once), and the next start could not find them again (its reconcile reads
     only recent messages, and an edit of an old message would send the catch-up back
     to it).  What could not be done, and any other write left, is said by id at ERROR.
 

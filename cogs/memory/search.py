@@ -14,6 +14,7 @@ name (discord.py's cog name)::
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -163,9 +164,11 @@ class MemoryCog(commands.Cog):
             # a public reply cannot say anything to the asker alone, so it says nothing
             # of what it left out (that channels the others cannot read hold matches)
             safe = await self.allowed_channels(message.author, place)
+            record = functools.partial(self.runtime.retractions.record, message.author.guild.id,
+                                       place.id)
             await answers.answer_mention(message, self.engine, self.runtime.chat,
                                          allowed_channel_ids=safe, question=question,
-                                         run=self.runtime.searching)
+                                         run=self.runtime.searching, record=record)
 
     # -- for other cogs ----------------------------------------------------------------------
 
@@ -251,10 +254,14 @@ class MemoryCog(commands.Cog):
             member_of(interaction), request, reply_channel=None if private else place,
             asked_in=place,
         )
-        await interaction.followup.send(
+        answer = await interaction.followup.send(
             embed=render_hits(result, f"🔎 {query}", interaction.guild),
-            ephemeral=private, allowed_mentions=discord.AllowedMentions.none(),
+            ephemeral=private, allowed_mentions=discord.AllowedMentions.none(), wait=True,
         )
+        if not private and interaction.guild_id is not None and interaction.channel_id is not None:
+            # taken down if a message it shows is deleted or edited (cogs.memory.retractions)
+            self.runtime.retractions.record(interaction.guild_id, interaction.channel_id,
+                                            [answer.id], [hit.id for hit in result.hits])
         if withheld:  # after the public answer, which takes the deferred response's place
             await interaction.followup.send(withheld_note(withheld), ephemeral=True)
 

@@ -365,7 +365,7 @@ async def test_a_deletion_the_write_queue_gives_up_on_is_tried_again(setup, monk
     # the database refuses a deletion for a while (not a busy lock): a reconcile reads only
     # recent messages, so given up for good the deleted text would stay stored
     monkeypatch.setattr("cogs.memory.write_queue.RETRY_MAX_S", 0.001)
-    monkeypatch.setattr("cogs.memory.write_queue.RETRY_GIVEN_UP_S", 0.2 if when == "later" else 60)
+    monkeypatch.setattr("cogs.memory.write_queue.RETRY_GIVEN_UP_S", 1.0 if when == "later" else 60)
     h, _ = setup
     general = h.guild.get_channel(GENERAL)
     payloads = timed(h, GENERAL, [30, 20])
@@ -380,7 +380,7 @@ async def test_a_deletion_the_write_queue_gives_up_on_is_tried_again(setup, monk
     assert kept(h, payloads) == 2, "given up while refused"
     with h.engine.storage.database.write() as conn:
         conn.execute("DROP TRIGGER refuse")
-    if when == "later":  # put back into the queue 0.2 s after it was given up
+    if when == "later":  # put back into the queue 1 s after it was given up
         for _ in range(100):
             await asyncio.sleep(0.1)
             if kept(h, payloads) == 1:

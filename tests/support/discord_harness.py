@@ -54,6 +54,7 @@ class CaptureAdapter(AsyncWebhookAdapter):
         self.callbacks: list[dict[str, Any]] = []
         self.followups: list[dict[str, Any]] = []
         self.edits: list[dict[str, Any]] = []
+        self.posted: list[int] = []  # the ids of the follow-ups' messages, in order
 
     async def create_interaction_response(self, interaction_id, token, *, session,
                                           proxy=None, proxy_auth=None, params):
@@ -66,7 +67,8 @@ class CaptureAdapter(AsyncWebhookAdapter):
         self.followups.append(payload)
         if not wait:
             return None
-        return {"id": str(next_id()), "channel_id": "1", "content": payload.get("content") or "",
+        self.posted.append(next_id())
+        return {"id": str(self.posted[-1]), "channel_id": "1", "content": payload.get("content") or "",
                 "author": user(BOT_ID, "memorybot", bot=True), "attachments": [], "embeds":
                 payload.get("embeds", []), "mentions": [], "mention_roles": [], "pinned": False,
                 "mention_everyone": False, "tts": False, "type": 0, "flags": 0,
@@ -122,6 +124,7 @@ class Harness:
                 BOT_ID, "memorybot", bot=True), "roles": []}, guild=g, state=state))
         self.adapter = CaptureAdapter()
         self.sent: list[tuple[int, dict[str, Any]]] = []
+        self.sent_ids: list[int] = []  # the ids of those messages, in order
         self.search: Any = None  # the memory cogs and their runtime, once started
         self.listeners: Any = None
         self.runtime: Any = None
@@ -136,8 +139,10 @@ class Harness:
 
         async def send_message(channel_id, *, params):  # Discord's REST API is not here
             self.sent.append((int(channel_id), params.payload))
-            return self.message_payload("", author=(BOT_ID, "memorybot"),
+            data = self.message_payload("", author=(BOT_ID, "memorybot"),
                                         channel=int(channel_id), bot=True)
+            self.sent_ids.append(int(data["id"]))
+            return data
 
         self.bot.http.send_message = send_message
         await self.bot.load_extension("cogs.memory")

@@ -5,8 +5,9 @@ discord.py asks of them: ``/users/@me`` (login), channel message history with
 ``before``/``after``/``limit`` as Discord pages it (newest first), archived thread
 listings, ``/gateway/bot`` plus a gateway websocket that says HELLO and then
 closes with a chosen code, one channel or thread by id (404 *Unknown Channel* for
-one it does not hold, 403 *Missing Access* for a forbidden one) and the bot's
-guild list.  It can answer a route with 429 (and the headers
+one it does not hold, 403 *Missing Access* for a forbidden one), the bot's
+guild list, and edits of the bot's messages (recorded; 404 *Unknown Message* for one
+deleted).  It can answer a route with 429 (and the headers
 discord.py's rate-limit handling reads) or 500 a given number of times.
 """
 
@@ -43,6 +44,9 @@ class FakeDiscord:
         self.stall_after: int | None = None  # history requests served before the rest hang
         self.gateway_close_code: int | None = 4014
         self.identified: list[dict[str, Any]] = []  # the IDENTIFY payloads the gateway received
+        self.edits: list[tuple[int, int, dict[str, Any]]] = []  # (channel, message, payload)
+        self.deleted: set[int] = set()  # messages whose edit answers 404 Unknown Message
+        self.fail_edits = 0  # answer the next N edits 400 Thread is archived (not retried)
         self._released = asyncio.Event()
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -52,6 +56,7 @@ class FakeDiscord:
         app.router.add_get("/api/v10/users/@me", self._me)
         app.router.add_get("/api/v10/channels/{cid}/messages", self._messages)
         app.router.add_get("/api/v10/channels/{cid}/messages/{mid}", self._one_message)
+        app.router.add_patch("/api/v10/channels/{cid}/messages/{mid}", self._edit_message)
         app.router.add_get("/api/v10/channels/{cid}", self._channel)
         app.router.add_get("/api/v10/users/@me/guilds", self._guilds)
         app.router.add_get("/api/v10/channels/{cid}/threads/archived/public", self._archived)
@@ -140,6 +145,27 @@ class FakeDiscord:
             if message["id"] == request.match_info["mid"]:
                 return _json(message)
         return _json({"message": "Unknown Message", "code": 10008}, status=404)
+
+    async def _edit_message(self, request: web.Request) -> web.Response:
+        cid, mid = int(request.match_info["cid"]), int(request.match_info["mid"])
+        payload = await request.json()
+        self.edits.append((cid, mid, payload))
+        refusal = self._refusal(cid)
+        if refusal is not None:
+            return refusal
+        if self.fail_edits > 0:
+            self.fail_edits -= 1
+            return _json({"message": "Thread is archived", "code": 50083}, status=400)
+        if mid in self.deleted:
+            return _json({"message": "Unknown Message", "code": 10008}, status=404)
+        return _json({"id": str(mid), "channel_id": str(cid), "content": payload.get("content") or "",
+                      "author": {"id": "1000", "username": "memorybot", "discriminator": "0",
+                                 "global_name": None, "avatar": None, "bot": True},
+                      "attachments": [], "embeds": payload.get("embeds") or [], "mentions": [],
+                      "mention_roles": [], "pinned": False, "mention_everyone": False,
+                      "tts": False, "type": 0, "flags": 0,
+                      "timestamp": "2026-01-01T00:00:00+00:00",
+                      "edited_timestamp": "2026-01-01T00:00:01+00:00"})
 
     def _refusal(self, cid: int) -> web.Response | None:
         if cid in self.forbidden:

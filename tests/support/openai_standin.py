@@ -135,6 +135,9 @@ class OpenAIStandIn:
             return response
         for part in ANSWER:
             await response.write(_chunk(part))
+        if scenario == "long":  # past Discord's 2000 characters: the reply comes in parts
+            for _ in range(60):
+                await response.write(_chunk(" and then the raid moved again, later that night"))
         if scenario == "cut":
             return response  # no finish_reason, no [DONE]
         await response.write(_chunk(finish="stop"))
