@@ -26,7 +26,7 @@ from memory.config import Profile
 from memory.context import Context, TokenCounter, assemble_context, token_counter_for
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.embedding import MessageEmbedder
-from memory.errors import EmbeddingModelMismatch
+from memory.errors import EmbeddingModelMismatch, SettingsError
 from memory.ingest import ImportSummary, IngestStats, Progress, store_exports
 from memory.records import MessageRecord, PendingMessage, SearchResult, datetime_to_ms, ms_to_datetime
 from memory.rerank.manager import RerankerManager
@@ -195,21 +195,23 @@ class MemoryEngine:
         """Forget a guild's messages older than ``cutoff`` (its retention period)."""
         return self.storage.forgetting.forget_older_than(guild_id, datetime_to_ms(cutoff))
 
-    def forget_expired(self, guild_id: int, days: int, *,
-                       discord_now_ms: int | None = None) -> int:
-        """Forget a guild's messages older than ``days``, counted from the retention
-        clock (:mod:`memory.retention`), so that a host clock far ahead does not
-        expire everything.
+    def forget_expired(self, guild_id: int, days: int, *, discord_now_ms: int | None = None) -> int:
+        """Forget a guild's messages older than ``days``, counted from the retention clock
+        (:mod:`memory.retention`): a host clock far ahead does not expire everything.
 
         Args:
             guild_id: The guild.
             days: Its retention period.
-            discord_now_ms: Discord's clock now, as the bot measured it from the
-                gateway (``None``: not known; the newest stored message vouches).
+            discord_now_ms: Discord's clock now, from the gateway (``None``: the newest stored message).
 
         Returns:
             How many messages were removed.
+
+        Raises:
+            SettingsError: ``days`` is below 1 (that would forget every message).
         """
+        if days < 1:
+            raise SettingsError("retention must be a positive number of days")
         if discord_now_ms is not None:
             now = retention.retention_now(discord_now_ms=discord_now_ms)
         else:

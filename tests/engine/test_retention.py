@@ -19,6 +19,7 @@ import pytest
 
 import bot
 from memory.engine import MemoryEngine
+from memory.errors import SettingsError
 from memory.records import MessageRecord
 from memory.search import SearchRequest
 from memory.storage import Storage, open_storage
@@ -214,6 +215,18 @@ def test_a_quiet_guild_still_expires_by_the_host_clock(
     guild was quiet (a bot whose servers fell silent for over a year still forgets)."""
     engine.ingest([aged("heron note", quiet_days), aged("older heron note", quiet_days + 10)])
     assert engine.forget_expired(GUILD, 30) == 2
+
+
+@pytest.mark.parametrize("days", [0, -5])
+def test_a_retention_period_that_is_no_period_forgets_nothing(
+    engine: MemoryEngine, aged: Callable[..., MessageRecord], days: int
+) -> None:
+    """0 means "keep until deleted" to /memory-admin retention, and the settings refuse
+    anything below 1: forget_expired(0) or (-5) forgot every message, today's too."""
+    engine.ingest([aged("heron note", 0), aged("older heron note", 10)])
+    with pytest.raises(SettingsError, match="positive number of days"):
+        engine.forget_expired(GUILD, days)
+    assert engine.storage.messages.count() == 2
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "keyword"])
