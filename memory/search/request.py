@@ -91,7 +91,8 @@ def validate(request: SearchRequest) -> list[str]:
 
 
 def _check_options(request: SearchRequest) -> None:
-    if not 1 <= request.limit <= MAX_LIMIT:
+    _check_ids(request)
+    if not isinstance(request.limit, int) or not 1 <= request.limit <= MAX_LIMIT:
         raise SearchInputError(f"limit must be between 1 and {MAX_LIMIT}")
     if request.mode not in MODES:
         raise SearchInputError(f"mode must be one of {', '.join(MODES)}")
@@ -101,3 +102,17 @@ def _check_options(request: SearchRequest) -> None:
         datetime_to_ms(request.after) >= datetime_to_ms(request.before)
     ):
         raise SearchInputError("'after' must be earlier than 'before'")
+
+
+MAX_ID = 2**63 - 1  # SQLite's INTEGER: every Discord id fits
+
+
+def _check_ids(request: SearchRequest) -> None:
+    """Every id filter holds ids a Discord object can have (the database cannot read others)."""
+    fields = {"guild_id": () if request.guild_id is None else (request.guild_id,),
+              "channel_ids": request.channel_ids or (), "author_ids": request.author_ids or (),
+              "allowed_channel_ids": request.allowed_channel_ids or ()}
+    for name, ids in fields.items():
+        for value in ids:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+                raise SearchInputError(f"{name}: {value!r} is not a Discord id")

@@ -125,11 +125,26 @@ def test_hostile_queries_never_raise(corpus: MemoryEngine, query: str, mode: str
         pytest.param({"threshold": 1.5}, id="threshold"),
         pytest.param({"after": NOW, "before": NOW - timedelta(days=1)}, id="after>=before"),
         pytest.param({"author_ids": ()}, id="empty-authors"),
+        # ids no Discord object has: SQLite's INTEGER ends at 2**63 - 1 (an OverflowError)
+        pytest.param({"channel_ids": (CHANNEL, 2**63)}, id="channel-over-63-bits"),
+        pytest.param({"author_ids": (-1,)}, id="author-negative"),
+        pytest.param({"allowed_channel_ids": frozenset({2**70})}, id="allowed-huge"),
+        pytest.param({"channel_ids": ("general",)}, id="channel-name"),
+        pytest.param({"limit": 5.5}, id="limit-float"),
+        pytest.param({"limit": "10"}, id="limit-text"),
     ],
 )
 def test_malformed_requests_are_input_errors(corpus: MemoryEngine, bad: dict) -> None:
     with pytest.raises(SearchInputError):
         corpus.search("solder", guild_id=GUILD, **bad)
+
+
+@pytest.mark.parametrize("guild_id", [2**64, -1, "111"])
+def test_a_guild_id_no_discord_guild_has_is_an_input_error(
+    corpus: MemoryEngine, guild_id: object
+) -> None:
+    with pytest.raises(SearchInputError, match="guild_id: .* is not a Discord id"):
+        corpus.search(SearchRequest(queries=("solder",), guild_id=guild_id))  # type: ignore[arg-type]
 
 
 def test_queries_as_one_string_is_an_input_error(corpus: MemoryEngine) -> None:
