@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
               "[storage] url).")
 @click.option("--profile", envvar="MEMORY_PROFILE",
               help="Hardware profile name or .toml path (default: the one stored in the "
-              "database, else cpu); 'auto' picks cuda, mps or cpu; shipped: "
-              f"{', '.join(available_profiles())}.")
+              "database, else cpu); 'auto' picks cuda, mps, else cpu (bfloat16 CPUs) or "
+              f"cpu-small; shipped: {', '.join(available_profiles())}.")
 @click.option("--log-level", type=LOG_LEVEL, default="WARNING", show_default=True,
               help="Logging level.")
 @click.option("--metrics-port", type=PORT, help="Expose Prometheus metrics on this port.")
