@@ -7,6 +7,7 @@ on stderr and exit status 2; progress bars live here only.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -298,8 +299,10 @@ def export_onnx_command(model_dir: Path, int8: bool) -> int:
     exported = export_cross_encoder(model_dir, int8=int8)
     for name, diff in zip(exported.files, exported.max_diff):
         click.echo(f"{model_dir / name}  (largest score difference from torch: {diff:.2g})")
-    click.echo(f'use it: [reranker] backend = "cross-encoder", model = "{model_dir}", '
-               f'runtime = "onnx", onnx_file = "{exported.files[-1]}"')
+    # TOML lines to paste into a profile (a JSON string is a TOML basic string)
+    click.echo("use it in a profile:\n[reranker]\nbackend = \"cross-encoder\"\n"
+               f"model = {json.dumps(str(model_dir.resolve()))}\nruntime = \"onnx\"\n"
+               f"onnx_file = {json.dumps(exported.files[-1])}")
     return 0
 
 
