@@ -11,6 +11,8 @@ records how late it wakes; the worst lateness is the stall.  Measured:
 * switching to and from every reranker backend (issue 30, item 5): from no reranker to
   each backend, from each back to none, and between the two in-process models, each
   switch measured until the old backend is unloaded (``switch_matrix``);
+* a member's allow-list and a public reply's over 20,000 stored threads (``allow_lists``:
+  the stored threads are read and indexed on a worker thread, the cache judged on the loop);
 * ``bot.close()`` (what Ctrl-C and SIGTERM run) while a backlog is being embedded;
 * ``bot.close()`` in the tick after live messages arrived, the guild settings not cached
   yet, over a backlog being embedded (issue 30, item 4): how many were stored, marked
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from benchmarks.common import machine_description
 from benchmarks.discord import (
@@ -45,6 +47,7 @@ from memory.config import (
     RerankerConfig,
 )
 from memory.engine import MemoryEngine
+from memory.records import MessageRecord
 
 
 def run_stalls_bench(
@@ -72,6 +75,8 @@ async def _run(profile: Profile, backlog: int, burst: int, shutdown: tuple[int, 
                                                        backlog)
         progress(f"{burst} messages in one tick")
         result["burst"] = await _burst(root / "burst.sqlite3", plain, payload, burst)
+        progress("allow-lists over 20,000 stored threads")
+        result["allow_lists"] = await _allow_lists(root / "allow.sqlite3", plain)
         progress(f"building a {reranker_shape}-shaped reranker")
         folder = _save_reranker(root / "reranker", reranker_shape)
         reranking = replace(profile, name="bench-rerank", reranker=(
@@ -145,6 +150,34 @@ async def _switch(db: Path, profile: Profile, reranking: Profile, payload: dict)
     try:
         _, stall = await _stall_during(asyncio.wrap_future(engine.switch_profile(reranking)))
         return stall
+    finally:
+        await bot.close()
+
+
+async def _allow_lists(db: Path, profile: Profile, threads: int = 20_000,
+                       channels: int = 60) -> dict:
+    """The stall of ``allowed_channels`` (a member's own, and a public reply's in a channel)
+    with ``threads`` stored threads under ``channels`` channels, half of them private."""
+    from benchmarks.discord import _member
+
+    engine = _engine(db, profile, 0)
+    engine.storage.messages.upsert(MessageRecord(
+        id=1_300_000_000_000_000_000 + i, guild_id=GUILD, channel_id=40_000 + i, author_id=5,
+        created_at=1_700_000_000_000 + i, content="a thread", channel_name=f"thread-{i}",
+        channel_type="public_thread" if i % 2 else "private_thread",
+        parent_id=10_000 + i % channels) for i in range(threads))
+    bot, _, server = await _offline_bot(engine, _server(channels, 50))
+    search = cast(Any, bot.get_cog("MemoryCog"))
+    who = _member(server, bot._connection)
+    rows: dict[str, Any] = {"stored_threads": threads, "channels": channels}
+    try:
+        for name, reply_in in (("member", None), ("public_reply", server.get_channel(10_001))):
+            stalls = []
+            for _ in range(5):
+                ids, stall = await _stall_during(search.allowed_channels(who, reply_in))
+                stalls.append(stall["max_stall_ms"])
+            rows[name] = {"ids": len(ids), "max_stall_ms": stalls}
+        return rows
     finally:
         await bot.close()
 

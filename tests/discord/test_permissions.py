@@ -24,6 +24,7 @@ import pytest
 
 from cogs.memory.permissions import (
     StoredThread,
+    StoredThreads,
     everyone_can_read,
     public_reply_sources,
     readable_channel_ids,
@@ -542,3 +543,83 @@ async def test_purge_channel_tells_a_private_threads_count_only_to_who_may_read_
     what = "1 messages" if told else "everything stored"
     assert h.adapter.followups[-1]["content"] == (
         f"Forgot {what} from <#{thread_id}> and its threads.")
+
+
+# -- stored threads, indexed by parent ----------------------------------------------------
+
+def _one_by_one(member_: discord.Member, threads: list[StoredThread], age_verified: bool,
+                cached_readable: frozenset[int]) -> set[int]:
+    """The rule of the module docstring, thread by thread: an uncached stored thread is
+    readable where its parent is (a private or untyped one only with Manage Threads)."""
+    g = member_.guild
+    out = set()
+    for stored in threads:
+        parent = g.get_channel(stored.parent_id or 0)
+        if g.get_thread(stored.id) is not None or parent is None:
+            continue
+        if isinstance(parent, discord.CategoryChannel):
+            continue
+        if not age_verified and parent.is_nsfw():
+            continue
+        perms = parent.permissions_for(member_)
+        if perms.view_channel and perms.read_message_history and (
+                not stored.private or perms.manage_threads):
+            out.add(stored.id)
+    return out | cached_readable
+
+
+def _many_stored_threads() -> list[StoredThread]:
+    """Threads under every channel (and none), of every stored type, some the cache holds."""
+    kinds = ["public_thread", "private_thread", "GuildPublicThread", "GuildPrivateThread",
+             "news_thread", "", "None"]
+    parents = [GENERAL, NO_BOB, STAFF_ONLY, STAFF_LOG, ANNOUNCE, STAFF_VOICE, ADULTS, HELP_DESK,
+               PUBLIC_CAT, STAFF_CAT, ELSEWHERE, None, 0]
+    threads = [StoredThread(9000 + i * len(kinds) + k, parent, kind)
+               for i, parent in enumerate(parents) for k, kind in enumerate(kinds)]
+    # the cached threads stored too (the cache judges them), and an id stored twice
+    return [*threads, StoredThread(PUBLIC_THREAD, GENERAL, "public_thread"),
+            StoredThread(PRIVATE_THREAD, GENERAL, "public_thread"),
+            StoredThread(9000, STAFF_ONLY, "private_thread")]
+
+
+@pytest.mark.parametrize("uid", list(READABLE))
+def test_stored_threads_by_parent_are_judged_as_one_by_one(harness, uid):
+    who = as_member(harness, uid)
+    threads = _many_stored_threads()
+    for gate in (False, True):
+        cached_only = readable_channel_ids(who, (), age_verified=gate)
+        expected = _one_by_one(who, threads, gate, cached_only)
+        assert readable_channel_ids(who, threads, age_verified=gate) == expected
+        assert readable_channel_ids(who, StoredThreads(threads), age_verified=gate) == expected
+    # a public reply: a stored public thread whose parent everyone reads (or the reply's
+    # own channel) may be quoted; a private, untyped or parentless one never
+    readable = readable_channel_ids(who, threads, age_verified=True)
+    g = harness.guild
+    for place in (g.get_channel(GENERAL), g.get_channel(STAFF_ONLY), g.get_thread(PRIVATE_THREAD)):
+        quoted = public_reply_sources(place, readable, StoredThreads(threads))
+        assert quoted == public_reply_sources(place, readable, threads)
+        stored = {t.id: t for t in threads if g.get_thread(t.id) is None}
+        for tid in readable & set(stored) - {place.id}:
+            parent = stored[tid].parent_id
+            assert (tid in quoted) == (not stored[tid].private and parent is not None and (
+                (parent == getattr(place, "parent_id", None) and not place.is_private())
+                or parent == place.id or everyone_can_read(g.get_channel(parent)))), tid
+
+
+async def test_the_search_indexes_stored_threads_off_the_event_loop(harness, monkeypatch):
+    import sys
+    import threading
+
+    # the bot's extension is imported afresh for each bot: its own module's class
+    indexed = sys.modules[type(harness.search).__module__].StoredThreads
+    built_on = []
+    index = indexed.from_rows
+
+    def recorded(rows):
+        built_on.append(threading.current_thread())
+        return index(rows)
+
+    monkeypatch.setattr(indexed, "from_rows", staticmethod(recorded))
+    readable = await harness.search.allowed_channels(as_member(harness, ALICE))
+    assert readable == SEARCHABLE[ALICE]
+    assert built_on and threading.main_thread() not in built_on
