@@ -61,17 +61,28 @@ class Retractions:
         self._retry_at: dict[int, tuple[float, float]] = {}  # answer id -> (when, wait)
 
     def record(self, guild_id: int, channel_id: int, answer_ids: Sequence[int],
-               quoted_ids: Iterable[int]) -> None:
-        """Queue the answers (the bot's messages in ``channel_id``) and what they quote."""
+               quoted_ids: Iterable[int], *, asked: int) -> None:
+        """Queue the answers (the bot's messages in ``channel_id``) and what they quote.
+
+        ``asked`` is the question's snowflake (the mention, the interaction): a quoted
+        message edited since may be shown with its old text, and that edit, applied
+        before the answer is recorded, finds nothing to take down, so the answer is due
+        at once.
+        """
         quoted = sorted(set(quoted_ids))
         if quoted:
+            since = (asked >> 22) + discord.utils.DISCORD_EPOCH
             self.writes.put(self.record_now, [
-                (PostedAnswer(answer_id, channel_id, guild_id), quoted) for answer_id in answer_ids])
+                (PostedAnswer(answer_id, channel_id, guild_id), quoted, since)
+                for answer_id in answer_ids])
 
-    def record_now(self, answers: list[tuple[PostedAnswer, Sequence[int]]]) -> None:
+    def record_now(self, answers: list[tuple[PostedAnswer, Sequence[int], int]]) -> None:
         """Record answers (on the write thread); one already due is logged."""
-        if due := self.quotes.record(answers):
-            log.info("answers %s quoted a message gone before they were recorded: due", due)
+        for since in sorted({asked for _, _, asked in answers}):
+            if due := self.quotes.record([(answer, quoted) for answer, quoted, asked in answers
+                                          if asked == since], edited_since=since):
+                log.info("answers %s quoted a message gone or edited before they were "
+                         "recorded: due", due)
 
     @tasks.loop(seconds=RETRACT_INTERVAL_S)
     async def retract_loop(self) -> None:

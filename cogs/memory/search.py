@@ -169,7 +169,7 @@ class MemoryCog(commands.Cog):
             # of what it left out (that channels the others cannot read hold matches)
             safe = await self.allowed_channels(message.author, place)
             record = functools.partial(self.runtime.retractions.record, message.author.guild.id,
-                                       place.id)
+                                       place.id, asked=message.id)
             await answers.answer_mention(message, self.engine, self.runtime.chat,
                                          allowed_channel_ids=safe, question=question,
                                          run=self.runtime.searching, record=record)
@@ -265,7 +265,8 @@ class MemoryCog(commands.Cog):
         if not private and interaction.guild_id is not None and interaction.channel_id is not None:
             # taken down if a message it shows is deleted or edited (cogs.memory.retractions)
             self.runtime.retractions.record(interaction.guild_id, interaction.channel_id,
-                                            [answer.id], [hit.id for hit in result.hits])
+                                            [answer.id], [hit.id for hit in result.hits],
+                                            asked=interaction.id)
         if withheld:  # after the public answer, which takes the deferred response's place
             await interaction.followup.send(withheld_note(withheld), ephemeral=True)
 

@@ -372,12 +372,15 @@ class Quotes(Protocol):
     due: the bot can no longer edit there.  Ids only, never what a message said.
     """
 
-    def record(self, answers: Iterable[tuple[PostedAnswer, Sequence[int]]]) -> list[int]:
+    def record(self, answers: Iterable[tuple[PostedAnswer, Sequence[int]]], *,
+               edited_since: int | None = None) -> list[int]:
         """Record each answer with the ids of the messages it quotes, in one transaction.
 
         An answer quoting a message no longer stored (forgotten after the answer was
-        written, before this) is due at once instead.  Recording the same answer again
-        changes nothing.
+        written, before this) is due at once instead, and so is one quoting a message
+        edited at or after ``edited_since`` (unix ms: when the question was asked; the
+        answer may show the text from before the edit).  Recording the same answer
+        again changes nothing.
 
         Returns:
             The answer ids due at once.

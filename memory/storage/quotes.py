@@ -48,9 +48,10 @@ class BaseQuotes(DialectNoun):
         """Before an answer is recorded: what keeps a concurrent forget in order (by
         default nothing: SQLite has one writer)."""
 
-    def record(self, answers: Iterable[tuple[PostedAnswer, Sequence[int]]]) -> list[int]:
+    def record(self, answers: Iterable[tuple[PostedAnswer, Sequence[int]]], *,
+               edited_since: int | None = None) -> list[int]:
         """Record each answer with the messages it quotes; one quoting a message no longer
-        stored is due at once (returned)."""
+        stored, or edited at or after ``edited_since``, is due at once (returned)."""
         due: list[int] = []
         with self._db.write() as conn:
             for answer, quoted in sorted(answers, key=lambda pair: pair[0].answer_id):
@@ -58,11 +59,15 @@ class BaseQuotes(DialectNoun):
                     continue
                 self.lock(conn, answer.guild_id)
                 quoted = sorted(set(quoted))
-                stored = {row[0] for row in self._execute(
-                    conn, f"SELECT id FROM messages WHERE {self._dialect.in_ids('id')}",
+                stored = {row[0]: row[1] for row in self._execute(
+                    conn, f"SELECT id, edited_at FROM messages WHERE {self._dialect.in_ids('id')}",
                     (self._dialect.ids(quoted),))}
+                # an edit applied before this, after the answer's search read the old text,
+                # found no quote row to make it due
+                edited = edited_since is not None and any(
+                    at is not None and at >= edited_since for at in stored.values())
                 where = (answer.answer_id, answer.channel_id, answer.guild_id)
-                if stored != set(quoted):
+                if set(stored) != set(quoted) or edited:
                     self._execute(conn, _DUE, where)
                     due.append(answer.answer_id)
                     continue

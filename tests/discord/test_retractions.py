@@ -131,6 +131,20 @@ async def test_a_mention_reply_listing_hits_is_taken_down_when_a_hit_is_edited(s
     assert taken_down(fake) == [(GENERAL, reply)]
 
 
+async def test_an_answer_whose_source_was_edited_after_the_question_is_taken_down(setup):
+    """The edit lands while the answer is searched or streamed: Discord dates it after
+    the question, and it is applied before the answer's quotes are recorded, so no
+    quote row was there for it (the answer may show the text from before it)."""
+    h, fake = setup
+    raid = await send(h, "the raid password is swordfish")
+    h.state.parse_message_update(raid | {"content": "the raid password is swordfish, not",
+                                         "edited_timestamp": datetime.now(timezone.utc).isoformat()})
+    await settle(h)  # the harness's question is dated earlier than the edit
+    answer = await public_search(h, "raid password swordfish")
+    assert await h.runtime.retractions.retract_due() == 1
+    assert taken_down(fake) == [(GENERAL, answer)]
+
+
 @pytest.fixture(scope="module")
 def chat_server():
     with OpenAIStandIn() as server:
@@ -186,7 +200,7 @@ async def test_an_answer_recorded_after_its_source_went_is_taken_down(setup):
     raid = await send(h, "the raid password is swordfish")
     h.state.parse_message_delete({"id": raid["id"], "channel_id": str(GENERAL),
                                   "guild_id": str(G)})  # queued, not yet applied
-    h.runtime.retractions.record(G, GENERAL, [4242], [int(raid["id"])])
+    h.runtime.retractions.record(G, GENERAL, [4242], [int(raid["id"])], asked=int(raid["id"]))
     await settle(h)
     assert await h.runtime.retractions.retract_due() == 1
     assert taken_down(fake) == [(GENERAL, 4242)]
@@ -224,7 +238,8 @@ async def test_another_process_s_guild_is_left_to_it(setup):
     """With shards spread over processes, a guild this process lacks is another's."""
     h, fake = setup
     elsewhere = G + 100  # not in this bot's cache: another process runs its shard
-    h.runtime.retractions.record(elsewhere, elsewhere + 1, [4343], [12345])  # gone: due at once
+    h.runtime.retractions.record(elsewhere, elsewhere + 1, [4343], [12345],  # gone: due at once
+                                 asked=12346)
     await settle(h)
     assert await h.runtime.retractions.retract_due() == 0 and fake.edits == []
     assert [a.answer_id for a in h.engine.storage.quotes.due()] == [4343]

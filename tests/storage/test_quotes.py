@@ -94,6 +94,22 @@ def test_an_answer_quoting_a_message_gone_before_it_was_recorded_is_due_at_once(
     assert storage.quotes.due() == [answer(5), answer(6)]
 
 
+def test_an_answer_quoting_a_message_edited_since_the_question_is_due_at_once(
+    storage: Storage, make_record: Callable[..., MessageRecord]
+) -> None:
+    """The search read the old text; the edit was applied before the answer was
+    recorded, so no quote row was there for it to make the answer due."""
+    old, edited = make_record("the raid password is swordfish"), make_record("untouched")
+    storage.messages.upsert([old, edited])
+    asked = BASE_MS + 10  # the question, then the search read the text
+    storage.messages.upsert([replace(old, content="never mind", edited_at=asked + 5)])
+    assert storage.quotes.record([(answer(11), [old.id, edited.id]), (answer(12), [edited.id])],
+                                 edited_since=asked) == [11]
+    assert storage.quotes.due() == [answer(11)]
+    storage.messages.upsert([replace(edited, content="later", edited_at=asked - 1)])
+    assert storage.quotes.due() == [answer(11), answer(12)], "answer 12 was recorded"
+
+
 def test_the_answers_of_a_guild_the_bot_left_are_dropped_not_due(
     storage: Storage, make_record: Callable[..., MessageRecord]
 ) -> None:
