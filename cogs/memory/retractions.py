@@ -102,11 +102,13 @@ class Retractions:
         guild_ids = [guild.id for guild in self.bot.guilds]
         if not guild_ids:
             return 0
-        due = await self._read(self.quotes.due, DUE_PAGE, guild_ids)
         now, done = time.monotonic(), []
+        waiting = {answer_id for answer_id, (when, _) in self._retry_at.items() if when > now}
+        # read past those waiting to be tried again (the oldest, in archived threads, say):
+        # a page of them alone would hold back every answer due after them
+        due = await self._read(self.quotes.due, DUE_PAGE + len(waiting), guild_ids)
         for answer in due:
-            waiting = self._retry_at.get(answer.answer_id, (0.0, 0.0))[0] > now
-            if not waiting and await self._take_down(answer):
+            if answer.answer_id not in waiting and await self._take_down(answer):
                 done.append(answer.answer_id)
         if done:
             await self.writes.put_and_wait(self.quotes.retracted, done)

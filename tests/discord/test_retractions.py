@@ -194,6 +194,21 @@ async def test_a_failed_edit_is_tried_again_later(setup, monkeypatch):
     assert h.engine.storage.quotes.due() == []
 
 
+async def test_answers_waiting_to_be_tried_again_hold_back_no_other(setup, monkeypatch):
+    """A page of due answers all waiting (archived threads) must not stop the ones after."""
+    h, fake = setup
+    tune(monkeypatch, h, DUE_PAGE=1)
+    raid = await send(h, "the raid password is swordfish")
+    first = await public_search(h, "raid password swordfish")
+    second = await public_search(h, "raid password swordfish")
+    fake.fail_edits = 1  # 400 Thread is archived: the oldest waits half a minute
+    await delete(h, raid)
+    assert await h.runtime.retractions.retract_due() == 0
+    assert await h.runtime.retractions.retract_due() == 1
+    assert taken_down(fake) == [(GENERAL, first), (GENERAL, second)]
+    assert [a.answer_id for a in h.engine.storage.quotes.due()] == [first]
+
+
 async def test_an_answer_recorded_after_its_source_went_is_taken_down(setup):
     """The deletion was queued before the answer's quotes: they are recorded as due."""
     h, fake = setup
