@@ -27,9 +27,14 @@ _DUE = "INSERT INTO retractions(answer_id, channel_id, guild_id) VALUES (?, ?, ?
 
 def quotes_gone(conn: Any, dialect: Dialect, message_ids: Sequence[int]) -> None:
     """The answers quoting any of ``message_ids`` (forgotten, or their text edited) are due
-    to be taken down; their quote rows go.  Inside the caller's write transaction."""
+    to be taken down; their quote rows go.  So do the rows of the answers among
+    ``message_ids`` (deleted on Discord: nothing is left to take down).  Inside the
+    caller's write transaction."""
     if not message_ids:
         return
+    for table in ("answer_quotes", "retractions"):
+        conn.execute(dialect.sql(f"DELETE FROM {table} WHERE {dialect.in_ids('answer_id')}"),
+                     (dialect.ids(message_ids),))
     answers = conn.execute(dialect.sql(
         "SELECT DISTINCT answer_id, channel_id, guild_id FROM answer_quotes "
         f"WHERE {dialect.in_ids('quoted_id')} ORDER BY answer_id"),

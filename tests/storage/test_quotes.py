@@ -110,6 +110,19 @@ def test_an_answer_quoting_a_message_edited_since_the_question_is_due_at_once(
     assert storage.quotes.due() == [answer(11), answer(12)], "answer 12 was recorded"
 
 
+def test_an_answer_deleted_on_discord_takes_its_rows_with_it(
+    storage: Storage, quoted: dict[str, MessageRecord]
+) -> None:
+    """A moderator deleted the answer (its deletion event forgets its id): nothing is
+    left to take down, so its quote rows do not wait for a quoted message to go."""
+    storage.forgetting.forget_messages([2])
+    storage.forgetting.forget_messages([quoted["gone"].id])
+    storage.forgetting.forget_messages([1])  # already due
+    assert storage.quotes.due() == []
+    storage.forgetting.forget_messages([quoted["kept"].id])
+    assert storage.quotes.due() == [], "answer 2's rows went with it"
+
+
 def test_the_answers_of_a_guild_the_bot_left_are_dropped_not_due(
     storage: Storage, make_record: Callable[..., MessageRecord]
 ) -> None:
