@@ -364,9 +364,11 @@ def refuse_deleting(h: Harness, message_id: int) -> None:
 async def test_a_deletion_the_write_queue_gives_up_on_is_tried_again(setup, monkeypatch, when):
     # the database refuses a deletion for a while (not a busy lock): a reconcile reads only
     # recent messages, so given up for good the deleted text would stay stored
-    monkeypatch.setattr("cogs.memory.write_queue.RETRY_MAX_S", 0.001)
-    monkeypatch.setattr("cogs.memory.write_queue.RETRY_GIVEN_UP_S", 1.0 if when == "later" else 60)
     h, _ = setup
+    # the running bot's copy of the module (loading the extension may have imported its own)
+    namespace = type(h.runtime.later)._put_back_later.__globals__
+    monkeypatch.setitem(namespace, "RETRY_MAX_S", 0.001)
+    monkeypatch.setitem(namespace, "RETRY_GIVEN_UP_S", 1.0 if when == "later" else 60)
     general = h.guild.get_channel(GENERAL)
     payloads = timed(h, GENERAL, [30, 20])
     for p in payloads:
