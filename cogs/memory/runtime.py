@@ -399,7 +399,10 @@ def _given_up(runtime: MemoryRuntime, writes: list[Write]) -> None:
     the newest message stored, and the messages stored after them would hide them.  The
     mark is a write in the queue too, left out where their place is gone by then (the
     bot left, the channel was deleted: their marks went with it)."""
-    runtime.later.add([w for w in writes if w.apply in runtime.order_free])
+    # not a guild's forget: run later, it would wipe what the bot stored since it was invited
+    # back (a start's reconcile forgets a guild the bot is no longer in)
+    runtime.later.add([w for w in writes
+                       if w.apply in runtime.order_free and w.apply != runtime.forget_guilds])
     records = [r for w in writes if w.apply == runtime.store_messages for r in w.items]
     if not records:
         return

@@ -393,6 +393,32 @@ async def test_a_deletion_the_write_queue_gives_up_on_is_tried_again(setup, monk
     assert h.engine.storage.messages.hydrate([int(payloads[1]["id"])])
 
 
+async def test_a_guilds_forget_given_up_is_not_run_after_the_bot_is_invited_back(setup, monkeypatch):
+    # run later, it would wipe what was stored since the rejoin (a start's reconcile
+    # forgets a guild the bot is no longer in)
+    h, _ = setup
+    namespace = type(h.runtime.later)._put_back_later.__globals__
+    monkeypatch.setitem(namespace, "RETRY_MAX_S", 0.001)
+    monkeypatch.setitem(namespace, "RETRY_GIVEN_UP_S", 0.2)
+    general = h.guild.get_channel(GENERAL)
+    old, new = timed(h, GENERAL, [30, 20])
+    await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=old))
+    await settle(h)
+    with h.engine.storage.database.write() as conn:
+        conn.execute("CREATE TRIGGER refuse BEFORE DELETE ON messages "
+                     "BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    await h.listeners.on_guild_remove(h.guild)
+    await settle(h)
+    with h.engine.storage.database.write() as conn:
+        conn.execute("DROP TRIGGER refuse")
+    await h.listeners.on_guild_join(h.guild)
+    await h.listeners.on_message(discord.Message(state=h.state, channel=general, data=new))
+    await settle(h)
+    await asyncio.sleep(1.0)  # five times the retry delay
+    await settle(h)
+    assert kept(h, [new]) == 1
+
+
 async def test_a_new_channel_whose_messages_are_not_stored_is_not_read_whole_each_time(setup):
     # purged after it was caught up: its tombstones keep it empty, and each READY must go
     # on from where the last read ended, not read the channel from its start again
