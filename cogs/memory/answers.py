@@ -327,9 +327,10 @@ async def answer_mention(
         kind = getattr(exc, "kind", type(exc).__name__)
         log.warning("chat answer failed (%s): %s; replying with the hits", kind, exc)
         note = f"The chat model could not answer ({kind}); these are the matches"
-        await _edit(reply, content=None,
-                    embed=hits_embed(context, message.guild, note=note))
-        _record(record, [reply], listed)
+        replaced = await _edit(reply, content=None,
+                               embed=hits_embed(context, message.guild, note=note))
+        # not replaced: the reply still shows what the model streamed from every line
+        _record(record, [reply], listed if replaced else [line.id for line in context.lines])
         return reply
     await _edit(reply, content=parts[0])
     posted = [reply]

@@ -59,7 +59,8 @@ class BaseQuotes(DialectNoun):
         stored, or edited at or after ``edited_since``, is due at once (returned)."""
         due: list[int] = []
         with self._db.write() as conn:
-            for answer, quoted in sorted(answers, key=lambda pair: pair[0].answer_id):
+            # guild by guild in ascending order, as every writer takes PostgreSQL's guild locks
+            for answer, quoted in sorted(answers, key=lambda p: (p[0].guild_id, p[0].answer_id)):
                 if not quoted:
                     continue
                 self.lock(conn, answer.guild_id)
