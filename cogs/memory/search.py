@@ -251,8 +251,10 @@ class MemoryCog(commands.Cog):
             after=_parse_day(after, "after"), before=_parse_day(before, "before"),
         )
         place = _place(interaction.channel)
-        if place is None:
-            private = True  # who reads this channel cannot be judged: answer only the member
+        if place is None or not interaction.app_permissions.view_channel:
+            # who reads this channel cannot be judged, or the bot could not take the answer
+            # down later (it cannot see the channel): answer only the member
+            private = True
         await interaction.response.defer(ephemeral=private, thinking=True)
         result, withheld = await self.member_search(
             member_of(interaction), request, reply_channel=None if private else place,

@@ -118,6 +118,21 @@ async def test_a_public_search_is_taken_down_when_a_message_it_shows_is_deleted(
     assert await h.runtime.retractions.retract_due() == 0, "taken down once"
 
 
+async def test_no_public_search_where_the_bot_could_not_take_it_down(setup):
+    # slash commands work in a channel the bot cannot see (Discord posts the answer), but
+    # the bot could never edit that answer once a message it shows is deleted
+    h, _ = setup
+    await send(h, "the raid password is swordfish")
+    blind = discord.Permissions.all()
+    blind.view_channel = False
+    await h.slash("search", invoker=member(*ALICE), where=GENERAL, query="raid password",
+                  private=False, app_permissions=blind)
+    await settle(h)
+    assert h.adapter.callbacks[-1]["data"]["flags"] == 64, "answered to the member alone"
+    assert "swordfish" in str(h.adapter.followups[-1]["embeds"])
+    assert h.engine.storage.database.read("SELECT count(*) FROM answer_quotes") == [(0,)]
+
+
 async def test_a_mention_reply_listing_hits_is_taken_down_when_a_hit_is_edited(setup):
     h, fake = setup
     raid = await send(h, "the raid moved to nine on saturday")

@@ -204,12 +204,14 @@ class Harness:
     async def slash(self, command: str, *, invoker: dict[str, Any], where: int,
                     permissions: discord.Permissions | None = None,
                     archived: Iterable[dict[str, Any]] = (),
+                    app_permissions: discord.Permissions | None = None,
                     **options: Any) -> discord.Interaction:
         """Run a slash command (``"group sub"`` for subcommands) as ``invoker`` in channel ``where``.
 
         An option naming a thread not in the cache takes its id, with the thread in
         ``archived`` (:func:`archived_thread`), as the interaction's resolved data.  A
         resolved channel carries the invoker's permissions in it, as Discord sends them.
+        ``app_permissions`` are the bot's in ``where`` (default: all).
         """
         home = self.find_guild(where)
         who = discord.Member(data=invoker, guild=home, state=self.state)
@@ -246,7 +248,7 @@ class Harness:
                 "permissions": seen(parent)}
         data = {"id": str(next_id()), "name": names[0], "type": 1, "options": option_list,
                 **({"resolved": resolved} if resolved else {})}
-        return await self._interact(data, invoker, where, permissions)
+        return await self._interact(data, invoker, where, permissions, app_permissions)
 
     async def context_menu(self, name: str, *, invoker: dict[str, Any], where: int,
                            target: discord.Message) -> discord.Interaction:
@@ -259,7 +261,8 @@ class Harness:
         return await self._interact(data, invoker, where, None)
 
     async def _interact(self, data: dict[str, Any], invoker: dict[str, Any], where: int,
-                        permissions: discord.Permissions | None) -> discord.Interaction:
+                        permissions: discord.Permissions | None,
+                        app_permissions: discord.Permissions | None = None) -> discord.Interaction:
         home = self.find_guild(where)
         place = home.get_channel_or_thread(where)
         perms = permissions if permissions is not None else place.permissions_for(
@@ -270,7 +273,8 @@ class Harness:
             "channel": {"id": str(where), "type": place.type.value, "name": place.name,
                         "guild_id": str(home.id), "position": 0, "permission_overwrites": []},
             "member": invoker | {"permissions": str(perms.value)},
-            "app_permissions": str(discord.Permissions.all().value), "locale": "en-US",
+            "app_permissions": str((app_permissions or discord.Permissions.all()).value),
+            "locale": "en-US",
             "guild_locale": "en-US", "entitlements": [], "authorizing_integration_owners": {},
             "context": 0, "attachment_size_limit": 10_485_760, "data": data,
         }
