@@ -38,6 +38,8 @@ would store you again, keeping the old one would keep what you took back).
 including ones still being saved, and stops storing you (a backfill or import too) until \
 `/memory opt-in`.
 • `/memory opt-out` stops storing your new messages; `/memory opt-in` resumes.
+• The bot's public answers that quote a message are taken down when it is deleted, \
+edited or forgotten.
 • Deleted channels and threads are forgotten; when the bot leaves, the server is forgotten \
 (except who opted out: invited back, it still does not store them).
 • Admins may set a retention period (`/memory-admin retention`): older messages are never \

@@ -566,6 +566,7 @@ async def test_privacy_notice(harness):
     await harness.slash("memory privacy", invoker=bob(), where=GENERAL)
     text = harness.adapter.callbacks[-1]["data"]["content"]
     assert "forget-me" in text and "opt-out" in text and "channels *you* can read" in text
+    assert "public answers that quote a message are taken down" in text
     assert "chat model" not in text
     # with a chat model, a second message says where quoted messages go
     harness.engine.profile = replace(harness.engine.profile, llm=LLMConfig(
