@@ -145,10 +145,11 @@ class CounterSlot:
 
     def get(self, config: LLMConfig) -> TokenCounter:
         """The counter for ``config`` (built now if the kind changed)."""
+        kind = counter_kind(config)
         with self._lock:
-            if self._counter is None or self._kind != counter_kind(config):
+            if self._counter is None or self._kind != kind:
                 self._close()
-                self._counter, self._kind = token_counter_for(config), counter_kind(config)
+                self._counter, self._kind = token_counter_for(config), kind
             return self._counter
 
     def close(self) -> None:

@@ -21,18 +21,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import discord
 from discord.ext import tasks
 
 from cogs.memory.write_queue import WriteQueue
 from memory.errors import MemoryBotError
+from memory.records import snowflake_time_ms
 from memory.storage.contract import PostedAnswer, Quotes
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 NOTE = "This answer quoted a message that has since been deleted or edited, so it was taken down."
 RETRACT_INTERVAL_S = 10.0
@@ -71,7 +70,7 @@ class Retractions:
         """
         quoted = sorted(set(quoted_ids))
         if quoted:
-            since = (asked >> 22) + discord.utils.DISCORD_EPOCH
+            since = snowflake_time_ms(asked)
             self.writes.put(self.record_now, [
                 (PostedAnswer(answer_id, channel_id, guild_id), quoted, since)
                 for answer_id in answer_ids])

@@ -330,12 +330,12 @@ class Searcher:
     def _empty_reason(self, hits: list[Hit], request: SearchRequest) -> str | None:
         if hits:
             return None
+        # a member's search asks only of the channels they may read: what the rest of the
+        # server holds is not theirs to learn
         allowed = request.allowed_channel_ids
-        if allowed is not None:  # a member's search: what the rest of the server holds is not theirs
-            if not self.storage.messages.has_any(request.guild_id, allowed):
-                return "nothing is stored from the channels you can read"
-        elif not self.storage.messages.has_any(request.guild_id):
-            return "nothing is stored for this server yet"
+        if not self.storage.messages.has_any(request.guild_id, allowed):
+            return ("nothing is stored for this server yet" if allowed is None
+                    else "nothing is stored from the channels you can read")
         if request.mode != "keyword" and self.storage.meta.embedding_model() is None:
             return "messages are stored but not embedded yet; run `python bot.py embed`"
         return "no stored message matched the query and filters closely enough"
